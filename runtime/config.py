@@ -1,0 +1,53 @@
+"""Engine configuration: one frozen dataclass shared by the Engine, the server and the scheduler
+process. Derived sizes (KV slots, context length) are resolved at load time, not stored here."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to load and run one model. ``model=None`` means the embedded SmolLM2-135M-Instruct."""
+
+    model: str | None = None
+    tokenizer: str | None = None  # defaults to the model's own tokenizer files
+    load_format: Literal["auto", "safetensors", "gguf", "dummy"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: fp32 CPU, bf16 GPU
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    seed: int = 0
+    context_length: int | None = None  # default: the model config's max_position_embeddings
+    # KV memory: on CUDA a fraction of free memory after weights; on CPU a byte budget.
+    mem_fraction_static: float = 0.85
+    kv_cache_bytes: int = 512 * 1024 * 1024
+    max_total_tokens: int | None = None  # explicit KV slot count; overrides the budgets
+    max_running_requests: int = 256
+    chunked_prefill_size: int = 2048  # token budget of one prefill batch
+    max_prefill_tokens: int = 8192
+    schedule_policy: Literal["lpm", "fcfs"] = "lpm"
+    disable_radix_cache: bool = False
+    attention_backend: Literal["auto", "torch_native", "triton"] = "auto"
+    grammar_backend: Literal["xgrammar", "outlines", "none"] = "xgrammar"
+    grammar_compile_timeout_s: float = 10.0
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int = 160
+    disable_overlap_schedule: bool = False
+    num_threads: int | None = None  # torch CPU threads in the scheduler process
+    served_model_name: str | None = None
+    log_level: str = "warning"
+
+    def replace(self, **changes: Any) -> "EngineConfig":
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> "EngineConfig":
+        """Build from keyword arguments, naming any unknown one."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise InvalidRequestError(f"unknown engine option(s): {', '.join(unknown)}",
+                                      field=unknown[0])
+        return cls(**kwargs)

@@ -1,0 +1,52 @@
+"""Typed errors of the runtime. Every boundary raises one of these; the server maps them to
+each protocol's error shape (status code from ``status``)."""
+from __future__ import annotations
+
+
+class RuntimeErrorBase(Exception):
+    """Base of all runtime errors. ``status`` is the HTTP status a server answers with."""
+
+    status: int = 500
+    kind: str = "internal_error"
+
+
+class InvalidRequestError(RuntimeErrorBase, ValueError):
+    """Bad input: names the offending ``field`` and the limit it broke."""
+
+    status = 400
+    kind = "invalid_request_error"
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+class ContextLengthError(InvalidRequestError):
+    """Prompt plus requested tokens do not fit the model's context window."""
+
+
+class RequestTooLargeError(InvalidRequestError):
+    """The request exceeds a size limit (e.g. KV capacity); answered with 413."""
+
+    status = 413
+
+
+class ModelLoadError(RuntimeErrorBase):
+    """Unknown architecture, missing files, bad config: raised at engine start."""
+
+    kind = "model_load_error"
+
+
+class EngineDeadError(RuntimeErrorBase):
+    """The scheduler process died; carries its real traceback text."""
+
+    status = 503
+    kind = "engine_dead"
+
+
+class AbortedError(RuntimeErrorBase):
+    """The request was aborted (by the caller, a disconnect or shutdown)."""
+
+    status = 499
+    kind = "aborted"

@@ -1,0 +1,138 @@
+"""IR of sgdsl programs: frozen dataclass nodes produced by the API calls (``gen``, ``select``,
+roles, images...) and executed by the interpreter. ``SamplingParams`` is defined here once;
+backends import this module, never the interpreter."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+ConstraintKind = Literal["regex", "json_schema", "ebnf", "choices", "dtype"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Language-level sampling parameters. ``None`` means "not set here": program-wide defaults
+    given to ``run(...)`` fill the gaps (see ``merged``), then backend defaults."""
+
+    max_tokens: int | None = None
+    min_tokens: int | None = None
+    n: int | None = None
+    stop: tuple[str, ...] | None = None
+    stop_token_ids: tuple[int, ...] | None = None
+    stop_regex: tuple[str, ...] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    ignore_eos: bool | None = None
+    return_logprob: bool | None = None
+    logprob_start_len: int | None = None
+    top_logprobs_num: int | None = None
+    return_text_in_logprobs: bool | None = None
+    seed: int | None = None
+
+    DEFAULTS = {  # noqa: RUF012 - class-level constant, not a field
+        "max_tokens": 128, "min_tokens": 0, "n": 1, "stop": (), "stop_token_ids": (),
+        "stop_regex": (), "temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
+        "frequency_penalty": 0.0, "presence_penalty": 0.0, "ignore_eos": False,
+        "return_logprob": False, "logprob_start_len": None, "top_logprobs_num": 0,
+        "return_text_in_logprobs": False, "seed": None,
+    }
+
+    def merged(self, defaults: "SamplingParams | None") -> "SamplingParams":
+        """Fields set here win; unset ones come from ``defaults``."""
+        if defaults is None:
+            return self
+        changes = {f.name: getattr(defaults, f.name) for f in dataclasses.fields(self)
+                   if getattr(self, f.name) is None and getattr(defaults, f.name) is not None}
+        return dataclasses.replace(self, **changes)
+
+    def resolved(self, name: str) -> Any:
+        """The value of a field with the library default applied."""
+        value = getattr(self, name)
+        return self.DEFAULTS[name] if value is None else value
+
+    def to_dict(self) -> dict[str, Any]:
+        """Only the fields that are set."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) is not None}
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A constraint on generated text. ``value`` is a regex string, a JSON schema string, an
+    EBNF grammar, a tuple of choices, or a Python type for ``dtype``. ``model`` keeps the pydantic
+    class a schema came from, so the interpreter can return a parsed object."""
+
+    kind: ConstraintKind
+    value: Any
+    model: type | None = field(default=None, compare=False)
+
+
+# ---- nodes -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Node:
+    """Base of IR nodes."""
+
+
+@dataclass(frozen=True)
+class Text(Node):
+    value: str
+
+
+@dataclass(frozen=True)
+class Gen(Node):
+    name: str | None
+    params: SamplingParams = SamplingParams()
+    constraint: Constraint | None = None
+
+
+@dataclass(frozen=True)
+class Select(Node):
+    name: str | None
+    choices: tuple[str, ...]
+    temperature: float = 0.0
+    choices_method: Callable[..., Any] | None = None  # see sgdsl.choices
+
+
+@dataclass(frozen=True)
+class RoleBegin(Node):
+    role: str
+
+
+@dataclass(frozen=True)
+class RoleEnd(Node):
+    role: str
+
+
+@dataclass(frozen=True)
+class Image(Node):
+    """An image: a path, a URL, raw bytes or a ``data:`` URL."""
+
+    source: Any
+
+
+@dataclass(frozen=True)
+class VarScopeBegin(Node):
+    name: str
+
+
+@dataclass(frozen=True)
+class VarScopeEnd(Node):
+    name: str
+
+
+@dataclass(frozen=True)
+class CommitLazy(Node):
+    """Flush pending text to the backend's prefix cache (``s += sgl.commit_lazy()``)."""
+
+
+@dataclass(frozen=True)
+class Sequence(Node):
+    """Several nodes appended at once (``s += a + b``)."""
+
+    items: tuple[Node, ...]
