@@ -1,0 +1,160 @@
+"""Decode attention over the paged token pool: one query token per request.
+
+Split-K (flash-decoding): stage 1 splits each request's sequence into up to ``max_kv_splits``
+chunks and writes, per (request, head, split), an unnormalized partial output and its
+log-sum-exp; stage 2 merges the splits. GQA-aware: one program of stage 1 handles every query
+head of one KV head (padded to 16 rows for ``tl.dot``), so each K/V row is read once per group.
+
+All launch shapes depend only on the batch size and ``max_kv_splits``, and the per-request split
+count is a device tensor, so both stages can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_MIN_BLOCK_H = 16  # tl.dot needs at least 16 rows
+
+
+@triton.jit
+def _decode_stage1(
+    Q, K_Buf, V_Buf, Req_to_token, Req_idx, Seq_lens, Num_splits, Mid_o, Mid_lse,
+    sm_scale,
+    stride_qb, stride_qh, stride_kbs, stride_kh, stride_vbs, stride_vh, stride_rt,
+    stride_mob, stride_moh, stride_mos, stride_lb, stride_lh,
+    q_head_num,
+    KV_GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, MAX_SPLITS: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    cur_batch = tl.program_id(0)
+    cur_kv_head = tl.program_id(1)
+    split_id = tl.program_id(2)
+
+    offs_h = cur_kv_head * KV_GROUP + tl.arange(0, BLOCK_H)
+    mask_h = (tl.arange(0, BLOCK_H) < KV_GROUP) & (offs_h < q_head_num)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+
+    seq_len = tl.load(Seq_lens + cur_batch).to(tl.int32)
+    num_splits = tl.load(Num_splits + cur_batch)
+    req_row = tl.load(Req_idx + cur_batch).to(tl.int64)
+    per_split = tl.cdiv(seq_len, num_splits)
+    start = per_split * split_id
+    end = tl.minimum(start + per_split, seq_len)
+
+    q = tl.load(Q + cur_batch * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+
+    # NOTE: splits past num_splits (or empty ones) run zero iterations and write lse=-inf,
+    # which stage 2 weighs by exp(-inf) = 0.
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < end
+        slots = tl.load(Req_to_token + req_row * stride_rt + offs_n, mask=mask_n, other=0)
+        k = tl.load(K_Buf + slots[None, :] * stride_kbs + cur_kv_head * stride_kh + offs_d[:, None],
+                    mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+        qk = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * sm_scale
+        qk = tl.where(mask_h[:, None] & mask_n[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(qk - m_safe[:, None])
+        v = tl.load(V_Buf + slots[:, None] * stride_vbs + cur_kv_head * stride_vh + offs_d[None, :],
+                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+
+    has = l_i > 0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+    tl.store(Mid_o + cur_batch * stride_mob + offs_h[:, None] * stride_moh + split_id * stride_mos
+             + offs_d[None, :], out, mask=mask_h[:, None] & mask_d[None, :])
+    tl.store(Mid_lse + cur_batch * stride_lb + offs_h * stride_lh + split_id, lse, mask=mask_h)
+
+
+@triton.jit
+def _decode_stage2(
+    Mid_o, Mid_lse, O,
+    stride_mob, stride_moh, stride_mos, stride_lb, stride_lh, stride_ob, stride_oh,
+    BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, MAX_SPLITS: tl.constexpr,
+):
+    cur_batch = tl.program_id(0)
+    cur_head = tl.program_id(1)
+    offs_s = tl.arange(0, MAX_SPLITS)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    lse = tl.load(Mid_lse + cur_batch * stride_lb + cur_head * stride_lh + offs_s)
+    m = tl.max(lse, 0)
+    w = tl.exp(lse - m)  # at least one split has work, so m is finite
+    parts = tl.load(Mid_o + cur_batch * stride_mob + cur_head * stride_moh
+                    + offs_s[:, None] * stride_mos + offs_d[None, :],
+                    mask=(w[:, None] > 0) & mask_d[None, :], other=0.0)
+    out = tl.sum(parts * w[:, None], 0) / tl.sum(w, 0)
+    tl.store(O + cur_batch * stride_ob + cur_head * stride_oh + offs_d,
+             out.to(O.dtype.element_ty), mask=mask_d)
+
+
+def num_kv_splits_for(seq_lens: torch.Tensor, max_kv_splits: int,
+                      min_tokens_per_split: int = 256) -> torch.Tensor:
+    """Per-request split count (int32, on seq_lens' device): long sequences get more splits.
+
+    Pure tensor ops, so it can run inside a captured CUDA graph."""
+    splits = torch.div(seq_lens + (min_tokens_per_split - 1), min_tokens_per_split,
+                       rounding_mode="floor")
+    return splits.clamp(1, max_kv_splits).to(torch.int32)
+
+
+def _check(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, out: torch.Tensor,
+           req_to_token: torch.Tensor, bs: int, max_kv_splits: int) -> None:
+    assert q.dim() == 3 and k_buf.dim() == 3 and v_buf.shape == k_buf.shape, "bad q/kv rank"
+    assert q.shape[0] >= bs and q.shape[2] == k_buf.shape[2], "q/kv head_dim mismatch"
+    assert q.shape[1] % k_buf.shape[1] == 0, "num_heads must be a multiple of num_kv_heads"
+    assert q.stride(2) == 1 and k_buf.stride(2) == 1 and v_buf.stride(2) == 1, "head_dim must be contiguous"
+    assert out.shape[:3] == q.shape[:3] and out.stride(2) == 1
+    assert req_to_token.stride(1) == 1, "req_to_token rows must be contiguous"
+    assert max_kv_splits & (max_kv_splits - 1) == 0, "max_kv_splits must be a power of two"
+
+
+def decode_attention_fwd(
+    q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, out: torch.Tensor,
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+    num_kv_splits: torch.Tensor, mid_o: torch.Tensor, mid_lse: torch.Tensor,
+    sm_scale: float,
+) -> torch.Tensor:
+    """out[b, h] = softmax(q[b, h] . K[seq b]) V[seq b] over the request's whole paged sequence.
+
+    q/out: [bs, H, D]; k_buf/v_buf: [slots, KVH, D]; mid_o: [bs, H, S, D] fp32 and
+    mid_lse: [bs, H, S] fp32 scratch with S = max_kv_splits (a power of two)."""
+    bs, num_heads, head_dim = q.shape
+    kv_heads = k_buf.shape[1]
+    max_kv_splits = mid_lse.shape[2]
+    _check(q, k_buf, v_buf, out, req_to_token, bs, max_kv_splits)
+    assert mid_o.shape == (bs, num_heads, max_kv_splits, head_dim) and mid_o.stride(3) == 1
+    assert mid_lse.shape == (bs, num_heads, max_kv_splits) and mid_lse.stride(2) == 1
+    group = num_heads // kv_heads
+    block_h = max(_MIN_BLOCK_H, triton.next_power_of_2(group))
+    block_d = triton.next_power_of_2(head_dim)
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    _decode_stage1[(bs, kv_heads, max_kv_splits)](
+        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, num_kv_splits, mid_o, mid_lse,
+        sm_scale,
+        q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0),
+        v_buf.stride(1), req_to_token.stride(0),
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        num_heads,
+        KV_GROUP=group, BLOCK_H=block_h, BLOCK_N=32, BLOCK_D=block_d, HEAD_DIM=head_dim,
+        MAX_SPLITS=max_kv_splits, PRECISION=precision, num_warps=4, num_stages=2,
+    )
+    _decode_stage2[(bs, num_heads)](
+        mid_o, mid_lse, out,
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1),
+        BLOCK_D=block_d, HEAD_DIM=head_dim, MAX_SPLITS=max_kv_splits, num_warps=4,
+    )
+    return out

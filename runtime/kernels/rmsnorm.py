@@ -1,0 +1,65 @@
+"""RMSNorm, optionally fused with the residual add that precedes it in every decoder layer.
+
+Matches HF Llama: the sum ``x + residual`` is rounded to the activation dtype (it becomes the
+next residual), the norm is computed in fp32, and the weight multiplies the normalized value
+after it is rounded back to the activation dtype.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rmsnorm_kernel(X, Residual, Out, W, stride_x, stride_r, stride_o, n_cols, eps,
+                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(Residual + row * stride_r + offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
+        tl.store(Residual + row * stride_r + offs, x, mask=mask)
+    xf = x.to(tl.float32)
+    var = tl.sum(xf * xf, 0) / n_cols
+    normed = (xf * (1.0 / tl.sqrt(var + eps))).to(X.dtype.element_ty)
+    w = tl.load(W + offs, mask=mask, other=0.0)
+    tl.store(Out + row * stride_o + offs, (w.to(tl.float32) * normed.to(tl.float32))
+             .to(Out.dtype.element_ty), mask=mask)
+
+
+def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+            out: torch.Tensor) -> None:
+    assert x.dim() == 2 and x.stride(1) == 1, "x must be [rows, hidden] with contiguous rows"
+    assert weight.shape == (x.shape[1],) and weight.is_contiguous()
+    assert out.shape == x.shape and out.stride(1) == 1
+    if residual is not None:
+        assert residual.shape == x.shape and residual.stride(1) == 1
+        assert residual.dtype == x.dtype
+    if x.shape[0] == 0:
+        return
+    block = triton.next_power_of_2(x.shape[1])
+    _rmsnorm_kernel[(x.shape[0],)](
+        x, residual if residual is not None else x, out, weight,
+        x.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
+        x.shape[1], eps, HAS_RESIDUAL=residual is not None, BLOCK=block,
+        num_warps=min(max(block // 256, 1), 16),
+    )
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """weight * x / rms(x) over the last dimension of x [rows, hidden]."""
+    out = torch.empty_like(x) if out is None else out
+    _launch(x, None, weight, eps, out)
+    return out
+
+
+def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """residual <- x + residual (in place); returns (rmsnorm(residual), residual)."""
+    out = torch.empty_like(x)
+    _launch(x, residual, weight, eps, out)
+    return out, residual
