@@ -1,0 +1,98 @@
+"""Triton attention over the paged KV pool: the GPU path.
+
+Every layer stores its new k/v with one fused kernel, then runs the extend kernel (cached
+prefix from the pool + causal new tokens) or the split-K decode kernel. Decode metadata is
+computed with tensor ops only (no host sync), so a decode forward, metadata included, can be
+captured in a CUDA graph; the split-K scratch buffers are preallocated for the largest batch
+so captured graphs keep pointing at the same memory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ...kernels.decode_attention import decode_attention_fwd, num_kv_splits_for
+from ...kernels.extend_attention import extend_attention_fwd
+from ...kernels.kv_store import store_kv
+from ...model.forward_batch import ForwardBatch
+from .base import AttentionBackend
+
+# NOTE: a power of two (stage 2 reduces over all of them); 16 splits of >= 256 tokens keep an
+# H100 busy for batch 1 at 4k context while adding little merge work for short sequences.
+MAX_KV_SPLITS = 16
+MIN_TOKENS_PER_SPLIT = 256
+
+
+@dataclass
+class TritonDecodeMetadata:
+    num_kv_splits: torch.Tensor  # [bs] int32
+    mid_o: torch.Tensor  # [bs, H, S, D] fp32 scratch
+    mid_lse: torch.Tensor  # [bs, H, S] fp32 scratch
+
+
+@dataclass
+class TritonExtendMetadata:
+    max_extend_len: int
+
+
+class TritonAttnBackend(AttentionBackend):
+    def __init__(self, runner: Any) -> None:
+        self.req_to_token = runner.req_to_token_pool.req_to_token
+        self.kv_pool = runner.token_kv_pool
+        self.device = self.req_to_token.device
+        cfg = runner.model_config
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self._graph_bs = 0  # scratch rows that captured CUDA graphs point at
+        self._mid_o, self._mid_lse = self._alloc_scratch(8)
+
+    def _alloc_scratch(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        mid_o = torch.empty(bs, self.num_heads, MAX_KV_SPLITS, self.head_dim,
+                            dtype=torch.float32, device=self.device)
+        mid_lse = torch.empty(bs, self.num_heads, MAX_KV_SPLITS, dtype=torch.float32,
+                              device=self.device)
+        return mid_o, mid_lse
+
+    def _scratch(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Split-K scratch for bs requests: slices of the shared buffers, grown on demand.
+
+        NOTE: once graphs are captured the shared buffers are never replaced (the graphs hold
+        their addresses); a larger eager batch then gets a private allocation instead."""
+        if self._mid_lse.shape[0] < bs:
+            if self._graph_bs:
+                return self._alloc_scratch(bs)
+            self._mid_o, self._mid_lse = self._alloc_scratch(bs)
+        return self._mid_o[:bs], self._mid_lse[:bs]
+
+    def init_cuda_graph_state(self, max_bs: int) -> None:
+        """Allocate scratch for the largest captured batch; call before any capture."""
+        if self._mid_lse.shape[0] < max_bs:
+            self._mid_o, self._mid_lse = self._alloc_scratch(max_bs)
+        self._graph_bs = max(self._graph_bs, max_bs)
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        if batch.mode.is_decode:
+            mid_o, mid_lse = self._scratch(batch.batch_size)
+            batch.attn_metadata = TritonDecodeMetadata(
+                num_kv_splits_for(batch.seq_lens, MAX_KV_SPLITS, MIN_TOKENS_PER_SPLIT),
+                mid_o, mid_lse)
+        else:
+            lengths = batch.extend_seq_lens_cpu or batch.extend_seq_lens.tolist()
+            batch.attn_metadata = TritonExtendMetadata(max(lengths) if lengths else 0)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                batch: ForwardBatch, scaling: float) -> torch.Tensor:
+        k_buf = self.kv_pool.k_buffer[layer_id]
+        v_buf = self.kv_pool.v_buffer[layer_id]
+        store_kv(k, v, k_buf, v_buf, batch.out_cache_loc)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        meta = batch.attn_metadata
+        if isinstance(meta, TritonDecodeMetadata):
+            return decode_attention_fwd(
+                q, k_buf, v_buf, out, self.req_to_token, batch.req_pool_indices,
+                batch.seq_lens, meta.num_kv_splits, meta.mid_o, meta.mid_lse, scaling)
+        return extend_attention_fwd(
+            q, k, v, out, k_buf, v_buf, self.req_to_token, batch.req_pool_indices,
+            batch.extend_prefix_lens, batch.extend_seq_lens, batch.extend_start_loc,
+            meta.max_extend_len, scaling)
