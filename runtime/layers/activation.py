@@ -1,0 +1,13 @@
+"""SiLU-and-mul: the gated MLP activation over a packed ``[gate | up]`` projection."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SiluAndMul(nn.Module):
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up`` for ``gate_up = [..., 2 * d]``; returns ``[..., d]``."""
+        d = gate_up.shape[-1] // 2
+        return F.silu(gate_up[..., :d]) * gate_up[..., d:]

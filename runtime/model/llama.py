@@ -1,0 +1,190 @@
+"""Llama-family decoder (Llama 2/3.x, SmolLM2, Mistral) on the runtime's own layers.
+
+Module and parameter names follow the HF checkpoints, except the fused projections:
+``qkv_proj`` packs q/k/v and ``gate_up_proj`` packs gate/up (filled shard by shard at load).
+Qwen2 and Qwen3 subclass these pieces (see qwen2.py, qwen3.py).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ModelLoadError
+from ..layers.activation import SiluAndMul
+from ..layers.attention.base import AttentionBackend
+from ..layers.linear import Linear, PackedLinear
+from ..layers.norm import RMSNorm
+from ..layers.rotary import RotaryEmbedding
+from .forward_batch import ForwardBatch
+from .model_config import ModelConfig
+
+Rope = tuple[torch.Tensor, torch.Tensor]
+# checkpoint name fragment -> (our packed module fragment, shard)
+_PACKED = {".q_proj.": (".qkv_proj.", "q"), ".k_proj.": (".qkv_proj.", "k"),
+           ".v_proj.": (".qkv_proj.", "v"), ".gate_proj.": (".gate_up_proj.", "gate"),
+           ".up_proj.": (".gate_up_proj.", "up")}
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: str) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
+        self.scaling = cfg.head_dim ** -0.5
+        self.qkv_proj = PackedLinear(cfg.hidden_size, {"q": cfg.q_size, "k": cfg.kv_size,
+                                                       "v": cfg.kv_size},
+                                     bias=cfg.attention_bias, dtype=dtype, device=device)
+        self.o_proj = Linear(cfg.q_size, cfg.hidden_size, dtype=dtype, device=device)
+
+    def rotate_qk(self, qk: torch.Tensor, rope: Rope) -> torch.Tensor:
+        """Rotary on q and k together (``[tokens, heads + kv_heads, head_dim]``): one set of
+        ops instead of two per layer."""
+        return RotaryEmbedding.apply(qk, *rope)
+
+    def forward(self, h: torch.Tensor, rope: Rope, batch: ForwardBatch,
+                attn: AttentionBackend) -> torch.Tensor:
+        n = h.shape[0]
+        qkv = self.qkv_proj(h)
+        qk = self.rotate_qk(qkv[:, : self.q_size + self.kv_size]
+                            .view(n, self.num_heads + self.num_kv_heads, self.head_dim), rope)
+        v = qkv[:, self.q_size + self.kv_size:].view(n, self.num_kv_heads, self.head_dim)
+        out = attn.forward(qk[:, : self.num_heads], qk[:, self.num_heads:], v, self.layer_id,
+                           batch, self.scaling)
+        return self.o_proj(out.reshape(n, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: str) -> None:
+        super().__init__()
+        if cfg.hidden_act != "silu":
+            raise ModelLoadError(f"unsupported activation {cfg.hidden_act!r}; supported: silu")
+        self.gate_up_proj = PackedLinear(cfg.hidden_size, {"gate": cfg.intermediate_size,
+                                                           "up": cfg.intermediate_size},
+                                         dtype=dtype, device=device)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, dtype=dtype, device=device)
+        self.act = SiluAndMul()
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(h)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    attention_cls: type[LlamaAttention] = LlamaAttention
+
+    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: str) -> None:
+        super().__init__()
+        self.self_attn = self.attention_cls(cfg, layer_id, dtype, device)
+        self.mlp = LlamaMLP(cfg, dtype, device)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype,
+                                                device=device)
+
+    def forward(self, h: torch.Tensor, residual: torch.Tensor | None, rope: Rope,
+                batch: ForwardBatch, attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, h = h, self.input_layernorm(h)
+        else:
+            h, residual = self.input_layernorm(h, residual)
+        h = self.self_attn(h, rope, batch, attn)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class LlamaModel(nn.Module):
+    layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: str) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device,
+                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size,
+                                                             dtype=dtype, device=device))
+        self.embed_tokens.weight.requires_grad_(False)
+        self.layers = nn.ModuleList(self.layer_cls(cfg, i, dtype, device)
+                                    for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device)
+        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_context_len, cfg.rope_theta,
+                                          cfg.rope_scaling, dtype=dtype, device=device)
+
+    def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        h = F.embedding(batch.input_ids, self.embed_tokens.weight)
+        rope = self.rotary_emb.lookup(batch.positions)  # once per forward, shared by all layers
+        residual = None
+        for layer in self.layers:
+            h, residual = layer(h, residual, rope, batch, attn)
+        h, _ = self.norm(h, residual)
+        return h
+
+
+class LlamaForCausalLM(nn.Module):
+    model_cls: type[LlamaModel] = LlamaModel
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = self.model_cls(cfg, dtype, str(device))
+        self.lm_head = (None if cfg.tie_word_embeddings else
+                        Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype, device=device))
+        self.attn_backend: AttentionBackend | None = None  # set by the runner
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Final hidden states ``[num_tokens, hidden]`` (after the last norm)."""
+        if self.attn_backend is None:
+            raise RuntimeError("attention backend not set: the ModelRunner binds it")
+        return self.model(batch, self.attn_backend)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits ``[rows, vocab]`` for the given hidden rows."""
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy checkpoint tensors into our parameters; returns the names of parameters
+        touched (a packed one counts once all its shards arrive, see ``missing_weights``)."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb." in name or (self.lm_head is None and name.startswith("lm_head.")):
+                continue  # derived buffers; a tied head shares the embedding
+            target = _packed_target(name)
+            if target is not None:
+                ours, shard = target
+                module_name, param_name = ours.rsplit(".", 1)
+                self.get_submodule(module_name).load_shard(shard, param_name, tensor)
+                loaded.add(f"{ours}:{shard}")
+                continue
+            if name not in params:
+                continue  # e.g. extra heads some checkpoints carry; not ours to use
+            _copy(params[name], tensor, name)
+            loaded.add(name)
+        return loaded
+
+    def missing_weights(self, loaded: set[str]) -> list[str]:
+        """Parameters (or packed shards) that ``load_weights`` never filled."""
+        missing = []
+        for name, module in self.named_modules():
+            for pname, _ in module.named_parameters(recurse=False):
+                full = f"{name}.{pname}" if name else pname
+                if isinstance(module, PackedLinear):
+                    missing += [f"{full}:{s}" for s in module.offsets if f"{full}:{s}" not in loaded]
+                elif full not in loaded:
+                    missing.append(full)
+        return missing
+
+
+def _packed_target(name: str) -> tuple[str, str] | None:
+    for fragment, (packed, shard) in _PACKED.items():
+        if fragment in name:
+            return name.replace(fragment, packed), shard
+    return None
+
+
+def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
+    if param.shape != tensor.shape:
+        raise ModelLoadError(f"weight {name}: checkpoint shape {tuple(tensor.shape)} != "
+                             f"model shape {tuple(param.shape)}")
+    param.data.copy_(tensor)

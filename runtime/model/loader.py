@@ -1,0 +1,151 @@
+"""Find a model's files and load its weights into the runtime's own modules.
+
+``resolve_model_dir`` turns ``EngineConfig.model`` into an HF-format directory: ``None`` is the
+embedded SmolLM2, a directory is used as is, a ``.gguf`` file is converted once into the user
+cache, and anything else is taken as a Hugging Face Hub repo id. ``load_model`` builds the
+model class for the directory's architecture and fills it from safetensors (sharded or not),
+or with random numbers for ``load_format="dummy"``.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..config import EngineConfig
+from ..errors import ModelLoadError
+from .embedded import cache_root, convert_gguf, embedded_model_path
+from .model_config import ModelConfig
+from .registry import get_model_class
+
+_HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.model", "*.txt"]
+
+
+def resolve_model_dir(config: EngineConfig) -> Path:
+    """HF-format directory (with config.json) for ``config.model``."""
+    if config.model is None:
+        return embedded_model_path()
+    path = Path(config.model).expanduser()
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if not (path / "config.json").is_file() and ggufs:
+            return _gguf_dir(ggufs[0])
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"model directory {path} has no config.json")
+        return path
+    if path.is_file():
+        if path.suffix == ".gguf":
+            return _gguf_dir(path)
+        raise ModelLoadError(f"model path {path} is a file but not a .gguf file; pass a "
+                             "directory with config.json and *.safetensors, or a .gguf file")
+    if _looks_like_repo_id(config.model):
+        return _download(config.model)
+    raise ModelLoadError(f"model path {path} does not exist")
+
+
+def _gguf_dir(gguf: Path) -> Path:
+    """Convert a GGUF file once into ``<cache>/models/<stem>-<size>`` (an HF directory)."""
+    target = cache_root() / "models" / f"{gguf.stem}-{gguf.stat().st_size}"
+    if not ((target / "config.json").exists() and (target / "model.safetensors").exists()):
+        try:
+            convert_gguf(gguf, target)
+        except ModelLoadError:
+            raise
+        except Exception as e:  # transformers' GGUF reader raises many kinds
+            raise ModelLoadError(f"cannot convert GGUF file {gguf}: {e}") from e
+    return target
+
+
+def _looks_like_repo_id(name: str) -> bool:
+    parts = name.split("/")
+    return (len(parts) == 2 and all(parts) and not name.startswith((".", "~"))
+            and not name.endswith(".gguf"))
+
+
+def _download(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as e:
+        raise ModelLoadError(f"model {repo_id!r} is not a local path and huggingface_hub is "
+                             "not installed") from e
+    try:  # a cached snapshot works offline
+        return Path(snapshot_download(repo_id, allow_patterns=_HUB_PATTERNS, local_files_only=True))
+    except Exception:
+        pass
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=_HUB_PATTERNS))
+    except Exception as e:  # offline, unknown repo, gated repo...
+        raise ModelLoadError(
+            f"model {repo_id!r} is not a local path and could not be downloaded from the "
+            f"Hugging Face Hub ({type(e).__name__}: {e}); pass a local directory or .gguf file"
+        ) from e
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    """Weight files of ``model_dir``: the shards named by the index file, else every
+    ``*.safetensors``. Raises ModelLoadError naming what is missing."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [n for n in names if not (model_dir / n).is_file()]
+        if missing:
+            raise ModelLoadError(f"model directory {model_dir} lacks shard(s) named in "
+                                 f"{index.name}: {', '.join(missing)}")
+        return [model_dir / n for n in names]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"model directory {model_dir} has no *.safetensors weight files "
+                             "(use load_format='dummy' for random weights)")
+    return files
+
+
+def iter_safetensors(files: list[Path], device: torch.device | str) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    for file in files:
+        with safe_open(str(file), framework="pt", device=str(device)) as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def load_model(config: EngineConfig, device: torch.device | str,
+               dtype: torch.dtype) -> tuple[nn.Module, ModelConfig]:
+    """Build and fill the model for ``config`` on ``device``; returns (model, ModelConfig)."""
+    model_dir = resolve_model_dir(config)
+    return load_model_from_dir(model_dir, device, dtype, config.load_format, config.seed)
+
+
+def load_model_from_dir(model_dir: Path, device: torch.device | str, dtype: torch.dtype,
+                        load_format: str = "auto", seed: int = 0) -> tuple[nn.Module, ModelConfig]:
+    model_config = ModelConfig.from_dir(model_dir)
+    files = [] if load_format == "dummy" else safetensors_files(model_dir)
+    model = get_model_class(model_config.architecture)(model_config, dtype=dtype, device=device)
+    if load_format == "dummy":
+        fill_dummy_weights(model, seed)
+    else:
+        # NOTE: tensors are read on the CPU and copied in; reading straight to the GPU would
+        # double peak memory for packed projections.
+        loaded = model.load_weights(iter_safetensors(files, "cpu"))
+        missing = model.missing_weights(loaded)
+        if missing:
+            shown = ", ".join(missing[:5]) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
+            raise ModelLoadError(f"checkpoint in {model_dir} lacks weights: {shown}")
+    return model.eval(), model_config
+
+
+@torch.no_grad()
+def fill_dummy_weights(model: nn.Module, seed: int = 0) -> None:
+    """Random weights at the model's real shapes: norms 1, everything else normal(0, 0.02).
+    Generated on the parameter's own device (fast on GPU, no host copy)."""
+    if next(model.parameters()).device.type == "meta":
+        return
+    gen_device = next(model.parameters()).device
+    generator = torch.Generator(device=gen_device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+        else:
+            param.normal_(0.0, 0.02, generator=generator)

@@ -1,0 +1,109 @@
+"""ModelRunner: owns the model, the KV pools and the attention backend of one scheduler
+process, and runs one forward per batch.
+
+Startup order: resolve device and dtype, load weights, size the KV pool from what memory is
+left (or ``max_total_tokens``), then build the pools and the attention backend. ``forward``
+returns fp32 logits for the rows that need them (by default each request's last new token).
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ..cache.pool import ReqToTokenPool, TokenKVPool
+from ..config import EngineConfig
+from ..errors import ModelLoadError
+from ..layers.attention.registry import create_attention_backend, resolve_backend_name
+from .forward_batch import ForwardBatch
+from .loader import load_model_from_dir, resolve_model_dir
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Fewer KV slots than this cannot serve anything useful; fail at startup instead.
+MIN_KV_TOKENS = 16
+# Extra request rows beyond max_running_requests: room for requests being admitted while
+# finished ones are still being released.
+EXTRA_REQ_ROWS = 8
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("device='cuda' requested but CUDA is not available")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        torch.manual_seed(config.seed)
+        self.model_dir = resolve_model_dir(config)
+        self.model, self.model_config = load_model_from_dir(
+            self.model_dir, self.device, self.dtype, config.load_format, config.seed)
+        self.context_len = self._context_len()
+        self.max_total_tokens = self._kv_capacity()
+        self.req_to_token_pool = ReqToTokenPool(config.max_running_requests + EXTRA_REQ_ROWS,
+                                                self.context_len, self.device)
+        mc = self.model_config
+        self.token_kv_pool = TokenKVPool(self.max_total_tokens, mc.num_layers, mc.num_kv_heads,
+                                         mc.head_dim, self.dtype, self.device)
+        self.attention_backend_name = resolve_backend_name(config.attention_backend, self.device)
+        self.attn_backend = create_attention_backend(self.attention_backend_name, self)
+        self.model.attn_backend = self.attn_backend
+        logger.info("model %s on %s/%s: context %d, %d KV slots, attention %s", self.model_dir,
+                    self.device, self.dtype, self.context_len, self.max_total_tokens,
+                    self.attention_backend_name)
+
+    def _context_len(self) -> int:
+        limit = self.model_config.max_context_len
+        wanted = self.config.context_length
+        if wanted is None:
+            return limit
+        if wanted <= 0 or wanted > limit:
+            raise ModelLoadError(f"context_length={wanted} must be in [1, {limit}] "
+                                 f"(the model's max_position_embeddings)")
+        return wanted
+
+    def _kv_capacity(self) -> int:
+        """KV slots: explicit, or from the memory budget; never more than the running
+        requests could fill with full contexts."""
+        mc = self.model_config
+        per_token = TokenKVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim,
+                                                self.dtype)
+        if self.config.max_total_tokens is not None:
+            slots = self.config.max_total_tokens
+        elif self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            slots = int(free * self.config.mem_fraction_static) // per_token
+        else:
+            slots = self.config.kv_cache_bytes // per_token
+        slots = min(slots, self.context_len * self.config.max_running_requests)
+        if slots < MIN_KV_TOKENS:
+            raise ModelLoadError(f"KV cache too small: {slots} token slots ({per_token} bytes "
+                                 f"each); raise kv_cache_bytes / mem_fraction_static / max_total_tokens")
+        return slots
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """fp32 logits ``[rows, vocab]`` for ``batch.logits_indices`` (default: the last new
+        token of each request)."""
+        self.attn_backend.init_forward_metadata(batch)
+        hidden = self.model(batch)
+        if batch.logits_indices is not None:
+            hidden = hidden[batch.logits_indices]
+        elif not (batch.mode.is_decode or batch.num_tokens == batch.batch_size):
+            hidden = hidden[batch.last_token_indices()]
+        return self.model.compute_logits(hidden)
