@@ -1,0 +1,86 @@
+"""``Local``: programs run on the bundled runtime's ``Engine`` in this process (the default
+backend: ``Local()`` loads the embedded SmolLM2 model). torch is imported only when a ``Local``
+is constructed, never by ``import sgdsl.backends``."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator
+
+from ._common import backend_error
+from .srt import SrtBackend
+
+_ARG_KEYS = ("input_ids", "sampling_params", "return_logprob", "logprob_start_len",
+             "top_logprobs_num", "return_text_in_logprobs", "stream", "rid")
+
+
+class Local(SrtBackend):
+    """The runtime Engine in-process. ``Local(model=None, **engine_options)`` starts an Engine
+    (``model=None`` = the embedded model); ``Local(engine=e)`` shares an existing one, which
+    ``close()`` then leaves running."""
+
+    name = "Local"
+
+    def __init__(self, model: str | None = None, *, engine: Any = None,
+                 **engine_options: Any) -> None:
+        if engine is None:
+            from sgdsl.runtime import Engine
+
+            engine = Engine(model=model, **engine_options)
+            self._owns_engine = True
+        else:
+            if model is not None or engine_options:
+                raise TypeError("pass either engine= or model/engine options, not both")
+            self._owns_engine = False
+        self.engine = engine
+        self._init_capabilities()
+
+    @property
+    def model_info(self) -> dict[str, Any]:
+        return dict(self.engine.model_info)
+
+    def server_info(self) -> dict[str, Any]:
+        return dict(self.engine.server_info())
+
+    def flush_cache(self) -> bool:
+        return bool(self.engine.flush_cache())
+
+    async def _call(self, request: dict[str, Any]) -> dict | list[dict]:
+        try:
+            return await self.engine.async_generate(**_engine_args(request))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise backend_error(self.name, exc) from exc
+
+    async def _call_stream(self, request: dict[str, Any]) -> AsyncIterator[dict]:
+        try:
+            chunks = await self.engine.async_generate(**_engine_args(request))
+            async for chunk in chunks:
+                yield chunk
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as exc:
+            raise backend_error(self.name, exc) from exc
+
+    async def _abort(self, rid: str) -> None:
+        try:
+            self.engine.abort(rid)
+        except Exception:  # noqa: BLE001 - an abort of a finished request is not an error
+            pass
+
+    async def close(self) -> None:
+        if self._owns_engine:
+            self.engine.shutdown()
+
+    def shutdown(self) -> None:
+        """Synchronous ``close`` (SGLang's ``Runtime.shutdown`` spelling)."""
+        if self._owns_engine:
+            self.engine.shutdown()
+
+
+def _engine_args(request: dict[str, Any]) -> dict[str, Any]:
+    """A generate request dict as ``Engine.async_generate`` keyword arguments."""
+    args = {k: request[k] for k in _ARG_KEYS if k in request}
+    if "text" in request:
+        args["prompt"] = request["text"]
+    return args

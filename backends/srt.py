@@ -1,0 +1,245 @@
+"""``SrtBackend``: what ``Local`` and ``RuntimeEndpoint`` share. Both speak the runtime's
+SGLang-native ``generate`` request (a dict: text/input_ids, sampling_params, logprob options,
+stream, rid); they differ only in transport (an in-process Engine vs HTTP), which subclasses
+provide through ``_call``, ``_call_stream``, ``_abort``, ``model_info`` and ``server_info``.
+
+Select scoring (``score_choices``) follows SGLang's prompt-logprob method with exact token
+boundaries: the context is prefilled once (warming the prefix cache and giving its token count
+P), then the context and every context+choice are scored from position ``P - _TAIL`` in one
+batch; comparing token ids finds where each joined text first leaves the context's tokens (a
+choice may merge with the context's last token), and the choice is scored from there.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from abc import abstractmethod
+from typing import Any, AsyncIterator, Sequence
+
+from sgdsl.ir import Constraint, SamplingParams
+
+from ._common import finish_reason
+from .base import (Backend, Capabilities, ChoiceScores, Context, GenResult, StreamChunk,
+                   UnsupportedError)
+
+_SAMPLING_FIELDS = {  # sgdsl.ir name -> runtime sampling_params name
+    "max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens", "n": "n", "stop": "stop",
+    "stop_token_ids": "stop_token_ids", "temperature": "temperature", "top_p": "top_p",
+    "top_k": "top_k", "min_p": "min_p", "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty", "ignore_eos": "ignore_eos", "seed": "seed",
+}
+_REQUEST_FIELDS = ("return_logprob", "logprob_start_len", "top_logprobs_num",
+                   "return_text_in_logprobs")
+_NATIVE_CONSTRAINTS = frozenset({"regex", "json_schema", "ebnf"})
+# Tokens of the context re-scored before the choice: BPE merges across the boundary only touch
+# the context's last pre-token, so a few tokens always cover it (a fallback handles the rest).
+_TAIL = 8
+
+
+def build_request(text: str, params: SamplingParams, constraint: Constraint | None,
+                  name: str) -> dict[str, Any]:
+    """The runtime ``generate`` request for one completion of ``text``."""
+    if params.stop_regex:
+        raise UnsupportedError(f"{name} has no native stop_regex")
+    sampling = {_SAMPLING_FIELDS[k]: v for k, v in params.to_dict().items() if k in _SAMPLING_FIELDS}
+    for key in ("stop", "stop_token_ids"):
+        if key in sampling:
+            sampling[key] = list(sampling[key])
+    if constraint is not None:
+        if constraint.kind not in _NATIVE_CONSTRAINTS:
+            raise UnsupportedError(f"{name} enforces regex, json_schema and ebnf natively, "
+                                   f"not {constraint.kind!r} (lower it first)")
+        value = constraint.value
+        if constraint.kind == "json_schema" and not isinstance(value, str):
+            value = json.dumps(value)
+        sampling[constraint.kind] = value
+    request: dict[str, Any] = {"text": text, "sampling_params": sampling}
+    for key in _REQUEST_FIELDS:
+        value = getattr(params, key)
+        if value is not None:
+            request[key] = value
+    return request
+
+
+def result_of(out: dict[str, Any]) -> GenResult:
+    """A runtime output dict as a ``GenResult`` (meta_info passed through, keys guaranteed)."""
+    meta = dict(out.get("meta_info") or {})
+    meta.setdefault("prompt_tokens", 0)
+    meta.setdefault("completion_tokens", len(out.get("output_ids") or ()))
+    meta.setdefault("cached_tokens", 0)
+    if meta.get("finish_reason") is None:
+        meta["finish_reason"] = finish_reason("stop")
+    return GenResult(text=out.get("text", ""), meta_info=meta)
+
+
+class SrtBackend(Backend):
+    """Shared logic of the runtime backends; see the module docstring."""
+
+    name = "runtime"
+
+    def _init_capabilities(self) -> None:
+        info = self.server_info()
+        grammar = info.get("grammar_backend", "xgrammar")
+        self.capabilities = Capabilities(
+            constraints=frozenset() if grammar == "none" else _NATIVE_CONSTRAINTS,
+            prompt_logprobs=True, output_logprobs=True, native_n=True, partial_assistant=True)
+        self._template: Any = None
+
+    # ---- transport (subclasses) -----------------------------------------------------------
+
+    @abstractmethod
+    async def _call(self, request: dict[str, Any]) -> dict | list[dict]:
+        """Run one non-streaming generate request."""
+
+    @abstractmethod
+    def _call_stream(self, request: dict[str, Any]) -> AsyncIterator[dict]:
+        """Run one streaming generate request, yielding the runtime's chunk dicts."""
+
+    @abstractmethod
+    async def _abort(self, rid: str) -> None:
+        """Abort request ``rid``; must not raise."""
+
+    @property
+    @abstractmethod
+    def model_info(self) -> dict[str, Any]:
+        """The runtime's model_info (context_length, eos_token_ids, chat_template...)."""
+
+    @abstractmethod
+    def server_info(self) -> dict[str, Any]:
+        """The runtime's server_info (config and live stats)."""
+
+    # ---- Backend API --------------------------------------------------------------------------
+
+    def chat_template(self) -> Any | None:
+        if self._template is None:
+            from sgdsl.chat_template import template_for_model  # language side, no torch
+
+            info = self.model_info
+            self._template = template_for_model(info.get("chat_template"),
+                                                info.get("model_path") or "")
+        return self._template
+
+    def get_model_name(self) -> str:
+        info = self.model_info
+        return str(info.get("served_model_name") or info.get("model_path") or "")
+
+    async def generate(self, ctx: Context, params: SamplingParams,
+                       constraint: Constraint | None = None) -> list[GenResult]:
+        self._check_images(ctx)
+        request = build_request(ctx.text, params, constraint, self.name)
+        out = await self._guarded(request)
+        outs = out if isinstance(out, list) else [out]
+        return [result_of(o) for o in outs]
+
+    async def stream(self, ctx: Context, params: SamplingParams,
+                     constraint: Constraint | None = None) -> AsyncIterator[StreamChunk]:
+        self._check_images(ctx)
+        if (params.n or 1) > 1:
+            raise UnsupportedError(f"{self.name} streams one completion at a time (n=1)")
+        request = build_request(ctx.text, params, constraint, self.name)
+        request["stream"] = True
+        rid = request["rid"] = uuid.uuid4().hex
+        finished, seen = False, ""
+        try:
+            async for chunk in self._call_stream(request):
+                text = chunk.get("text", "")
+                delta = chunk["delta"] if "delta" in chunk else text[len(seen):]
+                seen = text if "delta" not in chunk else seen + delta
+                meta = chunk.get("meta_info") or {}
+                if meta.get("finish_reason") is not None:
+                    finished = True
+                    yield StreamChunk(text=delta, done=True,
+                                      meta_info=result_of({**chunk, "text": seen}).meta_info)
+                    return
+                if delta:
+                    yield StreamChunk(text=delta)
+        finally:
+            if not finished:  # cancelled, closed early or failed: free the runtime's slot
+                await self._abort(rid)
+
+    async def cache_prefix(self, ctx: Context) -> None:
+        if ctx.text:
+            await self._guarded({"text": ctx.text, "sampling_params": {"max_new_tokens": 0}})
+
+    async def score_choices(self, ctx: Context, choices: Sequence[str],
+                            unconditional: bool = False) -> ChoiceScores:
+        self._check_images(ctx)
+        prompt_len = 0
+        if ctx.text:  # warm the cache with the context; its length places the scoring window
+            first = await self._guarded({"text": ctx.text, "sampling_params": {"max_new_tokens": 0}})
+            prompt_len = int(first["meta_info"]["prompt_tokens"])
+        start = max(prompt_len - _TAIL, 0)
+        entries = await self._choice_entries(ctx.text, choices, start)
+        if start > 0 and any(d == 0 for d, _ in entries):  # diverged before the window: rescore
+            entries = await self._choice_entries(ctx.text, choices, 0)
+        token_logprobs = tuple(tuple(lp for lp, _ in tokens[d:] if lp is not None)
+                               for d, tokens in entries)
+        meta: dict[str, Any] = {"prompt_tokens": prompt_len, "choice_tokens": [
+            [tid for _, tid in tokens[d:]] for d, tokens in entries]}
+        uncond = None
+        if unconditional:
+            uncond = await self._unconditional(meta["choice_tokens"])
+        return ChoiceScores(token_logprobs=token_logprobs, unconditional_logprobs=uncond,
+                            meta_info=meta)
+
+    # ---- helpers ------------------------------------------------------------------------------
+
+    async def _choice_entries(self, text: str, choices: Sequence[str],
+                              start: int) -> list[tuple[int, list[tuple[float | None, int]]]]:
+        """Per choice: (index of the first token past the context's tokens, [(logprob, id)])
+        over the prompt positions from ``start``."""
+        texts = ([text] if text else []) + [text + c for c in choices]
+        outs = await self._guarded({
+            "text": texts, "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
+            "return_logprob": True, "logprob_start_len": start})
+        rows = [[(e[0], int(e[1])) for e in o["meta_info"]["input_token_logprobs"]] for o in outs]
+        ctx_ids = [tid for _, tid in rows[0]] if text else []
+        result = []
+        for row in rows[1:] if text else rows:
+            d = 0
+            while d < len(ctx_ids) and d < len(row) and row[d][1] == ctx_ids[d]:
+                d += 1
+            result.append((d, row))
+        return result
+
+    async def _unconditional(self, token_rows: list[list[int]]) -> tuple[tuple[float, ...], ...]:
+        """Logprobs of each choice's tokens after only an end-of-text token (no context), so
+        the first choice token gets a logprob too."""
+        eos = (self.model_info.get("eos_token_ids") or [0])[0]
+        rows = [r for r in token_rows if r]
+        outs = await self._guarded({
+            "input_ids": [[eos, *r] for r in rows], "sampling_params": {"max_new_tokens": 0},
+            "return_logprob": True, "logprob_start_len": 0}) if rows else []
+        scored = iter(outs)
+        result = []
+        for r in token_rows:
+            if not r:
+                result.append(())
+                continue
+            entries = next(scored)["meta_info"]["input_token_logprobs"][1:]
+            result.append(tuple(float(e[0]) for e in entries))
+        return tuple(result)
+
+    async def _guarded(self, request: dict[str, Any]) -> Any:
+        """``_call`` with a request id, aborting the runtime request if the caller cancels."""
+        texts = request.get("text", request.get("input_ids"))
+        batch = isinstance(texts, list) and texts and not isinstance(texts[0], int)
+        rid = uuid.uuid4().hex
+        request["rid"] = [f"{rid}-{i}" for i in range(len(texts))] if batch else rid
+        try:
+            return await self._call(request)
+        except asyncio.CancelledError:
+            for r in request["rid"] if batch else [rid]:
+                await self._abort(r)
+            raise
+
+    def _check_images(self, ctx: Context) -> None:
+        if ctx.images or any(m.images for m in ctx.messages):
+            raise UnsupportedError(f"{self.name}: the model {self.get_model_name()!r} takes no images")
+
+    def flush_cache(self) -> bool:
+        raise NotImplementedError
+
+    def get_server_info(self) -> dict[str, Any]:
+        return self.server_info()

@@ -1,0 +1,83 @@
+"""A deterministic fake of the runtime's SGLang-native generate API, shared by the unit tests
+of Local (as a fake Engine) and RuntimeEndpoint (behind an httpx MockTransport).
+
+Tokens are characters, except that "ab" merges into one token: so a context ending in "a"
+followed by a choice starting with "b" tokenizes differently at the boundary."""
+from __future__ import annotations
+
+from typing import Any
+
+MERGE = "ab"
+EOS = 2
+
+
+def tokenize(text: str) -> list[int]:
+    ids, i = [], 0
+    while i < len(text):
+        if text.startswith(MERGE, i):
+            ids.append(1000)
+            i += 2
+        else:
+            ids.append(ord(text[i]))
+            i += 1
+    return ids
+
+
+def logprob(pos: int, tid: int) -> float:
+    """A fixed, position-dependent logprob (what the model "thinks")."""
+    return -((tid % 7) + 1) / 10 - pos / 1000
+
+
+class FakeRuntime:
+    """Records requests; answers them like the runtime would."""
+
+    model_info = {"model_path": "/models/fake", "served_model_name": "fake",
+                  "context_length": 2048, "vocab_size": 2000, "eos_token_ids": [EOS],
+                  "chat_template": None, "is_generation": True}
+
+    def __init__(self, grammar_backend: str = "xgrammar") -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.aborted: list[str] = []
+        self.grammar_backend = grammar_backend
+
+    def server_info(self) -> dict[str, Any]:
+        return {"grammar_backend": self.grammar_backend, "model": None}
+
+    def generate(self, req: dict[str, Any]) -> dict | list:
+        self.requests.append(req)
+        prompts = req.get("text", req.get("input_ids"))
+        batch = isinstance(prompts, list) and prompts and not isinstance(prompts[0], int)
+        items = prompts if batch else [prompts]
+        rids = req.get("rid") if batch else [req.get("rid")]
+        outs = [self._one(p, req, rids[i] if rids else None) for i, p in enumerate(items)]
+        flat = [o for group in outs for o in group]
+        n = req.get("sampling_params", {}).get("n", 1)
+        return flat if batch or n > 1 else flat[0]
+
+    def _one(self, prompt: Any, req: dict, rid: Any) -> list[dict]:
+        ids = tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        sp = req.get("sampling_params", {})
+        max_new = sp.get("max_new_tokens", 128)
+        outs = []
+        for k in range(sp.get("n", 1)):
+            text = ("xy" * max_new)[:max_new] if k == 0 else ("yx" * max_new)[:max_new]
+            meta = {"id": rid, "prompt_tokens": len(ids), "completion_tokens": max_new,
+                    "cached_tokens": 0, "finish_reason": {"type": "length", "length": max_new}}
+            if req.get("return_logprob"):
+                start = max(req.get("logprob_start_len", -1), 0)
+                meta["input_token_logprobs"] = [
+                    [None if p == 0 else logprob(p, t), t, None] for p, t in enumerate(ids)][start:]
+            outs.append({"text": text, "output_ids": [ord(c) for c in text], "meta_info": meta})
+        return outs
+
+    def stream(self, req: dict[str, Any]) -> list[dict]:
+        """The chunks of a streamed request (cumulative text, as the runtime sends them)."""
+        self.requests.append(req)
+        full = self._one(req["text"], req, req.get("rid"))[0]
+        chunks = []
+        for i in range(1, len(full["text"]) + 1):
+            meta = dict(full["meta_info"], finish_reason=None, completion_tokens=i)
+            chunks.append({"text": full["text"][:i], "meta_info": meta})
+        if chunks:
+            chunks[-1]["meta_info"] = full["meta_info"]
+        return chunks
