@@ -45,10 +45,12 @@ class RunnerDriver:
         return self._run(ForwardMode.DECODE, pairs, [len(r.tokens) for r, _ in pairs],
                          [1] * len(pairs), None)
 
-    def release(self, req: DriverRequest, free_slots: bool = True) -> None:
-        if free_slots and req.tokens:
+    def release(self, req: DriverRequest, keep_prefix: int = 0) -> None:
+        """Free the request's row and its KV slots, except the first ``keep_prefix`` (slots
+        it borrowed from another request)."""
+        if len(req.tokens) > keep_prefix:
             table = self.runner.req_to_token_pool.req_to_token
-            self.runner.token_kv_pool.free(table[req.row, : len(req.tokens)].cpu())
+            self.runner.token_kv_pool.free(table[req.row, keep_prefix: len(req.tokens)].cpu())
         self.runner.req_to_token_pool.free(req.row)
 
     def _run(self, mode: ForwardMode, items, prefix: list[int], lens: list[int],
