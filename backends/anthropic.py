@@ -64,11 +64,13 @@ class Anthropic(Backend):
                                "max_tokens": params.resolved("max_tokens")}
         if system:
             req["system"] = system
+        # NOTE: temperature/top_p/top_k are Messages API fields that recent official clients
+        # no longer take as arguments; they travel in extra_body (same JSON on the wire).
         for key in ("temperature", "top_p"):
             if getattr(params, key) is not None:
-                req[key] = getattr(params, key)
+                extra[key] = getattr(params, key)
         if params.top_k is not None and params.top_k > 0:
-            req["top_k"] = params.top_k
+            extra["top_k"] = params.top_k
         if params.stop:
             req["stop_sequences"] = list(params.stop)
         if extra:
