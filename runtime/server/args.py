@@ -1,0 +1,22 @@
+"""Server options (everything that is not the engine's): one frozen dataclass."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """Where and how the HTTP server listens. The engine's options live in ``EngineConfig``."""
+
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None  # required on every route but health when set
+    cors_origins: tuple[str, ...] = ()  # CORS stays off unless origins are given
+    graceful_timeout_s: float = 30.0  # how long SIGTERM waits for in-flight requests
+    max_body_bytes: int = 32 * 1024 * 1024  # larger request bodies are answered 413
+    log_level: str = "warning"
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"

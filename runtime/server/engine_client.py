@@ -1,0 +1,204 @@
+"""The server's side of the Engine: fan-out of requests, merged streams, disconnect aborts.
+
+Every protocol turns its request into a ``GenBatch`` (one ``GenItem`` per prompt x sample, each
+with its own rid) and hands it to ``EngineClient``. Each item is its own engine request, so the
+scheduler batches them with everything else in flight, and the server always knows every rid
+it must abort when the client goes away. Latency metrics are observed here, once for all
+protocols.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Sequence
+
+from starlette.requests import Request
+
+from .errors import ClientDisconnected
+from .metrics import ServerMetrics
+
+
+def new_rid() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class GenItem:
+    """One engine request: text or token ids, runtime sampling params (a dict) and its rid."""
+
+    prompt: str | None
+    input_ids: list[int] | None
+    sampling: dict[str, Any]
+    rid: str
+
+
+@dataclass(frozen=True)
+class GenBatch:
+    """All engine requests of one HTTP request, in answer order (prompt-major)."""
+
+    items: tuple[GenItem, ...]
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def fan_out(cls, prompts: Sequence[str | list[int]],
+                sampling: dict[str, Any] | Sequence[dict[str, Any]], n: int = 1,
+                rids: Sequence[str] | None = None, **logprob_kw: Any) -> "GenBatch":
+        """One item per (prompt, sample); ``sampling`` is shared or one dict per prompt. With
+        a seed and n > 1, sample i gets seed + i, so the n samples differ yet stay
+        reproducible."""
+        per_prompt = [sampling] * len(prompts) if isinstance(sampling, dict) else list(sampling)
+        items = []
+        for p, prompt in enumerate(prompts):
+            for i in range(n):
+                params = dict(per_prompt[p])
+                if n > 1 and params.get("seed") is not None:
+                    params["seed"] = params["seed"] + i
+                rid = rids[p * n + i] if rids is not None else new_rid()
+                is_text = isinstance(prompt, str)
+                items.append(GenItem(prompt if is_text else None,
+                                     None if is_text else list(prompt), params, rid))
+        return cls(tuple(items), **logprob_kw)
+
+    def engine_kwargs(self, item: GenItem, stream: bool) -> dict[str, Any]:
+        kw: dict[str, Any] = {"sampling_params": item.sampling, "rid": item.rid, "stream": stream}
+        if item.prompt is not None:
+            kw["prompt"] = item.prompt
+        else:
+            kw["input_ids"] = item.input_ids
+        if self.return_logprob:
+            kw.update(return_logprob=True, logprob_start_len=self.logprob_start_len,
+                      top_logprobs_num=self.top_logprobs_num,
+                      return_text_in_logprobs=self.return_text_in_logprobs)
+        return kw
+
+
+async def wait_disconnect(request: Request) -> None:
+    """Return when the client has gone away (its request body is already read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class EngineClient:
+    """Runs GenBatches on the engine; aborts whatever the caller stops waiting for."""
+
+    def __init__(self, engine: Any, metrics: ServerMetrics) -> None:
+        self.engine = engine
+        self.metrics = metrics
+
+    def abort(self, rids: Sequence[str]) -> None:
+        for rid in rids:
+            try:
+                self.engine.abort(rid)
+            except Exception:  # aborting a finished or unknown request is not an error
+                pass
+
+    async def run(self, batch: GenBatch, request: Request | None = None) -> list[dict[str, Any]]:
+        """Final outputs, one per item. Raises ClientDisconnected (after aborting every item)
+        if ``request``'s client goes away first."""
+        work = asyncio.ensure_future(self._collect(batch))
+        watch = asyncio.ensure_future(wait_disconnect(request)) if request is not None else None
+        try:
+            done, _ = await asyncio.wait({work} | ({watch} if watch else set()),
+                                         return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            work.cancel()
+            self.abort([it.rid for it in batch.items])
+            raise
+        finally:
+            if watch is not None:
+                watch.cancel()
+        if work in done:
+            return work.result()
+        work.cancel()
+        self.abort([it.rid for it in batch.items])
+        raise ClientDisconnected()
+
+    async def _collect(self, batch: GenBatch) -> list[dict[str, Any]]:
+        if batch.return_logprob:
+            # NOTE: logprob lists come whole from a non-streaming call.
+            return list(await asyncio.gather(*(self._call(batch, it) for it in batch.items)))
+        outputs: list[dict[str, Any] | None] = [None] * len(batch.items)
+        async for index, chunk in self.stream(batch):
+            outputs[index] = chunk
+        return [_final(out) for out in outputs]
+
+    async def _call(self, batch: GenBatch, item: GenItem) -> dict[str, Any]:
+        start = time.perf_counter()
+        try:
+            out = await _resolve(self.engine.async_generate(**batch.engine_kwargs(item, False)))
+        except asyncio.CancelledError:
+            self.abort([item.rid])
+            raise
+        self.metrics.observe_output(out.get("meta_info", {}), time.perf_counter() - start)
+        return out
+
+    async def stream(self, batch: GenBatch) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+        """Chunks of all items as they come, as (item index, cumulative chunk). Closing the
+        iterator early aborts the unfinished items."""
+        queue: asyncio.Queue[tuple[int, dict[str, Any] | None, BaseException | None]] = (
+            asyncio.Queue())
+        finished: set[int] = set()
+
+        async def pump(index: int, item: GenItem) -> None:
+            try:
+                async for chunk in self._item_stream(batch, item):
+                    await queue.put((index, chunk, None))
+                await queue.put((index, None, None))
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:
+                await queue.put((index, None, exc))
+
+        tasks = [asyncio.ensure_future(pump(i, it)) for i, it in enumerate(batch.items)]
+        try:
+            while len(finished) < len(tasks):
+                index, chunk, exc = await queue.get()
+                if exc is not None:
+                    raise exc
+                if chunk is None:
+                    finished.add(index)
+                    continue
+                yield index, chunk
+        finally:
+            for task in tasks:
+                task.cancel()
+            self.abort([it.rid for i, it in enumerate(batch.items) if i not in finished])
+
+    async def _item_stream(self, batch: GenBatch, item: GenItem) -> AsyncIterator[dict[str, Any]]:
+        start = last = time.perf_counter()
+        seen = 0
+        chunks = await _resolve(self.engine.async_generate(**batch.engine_kwargs(item, True)))
+        async for chunk in chunks:
+            now = time.perf_counter()
+            count = len(chunk.get("output_ids", ()))
+            if count > seen:
+                if seen == 0:
+                    self.metrics.observe_first_token(now - start)
+                else:
+                    self.metrics.observe_tokens(now - last, count - seen)
+                seen, last = count, now
+            meta = chunk.get("meta_info", {})
+            if meta.get("finish_reason") is not None:
+                self.metrics.observe_output(meta, now - start)
+            yield chunk
+
+
+async def _resolve(value: Any) -> Any:
+    """``async_generate`` may return an awaitable (of a dict or an async iterator) or an async
+    iterator directly; accept both."""
+    return await value if inspect.isawaitable(value) else value
+
+
+def _final(chunk: dict[str, Any] | None) -> dict[str, Any]:
+    if chunk is None:
+        raise RuntimeError("engine stream ended without output")
+    return {k: v for k, v in chunk.items() if k != "delta"}

@@ -1,0 +1,187 @@
+"""SGLang-native routes: ``/generate`` and the small admin/info endpoints, shaped so that
+SGLang's own ``RuntimeEndpoint`` client can drive this server unchanged."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator, Union
+
+from fastapi import APIRouter, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, ConfigDict
+
+from .context import ServerContext, ctx
+from .engine_client import GenBatch, new_rid
+from .errors import APIError
+from .sse import DONE, SSEResponse, guarded, prefetch, sse_data
+
+router = APIRouter()
+
+
+class GenerateRequest(BaseModel):
+    """Body of ``POST /generate`` (field names as in SGLang's GenerateReqInput)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: Union[str, list[str], None] = None
+    input_ids: Union[list[int], list[list[int]], None] = None
+    sampling_params: Union[dict[str, Any], list[dict[str, Any]], None] = None
+    return_logprob: Union[bool, list[bool]] = False
+    logprob_start_len: Union[int, list[int]] = -1
+    top_logprobs_num: Union[int, list[int]] = 0
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+    rid: Union[str, list[str], None] = None
+    image_data: Any = None
+
+
+class AbortRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rid: str = ""
+    abort_all: bool = False
+
+
+def _prompts(req: GenerateRequest) -> tuple[list[str | list[int]], bool]:
+    """The prompts and whether the request was a batch (list answer)."""
+    if (req.text is None) == (req.input_ids is None):
+        raise APIError(400, "exactly one of 'text' or 'input_ids' must be given", param="text")
+    if req.image_data is not None:
+        raise APIError(400, "image inputs are not supported by this model", param="image_data")
+    if req.text is not None:
+        return ([req.text], False) if isinstance(req.text, str) else (list(req.text), True)
+    ids = req.input_ids
+    if ids and isinstance(ids[0], list):
+        return [list(x) for x in ids], True
+    return [list(ids)], False
+
+
+def _uniform(value: Any, name: str) -> Any:
+    """Per-prompt logprob options must agree (one engine-wide setting per request)."""
+    if not isinstance(value, list):
+        return value
+    if not value or any(v != value[0] for v in value):
+        raise APIError(400, f"per-prompt values of {name} must all be equal", param=name)
+    return value[0]
+
+
+def build_batch(c: ServerContext, req: GenerateRequest) -> tuple[GenBatch, bool]:
+    prompts, is_batch = _prompts(req)
+    if not prompts:
+        raise APIError(400, "no prompt given", param="text")
+    raw = req.sampling_params if req.sampling_params is not None else {}
+    per_prompt = raw if isinstance(raw, list) else [raw] * len(prompts)
+    if len(per_prompt) != len(prompts):
+        raise APIError(400, "sampling_params list must match the number of prompts",
+                       param="sampling_params")
+    sampling = [c.sampling(dict(sp)) for sp in per_prompt]
+    n = sampling[0].get("n", 1)
+    if any(sp.get("n", 1) != n for sp in sampling):
+        raise APIError(400, "n must be the same for every prompt", param="n")
+    sampling = [{k: v for k, v in sp.items() if k != "n"} for sp in sampling]
+    rids = _rids(req.rid, len(prompts), n)
+    batch = GenBatch.fan_out(
+        prompts, sampling, n=n, rids=rids,
+        return_logprob=bool(_uniform(req.return_logprob, "return_logprob")),
+        logprob_start_len=_uniform(req.logprob_start_len, "logprob_start_len"),
+        top_logprobs_num=_uniform(req.top_logprobs_num, "top_logprobs_num"),
+        return_text_in_logprobs=req.return_text_in_logprobs)
+    return batch, is_batch or n > 1
+
+
+def _rids(rid: str | list[str] | None, num_prompts: int, n: int) -> list[str]:
+    if rid is None:
+        return [new_rid() for _ in range(num_prompts * n)]
+    base = [rid] if isinstance(rid, str) else list(rid)
+    if len(base) != num_prompts:
+        raise APIError(400, "rid list must match the number of prompts", param="rid")
+    return [r if n == 1 else f"{r}-{i}" for r in base for i in range(n)]
+
+
+@router.post("/generate")
+async def generate(req: GenerateRequest, request: Request) -> Response:
+    c = ctx(request)
+    batch, is_batch = build_batch(c, req)
+    if req.stream:
+        events = await prefetch(_stream_events(c, batch, is_batch))
+        return SSEResponse(guarded(events, "native"))
+    outputs = await c.client.run(batch, request)
+    return JSONResponse(outputs if is_batch else outputs[0])
+
+
+async def _stream_events(c: ServerContext, batch: GenBatch, is_batch: bool
+                         ) -> AsyncIterator[bytes]:
+    async for index, chunk in c.client.stream(batch):
+        out = dict(chunk)
+        if is_batch:
+            out["index"] = index
+        yield sse_data(out)
+    yield DONE
+
+
+async def _model_info(request: Request) -> dict[str, Any]:
+    c = ctx(request)
+    info = dict(c.engine.model_info)
+    info.setdefault("tokenizer_path", info.get("model_path"))
+    info.setdefault("served_model_name", c.model_name)
+    return jsonable_encoder(info)
+
+
+async def _server_info(request: Request) -> dict[str, Any]:
+    c = ctx(request)
+    info = await asyncio.to_thread(c.engine.server_info)
+    # NOTE: the api key is never echoed back; only whether one is required.
+    info = dict(info, host=c.args.host, port=c.args.port, api_key_required=bool(c.args.api_key))
+    return jsonable_encoder(info)
+
+
+for _path in ("/get_model_info", "/model_info"):
+    router.add_api_route(_path, _model_info, methods=["GET"])
+for _path in ("/get_server_info", "/server_info"):
+    router.add_api_route(_path, _server_info, methods=["GET"])
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    """200 while the engine answers; an engine that died answers 503 (via its error)."""
+    await asyncio.to_thread(ctx(request).engine.stats)
+    return PlainTextResponse("OK")
+
+
+@router.get("/health_generate")
+async def health_generate(request: Request) -> Response:
+    """Runs one real one-token generation end to end."""
+    c = ctx(request)
+    batch = GenBatch.fan_out([[0]], {"max_new_tokens": 1, "temperature": 0.0})
+    await c.client.run(batch, request)
+    return PlainTextResponse("OK")
+
+
+@router.api_route("/flush_cache", methods=["GET", "POST"])
+async def flush_cache(request: Request) -> Response:
+    ok = await asyncio.to_thread(ctx(request).engine.flush_cache)
+    if not ok:
+        raise APIError(400, "Cache not flushed: requests are running")
+    return PlainTextResponse("Cache flushed.")
+
+
+@router.post("/abort_request")
+async def abort_request(req: AbortRequest, request: Request) -> Response:
+    c = ctx(request)
+    if req.abort_all:
+        raise APIError(400, "abort_all is not supported; abort by rid", param="abort_all")
+    if not req.rid:
+        raise APIError(400, "rid is required", param="rid")
+    await asyncio.to_thread(c.engine.abort, req.rid)
+    return PlainTextResponse("OK")
+
+
+@router.get("/debug/check_idle_integrity")
+async def check_idle_integrity(request: Request) -> Response:
+    """Asserts the scheduler's idle invariant (free + evictable == total KV slots, no locked
+    prefix without a running request); 409 with the reason if it does not hold."""
+    try:
+        await asyncio.to_thread(ctx(request).engine.check_idle_integrity)
+    except AssertionError as exc:
+        raise APIError(409, f"idle integrity check failed: {exc}") from exc
+    return JSONResponse({"ok": True})

@@ -1,0 +1,201 @@
+"""OpenAI-compatible routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``."""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from .context import ServerContext, ctx
+from .engine_client import GenBatch
+from .errors import APIError
+from .openai_format import (LogprobCursor, chat_logprobs, completion_logprobs, finish_reason,
+                            usage)
+from .openai_protocol import ChatCompletionRequest, CompletionRequest
+from .sse import DONE, SSEResponse, guarded, prefetch, sse_data
+from .tools import ToolPlan
+
+router = APIRouter()
+
+
+def _model_card(c: ServerContext) -> dict[str, Any]:
+    return {"id": c.model_name, "object": "model", "created": c.created, "owned_by": "sgdsl",
+            "root": c.model_path, "max_model_len": c.context_length}
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    return {"object": "list", "data": [_model_card(ctx(request))]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, request: Request) -> dict[str, Any]:
+    c = ctx(request)
+    c.check_model(model_id)
+    return _model_card(c)
+
+
+# ---------------------------------------------------------------- completions
+
+@router.post("/v1/completions")
+async def completions(req: CompletionRequest, request: Request) -> Response:
+    c = ctx(request)
+    c.check_model(req.model)
+    req.check_unsupported()
+    prompts = req.prompts()
+    sampling = c.sampling(req.sampling(req.max_tokens if req.max_tokens is not None else 16))
+    want_lp = req.logprobs is not None
+    batch = GenBatch.fan_out(prompts, sampling, n=req.n, return_logprob=want_lp,
+                             top_logprobs_num=req.logprobs or 0,
+                             logprob_start_len=0 if (want_lp and req.echo) else -1)
+    echoes = [_echo_text(c, p) if req.echo else "" for p in prompts]
+    head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": c.model_name}
+    if req.stream:
+        events = await prefetch(_completion_events(req, batch, echoes, head, c))
+        return SSEResponse(guarded(events, "openai"))
+    outputs = await c.client.run(batch, request)
+    choices = [_completion_choice(req, i, out, echoes[i // req.n])
+               for i, out in enumerate(outputs)]
+    return JSONResponse({**head, "object": "text_completion", "choices": choices,
+                         "usage": usage(outputs, req.n)})
+
+
+def _echo_text(c: ServerContext, prompt: str | list[int]) -> str:
+    return prompt if isinstance(prompt, str) else c.engine.tokenizer.decode(prompt)
+
+
+def _completion_choice(req: CompletionRequest, index: int, out: dict[str, Any],
+                       echo: str) -> dict[str, Any]:
+    meta = out["meta_info"]
+    logprobs = None
+    if req.logprobs is not None:
+        entries = list(meta.get("output_token_logprobs") or [])
+        tops = meta.get("output_top_logprobs")
+        if req.echo:
+            entries = list(meta.get("input_token_logprobs") or []) + entries
+            tops = None if tops is None else list(meta.get("input_top_logprobs") or []) + list(tops)
+        logprobs = completion_logprobs(entries, tops if req.logprobs else None)
+    return {"index": index, "text": echo + out["text"], "logprobs": logprobs,
+            "finish_reason": finish_reason(meta)}
+
+
+async def _completion_events(req: CompletionRequest, batch: GenBatch, echoes: list[str],
+                             head: dict[str, Any], c: ServerContext) -> AsyncIterator[bytes]:
+    texts = [""] * len(batch.items)
+    started = [False] * len(batch.items)
+    finals: dict[int, dict[str, Any]] = {}
+    cursor = LogprobCursor(len(batch.items))
+    async for i, chunk in c.client.stream(batch):
+        meta = chunk["meta_info"]
+        delta = chunk["text"][len(texts[i]):]
+        texts[i] = chunk["text"]
+        if not started[i]:
+            delta, started[i] = echoes[i // req.n] + delta, True
+        logprobs = None
+        if req.logprobs is not None:
+            entries, tops = cursor.take(i, meta)
+            logprobs = completion_logprobs(entries, tops if req.logprobs else None,
+                                           offset=len(texts[i]) - len(delta))
+        reason = finish_reason(meta)
+        if reason is not None:
+            finals[i] = chunk
+        if delta or reason is not None:
+            choice = {"index": i, "text": delta, "logprobs": logprobs, "finish_reason": reason}
+            yield sse_data({**head, "object": "text_completion", "choices": [choice]})
+    if req.include_usage:
+        outs = [finals[i] for i in sorted(finals)]
+        yield sse_data({**head, "object": "text_completion", "choices": [],
+                        "usage": usage(outs, req.n)})
+    yield DONE
+
+
+# ---------------------------------------------------------------- chat completions
+
+@router.post("/v1/chat/completions")
+async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
+    c = ctx(request)
+    c.check_model(req.model)
+    plan = req.tool_plan()
+    text = c.chat_template.render([m.as_template_message() for m in req.messages])
+    ids = c.encode_chat(text)
+    limit = req.token_limit()
+    if limit is None:  # OpenAI's default: whatever room the context leaves
+        limit = max(c.context_length - len(ids), 1) if c.context_length else 256
+    raw = req.sampling(limit)
+    if plan is not None:
+        if raw.get("json_schema") or raw.get("regex") or raw.get("ebnf"):
+            raise APIError(400, "tools cannot be combined with another output constraint",
+                           param="tools")
+        raw["json_schema"] = plan.json_schema
+    batch = GenBatch.fan_out([ids], c.sampling(raw), n=req.n, return_logprob=req.logprobs,
+                             top_logprobs_num=req.top_logprobs or 0)
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
+            "model": c.model_name}
+    if req.stream:
+        events = await prefetch(_chat_events(req, batch, head, c, plan))
+        return SSEResponse(guarded(events, "openai"))
+    outputs = await c.client.run(batch, request)
+    choices = [_chat_choice(req, i, out, plan) for i, out in enumerate(outputs)]
+    return JSONResponse({**head, "object": "chat.completion", "choices": choices,
+                         "usage": usage(outputs, req.n)})
+
+
+def _tool_calls(plan: ToolPlan, text: str, index: int = 0) -> list[dict[str, Any]]:
+    name, args = plan.parse(text)
+    arguments = args if isinstance(args, str) else json.dumps(args)
+    return [{"index": index, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+             "function": {"name": name, "arguments": arguments}}]
+
+
+def _chat_choice(req: ChatCompletionRequest, index: int, out: dict[str, Any],
+                 plan: ToolPlan | None) -> dict[str, Any]:
+    meta = out["meta_info"]
+    message: dict[str, Any] = {"role": "assistant", "content": out["text"]}
+    reason = finish_reason(meta)
+    if plan is not None:
+        message = {"role": "assistant", "content": None,
+                   "tool_calls": _tool_calls(plan, out["text"])}
+        reason = "tool_calls" if reason == "stop" else reason
+    logprobs = None
+    if req.logprobs:
+        logprobs = chat_logprobs(meta.get("output_token_logprobs") or [],
+                                 meta.get("output_top_logprobs"))
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason}
+
+
+async def _chat_events(req: ChatCompletionRequest, batch: GenBatch, head: dict[str, Any],
+                       c: ServerContext, plan: ToolPlan | None) -> AsyncIterator[bytes]:
+    k = len(batch.items)
+    texts, started = [""] * k, [False] * k
+    finals: dict[int, dict[str, Any]] = {}
+    cursor = LogprobCursor(k)
+    async for i, chunk in c.client.stream(batch):
+        meta = chunk["meta_info"]
+        new_text = chunk["text"][len(texts[i]):]
+        texts[i] = chunk["text"]
+        delta: dict[str, Any] = {}
+        if not started[i]:
+            delta, started[i] = {"role": "assistant", "content": ""}, True
+        reason = finish_reason(meta)
+        if plan is None and new_text:
+            delta["content"] = new_text
+        elif plan is not None and reason is not None:
+            # NOTE: a tool's name is only known once its JSON is complete; send the call whole.
+            delta = {**delta, "content": None, "tool_calls": _tool_calls(plan, texts[i])}
+            reason = "tool_calls" if reason == "stop" else reason
+        logprobs = None
+        if req.logprobs:
+            logprobs = chat_logprobs(*cursor.take(i, meta))
+        if reason is not None:
+            finals[i] = chunk
+        if delta or reason is not None:
+            choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+            yield sse_data({**head, "object": "chat.completion.chunk", "choices": [choice]})
+    if req.include_usage:
+        outs = [finals[i] for i in sorted(finals)]
+        yield sse_data({**head, "object": "chat.completion.chunk", "choices": [],
+                        "usage": usage(outs, req.n)})
+    yield DONE

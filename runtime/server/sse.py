@@ -1,0 +1,93 @@
+"""Server-sent events: encoding, and a response that fails with a status code before its
+first token and always closes its source (which aborts the engine requests behind it)."""
+from __future__ import annotations
+
+import json
+from typing import Any, AsyncIterator, Callable
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from .errors import sse_error_event
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse_data(obj: Any) -> bytes:
+    """``data: {json}`` (OpenAI and SGLang-native style)."""
+    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+
+
+def sse_event(name: str, obj: Any) -> bytes:
+    """``event: name`` + ``data: {json}`` (Anthropic style)."""
+    return f"event: {name}\ndata: ".encode() + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+
+
+class SSEResponse(StreamingResponse):
+    """A StreamingResponse that closes its body iterator however the response ends.
+
+    NOTE: Starlette cancels the sending task on disconnect; if that happens while the
+    generator is parked at a ``yield``, nothing would close it until garbage collection.
+    Closing it here runs its ``finally`` (the engine aborts) right away.
+    """
+
+    def __init__(self, body: AsyncIterator[bytes]) -> None:
+        super().__init__(body, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._source = body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            aclose: Callable[[], Any] | None = getattr(self._source, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+async def prefetch(source: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """Pull ``source``'s first item now (so its errors raise in the handler, before any
+    status line is sent) and return an iterator that replays it, then the rest."""
+    try:
+        first = await source.__anext__()
+    except StopAsyncIteration:
+        return _empty()
+    except BaseException:
+        await _close(source)
+        raise
+    return _replay(first, source)
+
+
+async def _replay(first: Any, source: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    try:
+        yield first
+        async for item in source:
+            yield item
+    finally:
+        await _close(source)
+
+
+async def _empty() -> AsyncIterator[Any]:
+    return
+    yield  # pragma: no cover  (makes this an async generator)
+
+
+async def _close(source: AsyncIterator[Any]) -> None:
+    aclose = getattr(source, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+async def guarded(events: AsyncIterator[bytes], protocol: str,
+                  trailer: bytes | None = DONE) -> AsyncIterator[bytes]:
+    """Pass ``events`` through; an error after the stream started becomes an in-stream error
+    event (the status line is long gone), followed by ``trailer``."""
+    try:
+        async for event in events:
+            yield event
+    except Exception as exc:
+        yield sse_error_event(protocol, exc)
+        if trailer is not None:
+            yield trailer
+    finally:
+        await _close(events)

@@ -1,0 +1,133 @@
+"""Server fixtures: the real server (embedded model, subprocess, once per session) and a fake
+engine behind the same app served by uvicorn in a thread (once per module)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+API_KEY = "test-key"
+HERE = os.path.dirname(__file__)
+
+
+@dataclass
+class Served:
+    url: str
+    engine: Any = None  # the FakeEngine of an in-thread server
+    proc: subprocess.Popen | None = None
+    model: str = ""
+
+    def client(self, **kw: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {API_KEY}"},
+                            timeout=120, **kw)
+
+
+class ThreadServer:
+    """uvicorn serving an app in a background thread (no signal handlers off the main thread)."""
+
+    def __init__(self, app: Any) -> None:
+        import uvicorn
+
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "server did not start"
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def fake_server() -> Iterator[Served]:
+    sys.path.insert(0, HERE)
+    from fake_engine import FakeEngine
+
+    from sgdsl.runtime.server.app import create_app
+    from sgdsl.runtime.server.args import ServerArgs
+
+    engine = FakeEngine(step_s=0.01)
+    server = ThreadServer(create_app(engine, ServerArgs(api_key=API_KEY)))
+    url = server.start()
+    yield Served(url=url, engine=engine, model="fake-model")
+    server.stop()
+
+
+def start_real_server(*extra: str, timeout_s: float = 600) -> Served:
+    """``python -m sgdsl.runtime.server`` on a free loopback port with the embedded model."""
+    cmd = [sys.executable, "-m", "sgdsl.runtime.server", "--host", "127.0.0.1", "--port", "0",
+           "--api-key", API_KEY, "--num-threads", "1", *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1)
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if "listening on" in line:
+            url = line.split("listening on ")[1].split()[0]
+            model = line.rsplit("(model: ", 1)[1].rstrip(")\n")
+            threading.Thread(target=_drain, args=(proc,), daemon=True).start()
+            return Served(url=url, proc=proc, model=model)
+        if time.monotonic() > deadline:
+            break
+    proc.kill()
+    raise RuntimeError("server did not start:\n" + "".join(lines[-50:]))
+
+
+def _drain(proc: subprocess.Popen) -> None:
+    """Keep reading the server's output so its pipe never fills up and blocks it."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if os.environ.get("SGDSL_TEST_SERVER_LOG"):
+            sys.stderr.write(line)
+
+
+def stop_real_server(served: Served) -> int:
+    """SIGTERM, wait for the drain and exit; returns the exit code."""
+    assert served.proc is not None
+    served.proc.send_signal(signal.SIGTERM)
+    try:
+        return served.proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        served.proc.kill()
+        raise
+
+
+def children_of(pid: int) -> list[int]:
+    """Live descendants of ``pid`` (from /proc), to check that nothing was left behind."""
+    kids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            kids.append(int(entry))
+    return kids
+
+
+@pytest.fixture(scope="session")
+def real_server() -> Iterator[Served]:
+    served = start_real_server()
+    yield served
+    stop_real_server(served)

@@ -1,0 +1,122 @@
+"""A small deterministic stand-in for the runtime Engine (same API as docs/engine_api.md) for
+fast in-process tests of the server's protocol logic. Tokens are characters; the "model"
+answers with the prompt reversed, one character per step."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator
+
+from sgdsl.runtime.errors import ContextLengthError
+from sgdsl.runtime.sampling_params import SamplingParams
+
+CONTEXT = 512
+EOS = 3
+
+
+class CharTokenizer:
+    bos_token = None
+    eos_token = "\x03"
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(ch) % 256 for ch in text]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(i) for i in ids)
+
+
+class FakeEngine:
+    def __init__(self, step_s: float = 0.002) -> None:
+        self.tokenizer = CharTokenizer()
+        self.model_info = {"model_path": "/fake/FakeModel", "served_model_name": "fake-model",
+                           "context_length": CONTEXT, "vocab_size": 256, "eos_token_ids": [EOS],
+                           "chat_template": None, "is_generation": True}
+        self.step_s = step_s
+        self.running: set[str] = set()
+        self.aborted: set[str] = set()
+        self.finished: list[str] = []
+        self.finish_types: dict[str, str] = {}
+
+    def server_info(self) -> dict[str, Any]:
+        return {"model": "fake", **self.stats()}
+
+    def stats(self) -> dict[str, Any]:
+        return {"num_running_reqs": len(self.running), "num_waiting_reqs": 0,
+                "kv_total_slots": 100, "kv_free_slots": 100 - len(self.running),
+                "kv_evictable_slots": 0, "cache_hit_rate": 0.0, "requests_total":
+                len(self.finished)}
+
+    def abort(self, rid: str) -> None:
+        if rid in self.running:
+            self.aborted.add(rid)
+
+    def flush_cache(self) -> bool:
+        return not self.running
+
+    def check_idle_integrity(self) -> None:
+        assert not self.running, f"requests still running: {sorted(self.running)}"
+
+    def shutdown(self) -> None:
+        pass
+
+    async def async_generate(self, prompt: str | None = None, sampling_params: Any = None,
+                             input_ids: list[int] | None = None, return_logprob: bool = False,
+                             logprob_start_len: int = -1, top_logprobs_num: int = 0,
+                             return_text_in_logprobs: bool = False, stream: bool = False,
+                             rid: str | None = None) -> Any:
+        params = SamplingParams.from_dict(sampling_params)
+        ids = input_ids if input_ids is not None else self.tokenizer.encode(prompt or "")
+        if len(ids) + params.max_new_tokens > CONTEXT:
+            raise ContextLengthError("prompt too long", field="max_new_tokens")
+        gen = self._run(list(ids), params, rid or "r", return_logprob, top_logprobs_num)
+        if stream:
+            return gen
+        last = None
+        async for last in gen:
+            pass
+        return {k: v for k, v in last.items() if k != "delta"}
+
+    async def _run(self, ids: list[int], params: SamplingParams, rid: str, logprob: bool,
+                   top_n: int) -> AsyncIterator[dict[str, Any]]:
+        self.running.add(rid)
+        out: list[int] = []
+        source = list(reversed(ids)) or [ord("x")]
+        finish: dict[str, Any] | None = None
+        prev = ""
+        try:
+            while finish is None:
+                if rid in self.aborted:
+                    finish = {"type": "abort", "message": "aborted"}
+                    break
+                if len(out) >= params.max_new_tokens:
+                    finish = {"type": "length", "length": len(out)}
+                    break
+                await asyncio.sleep(self.step_s)
+                out.append(source[len(out) % len(source)])
+                text = self.tokenizer.decode(out)
+                for s in params.stop:
+                    if s in text:
+                        text, finish = text[:text.index(s)], {"type": "stop", "matched": s}
+                yield self._chunk(rid, ids, out, text, prev, finish, logprob, top_n)
+                prev = text
+            if finish["type"] != "stop":
+                yield self._chunk(rid, ids, out, prev, prev, finish, logprob, top_n)
+            self.finish_types[rid] = finish["type"]
+        finally:
+            # NOTE: a stream closed by its consumer ends here without a finish reason.
+            self.finish_types.setdefault(rid, "closed")
+            self.running.discard(rid)
+            self.aborted.discard(rid)
+            self.finished.append(rid)
+
+    def _chunk(self, rid: str, ids: list[int], out: list[int], text: str, prev: str,
+               finish: dict[str, Any] | None, logprob: bool, top_n: int) -> dict[str, Any]:
+        meta: dict[str, Any] = {"id": rid, "finish_reason": finish, "prompt_tokens": len(ids),
+                                "completion_tokens": len(out), "cached_tokens": 0}
+        if logprob:
+            meta["output_token_logprobs"] = [[-1.0, t, chr(t)] for t in out]
+            meta["output_top_logprobs"] = [[[-1.0, t, chr(t)]][:top_n] for t in out]
+            meta["input_token_logprobs"] = [[None if i == 0 else -2.0, t, chr(t)]
+                                            for i, t in enumerate(ids)]
+            meta["input_top_logprobs"] = [None for _ in ids]
+        return {"text": text, "output_ids": list(out), "meta_info": meta,
+                "delta": text[len(prev):]}
