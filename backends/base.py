@@ -11,16 +11,13 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping, Sequence
 
+from sgdsl.errors import BackendError, UnsupportedError
 from sgdsl.ir import Constraint, SamplingParams
 
-
-class BackendError(Exception):
-    """A backend call failed; ``__cause__`` holds the client's own exception."""
-
-
-class UnsupportedError(BackendError):
-    """The backend cannot honour a request (a constraint, images, logprobs...). Raised before
-    any token is generated, with a message saying what and why."""
+__all__ = [
+    "Backend", "BackendError", "Capabilities", "ChoiceScores", "Context", "GenResult",
+    "ImageData", "Message", "SelectResult", "StreamChunk", "UnsupportedError",
+]
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,30 @@ class Constraint:
 
 @dataclass(frozen=True)
 class Node:
-    """Base of IR nodes."""
+    """Base of IR nodes. ``a + b`` (with nodes or strings) builds a ``Sequence``, as SGLang's
+    expressions do, so ``user("Q: " + gen("x"))`` works."""
+
+    def __add__(self, other: "Node | str") -> "Sequence":
+        return Sequence(_flatten((self, as_node(other))))
+
+    def __radd__(self, other: "Node | str") -> "Sequence":
+        return Sequence(_flatten((as_node(other), self)))
+
+
+def as_node(value: Any) -> Node:
+    """A node from a node or a plain value (strings and numbers become ``Text``)."""
+    if isinstance(value, Node):
+        return value
+    if value is None:
+        raise TypeError("cannot append None to a program state")
+    return Text(str(value))
+
+
+def _flatten(nodes: tuple[Node, ...]) -> tuple[Node, ...]:
+    out: list[Node] = []
+    for node in nodes:
+        out.extend(node.items if isinstance(node, Sequence) else (node,))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -96,7 +119,7 @@ class Select(Node):
     name: str | None
     choices: tuple[str, ...]
     temperature: float = 0.0
-    choices_method: Callable[..., Any] | None = None  # see sgdsl.choices
+    choices_method: Callable[..., Any] | None = None  # see sgdsl.choices; None = token_length_normalized
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,217 @@
+"""``SglFunction``: a program (a Python function whose first parameter is the state ``s``)
+and the ways to run it: ``run``/``run_batch`` (sync), ``arun``/``arun_batch`` (async),
+``bind``, ``trace``, ``cache``."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+from typing import Any, Callable, Iterator
+
+from sgdsl import ir
+from sgdsl.interpreter.executor import ProgramRun, StateExecutor
+from sgdsl.interpreter.loop import background_loop, body_pool, run_sync
+from sgdsl.state import ProgramState
+
+_PARAM_NAMES = {f.name for f in dataclasses.fields(ir.SamplingParams)}
+_ALIASES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+_RESERVED = ("stream", "backend", "use_thread")
+
+
+class SglFunction:
+    def __init__(self, func: Callable[..., Any], num_api_spec_tokens: int | None = None,
+                 bind_arguments: dict[str, Any] | None = None) -> None:
+        self.func = func
+        self.num_api_spec_tokens = num_api_spec_tokens
+        self.bind_arguments = dict(bind_arguments or {})
+        self.arg_names = list(inspect.signature(func).parameters)[1:]
+        self.__name__ = getattr(func, "__name__", "program")
+        self.__doc__ = func.__doc__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Inside another program, ``f(s, ...)`` runs the body on that state; elsewhere
+        ``f(...)`` is ``f.run(...)`` (as in SGLang)."""
+        if args and _is_state(args[0]):
+            return self.func(*args, **{**self.bind_arguments, **kwargs})
+        return self.run(*args, **kwargs)
+
+    def bind(self, **kwargs: Any) -> "SglFunction":
+        return SglFunction(self.func, self.num_api_spec_tokens, {**self.bind_arguments, **kwargs})
+
+    # ---- sync ---------------------------------------------------------------------------
+
+    def run(self, *args: Any, stream: bool = False, backend: Any = None, **kwargs: Any) -> ProgramState:
+        """Run once. Sampling keywords (``temperature``, ``max_new_tokens``...) are program-wide
+        defaults for every gen; other keywords are the program's arguments. Without ``stream``
+        the call returns when the program is done and raises its error, if any; with it, returns
+        at once (iterate ``text_iter()``)."""
+        kwargs.pop("use_thread", None)
+        defaults, kwargs = split_sampling_kwargs(kwargs)
+        state = self._new_state(backend, defaults, stream, background_loop())
+        if stream:
+            body_pool().submit(self._body, state, args, kwargs)
+            return state
+        self._body(state, args, kwargs, raise_errors=True)
+        state.sync()
+        state.stream_executor.raise_if_failed()
+        return state
+
+    def run_batch(self, batch_kwargs: list[dict[str, Any]], *, backend: Any = None,
+                  num_threads: int | str = "auto", progress_bar: bool = False,
+                  generator_style: bool = False, max_concurrency: int | None = None,
+                  **sampling: Any) -> list[ProgramState] | Iterator[ProgramState]:
+        """Run the program on each kwargs dict concurrently; states come back in input order
+        (as an iterator with ``generator_style``). A failed program does not stop the batch:
+        its state's ``error()`` holds the exception."""
+        limit = max_concurrency or (None if num_threads == "auto" else int(num_threads))
+        defaults, _ = split_sampling_kwargs(sampling)
+        loop = background_loop()
+        futures = [asyncio.run_coroutine_threadsafe(c, loop) for c in
+                   self._batch_coros(batch_kwargs, backend, defaults, limit, loop)]
+        bar = _progress(len(futures)) if progress_bar else None
+        if bar is not None:
+            for future in futures:
+                future.add_done_callback(lambda _: bar.update())
+
+        def results() -> Iterator[ProgramState]:
+            for future in futures:
+                yield future.result()
+            if bar is not None:
+                bar.close()
+        return results() if generator_style else list(results())
+
+    # ---- async --------------------------------------------------------------------------
+
+    async def arun(self, *args: Any, backend: Any = None, stream: bool = False, **kwargs: Any) -> ProgramState:
+        """Run on the current event loop. Cancelling the awaiting task aborts the program's
+        in-flight backend requests. Raises the program's error, if any."""
+        defaults, kwargs = split_sampling_kwargs(kwargs)
+        state = self._new_state(backend, defaults, stream, asyncio.get_running_loop())
+        await self._drive(state, args, kwargs)
+        state.stream_executor.raise_if_failed()
+        return state
+
+    async def arun_batch(self, batch_kwargs: list[dict[str, Any]], *, backend: Any = None,
+                         max_concurrency: int | None = None, **sampling: Any) -> list[ProgramState]:
+        """``run_batch`` for async code: at most ``max_concurrency`` programs at a time."""
+        defaults, _ = split_sampling_kwargs(sampling)
+        loop = asyncio.get_running_loop()
+        return list(await asyncio.gather(*self._batch_coros(batch_kwargs, backend, defaults,
+                                                             max_concurrency, loop)))
+
+    def _batch_coros(self, batch_kwargs: list[dict[str, Any]], backend: Any, defaults: ir.SamplingParams,
+                     limit: int | None, loop: asyncio.AbstractEventLoop) -> list[Any]:
+        from sgdsl.config import resolve_backend  # noqa: PLC0415
+
+        resolved = resolve_backend(backend)
+        gate = _Gate(limit)
+
+        async def one(kwargs: dict[str, Any]) -> ProgramState:
+            async with gate:
+                state = self._new_state(resolved, defaults, False, asyncio.get_running_loop())
+                await self._drive(state, (), dict(kwargs), raise_errors=False)
+                return state
+        return [one(kwargs) for kwargs in batch_kwargs]
+
+    async def _drive(self, state: ProgramState, args: tuple, kwargs: dict[str, Any],
+                     raise_errors: bool = True) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(body_pool(), self._body, state, args, kwargs, raise_errors)
+            if not state.stream_executor.run.stream:
+                await _sync_all(state.stream_executor)
+        except asyncio.CancelledError:
+            state.stream_executor.run.cancel()
+            raise
+
+    # ---- helpers ------------------------------------------------------------------------
+
+    def _new_state(self, backend: Any, defaults: ir.SamplingParams, stream: bool,
+                   loop: asyncio.AbstractEventLoop) -> ProgramState:
+        from sgdsl.chat_template import get_chat_template  # noqa: PLC0415
+        from sgdsl.config import resolve_backend  # noqa: PLC0415
+
+        backend = resolve_backend(backend)
+        template = backend.chat_template() or get_chat_template("default")
+        run = ProgramRun(backend, loop, template, defaults, stream, self.num_api_spec_tokens)
+        return ProgramState(StateExecutor(run))
+
+    def _body(self, state: ProgramState, args: tuple, kwargs: dict[str, Any],
+              raise_errors: bool = False) -> None:
+        ex = state.stream_executor
+        try:
+            state.ret_value = self.func(state, *args, **{**self.bind_arguments, **kwargs})
+        except BaseException as exc:  # noqa: BLE001 - kept on the state, re-raised below if asked
+            if ex.error_ is None:
+                ex.error_ = exc
+                ex.signal.notify()
+            if raise_errors:
+                raise
+        finally:
+            ex.end()
+
+    def trace(self, *, backend: Any = None, **kwargs: Any) -> Any:
+        """The program's IR as far as it can be known without running it (see sgdsl.tracer)."""
+        from sgdsl.tracer import trace_program  # noqa: PLC0415
+
+        return trace_program(self, kwargs)
+
+    def cache(self, backend: Any = None) -> str:
+        """Warm the backend's prefix cache with the program's constant prefix; returns it."""
+        return run_sync(self.acache(backend))
+
+    async def acache(self, backend: Any = None) -> str:
+        from sgdsl.backends.base import Context  # noqa: PLC0415
+        from sgdsl.config import resolve_backend  # noqa: PLC0415
+        from sgdsl.tracer import extract_prefix  # noqa: PLC0415
+
+        backend = resolve_backend(backend)
+        prefix = extract_prefix(self, backend)
+        if prefix:
+            await backend.cache_prefix(Context(text=prefix))
+        return prefix
+
+
+def split_sampling_kwargs(kwargs: dict[str, Any]) -> tuple[ir.SamplingParams, dict[str, Any]]:
+    """Program-wide sampling defaults vs. program arguments."""
+    values, rest = {}, {}
+    for key, value in kwargs.items():
+        field = _ALIASES.get(key, key)
+        if field in _PARAM_NAMES and key not in _RESERVED:
+            if value is not None:
+                values[field] = tuple([value] if isinstance(value, (str, int)) else value) \
+                    if field in ("stop", "stop_token_ids", "stop_regex") else value
+        else:
+            rest[key] = value
+    return ir.SamplingParams(**values), rest
+
+
+def _is_state(value: Any) -> bool:
+    from sgdsl.tracer import TracerState  # noqa: PLC0415
+
+    return isinstance(value, (ProgramState, TracerState))
+
+
+async def _sync_all(ex: StateExecutor) -> None:
+    # NOTE: forks the body never joined still run; the program is done when all are idle.
+    for executor in list(ex.run.executors):
+        await executor.async_sync()
+
+
+class _Gate:
+    def __init__(self, limit: int | None) -> None:
+        self._sem = asyncio.Semaphore(limit) if limit else None
+
+    async def __aenter__(self) -> None:
+        if self._sem is not None:
+            await self._sem.acquire()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._sem is not None:
+            self._sem.release()
+
+
+def _progress(total: int) -> Any:
+    from tqdm.auto import tqdm  # noqa: PLC0415
+
+    return tqdm(total=total)

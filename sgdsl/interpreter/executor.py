@@ -1,0 +1,258 @@
+"""``StateExecutor``: one program state's text, messages and variables, and the in-order
+execution of the nodes appended to it.
+
+Nodes are submitted from the program body's thread and executed by a drain task on the run's
+event loop. A failed node stores the real exception (annotated with the program line that
+appended it), drops the nodes queued after it, and wakes every waiter; the body then sees the
+same exception at its next ``s += ...`` or ``s["x"]``.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from sgdsl import ir
+from sgdsl.backends.base import Backend, Context, ImageData, Message
+from sgdsl.chat_template import ChatTemplate
+from sgdsl.errors import ProgramCancelledError
+from sgdsl.interpreter.callsite import CallSite, annotate
+from sgdsl.interpreter.signal import Signal
+from sgdsl.interpreter.usage import Usage
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A piece of the text, for rendering: ``kind`` is text, template (role markup) or gen."""
+
+    role: str | None
+    kind: str
+    text: str
+    name: str | None = None
+
+
+@dataclass
+class ProgramRun:
+    """What a program state and all its forks share."""
+
+    backend: Backend
+    loop: asyncio.AbstractEventLoop
+    template: ChatTemplate
+    defaults: ir.SamplingParams = ir.SamplingParams()
+    stream: bool = False
+    spec_tokens: int | None = None
+    usage: Usage = field(default_factory=Usage)
+    executors: list["StateExecutor"] = field(default_factory=list)
+
+    def cancel(self) -> None:
+        for ex in list(self.executors):
+            ex.cancel()
+
+
+def declared_vars(node: ir.Node) -> tuple[str, ...]:
+    """Variables a node will set (so ``s["x"]`` knows to wait for them)."""
+    if isinstance(node, ir.Sequence):
+        return tuple(n for item in node.items for n in declared_vars(item))
+    if isinstance(node, (ir.Gen, ir.Select)) and node.name is not None:
+        return (node.name,)
+    if isinstance(node, ir.VarScopeEnd):
+        return (node.name,)
+    return ()
+
+
+class StateExecutor:
+    def __init__(self, run: ProgramRun) -> None:
+        self.run, self.backend, self.template = run, run.backend, run.template
+        self.text_ = ""
+        self.messages_: list[Message] = []
+        self.cur_role: str | None = None
+        self.cur_role_begin = 0
+        self.images_: list[ImageData] = []
+        self.cur_images: list[ImageData] = []
+        self.variables: dict[str, Any] = {}
+        self.parsed: dict[str, Any] = {}
+        self.meta_info: dict[str, Any] = {}
+        self.segments: list[Segment] = []
+        self.scopes: dict[str, int] = {}
+        self.fork_start = 0
+        self.speculated = ""  # API speculative execution: text generated ahead of the program
+        self.error_: BaseException | None = None
+        self.signal = Signal()
+        self.pending: dict[str, int] = {}
+        self._queue: deque[tuple[ir.Node, CallSite | None, tuple[str, ...]]] = deque()
+        self._lock = threading.Lock()
+        self._submitted = self._done = 0
+        self._ended = False
+        self._task: asyncio.Task | None = None
+        self._current: ir.Node | None = None
+        run.executors.append(self)
+
+    # ---- submission and waiting (program body's thread) --------------------------------
+
+    def submit(self, node: ir.Node, site: CallSite | None = None) -> None:
+        self.raise_if_failed()
+        names = declared_vars(node)
+        with self._lock:
+            self._submitted += 1
+            for name in names:
+                self.pending[name] = self.pending.get(name, 0) + 1
+        self.run.loop.call_soon_threadsafe(self._enqueue, node, site, names)
+
+    def raise_if_failed(self) -> None:
+        if self.error_ is not None:
+            raise self.error_
+
+    @property
+    def idle(self) -> bool:
+        return self.error_ is not None or self._done >= self._submitted
+
+    @property
+    def finished(self) -> bool:
+        """The body has returned and every node has run (or the state failed)."""
+        return self.error_ is not None or (self._ended and self._done >= self._submitted)
+
+    def sync(self) -> None:
+        self._check_not_on_loop()
+        self.signal.wait_for(lambda: self.idle)
+
+    async def async_sync(self) -> None:
+        await self.signal.async_wait_for(lambda: self.idle)
+
+    def end(self) -> None:
+        self._ended = True
+        self.signal.notify()
+
+    def get_var(self, name: str) -> Any:
+        if self.pending.get(name):
+            self._check_not_on_loop()
+            self.signal.wait_for(lambda: self.error_ is not None or not self.pending.get(name))
+        if name in self.variables:
+            return self.variables[name]
+        self.raise_if_failed()
+        raise KeyError(name)
+
+    def cancel(self) -> None:
+        if _running_loop() is self.run.loop:
+            self._cancel_on_loop()
+        else:
+            self.run.loop.call_soon_threadsafe(self._cancel_on_loop)
+
+    def fork(self, size: int) -> list["StateExecutor"]:
+        if size > 1 and self.text_:
+            self.submit(ir.CommitLazy())  # let the backend cache the shared prefix once
+        self.sync()
+        self.raise_if_failed()
+        return [self._child() for _ in range(int(size))]
+
+    def _child(self) -> "StateExecutor":
+        ex = StateExecutor(self.run)
+        ex.text_, ex.messages_ = self.text_, list(self.messages_)
+        ex.cur_role, ex.cur_role_begin = self.cur_role, self.cur_role_begin
+        ex.images_, ex.cur_images = list(self.images_), list(self.cur_images)
+        ex.variables, ex.parsed = dict(self.variables), dict(self.parsed)
+        ex.meta_info, ex.segments = dict(self.meta_info), list(self.segments)
+        ex.scopes, ex.fork_start = dict(self.scopes), len(self.text_)
+        return ex
+
+    def _check_not_on_loop(self) -> None:
+        if _running_loop() is self.run.loop:
+            raise RuntimeError("sgdsl: this call would block the event loop the program runs on; "
+                               "await the program (arun) before reading its state")
+
+    # ---- execution (event loop) ---------------------------------------------------------
+
+    def _enqueue(self, node: ir.Node, site: CallSite | None, names: tuple[str, ...]) -> None:
+        if self.error_ is not None:
+            return
+        self._queue.append((node, site, names))
+        if self._task is None or self._task.done():
+            self._task = self.run.loop.create_task(self._drain())
+
+    async def _drain(self) -> None:
+        while self._queue and self.error_ is None:
+            node, site, names = self._queue.popleft()
+            try:
+                await self.execute(node)
+            except asyncio.CancelledError:
+                self._fail(ProgramCancelledError("the program was cancelled"), None, node)
+                raise
+            except Exception as exc:  # noqa: BLE001 - stored and re-raised in the body
+                self._fail(exc, site, node)
+                return
+            with self._lock:
+                self._done += 1
+                for name in names:
+                    self.pending[name] -= 1
+            self.signal.notify()
+
+    def _fail(self, exc: BaseException, site: CallSite | None, node: ir.Node | None) -> None:
+        if self.error_ is not None:
+            return
+        annotate(exc, site, _describe(self._current if isinstance(node, ir.Sequence) else node))
+        self.error_ = exc
+        self._queue.clear()
+        with self._lock:
+            # NOTE: a variable cut off mid-stream is not a value: reading it raises the error.
+            for name, count in self.pending.items():
+                if count:
+                    self.variables.pop(name, None)
+            self.pending.clear()
+        self.signal.notify()
+
+    def _cancel_on_loop(self) -> None:
+        self._fail(ProgramCancelledError("the program was cancelled"), None, None)
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    async def execute(self, node: ir.Node) -> None:
+        from sgdsl.interpreter import generation, nodes  # noqa: PLC0415 - avoid import cycle
+
+        if isinstance(node, ir.Sequence):
+            for item in node.items:
+                await self.execute(item)
+            return
+        self._current = node  # the innermost node, for error messages
+        if isinstance(node, ir.Gen):
+            await generation.run_gen(self, node)
+        elif isinstance(node, ir.Select):
+            await generation.run_select(self, node)
+        else:
+            await nodes.run_node(self, node)
+
+    # ---- state updates (event loop) -----------------------------------------------------
+
+    def fill(self, value: str, kind: str = "text", name: str | None = None) -> None:
+        if not value:
+            return
+        self.text_ += value
+        last = self.segments[-1] if self.segments else None
+        if last is not None and (last.role, last.kind, last.name) == (self.cur_role, kind, name):
+            self.segments[-1] = Segment(last.role, kind, last.text + value, name)
+        else:
+            self.segments.append(Segment(self.cur_role, kind, value, name))
+        if self.run.stream:
+            self.signal.notify()
+
+    def context(self) -> Context:
+        """A snapshot for the backend: the text, the messages (the open turn last)."""
+        messages = list(self.messages_)
+        if self.cur_role is not None:
+            partial = self.text_[self.cur_role_begin:].lstrip()
+            messages.append(Message(self.cur_role, partial, tuple(self.cur_images)))
+        return Context(text=self.text_, messages=tuple(messages), open_role=self.cur_role,
+                       images=tuple(self.images_))
+
+
+def _describe(node: ir.Node | None) -> str:
+    if isinstance(node, (ir.Gen, ir.Select)):
+        return f"{type(node).__name__.lower()}({node.name!r})"
+    return "the program" if node is None else type(node).__name__
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

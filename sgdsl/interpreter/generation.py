@@ -1,0 +1,193 @@
+"""Execution of ``gen`` and ``select`` nodes: parameters, lowering, n samples, streaming,
+API speculative execution, and the bookkeeping (variables, parsed values, meta_info, usage)."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import re
+from typing import TYPE_CHECKING, Any
+
+from sgdsl import ir
+from sgdsl.backends.base import Backend
+from sgdsl.choices import token_length_normalized
+from sgdsl.errors import ConstraintViolationError, UnsupportedError
+from sgdsl.interpreter.lowering import MAX_ATTEMPTS, Checked, Plan, plan_constraint
+
+if TYPE_CHECKING:
+    from sgdsl.interpreter.executor import StateExecutor
+
+RETRY_TEMPERATURE = 0.7
+
+
+async def run_gen(ex: "StateExecutor", node: ir.Gen) -> None:
+    params = resolve_params(ex, node.params)
+    plan = plan_constraint(ex.backend, node.constraint)  # raises before any token is generated
+    check_open_turn(ex)
+    n = params.resolved("n")
+    caps = ex.backend.capabilities
+    emulate_stop_regex = bool(params.resolved("stop_regex")) and not caps.stop_regex
+    if n > 1:
+        await _gen_n(ex, node.name, params, plan, n)
+    elif ex.run.stream and not plan.retry and not emulate_stop_regex:
+        await _gen_stream(ex, node.name, params, plan)
+    elif ex.run.spec_tokens and not caps.chat_only and plan.native is None and not plan.retry:
+        text, meta = await _spec_gen(ex, params)
+        ex.fill(text, "gen", node.name)
+        _store(ex, node.name, text, meta, text)
+    else:
+        checked, meta = await generate_checked(ex, params, plan)
+        ex.fill(checked.text, "gen", node.name)
+        _store(ex, node.name, checked.text, meta, checked.parsed)
+
+
+def resolve_params(ex: "StateExecutor", params: ir.SamplingParams) -> ir.SamplingParams:
+    """The gen's own values, then the program-wide defaults; completion backends also stop at
+    the end-of-turn markers of the chat template."""
+    params = params.merged(ex.run.defaults)
+    if ex.template.stop_str and not ex.backend.capabilities.chat_only:
+        stop = tuple(params.resolved("stop"))
+        params = dataclasses.replace(params, stop=stop + tuple(s for s in ex.template.stop_str if s not in stop))
+    return params
+
+
+def check_open_turn(ex: "StateExecutor") -> None:
+    caps = ex.backend.capabilities
+    if caps.chat_only and ex.cur_role == "assistant" and not caps.partial_assistant:
+        partial = ex.text_[ex.cur_role_begin:].strip()
+        if partial:
+            raise UnsupportedError(
+                f"{type(ex.backend).__name__} cannot continue a partly written assistant turn "
+                f"({partial[:40]!r}); start the assistant turn with gen(), or use a backend that "
+                "supports assistant prefill")
+
+
+async def generate_checked(ex: "StateExecutor", params: ir.SamplingParams,
+                           plan: Plan) -> tuple[Checked, dict[str, Any]]:
+    """One completion, validated; retried up to MAX_ATTEMPTS times when the plan says so."""
+    attempts = MAX_ATTEMPTS if plan.retry else 1
+    params = dataclasses.replace(params, n=1)
+    checked = Checked(False, "")
+    for attempt in range(attempts):
+        if attempt and params.resolved("temperature") == 0:
+            # NOTE: a greedy retry would repeat the same output; sample instead.
+            params = dataclasses.replace(params, temperature=RETRY_TEMPERATURE)
+        results = await ex.backend.generate(ex.context(), params, plan.native)
+        meta = dict(results[0].meta_info)
+        ex.run.usage.add(meta)
+        checked = plan.check(_cut_stop_regex(results[0].text, params, ex.backend))
+        if checked.ok or not plan.retry:
+            meta["attempts"] = attempt + 1
+            if not checked.ok:
+                meta["parse_error"] = checked.reason
+            return checked, meta
+    raise ConstraintViolationError(
+        f"{type(ex.backend).__name__} has no native {plan.kind} constraint, and none of "
+        f"{attempts} attempts produced valid output; the last one {checked.reason}: {checked.text[:200]!r}",
+        kind=plan.kind or "", attempts=attempts, last_output=checked.text)
+
+
+def _cut_stop_regex(text: str, params: ir.SamplingParams, backend: Backend) -> str:
+    """Emulate ``stop_regex`` on backends without it: cut at the earliest match."""
+    if backend.capabilities.stop_regex:
+        return text
+    ends = [m.start() for p in params.resolved("stop_regex") if (m := re.search(p, text))]
+    return text[:min(ends)] if ends else text
+
+
+async def _gen_n(ex: "StateExecutor", name: str | None, params: ir.SamplingParams,
+                 plan: Plan, n: int) -> None:
+    if ex.backend.capabilities.native_n and not plan.retry:
+        results = await ex.backend.generate(ex.context(), params, plan.native)
+        metas = [dict(r.meta_info) for r in results]
+        ex.run.usage.add(_sum_meta(metas))
+        checked = [plan.check(r.text) for r in results]
+    else:  # one request per sample, concurrently
+        pairs = await asyncio.gather(*(generate_checked(ex, params, plan) for _ in range(n)))
+        checked, metas = [c for c, _ in pairs], [m for _, m in pairs]
+    texts = [c.text for c in checked]
+    # NOTE: as in SGLang, the variable holds all n samples and the text continues with the first.
+    ex.fill(texts[0], "gen", name)
+    meta = _sum_meta(metas) | {"choices": metas}
+    _store(ex, name, texts, meta, [c.parsed for c in checked])
+
+
+def _sum_meta(metas: list[dict[str, Any]]) -> dict[str, Any]:
+    total = dict(metas[0]) if metas else {}
+    total["completion_tokens"] = sum(int(m.get("completion_tokens") or 0) for m in metas)
+    total["finish_reason"] = [m.get("finish_reason") for m in metas]
+    return total
+
+
+async def _gen_stream(ex: "StateExecutor", name: str | None, params: ir.SamplingParams,
+                      plan: Plan) -> None:
+    if name is not None:
+        ex.variables[name] = ""
+    meta: dict[str, Any] = {}
+    parts: list[str] = []
+    async for chunk in ex.backend.stream(ex.context(), params, plan.native):
+        if chunk.text:
+            parts.append(chunk.text)
+            if name is not None:
+                ex.variables[name] += chunk.text
+                ex.meta_info[name] = dict(chunk.meta_info)
+            ex.fill(chunk.text, "gen", name)
+        if chunk.meta_info:
+            meta = dict(chunk.meta_info)
+    ex.run.usage.add(meta)
+    text = "".join(parts)
+    _store(ex, name, text, meta, plan.check(text).parsed)
+
+
+async def _spec_gen(ex: "StateExecutor", params: ir.SamplingParams) -> tuple[str, dict[str, Any]]:
+    """API speculative execution (``@function(num_api_spec_tokens=N)``): one request generates
+    at least N tokens with no stop strings; this gen and the following ones (and the constant
+    text between them) are then read from that speculated continuation."""
+    meta: dict[str, Any] = {"speculative": True}
+    if not ex.speculated:
+        spec = dataclasses.replace(params, stop=(), n=1,
+                                   max_tokens=max(params.resolved("max_tokens"), ex.run.spec_tokens or 0))
+        result = (await ex.backend.generate(ex.context(), spec, None))[0]
+        meta |= dict(result.meta_info)
+        ex.run.usage.add(meta)
+        ex.speculated = result.text
+    stops = [i for s in params.resolved("stop") if (i := ex.speculated.find(s)) != -1]
+    cut = min(stops) if stops else len(ex.speculated)
+    text, ex.speculated = ex.speculated[:cut], ex.speculated[cut:]
+    return text, meta
+
+
+def _store(ex: "StateExecutor", name: str | None, value: Any, meta: dict[str, Any], parsed: Any) -> None:
+    if name is None:
+        return
+    ex.variables[name] = value
+    ex.parsed[name] = parsed
+    ex.meta_info[name] = meta
+
+
+async def run_select(ex: "StateExecutor", node: ir.Select) -> None:
+    if not node.choices:
+        raise ValueError("select() needs at least one choice")
+    method = node.choices_method or token_length_normalized
+    backend = ex.backend
+    if backend.capabilities.prompt_logprobs or type(backend).select is not Backend.select:
+        result = await backend.select(ex.context(), list(node.choices), node.temperature, method)
+        index, meta = result.index, dict(result.meta_info)
+        ex.run.usage.add(meta)
+    else:
+        index, meta = await _select_by_generation(ex, node)
+    decision = node.choices[index]
+    ex.fill(decision, "gen", node.name)
+    _store(ex, node.name, decision, meta, decision)
+
+
+async def _select_by_generation(ex: "StateExecutor", node: ir.Select) -> tuple[int, dict[str, Any]]:
+    """Backends that can neither score nor select: constrain (or validate) a short generation."""
+    plan = plan_constraint(ex.backend, ir.Constraint("choices", tuple(node.choices)))
+    longest = max(len(c) for c in node.choices)
+    params = ir.SamplingParams(max_tokens=longest + 8, temperature=node.temperature)
+    checked, meta = await generate_checked(ex, resolve_params(ex, params), plan)
+    if checked.text not in node.choices:
+        raise ConstraintViolationError(
+            f"select: {type(ex.backend).__name__} produced {checked.text!r}, not one of {list(node.choices)!r}",
+            kind="choices", attempts=meta.get("attempts", 1), last_output=checked.text)
+    return node.choices.index(checked.text), meta
