@@ -1,0 +1,199 @@
+"""Engine: the in-process facade of the runtime (contract: docs/engine_api.md).
+
+The engine owns an asyncio loop in a daemon thread, where its TokenizerManager lives. Sync
+methods submit coroutines to that loop and wait; async methods bridge the result to the caller's
+loop, so one engine serves any thread and any loop (server, notebooks, the Local backend).
+Input is validated in the caller's thread, so bad input raises before anything is sent.
+"""
+from __future__ import annotations
+
+import asyncio
+import atexit
+import queue
+import threading
+from typing import Any, AsyncIterator, Iterator
+
+from .config import EngineConfig
+from .errors import EngineDeadError
+from .ipc import messages as m
+from .tokenizer.manager import TokenizerManager
+from .tokenizer.request_builder import GenerateSpec, RequestBuilder
+
+_END = object()
+
+
+class Engine:
+    def __init__(self, model: str | EngineConfig | None = None, **kwargs: Any) -> None:
+        if isinstance(model, EngineConfig):
+            config = model.replace(**kwargs) if kwargs else model
+        else:
+            config = EngineConfig.from_kwargs(model=model, **kwargs)
+        self.config = config
+        self._closed = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="sgdsl-engine",
+                                        daemon=True)
+        self._thread.start()
+        self._tm: TokenizerManager = self._call(_make_manager(config))
+        try:
+            self._ready: m.Ready = self._call(self._tm.start())
+        except BaseException:
+            self._stop_loop_after(self._tm.shutdown())
+            raise
+        self.tokenizer = self._tm.tokenizer
+        self._builder = RequestBuilder(self.tokenizer, self._ready)
+        atexit.register(self.shutdown)
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def _call(self, coro: Any, timeout: float | None = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineDeadError("the engine was shut down")
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    # -- info -----------------------------------------------------------------------------------
+    @property
+    def model_info(self) -> dict:
+        r = self._ready
+        return {"model_path": r.model_dir,
+                "served_model_name": self.config.served_model_name or self.config.model or
+                "SmolLM2-135M-Instruct",
+                "context_length": r.context_len, "vocab_size": r.vocab_size,
+                "eos_token_ids": list(r.eos_token_ids),
+                "chat_template": getattr(self.tokenizer, "chat_template", None),
+                "is_generation": True}
+
+    def stats(self) -> dict:
+        self._check_open()
+        return self._call(self._tm.rpc(m.StatsReq)).value
+
+    def server_info(self) -> dict:
+        import dataclasses
+
+        return {**dataclasses.asdict(self.config), **self.stats()}
+
+    # -- generation -------------------------------------------------------------------------------
+    def _build(self, prompt: Any, sampling_params: Any, input_ids: Any, return_logprob: Any,
+               logprob_start_len: Any, top_logprobs_num: Any, return_text_in_logprobs: bool,
+               stream: bool, rid: Any) -> tuple[list[GenerateSpec], bool]:
+        self._check_open()
+        specs, batched = self._builder.build(prompt, sampling_params, input_ids, return_logprob,
+                                             logprob_start_len, top_logprobs_num,
+                                             return_text_in_logprobs, rid)
+        if stream and (batched or len(specs[0].reqs) > 1):
+            from .errors import InvalidRequestError
+
+            raise InvalidRequestError("stream=True takes a single prompt with n=1", field="stream")
+        return specs, batched
+
+    @staticmethod
+    def _shape(results: list[dict], specs: list[GenerateSpec], batched: bool) -> Any:
+        if batched or len(specs[0].reqs) > 1:
+            return results
+        return results[0]
+
+    def generate(self, prompt: str | list[str] | None = None, sampling_params: Any = None,
+                 input_ids: list[int] | list[list[int]] | None = None,
+                 return_logprob: bool | list[bool] = False,
+                 logprob_start_len: int | list[int] = -1, top_logprobs_num: int | list[int] = 0,
+                 return_text_in_logprobs: bool = False, stream: bool = False,
+                 rid: str | list[str] | None = None) -> Any:
+        specs, batched = self._build(prompt, sampling_params, input_ids, return_logprob,
+                                     logprob_start_len, top_logprobs_num,
+                                     return_text_in_logprobs, stream, rid)
+        if stream:
+            return self._sync_stream(specs[0])
+        return self._shape(self._call(self._tm.generate(specs)), specs, batched)
+
+    async def async_generate(self, prompt: str | list[str] | None = None,
+                             sampling_params: Any = None,
+                             input_ids: list[int] | list[list[int]] | None = None,
+                             return_logprob: bool | list[bool] = False,
+                             logprob_start_len: int | list[int] = -1,
+                             top_logprobs_num: int | list[int] = 0,
+                             return_text_in_logprobs: bool = False, stream: bool = False,
+                             rid: str | list[str] | None = None) -> Any:
+        specs, batched = self._build(prompt, sampling_params, input_ids, return_logprob,
+                                     logprob_start_len, top_logprobs_num,
+                                     return_text_in_logprobs, stream, rid)
+        if stream:
+            return self._async_stream(specs[0])
+        fut = asyncio.run_coroutine_threadsafe(self._tm.generate(specs), self._loop)
+        return self._shape(await asyncio.wrap_future(fut), specs, batched)
+
+    def _sync_stream(self, spec: GenerateSpec) -> Iterator[dict]:
+        q: queue.Queue = queue.Queue()
+        fut = asyncio.run_coroutine_threadsafe(_pump(self._tm.stream(spec), q.put), self._loop)
+        try:
+            while (item := q.get()) is not _END:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            if not fut.done():  # the caller stopped iterating early
+                self.abort(spec.rid)
+
+    async def _async_stream(self, spec: GenerateSpec) -> AsyncIterator[dict]:
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        put = lambda item: loop.call_soon_threadsafe(q.put_nowait, item)  # noqa: E731
+        fut = asyncio.run_coroutine_threadsafe(_pump(self._tm.stream(spec), put), self._loop)
+        try:
+            while (item := await q.get()) is not _END:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            if not fut.done():
+                self.abort(spec.rid)
+
+    # -- control -------------------------------------------------------------------------------------
+    def abort(self, rid: str) -> None:
+        if not self._closed:
+            self._loop.call_soon_threadsafe(self._tm.abort, rid)
+
+    def flush_cache(self) -> bool:
+        self._check_open()
+        return bool(self._call(self._tm.rpc(m.FlushCacheReq)).value)
+
+    def check_idle_integrity(self) -> None:
+        """Raise AssertionError unless the scheduler is idle with no KV leaked or locked."""
+        self._check_open()
+        resp = self._call(self._tm.rpc(m.CheckIntegrityReq))
+        if not resp.ok:
+            raise AssertionError(f"engine idle invariant broken: {resp.error}")
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.shutdown)
+        self._stop_loop_after(self._tm.shutdown())
+
+    def _stop_loop_after(self, coro: Any) -> None:
+        try:
+            self._call(coro, timeout=30)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+
+
+async def _make_manager(config: EngineConfig) -> TokenizerManager:
+    return TokenizerManager(config)  # created on the engine loop: its sockets belong to it
+
+
+async def _pump(agen: AsyncIterator[dict], put: Any) -> None:
+    try:
+        async for item in agen:
+            put(item)
+    except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer's thread
+        put(exc)
+    finally:
+        put(_END)

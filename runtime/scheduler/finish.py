@@ -1,0 +1,52 @@
+"""FinishChecker: decides after each sampled token whether a request is done.
+
+Order of checks (SGLang semantics): below ``min_new_tokens`` nothing but the length limit stops a
+request; then EOS (unless ``ignore_eos``), ``stop_token_ids``, stop strings (which may span
+tokens: the tail of the output is decoded), and finally ``max_new_tokens``.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from .req import Req
+
+# NOTE: a stop string of c characters spans at most c tokens (each token decodes to at least one
+# character, or to part of one); two extra tokens cover a match that straddles the window edge.
+_EXTRA_TAIL_TOKENS = 2
+
+
+class FinishChecker:
+    def __init__(self, eos_token_ids: Sequence[int],
+                 decode: Callable[[list[int]], str] | None) -> None:
+        self.eos = frozenset(eos_token_ids)
+        self.decode = decode
+
+    def check(self, req: Req) -> dict | None:
+        """Finish reason for the request's newest token, or None to keep going."""
+        params = req.sampling_params
+        n_out = len(req.output_ids)
+        if n_out >= params.min_new_tokens and n_out:
+            token = req.output_ids[-1]
+            if (token in self.eos and not params.ignore_eos) or token in params.stop_token_ids:
+                return {"type": "stop", "matched": token}
+            if params.stop:
+                matched = self._stop_string(req)
+                if matched is not None:
+                    return {"type": "stop", "matched": matched}
+        if n_out >= params.max_new_tokens:
+            return {"type": "length", "length": params.max_new_tokens}
+        return None
+
+    def _stop_string(self, req: Req) -> str | None:
+        if self.decode is None:
+            return None
+        stops = req.sampling_params.stop
+        window = max(len(s) for s in stops) + _EXTRA_TAIL_TOKENS
+        tail = self.decode(req.output_ids[-window:])
+        # NOTE: checked after every token, so any match found here is the first one.
+        best: tuple[int, str] | None = None
+        for s in stops:
+            pos = tail.find(s)
+            if pos >= 0 and (best is None or pos < best[0]):
+                best = (pos, s)
+        return best[1] if best else None

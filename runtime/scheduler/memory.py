@@ -1,0 +1,120 @@
+"""KVMemory: the scheduler's view of KV resources: the request->token table, the token pool and
+the radix prefix cache (a disabled tree when ``disable_radix_cache``). It moves slot ownership between
+requests and the tree; the scheduler never touches the pools directly.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .req import Req
+
+
+class KVMemory:
+    def __init__(self, req_to_token_pool: Any, token_kv_pool: Any, tree: Any) -> None:
+        self.req_pool = req_to_token_pool
+        self.kv_pool = token_kv_pool
+        self.tree = tree
+
+    # -- capacity -------------------------------------------------------------------------
+    @property
+    def total_slots(self) -> int:
+        return self.kv_pool.size
+
+    def evictable(self) -> int:
+        return self.tree.evictable_size()
+
+    def available(self) -> int:
+        """Slots obtainable now: free ones plus unlocked cached ones."""
+        return self.kv_pool.available() + self.tree.evictable_size()
+
+    def alloc_slots(self, n: int) -> torch.Tensor | None:
+        if n > self.kv_pool.available():
+            self.tree.evict(n - self.kv_pool.available())
+        return self.kv_pool.alloc(n)
+
+    # -- prefix matching --------------------------------------------------------------------
+    def match(self, req: Req) -> tuple[torch.Tensor, Any]:
+        """Cached prefix of the request (KV slots, tree node), capped at ``max_prefix_len``."""
+        result = self.tree.match_prefix(req.all_ids[: req.max_prefix_len])
+        return result.slots, result.node
+
+    # -- admission ------------------------------------------------------------------------
+    def admit(self, req: Req, indices: torch.Tensor, node: Any) -> bool:
+        """Give the request a table row and lock its cached prefix. False if no row is free."""
+        row = self.req_pool.alloc()
+        if row is None:
+            return False
+        self.tree.lock(node)
+        req.req_pool_idx, req.prefix_indices, req.last_node = row, indices, node
+        n = int(indices.numel())
+        if n:
+            self.req_pool.req_to_token[row, :n] = indices.to(self.req_pool.req_to_token.device)
+        req.kv_len = n
+        return True
+
+    def reserve_extend(self, req: Req, n: int) -> torch.Tensor | None:
+        """KV slots for the next ``n`` tokens of an admitted request, written into its row."""
+        slots = self.alloc_slots(n)
+        if slots is None:
+            return None
+        table = self.req_pool.req_to_token
+        table[req.req_pool_idx, req.kv_len: req.kv_len + n] = slots.to(table.device)
+        req.extend_len, req.extend_slots = n, slots
+        return slots
+
+    def reserve_decode(self, reqs: list[Req]) -> torch.Tensor | None:
+        """One KV slot per decoding request (for its last sampled token), in one allocation."""
+        slots = self.alloc_slots(len(reqs))
+        if slots is None:
+            return None
+        table = self.req_pool.req_to_token
+        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
+        cols = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
+        table[rows.to(table.device), cols.to(table.device)] = slots.to(table.device)
+        for r in reqs:
+            r.extend_len = 1
+        return slots
+
+    # -- release ----------------------------------------------------------------------------
+    def cache_chunk(self, req: Req) -> None:
+        """After a non-final prefill chunk: hand the computed tokens to the tree and keep the
+        request locked on the new, longer prefix (so eviction cannot take its own KV)."""
+        row, old = req.req_pool_idx, req.prefix_len
+        table = self.req_pool.req_to_token
+        kv = table[row, : req.kv_len].clone()
+        slots, node = self.tree.cache_unfinished_req(req.all_ids[: req.kv_len], kv, req.last_node)
+        # NOTE: duplicates of tokens another request cached meanwhile were replaced by the tree's.
+        table[row, old: req.kv_len] = slots[old:].to(table.device)
+        req.prefix_indices, req.last_node = slots, node
+
+    def release(self, req: Req) -> None:
+        """Finished, aborted or retracted: computed KV goes to the tree (or is freed), the row
+        is returned and the prefix unlocked. The request forgets its KV state."""
+        if req.req_pool_idx is None:
+            return
+        row, kv_len = req.req_pool_idx, req.kv_len
+        table = self.req_pool.req_to_token
+        kv = table[row, :kv_len].clone()
+        self.tree.cache_finished_req(req.all_ids[:kv_len], kv, req.last_node)
+        if req.extend_len:  # slots reserved for a forward that never ran: no KV in them
+            self.kv_pool.free(req.extend_slots)
+        self.req_pool.free(row)
+        req.reset_kv_state()
+
+    # -- maintenance ----------------------------------------------------------------------------
+    def flush(self) -> bool:
+        return self.tree.reset()
+
+    def check_idle(self) -> None:
+        """Idle invariant: every slot is free or evictable, nothing locked, every row free."""
+        self.kv_pool.check_integrity()
+        self.req_pool.check_integrity()
+        assert self.req_pool.available() == self.req_pool.size, (
+            f"{self.req_pool.size - self.req_pool.available()} request rows still held")
+        self.tree.check_integrity(idle=True)
+        total = self.kv_pool.available() + self.evictable()
+        assert total == self.total_slots, (
+            f"KV leak: free {self.kv_pool.available()} + evictable {self.evictable()} "
+            f"!= total {self.total_slots}")

@@ -1,0 +1,92 @@
+"""Entry point of the scheduler process: build the model runner and the scheduler, announce
+``Ready`` (or a ``StartupError`` with the real message and traceback), then loop.
+
+The loop drains incoming messages without blocking while there is work, and blocks on the socket
+when idle, so the hot path has no sleeps. The process exits on ``Shutdown``, or when its parent
+dies (checked about once a second), so no orphan is left behind.
+"""
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from typing import Any
+
+from ..config import EngineConfig
+from ..ipc import messages as m
+from ..ipc.channel import IpcPaths, SyncChannel
+
+PARENT_CHECK_S = 1.0
+IDLE_WAIT_MS = 500
+
+
+def run_scheduler_process(config: EngineConfig, paths: IpcPaths, parent_pid: int) -> None:
+    chan = SyncChannel(paths)
+    try:
+        scheduler, ready = _build(config, chan)
+    except BaseException as exc:  # noqa: BLE001 - every startup failure must reach the parent
+        chan.send(m.StartupError(f"{type(exc).__name__}: {exc}", traceback.format_exc(),
+                                 getattr(exc, "kind", "model_load_error")))
+        chan.close()
+        return
+    chan.send(ready)
+    try:
+        _loop(scheduler, chan, parent_pid)
+    except BaseException as exc:  # noqa: BLE001
+        chan.send(m.StartupError(f"scheduler crashed: {type(exc).__name__}: {exc}",
+                                 traceback.format_exc(), "engine_dead"))
+    finally:
+        chan.close()
+
+
+def _build(config: EngineConfig, chan: SyncChannel) -> tuple[Any, m.Ready]:
+    import torch
+
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    from ..model.runner import ModelRunner
+    from .scheduler import Scheduler
+
+    runner = ModelRunner(config)
+    eos = _eos_ids(runner)
+    decode = _load_decoder(config, runner.model_dir)
+    scheduler = Scheduler(runner, config, eos, decode, chan.send)
+    ready = m.Ready(model_dir=str(runner.model_dir), context_len=int(runner.context_len),
+                    vocab_size=int(runner.model_config.vocab_size),
+                    kv_total_slots=int(runner.token_kv_pool.size),
+                    max_running_requests=scheduler.max_running, eos_token_ids=tuple(eos))
+    return scheduler, ready
+
+
+def _eos_ids(runner: Any) -> list[int]:
+    eos = getattr(runner.model_config, "eos_token_ids", None)
+    if eos is None:
+        eos = getattr(runner.model_config, "eos_token_id", None)
+    if eos is None:
+        return []
+    return [int(e) for e in eos] if isinstance(eos, (list, tuple, set, frozenset)) else [int(eos)]
+
+
+def _load_decoder(config: EngineConfig, model_dir: Any):
+    """Stop strings are checked here, on the tail of the output; that needs the tokenizer."""
+    from ..tokenizer.loader import load_tokenizer
+
+    tok = load_tokenizer(config, model_dir)
+    return lambda ids: tok.decode(ids, skip_special_tokens=False)
+
+
+def _loop(scheduler: Any, chan: SyncChannel, parent_pid: int) -> None:
+    next_check = time.monotonic() + PARENT_CHECK_S
+    while True:
+        for msg in chan.recv_all():
+            if isinstance(msg, m.Shutdown):
+                return
+            scheduler.handle(msg)
+        busy = scheduler.step()
+        if not busy:
+            chan.wait(IDLE_WAIT_MS)
+        now = time.monotonic()
+        if now >= next_check:
+            next_check = now + PARENT_CHECK_S
+            if os.getppid() != parent_pid:
+                return  # parent died: we were re-parented

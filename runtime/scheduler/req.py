@@ -1,0 +1,121 @@
+"""Req: one generation request's state inside the scheduler process.
+
+KV bookkeeping follows one rule: the first ``kv_len`` tokens of ``all_ids`` have KV written at
+``req_to_token[req_pool_idx, :kv_len]``; of those, the first ``len(prefix_indices)`` are owned
+by the radix tree (locked through ``last_node``) and the rest by this request. During decode the
+last sampled token has no KV yet (``kv_len == seq_len - 1``).
+"""
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import torch
+
+from ..sampling_params import SamplingParams
+
+_EMPTY = torch.empty(0, dtype=torch.int64)
+
+
+class ReqState(enum.Enum):
+    WAITING = "waiting"
+    PREFILLING = "prefilling"  # admitted; some prompt chunks still to run
+    DECODING = "decoding"
+    FINISHED = "finished"
+
+
+class Req:
+    def __init__(self, rid: str, input_ids: list[int], params: SamplingParams,
+                 return_logprob: bool = False, logprob_start_len: int = -1,
+                 top_logprobs_num: int = 0, arrival: int = 0) -> None:
+        self.rid = rid
+        self.origin_input_ids = list(input_ids)
+        self.sampling_params = params
+        self.return_logprob = return_logprob
+        self.logprob_start_len = logprob_start_len if return_logprob else -1
+        self.top_logprobs_num = top_logprobs_num if return_logprob else 0
+        self.arrival = arrival
+        self.state = ReqState.WAITING
+        self.output_ids: list[int] = []
+        self.finish_reason: dict | None = None
+        # KV state (see module docstring).
+        self.req_pool_idx: int | None = None
+        self.prefix_indices: torch.Tensor = _EMPTY
+        self.last_node: Any = None
+        self.kv_len = 0
+        self.extend_len = 0  # tokens fed in the current extend forward
+        self.extend_slots: torch.Tensor = _EMPTY  # their reserved KV slots
+        # Scheduling hints and statistics.
+        self.match_len = 0  # cached prefix length found by the last policy pass
+        self.cached_tokens = 0  # prompt tokens served from the cache at first admission
+        self.admitted_once = False
+        self.counted = False  # first admission already counted in the statistics
+        self.num_retractions = 0
+        # Logprob accumulators; "sent" counters mark what already went to the main process.
+        self.input_token_logprobs: list | None = None
+        self.input_top_logprobs: list | None = None
+        self.input_logprobs_done = self.logprob_start_len < 0
+        self.output_token_logprobs: list = []
+        self.output_top_logprobs: list = []
+        self.sent_ids = 0
+        self.sent_logprobs = 0
+        self.input_logprobs_sent = False
+
+    # -- derived values -------------------------------------------------------------------
+    @property
+    def all_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.origin_input_ids)
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.sampling_params.max_new_tokens
+
+    @property
+    def remaining_tokens(self) -> int:
+        return max(self.max_new_tokens - len(self.output_ids), 0)
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        return not self.input_logprobs_done
+
+    @property
+    def prefix_len(self) -> int:
+        return int(self.prefix_indices.numel())
+
+    @property
+    def max_prefix_len(self) -> int:
+        """Longest cached prefix usable: at least one token must run to produce logits, and
+        prompt logprobs need every row from ``logprob_start_len - 1`` recomputed."""
+        limit = self.seq_len - 1
+        if self.needs_prompt_logprobs:
+            limit = min(limit, max(self.logprob_start_len - 1, 0))
+        return max(limit, 0)
+
+    @property
+    def is_prefill_only(self) -> bool:
+        return self.max_new_tokens == 0
+
+    def reset_kv_state(self) -> None:
+        """Forget KV ownership (after release into the cache), e.g. on retraction."""
+        self.req_pool_idx = None
+        self.prefix_indices = _EMPTY
+        self.last_node = None
+        self.kv_len = 0
+        self.extend_len = 0
+        self.extend_slots = _EMPTY
+
+    def __repr__(self) -> str:
+        return (f"Req({self.rid!r}, state={self.state.value}, prompt={self.prompt_len}, "
+                f"out={len(self.output_ids)}, kv={self.kv_len}, prefix={self.prefix_len})")

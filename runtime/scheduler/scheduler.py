@@ -1,0 +1,267 @@
+"""The scheduler: continuous batching over one model runner.
+
+Each ``step`` runs one forward: a prefill (extend) batch when the adder admits anything (new
+requests, the next chunk of a long prompt, retracted requests resuming), else one decode step of
+every running request. After the forward it samples, checks finish conditions, frees finished
+requests' KV into the radix cache and emits one ``BatchTokenOut``. When KV runs out during decode,
+the least advanced requests are retracted: their KV goes to the cache, they return to the queue
+and later resume from prompt + output so far, producing the same tokens.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..cache.radix import RadixCache
+from ..ipc import messages as m
+from .batch import ExtendLayout, build_decode, build_extend
+from .finish import FinishChecker
+from .memory import KVMemory
+from .policy import SchedulePolicy
+from .prefill import PrefillAdder
+from .req import Req, ReqState
+from .sample_step import sample_next, token_logprobs
+
+# NOTE: share of a running request's remaining tokens that admission keeps free for its decode.
+# Starts cautious, decays as decode proceeds without trouble, jumps back up after a retraction.
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = 0.1
+NEW_TOKEN_RATIO_DECAY = 0.001
+
+
+class Scheduler:
+    def __init__(self, runner: Any, config: Any, eos_token_ids: Sequence[int],
+                 decode: Callable[[list[int]], str] | None,
+                 send: Callable[[Any], None], init_new_token_ratio: float = INIT_NEW_TOKEN_RATIO) -> None:
+        self.runner = runner
+        self.device = runner.token_kv_pool.device
+        self.tree = RadixCache(runner.token_kv_pool, disable=config.disable_radix_cache)
+        self.memory = KVMemory(runner.req_to_token_pool, runner.token_kv_pool, self.tree)
+        self.policy = SchedulePolicy(config.schedule_policy, self.memory)
+        self.checker = FinishChecker(eos_token_ids, decode)
+        self.send = send
+        self.max_running = min(config.max_running_requests, runner.req_to_token_pool.size)
+        self.chunk_size = config.chunked_prefill_size
+        self.init_ratio = init_new_token_ratio
+        self.ratio = init_new_token_ratio
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked: Req | None = None
+        self._arrivals = 0
+        self.counters = dict(requests_total=0, prompt_tokens_total=0, generated_tokens_total=0,
+                             cache_hit_tokens=0, cache_query_tokens=0, retractions_total=0,
+                             forward_steps=0)
+
+    # -- messages -----------------------------------------------------------------------------
+    def handle(self, msg: Any) -> None:
+        if isinstance(msg, m.TokenizedGenerateReq):
+            self._arrivals += 1
+            self.waiting.append(Req(msg.rid, msg.input_ids, msg.sampling_params, msg.return_logprob,
+                                    msg.logprob_start_len, msg.top_logprobs_num, self._arrivals))
+            self.counters["requests_total"] += 1
+        elif isinstance(msg, m.AbortReq):
+            self.abort(msg.rid, msg.message)
+        elif isinstance(msg, m.FlushCacheReq):
+            ok = self.is_idle and self.memory.flush()
+            self.send(m.RpcResp(msg.call_id, ok=True, value=bool(ok)))
+        elif isinstance(msg, m.StatsReq):
+            self.send(m.RpcResp(msg.call_id, ok=True, value=self.stats()))
+        elif isinstance(msg, m.CheckIntegrityReq):
+            self.send(self._integrity_resp(msg.call_id))
+        else:
+            raise TypeError(f"scheduler got an unknown message {type(msg).__name__}")
+
+    def _integrity_resp(self, call_id: int) -> m.RpcResp:
+        try:
+            assert self.is_idle, (f"not idle: {len(self.running)} running, "
+                                  f"{len(self.waiting)} waiting, chunked={self.chunked}")
+            self.memory.check_idle()
+        except AssertionError as exc:
+            return m.RpcResp(call_id, ok=False, error=str(exc) or repr(exc))
+        return m.RpcResp(call_id, ok=True)
+
+    @property
+    def is_idle(self) -> bool:
+        return not self.waiting and not self.running and self.chunked is None
+
+    def stats(self) -> dict:
+        c = self.counters
+        q = c["cache_query_tokens"]
+        return {"num_running_reqs": len(self.running) + (self.chunked is not None),
+                "num_waiting_reqs": len(self.waiting), "kv_total_slots": self.memory.total_slots,
+                "kv_free_slots": self.memory.kv_pool.available(),
+                "kv_evictable_slots": self.memory.evictable(),
+                "cache_hit_rate": c["cache_hit_tokens"] / q if q else 0.0, **c}
+
+    # -- abort --------------------------------------------------------------------------------
+    def abort(self, rid: str, message: str) -> None:
+        """Abort wherever the request is: waiting, mid-chunked-prefill or decoding."""
+        req = next((r for r in self.waiting if r.rid == rid), None)
+        if req is not None:
+            self.waiting.remove(req)
+        elif self.chunked is not None and self.chunked.rid == rid:
+            req, self.chunked = self.chunked, None
+        else:
+            req = next((r for r in self.running if r.rid == rid), None)
+            if req is None:
+                return  # already finished (or never arrived): nothing to free
+            self.running.remove(req)
+        self.memory.release(req)
+        req.finish_reason = {"type": "abort", "message": message}
+        req.state = ReqState.FINISHED
+        self.send(m.BatchTokenOut([self._make_out(req)]))
+
+    # -- the step -----------------------------------------------------------------------------
+    def step(self) -> bool:
+        """Run one forward if there is work; False when idle."""
+        reqs = self._schedule_prefill()
+        if reqs:
+            self._run_extend(reqs)
+        elif self.running:
+            self._run_decode()
+        else:
+            return False
+        self.counters["forward_steps"] += 1
+        return True
+
+    def _schedule_prefill(self) -> list[Req]:
+        if not self.waiting and self.chunked is None:
+            return []
+        adder = PrefillAdder(self.memory, self.chunk_size, self.max_running - len(self.running),
+                             self.running, self.ratio)
+        if self.chunked is not None and not adder.add_chunked(self.chunked):
+            return []
+        for req in self.policy.order(self.waiting):
+            if not adder.add(req):
+                break
+        for req in adder.reqs:
+            if not req.counted:  # first admission: cache statistics of the prompt
+                req.counted = True
+                self.counters["cache_hit_tokens"] += req.cached_tokens
+                self.counters["cache_query_tokens"] += req.prompt_len
+                self.counters["prompt_tokens_total"] += req.prompt_len
+        admitted = {id(r) for r in adder.reqs}
+        self.waiting = [r for r in self.waiting if id(r) not in admitted]
+        self.chunked = adder.chunked
+        return adder.reqs
+
+    def _run_extend(self, reqs: list[Req]) -> None:
+        batch, layout = build_extend(reqs, self.device)
+        logits = self.runner.forward(batch)
+        for req in reqs:
+            req.kv_len += req.extend_len
+            req.extend_len, req.extend_slots = 0, req.extend_slots[:0]
+        self._prompt_logprobs(reqs, layout, logits)
+        sample_idx = []
+        for i, req in enumerate(reqs):
+            if req.kv_len < req.seq_len:
+                self.memory.cache_chunk(req)  # more chunks to come
+            elif req.is_prefill_only:
+                req.finish_reason = {"type": "length", "length": 0}
+            else:
+                sample_idx.append(i)
+        done = [reqs[i] for i in sample_idx]
+        if done:
+            rows = torch.tensor([layout.last_row(i) for i in sample_idx], device=logits.device)
+            self._append_tokens(done, logits.index_select(0, rows))
+        for req in done:
+            if not req.finished:
+                req.state = ReqState.DECODING
+                self.running.append(req)
+        self._finish_and_send(reqs)
+
+    def _run_decode(self) -> None:
+        self._make_room_for_decode()
+        reqs = self.running
+        slots = self.memory.reserve_decode(reqs)
+        assert slots is not None, "decode KV reservation failed after retraction"
+        logits = self.runner.forward(build_decode(reqs, slots, self.device))
+        for req in reqs:
+            req.kv_len += 1
+            req.extend_len, req.extend_slots = 0, req.extend_slots[:0]
+        self._append_tokens(reqs, logits)
+        self.running = [r for r in reqs if not r.finished]
+        self.ratio = max(self.ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+        self._finish_and_send(reqs)
+
+    # -- retraction ---------------------------------------------------------------------------
+    def _make_room_for_decode(self) -> None:
+        """Retract requests until every running one can get its next KV slot."""
+        while self.memory.available() < len(self.running):
+            if self.chunked is not None:
+                victim, self.chunked = self.chunked, None
+            elif len(self.running) > 1:
+                victim = max(self.running, key=lambda r: (r.arrival, -len(r.output_ids)))
+                self.running.remove(victim)
+            else:
+                raise RuntimeError("KV pool too small for a single request (validation missed it)")
+            self.memory.release(victim)
+            victim.state = ReqState.WAITING
+            victim.num_retractions += 1
+            self.waiting.append(victim)
+            self.counters["retractions_total"] += 1
+            self.ratio = max(self.ratio, self.init_ratio)
+
+    # -- sampling, logprobs, outputs ----------------------------------------------------------------
+    def _append_tokens(self, reqs: list[Req], logits: torch.Tensor) -> None:
+        next_ids = sample_next(logits, reqs)
+        lp_idx = [i for i, r in enumerate(reqs) if r.return_logprob]
+        if lp_idx:
+            rows = torch.tensor(lp_idx, device=logits.device)
+            targets = torch.tensor([next_ids[i] for i in lp_idx], device=logits.device)
+            top_k = max(reqs[i].top_logprobs_num for i in lp_idx)
+            picked, tops = token_logprobs(logits.index_select(0, rows), targets, top_k)
+            for j, i in enumerate(lp_idx):
+                reqs[i].output_token_logprobs.append((picked[j], next_ids[i]))
+                k = reqs[i].top_logprobs_num
+                reqs[i].output_top_logprobs.append(tops[j][:k] if tops and k else [])
+        for req, token in zip(reqs, next_ids):
+            req.output_ids.append(token)
+            req.finish_reason = self.checker.check(req)
+
+    def _prompt_logprobs(self, reqs: list[Req], layout: ExtendLayout, logits: torch.Tensor) -> None:
+        for i, req in enumerate(reqs):
+            if not req.needs_prompt_logprobs:
+                continue
+            if req.input_token_logprobs is None:
+                first = req.logprob_start_len == 0
+                req.input_token_logprobs = [(None, req.origin_input_ids[0])] if first else []
+                req.input_top_logprobs = [None] if first else []
+            f, start = layout.first_pos[i], layout.logit_start[i]
+            n_valid = max(min(f + layout.logit_count[i], req.prompt_len - 1) - f, 0)
+            if n_valid:
+                targets = torch.tensor(req.origin_input_ids[f + 1: f + 1 + n_valid],
+                                       device=logits.device)
+                picked, tops = token_logprobs(logits[start:start + n_valid], targets,
+                                              req.top_logprobs_num)
+                req.input_token_logprobs.extend(zip(picked, targets.tolist()))
+                req.input_top_logprobs.extend(tops if tops else [[] for _ in picked])
+            if req.kv_len >= req.prompt_len:
+                req.input_logprobs_done = True
+
+    def _finish_and_send(self, reqs: list[Req]) -> None:
+        outs = []
+        for req in reqs:
+            if req.finished:
+                req.state = ReqState.FINISHED
+                self.memory.release(req)
+                self.counters["generated_tokens_total"] += len(req.output_ids)
+            if req.output_ids[req.sent_ids:] or req.finished:
+                outs.append(self._make_out(req))
+        if outs:
+            self.send(m.BatchTokenOut(outs))
+
+    def _make_out(self, req: Req) -> m.ReqOut:
+        out = m.ReqOut(req.rid, req.output_ids[req.sent_ids:], req.finish_reason,
+                       prompt_tokens=req.prompt_len, cached_tokens=req.cached_tokens)
+        req.sent_ids = len(req.output_ids)
+        if req.return_logprob:
+            if req.input_logprobs_done and not req.input_logprobs_sent and req.logprob_start_len >= 0:
+                out.input_token_logprobs = list(req.input_token_logprobs or [])
+                out.input_top_logprobs = list(req.input_top_logprobs or [])
+                req.input_logprobs_sent = True
+            out.output_token_logprobs = req.output_token_logprobs[req.sent_logprobs:]
+            out.output_top_logprobs = req.output_top_logprobs[req.sent_logprobs:]
+            req.sent_logprobs = len(req.output_token_logprobs)
+        return out

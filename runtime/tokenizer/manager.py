@@ -1,0 +1,229 @@
+"""TokenizerManager: the main-process half of the engine. Runs on the engine's asyncio loop.
+
+It starts the scheduler process and waits for ``Ready``, sends validated requests (see
+``request_builder``), routes each ``BatchTokenOut`` to per-request state, serves results and
+streams, fans out n > 1 (after caching the shared prompt once), answers RPCs (stats, flush,
+integrity) and turns a dead scheduler process into ``EngineDeadError`` for every waiter.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import multiprocessing as mp
+from typing import Any, AsyncIterator
+
+from ..config import EngineConfig
+from ..errors import EngineDeadError, ModelLoadError
+from ..ipc import messages as m
+from ..ipc.channel import AsyncChannel, IpcPaths
+from .req_state import ReqState
+from .request_builder import GenerateSpec
+
+STARTUP_TIMEOUT_S = 600.0
+WATCHDOG_S = 1.0
+
+
+class TokenizerManager:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.paths = IpcPaths.create()
+        self.chan = AsyncChannel(self.paths)
+        self.proc: Any = None
+        self.ready: m.Ready | None = None
+        self.tokenizer: Any = None
+        self.states: dict[str, ReqState] = {}
+        self.children: dict[str, list[str]] = {}  # n > 1: user rid -> child rids
+        self.rpcs: dict[int, asyncio.Future] = {}
+        self._call_ids = itertools.count(1)
+        self.dead: EngineDeadError | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> m.Ready:
+        from ..scheduler.process import run_scheduler_process
+
+        ctx = mp.get_context("spawn")
+        self.proc = ctx.Process(target=run_scheduler_process, name="sgdsl-scheduler", daemon=True,
+                                args=(self.config, self.paths, _pid()))
+        _start_without_main(self.proc)
+        self.ready = await self._await_ready()
+        from .loader import load_tokenizer
+
+        self.tokenizer = await asyncio.to_thread(load_tokenizer, self.config, self.ready.model_dir)
+        self._tasks = [asyncio.create_task(self._recv_loop()),
+                       asyncio.create_task(self._watchdog())]
+        return self.ready
+
+    async def _await_ready(self) -> m.Ready:
+        waited = 0.0
+        while waited < STARTUP_TIMEOUT_S:
+            msg = await self.chan.recv(timeout_s=0.5)
+            waited += 0.5
+            if isinstance(msg, m.Ready):
+                return msg
+            if isinstance(msg, m.StartupError):
+                self.proc.join(timeout=10)
+                err = ModelLoadError(f"engine startup failed: {msg.message}")
+                err.child_traceback = msg.traceback  # type: ignore[attr-defined]
+                raise err
+            if msg is None and not self.proc.is_alive():
+                raise EngineDeadError(f"scheduler process exited during startup "
+                                      f"(exit code {self.proc.exitcode})")
+        raise EngineDeadError(f"scheduler process not ready after {STARTUP_TIMEOUT_S:.0f} s")
+
+    async def shutdown(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self.proc is not None and self.proc.is_alive():
+            try:
+                self.chan.send_nowait(m.Shutdown())
+            except Exception:  # noqa: BLE001 - the socket may already be gone
+                pass
+            await asyncio.to_thread(self.proc.join, 10)
+            if self.proc.is_alive():
+                self.proc.kill()
+                await asyncio.to_thread(self.proc.join, 5)
+        self._fail_all(EngineDeadError("engine shut down"))
+        self.chan.close()
+        self.paths.cleanup()
+
+    # -- receiving ------------------------------------------------------------------------------
+    async def _recv_loop(self) -> None:
+        while True:
+            msg = await self.chan.recv()
+            if isinstance(msg, m.BatchTokenOut):
+                for out in msg.outs:
+                    state = self.states.get(out.rid)
+                    if state is not None:
+                        state.apply(out)
+                        if state.finish_reason is not None:
+                            del self.states[out.rid]
+            elif isinstance(msg, m.RpcResp):
+                fut = self.rpcs.pop(msg.call_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+            elif isinstance(msg, m.StartupError):
+                self._die(f"{msg.message}\n{msg.traceback}")
+                return
+
+    async def _watchdog(self) -> None:
+        while self.proc.is_alive():
+            await asyncio.sleep(WATCHDOG_S)
+        await asyncio.sleep(0.2)  # let a crash report sent just before exit arrive first
+        self._die(f"scheduler process exited unexpectedly (exit code {self.proc.exitcode})")
+
+    def _die(self, text: str) -> None:
+        if self.dead is None:
+            self.dead = EngineDeadError(text)
+        self._fail_all(self.dead)
+
+    def _fail_all(self, err: BaseException) -> None:
+        for state in self.states.values():
+            state.fail(err)
+        self.states.clear()
+        for fut in self.rpcs.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self.rpcs.clear()
+
+    def _check_alive(self) -> None:
+        if self.dead is not None:
+            raise EngineDeadError(str(self.dead))
+
+    # -- requests -------------------------------------------------------------------------------
+    def _send_req(self, req: m.TokenizedGenerateReq, spec: GenerateSpec, stream: bool) -> ReqState:
+        state = ReqState(req.rid, req.sampling_params, self.tokenizer, req.return_logprob,
+                         spec.return_text_in_logprobs, stream)
+        self.states[req.rid] = state
+        self.chan.send_nowait(req)
+        return state
+
+    async def _warm_prefix(self, spec: GenerateSpec) -> None:
+        """n > 1: prefill the shared prompt once so every sample reuses its cached KV."""
+        first = spec.reqs[0]
+        warm = m.TokenizedGenerateReq(f"{spec.rid}-prefix", first.input_ids,
+                                      first.sampling_params.replace(max_new_tokens=0, min_new_tokens=0))
+        state = self._send_req(warm, spec, stream=False)
+        await state.done.wait()
+
+    async def generate(self, specs: list[GenerateSpec]) -> list[dict]:
+        """Results of every request of every spec, prompt-major."""
+        self._check_alive()
+        for spec in specs:
+            if len(spec.reqs) > 1:
+                self.children[spec.rid] = [r.rid for r in spec.reqs]
+        try:
+            warm = [s for s in specs if len(s.reqs) > 1 and not self.config.disable_radix_cache]
+            if warm:
+                await asyncio.gather(*(self._warm_prefix(s) for s in warm))
+            states = [self._send_req(r, s, False) for s in specs for r in s.reqs]
+            await asyncio.gather(*(st.done.wait() for st in states))
+        finally:
+            for spec in specs:
+                self.children.pop(spec.rid, None)
+        for st in states:
+            if st.error is not None:
+                raise st.error
+        return [st.to_dict(st.final_text()) for st in states]
+
+    async def stream(self, spec: GenerateSpec) -> AsyncIterator[dict]:
+        self._check_alive()
+        state = self._send_req(spec.reqs[0], spec, stream=True)
+        try:
+            while True:
+                await state.updated.wait()
+                state.updated.clear()
+                if state.error is not None:
+                    raise state.error
+                chunk = state.stream_chunk()
+                if state.finish_reason is not None:
+                    yield chunk
+                    return
+                if chunk["delta"]:
+                    yield chunk
+        finally:
+            if state.finish_reason is None and state.error is None:
+                self.abort(spec.rid, "stream closed by the caller")
+
+    def abort(self, rid: str, message: str = "aborted by request") -> None:
+        if self.dead is not None:
+            return
+        for child in self.children.get(rid, [rid]):
+            if child in self.states:
+                self.chan.send_nowait(m.AbortReq(child, message))
+
+    async def rpc(self, kind: type) -> m.RpcResp:
+        self._check_alive()
+        call_id = next(self._call_ids)
+        fut = asyncio.get_running_loop().create_future()
+        self.rpcs[call_id] = fut
+        self.chan.send_nowait(kind(call_id))
+        return await fut
+
+
+def _start_without_main(proc: Any) -> None:
+    """Start a spawn child without re-running the parent's ``__main__`` in it.
+
+    NOTE: spawn normally re-imports the main script in the child, which makes every script that
+    creates an Engine at top level (no ``if __name__ == "__main__"`` guard) start itself again.
+    The child only needs ``run_scheduler_process`` (an importable module), so the main module's
+    path is hidden while the child's preparation data is taken."""
+    import sys
+
+    main = sys.modules.get("__main__")
+    saved = {k: getattr(main, k) for k in ("__file__", "__spec__") if hasattr(main, k)}
+    try:
+        if "__file__" in saved:
+            delattr(main, "__file__")
+        if "__spec__" in saved:
+            main.__spec__ = None
+        proc.start()
+    finally:
+        for key, value in saved.items():
+            setattr(main, key, value)
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()

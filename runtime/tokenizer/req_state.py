@@ -1,0 +1,122 @@
+"""Per-request state in the main process: accumulates what the scheduler streams back and turns
+it into the API's output dicts (text, output_ids, meta_info with logprobs).
+
+Text is produced off the scheduler's loop: once at the end for plain requests, incrementally
+for streams. A streamed delta never ends inside a UTF-8 character (the decoder's U+FFFD marker
+is held back) nor with any part of a possible stop string (held back until it is ruled out).
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ipc.messages import ReqOut
+from ..sampling_params import SamplingParams
+
+
+@dataclass
+class ReqState:
+    rid: str
+    params: SamplingParams
+    tokenizer: Any
+    return_logprob: bool = False
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+    output_ids: list[int] = field(default_factory=list)
+    finish_reason: dict | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    input_token_logprobs: list = field(default_factory=list)
+    input_top_logprobs: list = field(default_factory=list)
+    output_token_logprobs: list = field(default_factory=list)
+    output_top_logprobs: list = field(default_factory=list)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    updated: asyncio.Event = field(default_factory=asyncio.Event)
+    error: BaseException | None = None
+    sent_text_len: int = 0
+
+    def apply(self, out: ReqOut) -> None:
+        self.output_ids.extend(out.new_ids)
+        self.prompt_tokens, self.cached_tokens = out.prompt_tokens, out.cached_tokens
+        if out.input_token_logprobs is not None:
+            self.input_token_logprobs = out.input_token_logprobs
+            self.input_top_logprobs = out.input_top_logprobs or []
+        if out.output_token_logprobs:
+            self.output_token_logprobs.extend(out.output_token_logprobs)
+            self.output_top_logprobs.extend(out.output_top_logprobs or [])
+        if out.finish_reason is not None:
+            self.finish_reason = out.finish_reason
+            self.done.set()
+        self.updated.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.done.set()
+        self.updated.set()
+
+    # -- text ---------------------------------------------------------------------------------------
+    def _decode(self, ids: list[int]) -> str:
+        p = self.params
+        return self.tokenizer.decode(ids, skip_special_tokens=p.skip_special_tokens,
+                                     spaces_between_special_tokens=p.spaces_between_special_tokens)
+
+    def final_text(self) -> str:
+        """All output text, with a matched stop (string or token) trimmed unless no_stop_trim."""
+        ids = self.output_ids
+        matched = (self.finish_reason or {}).get("matched")
+        trim = not self.params.no_stop_trim
+        if trim and isinstance(matched, int) and ids and ids[-1] == matched:
+            ids = ids[:-1]
+        text = self._decode(ids)
+        if trim and isinstance(matched, str):
+            pos = text.find(matched)
+            if pos >= 0:
+                text = text[:pos]
+        return text
+
+    def stream_text(self) -> str:
+        """Text safe to show now: complete characters, no possible start of a stop string."""
+        if self.finish_reason is not None:
+            return self.final_text()
+        text = self._decode(self.output_ids)
+        end = len(text)
+        while end and text[end - 1] == "\ufffd":
+            end -= 1
+        hold = 0
+        for stop in self.params.stop:
+            for k in range(min(len(stop) - 1, end), 0, -1):
+                if text[end - k:end] == stop[:k]:
+                    hold = max(hold, k)
+                    break
+        return text[: max(end - hold, self.sent_text_len)]
+
+    # -- output dicts ---------------------------------------------------------------------------------
+    def to_dict(self, text: str) -> dict:
+        meta: dict[str, Any] = {
+            "id": self.rid, "finish_reason": self.finish_reason,
+            "prompt_tokens": self.prompt_tokens, "completion_tokens": len(self.output_ids),
+            "cached_tokens": self.cached_tokens}
+        if self.return_logprob:
+            meta["input_token_logprobs"] = [self._entry(e) for e in self.input_token_logprobs]
+            meta["output_token_logprobs"] = [self._entry(e) for e in self.output_token_logprobs]
+            meta["input_top_logprobs"] = [self._tops(t) for t in self.input_top_logprobs]
+            meta["output_top_logprobs"] = [self._tops(t) or [] for t in self.output_top_logprobs]
+        return {"text": text, "output_ids": list(self.output_ids), "meta_info": meta}
+
+    def _entry(self, entry: tuple) -> list:
+        logprob, token = entry
+        text = self.tokenizer.decode([token]) if self.return_text_in_logprobs else None
+        return [logprob, token, text]
+
+    def _tops(self, tops: list | None) -> list | None:
+        if tops is None:
+            return None
+        return [self._entry(e) for e in tops]
+
+    def stream_chunk(self) -> dict:
+        text = self.stream_text()
+        chunk = self.to_dict(text)
+        chunk["delta"] = text[self.sent_text_len:]
+        self.sent_text_len = len(text)
+        return chunk

@@ -1,0 +1,134 @@
+"""Turning ``generate`` arguments into validated, tokenized requests, in the caller's thread and
+before anything is sent to the scheduler: bad input raises InvalidRequestError naming the field
+(ContextLengthError / RequestTooLargeError for size limits) and no KV is ever allocated for it.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ..errors import ContextLengthError, InvalidRequestError, RequestTooLargeError
+from ..ipc.messages import Ready, TokenizedGenerateReq
+from ..sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class GenerateSpec:
+    """One prompt's request(s): ``reqs`` has n entries (n > 1 fans out, sharing the prefix)."""
+
+    rid: str
+    reqs: tuple[TokenizedGenerateReq, ...]
+    return_text_in_logprobs: bool
+
+
+def _per_item(value: Any, n: int, name: str, scalar_types: tuple) -> list:
+    if isinstance(value, list) and not isinstance(value, scalar_types):
+        if len(value) != n:
+            raise InvalidRequestError(f"{name} has {len(value)} entries for {n} prompts", field=name)
+        return value
+    return [value] * n
+
+
+class RequestBuilder:
+    def __init__(self, tokenizer: Any, ready: Ready) -> None:
+        self.tokenizer = tokenizer
+        self.ready = ready
+
+    def build(self, prompt: Any, sampling_params: Any, input_ids: Any, return_logprob: Any,
+              logprob_start_len: Any, top_logprobs_num: Any, return_text_in_logprobs: bool,
+              rid: Any) -> tuple[list[GenerateSpec], bool]:
+        """Validated specs, plus whether the call was a batch (list in, list out)."""
+        if (prompt is None) == (input_ids is None):
+            raise InvalidRequestError("give exactly one of prompt or input_ids", field="prompt")
+        if prompt is not None:
+            batched = isinstance(prompt, list)
+            items = prompt if batched else [prompt]
+        else:
+            batched = bool(input_ids) and isinstance(input_ids[0], list)
+            items = input_ids if batched else [input_ids]
+        if not items:
+            raise InvalidRequestError("the batch of prompts is empty", field="prompt")
+        n = len(items)
+        params = _per_item(sampling_params, n, "sampling_params", ())
+        lps = _per_item(return_logprob, n, "return_logprob", ())
+        starts = _per_item(logprob_start_len, n, "logprob_start_len", ())
+        tops = _per_item(top_logprobs_num, n, "top_logprobs_num", ())
+        rids = _per_item(rid, n, "rid", ())
+        specs = []
+        for i, item in enumerate(items):
+            ids = self._tokenize(item) if prompt is not None else self._check_ids(item)
+            sp = self._params(params[i])
+            specs.append(self._spec(ids, sp, bool(lps[i]), starts[i], tops[i],
+                                    return_text_in_logprobs, rids[i]))
+        return specs, batched
+
+    def _tokenize(self, text: Any) -> list[int]:
+        if not isinstance(text, str):
+            raise InvalidRequestError(f"prompt must be a string, got {type(text).__name__}",
+                                      field="prompt")
+        if not text:
+            raise InvalidRequestError("prompt must not be empty", field="prompt")
+        return self.tokenizer.encode(text, add_special_tokens=False) or self._empty()
+
+    def _empty(self) -> list[int]:
+        raise InvalidRequestError("prompt tokenizes to zero tokens", field="prompt")
+
+    def _check_ids(self, ids: Any) -> list[int]:
+        if not isinstance(ids, (list, tuple)) or not ids:
+            raise InvalidRequestError("input_ids must be a non-empty list of token ids",
+                                      field="input_ids")
+        vocab = self.ready.vocab_size
+        for t in ids:
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
+                raise InvalidRequestError(f"input_ids entries must be token ids in [0, {vocab}), "
+                                          f"got {t!r}", field="input_ids")
+        return list(ids)
+
+    def _params(self, value: Any) -> SamplingParams:
+        sp = value if isinstance(value, SamplingParams) else SamplingParams.from_dict(value)
+        sp.validate(self.ready.vocab_size)
+        if sp.constraint is not None:
+            kind = sp.constraint[0]
+            raise InvalidRequestError(f"{kind} constraints are not supported by this engine build "
+                                      "(no grammar backend wired in)", field=kind)
+        return sp
+
+    def _spec(self, ids: list[int], sp: SamplingParams, lp: bool, start: Any, top: Any,
+              text_in_lp: bool, rid: Any) -> GenerateSpec:
+        self._check_sizes(len(ids), sp)
+        if not isinstance(start, int) or isinstance(start, bool) or not -1 <= start <= len(ids):
+            raise InvalidRequestError(f"logprob_start_len must be -1 or in [0, {len(ids)}] "
+                                      f"(the prompt length), got {start!r}",
+                                      field="logprob_start_len")
+        if not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= 1000:
+            raise InvalidRequestError(f"top_logprobs_num must be in [0, 1000], got {top!r}",
+                                      field="top_logprobs_num")
+        rid = str(rid) if rid is not None else uuid.uuid4().hex
+        if sp.n == 1:
+            reqs = (TokenizedGenerateReq(rid, ids, sp, lp, start, top),)
+        else:
+            reqs = tuple(TokenizedGenerateReq(f"{rid}-{k}", ids, self._child(sp, k), lp, start, top)
+                         for k in range(sp.n))
+        return GenerateSpec(rid, reqs, text_in_lp)
+
+    @staticmethod
+    def _child(sp: SamplingParams, k: int) -> SamplingParams:
+        # NOTE: with a seed, the n samples must differ, so each child gets seed + k.
+        return sp.replace(n=1, seed=None if sp.seed is None else sp.seed + k)
+
+    def _check_sizes(self, prompt_len: int, sp: SamplingParams) -> None:
+        total, ctx = prompt_len + sp.max_new_tokens, self.ready.context_len
+        if total > ctx:
+            raise ContextLengthError(
+                f"prompt ({prompt_len} tokens) + max_new_tokens ({sp.max_new_tokens}) = {total} "
+                f"exceeds the context length of {ctx} tokens", field="max_new_tokens")
+        if total > self.ready.kv_total_slots:
+            raise RequestTooLargeError(
+                f"prompt ({prompt_len} tokens) + max_new_tokens ({sp.max_new_tokens}) = {total} "
+                f"exceeds the KV cache capacity of {self.ready.kv_total_slots} tokens",
+                field="max_new_tokens")
+
+
+def flatten_ids(specs: Sequence[GenerateSpec]) -> list[str]:
+    return [r.rid for s in specs for r in s.reqs]
