@@ -1,0 +1,130 @@
+"""Stop strings that may span several tokens.
+
+Two halves, one per process:
+
+- ``StopStringMatcher`` runs in the scheduler process after each step: it decodes only a tail
+  window of the output ids, long enough to hold the longest stop string, and reports the stop
+  string that appeared (the request then finishes with ``{"type": "stop", "matched": s}``).
+- ``StopStringTrimmer`` runs where text is streamed (detokenizer / main process): it holds back
+  any suffix of the text that could still grow into a stop string, so streamed text never shows
+  part of a stop string, and trims the final text at the stop string (unless ``no_stop_trim``).
+
+Typical streaming loop, with an ``IncrementalDetokenizer`` ``detok``::
+
+    safe = trimmer.push(detok.add(new_ids))      # stream `safe`
+    ...
+    last = trimmer.finish(matched, tail=detok.flush())   # stream `last`; trimmer.text is final
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+
+class StopStringMatcher:
+    """``check(output_ids) -> matched stop string | None``, decoding a bounded tail window."""
+
+    def __init__(self, tokenizer: Any, stop: Sequence[str], skip_special_tokens: bool = True,
+                 spaces_between_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.stop = tuple(s for s in stop if s)
+        self._kwargs = {"skip_special_tokens": skip_special_tokens,
+                        "spaces_between_special_tokens": spaces_between_special_tokens}
+        # NOTE: every token contributes at least one byte, so a stop string of B UTF-8 bytes
+        # overlaps at most B tokens; +2 covers a token that starts mid-character before it.
+        self.window = max((len(s.encode("utf-8")) for s in self.stop), default=0) + 2
+
+    def check(self, output_ids: Sequence[int], new_tokens: int = 1) -> str | None:
+        """The stop string (earliest in the text) present in the tail of ``output_ids``.
+        ``new_tokens``: tokens added since the last check (widens the window accordingly)."""
+        if not self.stop or not len(output_ids):
+            return None
+        tail = list(output_ids[-(self.window + max(new_tokens, 1) - 1):])
+        text = self.tokenizer.decode(tail, **self._kwargs)
+        found = [(text.find(s), s) for s in self.stop if s in text]
+        return min(found)[1] if found else None
+
+
+class StopStringTrimmer:
+    """Streaming holdback and final trimming of text at stop strings.
+
+    ``text``: all text received so far, trimmed at the first stop string once one appeared.
+    ``emitted``: what has been handed out by ``push``/``finish`` (always a prefix of ``text``).
+    """
+
+    def __init__(self, stop: Sequence[str], no_stop_trim: bool = False) -> None:
+        self.stop = tuple(s for s in stop if s)
+        self.no_stop_trim = no_stop_trim
+        self._buf = ""
+        self._emitted = 0
+        self._stop_at: int | None = None  # index in _buf where a stop string begins
+
+    @property
+    def text(self) -> str:
+        return self._buf if self._stop_at is None else self._buf[: self._stop_at]
+
+    @property
+    def emitted(self) -> str:
+        return self._buf[: self._emitted]
+
+    @property
+    def stopped(self) -> bool:
+        """A full stop string has appeared in the text (nothing after it will be emitted)."""
+        return self._stop_at is not None
+
+    def push(self, delta: str) -> str:
+        """Add decoded text; return the part that is safe to stream now."""
+        if self._stop_at is not None or not delta:
+            return ""
+        self._buf += delta
+        if not self.stop or self.no_stop_trim:
+            return self._emit(len(self._buf))
+        pos = self._find_stop(self._emitted)
+        if pos is not None:
+            self._stop_at = pos
+            return self._emit(pos)
+        return self._emit(len(self._buf) - self._held_suffix())
+
+    def finish(self, matched: str | int | None = None, tail: str = "") -> str:
+        """End of the request: ``tail`` is the detokenizer's last text, ``matched`` the stop
+        string the scheduler saw (an int stop token id needs no text trimming). Returns the last
+        piece to stream; afterwards ``text`` is the final text."""
+        if self._stop_at is None:
+            self._buf += tail
+            if isinstance(matched, str) and not self.no_stop_trim:
+                pos = self._buf.find(matched, self._emitted)
+                self._stop_at = pos if pos >= 0 else None
+            if self._stop_at is None and self.stop and not self.no_stop_trim:
+                self._stop_at = self._find_stop(self._emitted)
+        end = len(self._buf) if self._stop_at is None else self._stop_at
+        return self._emit(end)
+
+    def _emit(self, end: int) -> str:
+        end = max(end, self._emitted)
+        out = self._buf[self._emitted:end]
+        self._emitted = end
+        return out
+
+    def _find_stop(self, start: int) -> int | None:
+        # NOTE: searching from the emitted end suffices: emitted text never ends with a proper
+        # prefix of a stop string, so no stop string can begin inside it.
+        hits = [p for p in (self._buf.find(s, start) for s in self.stop) if p >= 0]
+        return min(hits) if hits else None
+
+    def _held_suffix(self) -> int:
+        """Length of the longest suffix of the unemitted text that is a proper prefix of a stop."""
+        pending = len(self._buf) - self._emitted
+        best = 0
+        for s in self.stop:
+            for k in range(min(len(s) - 1, pending), best, -1):
+                if self._buf.endswith(s[:k]):
+                    best = k
+                    break
+        return best
+
+
+def trim_at_stop(text: str, matched: str | None, no_stop_trim: bool = False) -> str:
+    """Non-streaming final text: cut at the first occurrence of ``matched``."""
+    if not matched or no_stop_trim:
+        return text
+    pos = text.find(matched)
+    return text if pos < 0 else text[:pos]
