@@ -110,13 +110,20 @@ def trace_program(program: Any, kwargs: dict[str, Any] | None = None) -> TraceRe
     return result
 
 
+def flatten(nodes: list[ir.Node]) -> list[ir.Node]:
+    """Nodes with every (nested) ``Sequence`` expanded."""
+    out: list[ir.Node] = []
+    for node in nodes:
+        out += flatten(list(node.items)) if isinstance(node, ir.Sequence) else [node]
+    return out
+
+
 def extract_prefix(program: Any, backend: Any) -> str:
     """The constant text the program starts with, rendered with the backend's chat template."""
     from sgdsl.chat_template import get_chat_template  # noqa: PLC0415
 
     template = backend.chat_template() or get_chat_template("default")
-    nodes = trace_program(program).nodes
-    flat: list[ir.Node] = [n for node in nodes for n in (node.items if isinstance(node, ir.Sequence) else (node,))]
+    flat = flatten(trace_program(program).nodes)
     out: list[str] = []
     seen_role = False
     for node in flat:
