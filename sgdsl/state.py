@@ -146,7 +146,8 @@ class ProgramState:
         """``text_iter`` for async code; with ``return_meta_data`` yields (chunk, meta_info)."""
         ex = self.stream_executor
         if not ex.run.stream:
-            await ex.signal.async_wait_for(lambda: ex.finished or not ex.pending.get(var_name or ""))
+            await ex.signal.async_wait_for(
+                lambda: ex.finished or (var_name is not None and not ex.pending.get(var_name)))
             value = ex.text_ if var_name is None else self.get_var(var_name)
             yield (value, ex.meta_info.get(var_name)) if return_meta_data else value
             return

@@ -260,6 +260,8 @@ def test_gen_n_without_native_n_issues_n_requests():
     assert len(backend.calls) == 3 and all(c.params.n == 1 for c in backend.calls)
     assert state.text() == state["x"][0]
     assert state.get_meta_info("x")["completion_tokens"] == 3
+    usage = state.usage()
+    assert (usage["calls"], usage["completion_tokens"]) == (3, 3) and usage["cost"] == pytest.approx(0.003)
 
 
 def test_bind_and_nested_call():
@@ -276,3 +278,28 @@ def test_bind_and_nested_call():
 
     state = outer.bind(tag="T").run(suffix="!", backend=backend)
     assert state.text() == "[T]!ok"
+
+
+def test_usage_sums_over_forks():
+    backend = ScriptedBackend(outputs=["a b", "c", "d"])
+
+    @sgl.function
+    def prog(s):
+        s += sgl.gen("x")
+        forks = s.fork(2)
+        forks += sgl.gen("y")
+        forks.join()
+
+    assert prog.run(backend=backend).usage()["completion_tokens"] == 4
+
+
+async def test_text_async_iter_without_stream_yields_the_final_text():
+    backend = ScriptedBackend(outputs=["done"])
+
+    @sgl.function
+    def prog(s):
+        s += "A:" + sgl.gen("a")
+
+    state = prog.run(backend=backend)
+    assert [t async for t in state.text_async_iter()] == ["A:done"]
+    assert [t async for t in state.text_async_iter("a")] == ["done"]
