@@ -73,13 +73,21 @@ class SamplingBatchInfo:
             steps=[len(o) for o in output_ids] if output_ids is not None else [0] * len(params),
             penalties=Penalties.build(ctx), vocab_size=vocab_size, device=dev)
 
+    def __post_init__(self) -> None:
+        self._refresh_flags()
+
+    def _refresh_flags(self) -> None:
+        # NOTE: batch-level flags live on the CPU, computed once per batch change, so a decode
+        # step on the GPU does not synchronize to decide which filters to run.
+        self.greedy_rows: list[bool] = self.is_greedy.tolist()
+        self.all_greedy = all(self.greedy_rows)
+        self.need_top_p = bool((self.top_ps < 1.0).any())
+        self.need_top_k = bool((self.top_ks < self.vocab_size).any())
+        self.need_min_p = bool((self.min_ps > 0).any())
+
     @property
     def batch_size(self) -> int:
         return len(self.seeds)
-
-    @property
-    def all_greedy(self) -> bool:
-        return bool(self.is_greedy.all())
 
     def update(self, next_ids: torch.Tensor) -> None:
         """Record one sampled token per row (after ``Sampler.sample``)."""
@@ -96,6 +104,7 @@ class SamplingBatchInfo:
         self.seeds = [self.seeds[i] for i in rows]
         self.steps = [self.steps[i] for i in rows]
         self.penalties.filter(idx)
+        self._refresh_flags()
 
     def merge(self, other: "SamplingBatchInfo") -> None:
         """Append ``other``'s rows after ours: requests joined the batch."""
@@ -104,6 +113,7 @@ class SamplingBatchInfo:
         self.seeds = self.seeds + other.seeds
         self.steps = self.steps + other.steps
         self.penalties.merge(other.penalties)
+        self._refresh_flags()
 
 
 def apply_vocab_mask(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -147,7 +157,7 @@ class Sampler:
         """Exp(1) noise: a batch draw for unseeded rows, a per-(seed, step) draw for seeded ones."""
         q = torch.empty_like(probs).exponential_(generator=self.generator)
         for row, seed in enumerate(info.seeds):
-            if seed is not None and not bool(info.is_greedy[row]):
+            if seed is not None and not info.greedy_rows[row]:
                 gen = torch.Generator(device=probs.device).manual_seed(
                     mix_seed(seed, info.steps[row]))
                 q[row] = torch.empty_like(probs[row]).exponential_(generator=gen)
@@ -159,20 +169,18 @@ def _filter_top_k_top_p_min_p(probs: torch.Tensor, info: SamplingBatchInfo) -> t
     """Zero out tokens outside each row's top-k / top-p nucleus / min-p floor (no renormalizing:
     the exponential race is scale-invariant). The most likely token always survives."""
     vocab = probs.shape[-1]
-    need_top_p = bool((info.top_ps < 1.0).any())
-    need_top_k = bool((info.top_ks < vocab).any())
-    if need_top_p:
+    if info.need_top_p:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         positions = torch.arange(vocab, device=probs.device)
         drop = positions >= info.top_ks.unsqueeze(1)
         drop |= (sorted_probs.cumsum(dim=-1) - sorted_probs) > info.top_ps.unsqueeze(1)
         probs = probs.masked_fill(torch.zeros_like(drop).scatter_(1, order, drop), 0.0)
-    elif need_top_k:
+    elif info.need_top_k:
         k_max = int(info.top_ks.max())
         top_vals = probs.topk(k_max, dim=-1).values
         kth = top_vals.gather(1, (info.top_ks.clamp(max=k_max) - 1).unsqueeze(1))
         probs = probs.masked_fill(probs < kth, 0.0)
-    if bool((info.min_ps > 0).any()):
+    if info.need_min_p:
         floor = probs.max(dim=-1, keepdim=True).values * info.min_ps.unsqueeze(1)
         probs = probs.masked_fill(probs < floor, 0.0)
     return probs
