@@ -63,6 +63,8 @@ class ModelRunner:
         self.attention_backend_name = resolve_backend_name(config.attention_backend, self.device)
         self.attn_backend = create_attention_backend(self.attention_backend_name, self)
         self.model.attn_backend = self.attn_backend
+        # GPU path (issue 6): decode CUDA graphs, captured after the KV pool exists.
+        self.cuda_graph_runner = self._init_cuda_graphs()
         logger.info("model %s on %s/%s: context %d, %d KV slots, attention %s", self.model_dir,
                     self.device, self.dtype, self.context_len, self.max_total_tokens,
                     self.attention_backend_name)
@@ -96,10 +98,29 @@ class ModelRunner:
                                  f"each); raise kv_cache_bytes / mem_fraction_static / max_total_tokens")
         return slots
 
+    def _init_cuda_graphs(self):  # GPU path (issue 6)
+        """Capture decode graphs when on CUDA with a sync-free attention backend (triton)."""
+        if (self.device.type != "cuda" or self.config.disable_cuda_graph
+                or self.attention_backend_name != "triton"):
+            return None
+        from .cuda_graph_runner import CudaGraphRunner
+
+        max_bs = min(self.config.cuda_graph_max_bs, self.config.max_running_requests)
+        graphs = CudaGraphRunner(self, max_bs)
+        graphs.capture()
+        return graphs
+
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """fp32 logits ``[rows, vocab]`` for ``batch.logits_indices`` (default: the last new
-        token of each request)."""
+        token of each request). Decode batches replay a CUDA graph when one is captured."""
+        if self.cuda_graph_runner is not None and self.cuda_graph_runner.can_run(batch):
+            return self.cuda_graph_runner.replay(batch)
+        return self.forward_eager(batch)
+
+    @torch.inference_mode()
+    def forward_eager(self, batch: ForwardBatch) -> torch.Tensor:
+        """``forward`` without CUDA graphs (also what the graphs capture)."""
         self.attn_backend.init_forward_metadata(batch)
         hidden = self.model(batch)
         if batch.logits_indices is not None:

@@ -1,0 +1,65 @@
+"""Microbenchmark of the attention kernels at Llama-3.1-8B shapes (32 q heads, 8 kv heads,
+head_dim 128, bf16): decode attention as achieved KV bandwidth, extend attention as TFLOP/s."""
+from __future__ import annotations
+
+import torch
+import triton
+
+from common import print_table
+from sgdsl.runtime.kernels.decode_attention import decode_attention_fwd, num_kv_splits_for
+from sgdsl.runtime.kernels.extend_attention import extend_attention_fwd
+
+H, KVH, D = 32, 8, 128
+
+
+def _pool(bs: int, ctx: int):
+    slots = bs * ctx + 1
+    k = torch.randn(slots, KVH, D, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn_like(k)
+    r2t = (torch.randperm(slots - 1, device="cuda")[: bs * ctx] + 1).view(bs, ctx)
+    return k, v, r2t
+
+
+def bench_decode(bs: int, ctx: int) -> list:
+    k, v, r2t = _pool(bs, ctx)
+    q = torch.randn(bs, H, D, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty_like(q)
+    rows = torch.arange(bs, device="cuda")
+    sl = torch.full((bs,), ctx, device="cuda")
+    splits = num_kv_splits_for(sl, 16, 256)
+    mid_o = torch.empty(bs, H, 16, D, dtype=torch.float32, device="cuda")
+    mid_lse = torch.empty(bs, H, 16, dtype=torch.float32, device="cuda")
+    fn = lambda: decode_attention_fwd(q, k, v, out, r2t, rows, sl, splits, mid_o, mid_lse,  # noqa
+                                      D ** -0.5)
+    ms = triton.testing.do_bench(fn, warmup=50, rep=200, return_mode="median")
+    gb = 2 * bs * ctx * KVH * D * 2 / 1e9
+    return [f"decode bs={bs} ctx={ctx}", ms * 1e3, gb / (ms / 1e3), "GB/s"]
+
+
+def bench_extend(bs: int, prefix: int, new: int) -> list:
+    k_buf, v_buf, r2t = _pool(bs, prefix + new)
+    t = bs * new
+    q = torch.randn(t, H, D, dtype=torch.bfloat16, device="cuda")
+    kn, vn = (torch.randn(t, KVH, D, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    out = torch.empty_like(q)
+    rows = torch.arange(bs, device="cuda")
+    pl = torch.full((bs,), prefix, device="cuda")
+    el = torch.full((bs,), new, device="cuda")
+    start = torch.arange(bs, device="cuda") * new
+    fn = lambda: extend_attention_fwd(q, kn, vn, out, k_buf, v_buf, r2t, rows, pl, el, start,  # noqa
+                                      new, D ** -0.5)
+    ms = triton.testing.do_bench(fn, warmup=50, rep=200, return_mode="median")
+    flops = 4 * bs * H * D * new * (prefix + new / 2)
+    return [f"extend bs={bs} prefix={prefix} new={new}", ms * 1e3, flops / (ms / 1e3) / 1e12,
+            "TFLOP/s"]
+
+
+def main() -> None:
+    rows = [bench_decode(bs, ctx) for bs, ctx in ((1, 384), (1, 4096), (32, 1024), (128, 1280))]
+    rows += [bench_extend(bs, p, n) for bs, p, n in ((1, 0, 1024), (8, 0, 1024), (16, 2048, 128))]
+    print_table("attention kernels, Llama-3.1-8B shapes, bf16", ["case", "us", "rate", "unit"],
+                rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""CUDA graphs for decode: one captured graph per batch size in a fixed set; a decode batch is
+padded up to the next captured size and replayed, so a whole decode step (every layer, the
+attention metadata, the final norm, the logits and, when given, the sampler) runs as one graph
+launch with no Python per layer.
+
+Inputs live in static buffers the graphs were captured on; ``replay`` copies the batch into
+them. Padded rows decode a dummy token into KV slot 0 (the pool's reserved dummy row) with
+sequence length 1, and their outputs are dropped.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .forward_batch import ForwardBatch, ForwardMode
+
+logger = logging.getLogger(__name__)
+
+# (logits [bs, vocab] fp32) -> anything made of tensors; captured after the logits.
+SampleFn = Callable[[torch.Tensor], Any]
+
+
+def capture_batch_sizes(max_bs: int) -> list[int]:
+    """1, 2, 4, 8, then every 8 up to 256, then every 16: padding wastes at most ~1/8."""
+    sizes = [1, 2, 4, 8] + list(range(16, 257, 8)) + list(range(272, 1025, 16))
+    return [s for s in sizes if s < max_bs] + [max_bs]
+
+
+class CudaGraphRunner:
+    """Captures and replays decode forwards of ``runner`` (a ModelRunner on CUDA whose
+    attention backend computes decode metadata without host syncs, i.e. ``triton``)."""
+
+    def __init__(self, runner: Any, max_bs: int, sample_fn: SampleFn | None = None) -> None:
+        self.runner = runner
+        self.sample_fn = sample_fn
+        self.batch_sizes = capture_batch_sizes(max_bs)
+        self.max_bs = max_bs
+        dev = runner.device
+        i64 = dict(dtype=torch.int64, device=dev)
+        self.input_ids = torch.zeros(max_bs, **i64)
+        self.positions = torch.zeros(max_bs, **i64)
+        self.req_pool_indices = torch.zeros(max_bs, **i64)
+        self.seq_lens = torch.ones(max_bs, **i64)
+        self.out_cache_loc = torch.zeros(max_bs, **i64)  # slot 0: the dummy row
+        self.ones = torch.ones(max_bs, **i64)
+        self.arange = torch.arange(max_bs, **i64)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, Any] = {}
+        self.pool = None
+
+    def _static_batch(self, bs: int) -> ForwardBatch:
+        return ForwardBatch(
+            mode=ForwardMode.DECODE, batch_size=bs, input_ids=self.input_ids[:bs],
+            positions=self.positions[:bs], req_pool_indices=self.req_pool_indices[:bs],
+            seq_lens=self.seq_lens[:bs], out_cache_loc=self.out_cache_loc[:bs],
+            # positions == seq_len - 1 == prefix length for a decode token
+            extend_prefix_lens=self.positions[:bs], extend_seq_lens=self.ones[:bs],
+            extend_start_loc=self.arange[:bs])
+
+    def _run(self, batch: ForwardBatch) -> Any:
+        logits = self.runner.forward_eager(batch)
+        return (logits, self.sample_fn(logits)) if self.sample_fn else logits
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every batch size, largest first so smaller graphs reuse its memory pool."""
+        self.runner.attn_backend.init_cuda_graph_state(self.max_bs)
+        stream = torch.cuda.Stream(self.runner.device)
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for bs in reversed(self.batch_sizes):
+                batch = self._static_batch(bs)
+                for _ in range(2):  # warm up: Triton compiles, cuBLAS picks kernels
+                    self._run(batch)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                    self.outputs[bs] = self._run(batch)
+                self.pool = graph.pool()
+                self.graphs[bs] = graph
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize(self.runner.device)
+        logger.info("captured decode CUDA graphs for batch sizes %s", self.batch_sizes)
+
+    def can_run(self, batch: ForwardBatch) -> bool:
+        return (batch.mode.is_decode and batch.batch_size <= self.max_bs
+                and batch.logits_indices is None and bool(self.graphs))
+
+    def padded_size(self, bs: int) -> int:
+        return next(s for s in self.batch_sizes if s >= bs)
+
+    def replay(self, batch: ForwardBatch) -> Any:
+        """Logits ``[bs, vocab]`` (or ``(logits, sample_fn output)``) for a decode batch; the
+        outputs are views into static buffers, valid until the next replay."""
+        bs = batch.batch_size
+        padded = self.padded_size(bs)
+        if padded != bs:
+            self.seq_lens[bs:padded].fill_(1)
+            self.positions[bs:padded].zero_()
+            self.out_cache_loc[bs:padded].zero_()
+            self.req_pool_indices[bs:padded].zero_()
+        self.input_ids[:bs].copy_(batch.input_ids, non_blocking=True)
+        self.positions[:bs].copy_(batch.positions, non_blocking=True)
+        self.req_pool_indices[:bs].copy_(batch.req_pool_indices, non_blocking=True)
+        self.seq_lens[:bs].copy_(batch.seq_lens, non_blocking=True)
+        self.out_cache_loc[:bs].copy_(batch.out_cache_loc, non_blocking=True)
+        self.graphs[padded].replay()
+        out = self.outputs[padded]
+        return _slice(out, bs)
+
+
+def _slice(out: Any, bs: int) -> Any:
+    """First bs rows of every tensor in a (nested) tuple/list output."""
+    if isinstance(out, torch.Tensor):
+        return out[:bs] if out.dim() > 0 else out
+    if isinstance(out, (tuple, list)):
+        return type(out)(_slice(o, bs) for o in out)
+    return out
