@@ -39,6 +39,7 @@ class GuardMiddleware:
                 status_box[0] = message["status"]
             await send(message)
 
+        scope = _assume_json(scope)
         try:
             denial = self._deny(scope)
             if denial is not None:
@@ -72,6 +73,18 @@ class GuardMiddleware:
             candidates.append(auth[7:].strip())
         key = self.api_key.encode()
         return any(hmac.compare_digest(c.encode(), key) for c in candidates if c)
+
+
+def _assume_json(scope: Scope) -> Scope:
+    """Every body this server takes is JSON: a POST sent without a JSON content type (curl's
+    default is form-encoded) is read as JSON instead of failing on the content type."""
+    if scope.get("method") != "POST":
+        return scope
+    headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
+    kind = next((v for k, v in scope["headers"] if k.lower() == b"content-type"), b"")
+    if kind and not kind.startswith(b"application/x-www-form-urlencoded"):
+        return scope
+    return {**scope, "headers": headers + [(b"content-type", b"application/json")]}
 
 
 async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
