@@ -1,43 +1,35 @@
-"""Turning a step's logits into next tokens and logprob entries for the requests of a batch.
+"""Turning a step's logits into next tokens (through ``layers.sampler``) and logprob entries.
 
 Logprobs are log-softmax of the raw logits (before temperature and penalties), as the API says.
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
+from ..layers.sampler import Sampler, SamplingBatchInfo
 from .req import Req
 
 
-def sample_next(logits: torch.Tensor, reqs: list[Req]) -> list[int]:
-    """One token per row of ``logits`` ([bs, vocab], fp32), following each request's params."""
-    if all(r.sampling_params.is_greedy for r in reqs):
-        return logits.argmax(dim=-1).tolist()
-    out = []
-    for row, req in zip(logits, reqs):
-        out.append(_sample_one(row, req))
-    return out
+class BatchSampler:
+    """Samples with the runtime's batched Sampler; one SamplingBatchInfo per batch."""
 
+    def __init__(self, eos_token_ids: Sequence[int], seed: int, device: torch.device) -> None:
+        self.eos = tuple(eos_token_ids)
+        self.sampler = Sampler(seed, device)
 
-def _sample_one(row: torch.Tensor, req: Req) -> int:
-    p = req.sampling_params
-    if p.is_greedy:
-        return int(row.argmax())
-    row = row / p.temperature
-    if p.top_k > 0:
-        kth = torch.topk(row, min(p.top_k, row.numel())).values[-1]
-        row = row.masked_fill(row < kth, float("-inf"))
-    probs = torch.softmax(row, dim=-1)
-    if p.min_p > 0:
-        probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
-    if p.top_p < 1.0:
-        sorted_p, idx = probs.sort(descending=True)
-        drop = (sorted_p.cumsum(0) - sorted_p) > p.top_p
-        probs = probs.scatter(0, idx, sorted_p.masked_fill(drop, 0.0))
-    gen = None
-    if p.seed is not None:
-        gen = torch.Generator(device=row.device).manual_seed(p.seed + len(req.output_ids))
-    return int(torch.multinomial(probs / probs.sum(), 1, generator=gen))
+    def new_info(self, reqs: list[Req], vocab_size: int) -> SamplingBatchInfo:
+        """Info for requests joining a batch; resumed requests bring their output so far
+        (penalty counts and seeded step numbers continue where they were)."""
+        return SamplingBatchInfo.from_params(
+            [r.sampling_params for r in reqs], vocab_size, self.sampler.device, self.eos,
+            prompt_ids=[r.origin_input_ids for r in reqs], output_ids=[r.output_ids for r in reqs])
+
+    def sample(self, logits: torch.Tensor, info: SamplingBatchInfo) -> list[int]:
+        ids = self.sampler.sample(logits, info)
+        info.update(ids)
+        return ids.tolist()
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor,

@@ -21,7 +21,7 @@ from .memory import KVMemory
 from .policy import SchedulePolicy
 from .prefill import PrefillAdder
 from .req import Req, ReqState
-from .sample_step import sample_next, token_logprobs
+from .sample_step import BatchSampler, token_logprobs
 
 # NOTE: share of a running request's remaining tokens that admission keeps free for its decode.
 # Starts cautious, decays as decode proceeds without trouble, jumps back up after a retraction.
@@ -48,6 +48,8 @@ class Scheduler:
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.chunked: Req | None = None
+        self.sampler = BatchSampler(eos_token_ids, config.seed, self.device)
+        self.running_info: Any = None  # SamplingBatchInfo, rows aligned with self.running
         self._arrivals = 0
         self.counters = dict(requests_total=0, prompt_tokens_total=0, generated_tokens_total=0,
                              cache_hit_tokens=0, cache_query_tokens=0, retractions_total=0,
@@ -106,7 +108,7 @@ class Scheduler:
             req = next((r for r in self.running if r.rid == rid), None)
             if req is None:
                 return  # already finished (or never arrived): nothing to free
-            self.running.remove(req)
+            self._set_running([r for r in self.running if r is not req])
         self.memory.release(req)
         req.finish_reason = {"type": "abort", "message": message}
         req.state = ReqState.FINISHED
@@ -164,11 +166,9 @@ class Scheduler:
         done = [reqs[i] for i in sample_idx]
         if done:
             rows = torch.tensor([layout.last_row(i) for i in sample_idx], device=logits.device)
-            self._append_tokens(done, logits.index_select(0, rows))
-        for req in done:
-            if not req.finished:
-                req.state = ReqState.DECODING
-                self.running.append(req)
+            info = self.sampler.new_info(done, logits.shape[-1])
+            self._append_tokens(done, logits.index_select(0, rows), info)
+            self._join_running(done, info)
         self._finish_and_send(reqs)
 
     def _run_decode(self) -> None:
@@ -180,8 +180,8 @@ class Scheduler:
         for req in reqs:
             req.kv_len += 1
             req.extend_len, req.extend_slots = 0, req.extend_slots[:0]
-        self._append_tokens(reqs, logits)
-        self.running = [r for r in reqs if not r.finished]
+        self._append_tokens(reqs, logits, self.running_info)
+        self._set_running([r for r in reqs if not r.finished])
         self.ratio = max(self.ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
         self._finish_and_send(reqs)
 
@@ -193,7 +193,7 @@ class Scheduler:
                 victim, self.chunked = self.chunked, None
             elif len(self.running) > 1:
                 victim = max(self.running, key=lambda r: (r.arrival, -len(r.output_ids)))
-                self.running.remove(victim)
+                self._set_running([r for r in self.running if r is not victim])
             else:
                 raise RuntimeError("KV pool too small for a single request (validation missed it)")
             self.memory.release(victim)
@@ -203,9 +203,33 @@ class Scheduler:
             self.counters["retractions_total"] += 1
             self.ratio = max(self.ratio, self.init_ratio)
 
+    # -- the running batch ------------------------------------------------------------------------
+    def _set_running(self, reqs: list[Req]) -> None:
+        """Shrink the running batch to ``reqs`` (a sub-list, in order), keeping sampling rows aligned."""
+        if len(reqs) != len(self.running) and self.running_info is not None:
+            pos = {id(r): i for i, r in enumerate(self.running)}
+            self.running_info.filter([pos[id(r)] for r in reqs])
+        self.running = reqs
+        if not reqs:
+            self.running_info = None
+
+    def _join_running(self, reqs: list[Req], info: Any) -> None:
+        keep = [i for i, r in enumerate(reqs) if not r.finished]
+        if not keep:
+            return
+        if len(keep) != len(reqs):
+            info.filter(keep)
+        for i in keep:
+            reqs[i].state = ReqState.DECODING
+            self.running.append(reqs[i])
+        if self.running_info is None:
+            self.running_info = info
+        else:
+            self.running_info.merge(info)
+
     # -- sampling, logprobs, outputs ----------------------------------------------------------------
-    def _append_tokens(self, reqs: list[Req], logits: torch.Tensor) -> None:
-        next_ids = sample_next(logits, reqs)
+    def _append_tokens(self, reqs: list[Req], logits: torch.Tensor, info: Any) -> None:
+        next_ids = self.sampler.sample(logits, info)
         lp_idx = [i for i, r in enumerate(reqs) if r.return_logprob]
         if lp_idx:
             rows = torch.tensor(lp_idx, device=logits.device)
