@@ -173,7 +173,9 @@ def _filter_top_k_top_p_min_p(probs: torch.Tensor, info: SamplingBatchInfo) -> t
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         positions = torch.arange(vocab, device=probs.device)
         drop = positions >= info.top_ks.unsqueeze(1)
-        drop |= (sorted_probs.cumsum(dim=-1) - sorted_probs) > info.top_ps.unsqueeze(1)
+        # NOTE: top-p applies to the top-k distribution renormalized (HF/vLLM order of warpers).
+        cum = sorted_probs.masked_fill(drop, 0.0).cumsum(dim=-1)
+        drop |= (cum - sorted_probs) > info.top_ps.unsqueeze(1) * cum[:, -1:]
         probs = probs.masked_fill(torch.zeros_like(drop).scatter_(1, order, drop), 0.0)
     elif info.need_top_k:
         k_max = int(info.top_ks.max())

@@ -56,6 +56,41 @@ def test_top_p_nucleus() -> None:
     assert (freq[:3] - want).abs().max() < 0.03
 
 
+def reference_probs(logits: torch.Tensor, temp: float, top_k: int, top_p: float,
+                    min_p: float) -> torch.Tensor:
+    """HF-style warpers in sequence, each renormalizing, in float64 (the test's oracle)."""
+    p = torch.softmax(logits.double() / temp, -1)
+    order = p.argsort(descending=True)
+    keep = torch.zeros_like(p, dtype=torch.bool)
+    keep[order[:top_k]] = True
+    p = torch.where(keep, p, 0.0) / p[keep].sum()
+    total = 0.0
+    for i in order.tolist():
+        if total > top_p:
+            p[i] = 0.0
+        total += float(p[i])
+    p = p / p.sum()
+    p = torch.where(p >= min_p * p.max(), p, 0.0)
+    return p / p.sum()
+
+
+def test_top_k_then_top_p_renormalizes_between() -> None:
+    # top-3 renormalized is .51 .31 .19: a 0.7 nucleus holds two tokens (over the full
+    # distribution it would hold three).
+    freq = empirical(SP(top_k=3, top_p=0.7), LOGITS)
+    assert freq[2:].sum() == 0
+    want = reference_probs(LOGITS, 1.0, 3, 0.7, 0.0)
+    assert (freq.double() - want).abs().max() < 0.03
+
+
+def test_all_filters_together_match_reference() -> None:
+    logits = torch.linspace(2, -2, V) + torch.tensor([0.3, -0.2, 0.1, 0.0, 0.2, -0.1, 0.0, 0.1])
+    want = reference_probs(logits, 0.8, 6, 0.9, 0.15)
+    freq = empirical(SP(temperature=0.8, top_k=6, top_p=0.9, min_p=0.15), logits)
+    assert torch.equal(freq > 0, want > 0)
+    assert (freq.double() - want).abs().max() < 0.03
+
+
 def test_min_p_floor() -> None:
     probs = torch.softmax(LOGITS, -1)
     freq = empirical(SP(min_p=0.3), LOGITS)
