@@ -130,4 +130,8 @@ def children_of(pid: int) -> list[int]:
 def real_server() -> Iterator[Served]:
     served = start_real_server()
     yield served
+    # The idle invariant must hold after everything the session threw at the server.
+    with served.client() as client:
+        integrity = client.get("/debug/check_idle_integrity")
     stop_real_server(served)
+    assert integrity.status_code == 200, integrity.text
