@@ -10,7 +10,7 @@ import torch
 from sgdsl.runtime.ipc import messages as m
 from sgdsl.runtime.scheduler.finish import FinishChecker
 
-from conftest import VOCAB, expected, next_token
+from .standin import VOCAB, expected, next_token
 
 
 def test_mixed_length_batch_matches_reference(make_harness):

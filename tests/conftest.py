@@ -1,0 +1,67 @@
+"""Shared fixtures for the whole suite.
+
+- ``tiny_model_dir``: a Llama config small enough to run anywhere (2 layers, hidden 64) with the
+  embedded model's tokenizer files; load it with ``load_format="dummy"`` (random weights).
+- ``tiny_engine``: one Engine on that model for the session (starting one costs seconds).
+- ``engine``: ``tiny_engine`` plus the idle invariant asserted after the test.
+- ``embedded_engine``: one Engine on the embedded SmolLM2 for the session.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+TINY_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 49152,
+    "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                   "special_tokens_map.json")
+
+
+@pytest.fixture(scope="session")
+def embedded_dir() -> Path:
+    from sgdsl.runtime.model.embedded import embedded_model_path
+
+    return embedded_model_path()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, embedded_dir) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    (folder / "config.json").write_text(json.dumps(TINY_CONFIG))
+    for name in TOKENIZER_FILES:
+        if (embedded_dir / name).exists():
+            shutil.copy(embedded_dir / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model_dir):
+    from sgdsl.runtime import Engine
+
+    engine = Engine(str(tiny_model_dir), load_format="dummy", max_total_tokens=4096,
+                    max_running_requests=32, num_threads=1)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture
+def engine(tiny_engine):
+    yield tiny_engine
+    tiny_engine.check_idle_integrity()
+
+
+@pytest.fixture(scope="session")
+def embedded_engine():
+    from sgdsl.runtime import Engine
+
+    engine = Engine()
+    yield engine
+    engine.shutdown()
