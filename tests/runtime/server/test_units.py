@@ -1,0 +1,99 @@
+"""Pure unit tests of the server's pieces: chat templates, tools, protocol translation, CLI."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sgdsl.runtime.server.chat import ChatTemplate
+from sgdsl.runtime.server.cli import parse_args
+from sgdsl.runtime.server.engine_client import GenBatch
+from sgdsl.runtime.server.errors import APIError
+from sgdsl.runtime.server.openai_format import LogprobCursor, completion_logprobs, usage
+from sgdsl.runtime.server.openai_protocol import ChatCompletionRequest
+from sgdsl.runtime.server.tools import Tool, plan_tools
+
+TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
+            "{% if add_generation_prompt %}[assistant]{% endif %}")
+
+
+def test_chat_template_renders_and_continues() -> None:
+    t = ChatTemplate(TEMPLATE)
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}]
+    assert t.render(msgs[:1]) == "[user]hi[assistant]"
+    assert t.render_continuation(msgs) == "[user]hi[assistant]Hel"
+
+
+def test_chat_template_errors_are_400() -> None:
+    t = ChatTemplate("{{ raise_exception('roles must alternate') }}")
+    with pytest.raises(APIError) as info:
+        t.render([{"role": "user", "content": "x"}])
+    assert info.value.status == 400 and "alternate" in info.value.message
+
+
+def test_default_template_is_chatml() -> None:
+    text = ChatTemplate(None).render([{"role": "user", "content": "x"}])
+    assert text == "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_tool_plans() -> None:
+    tools = [Tool("add", {"type": "object", "properties": {"a": {"type": "integer"}}}),
+             Tool("neg", {"type": "object"})]
+    forced = plan_tools(tools, "tool", "add")
+    assert json.loads(forced.json_schema) == tools[0].schema
+    assert forced.parse('{"a": 1}') == ("add", {"a": 1})
+    anyof = plan_tools(tools, "any")
+    assert len(json.loads(anyof.json_schema)["anyOf"]) == 2
+    assert anyof.parse('{"name": "neg", "input": {}}') == ("neg", {})
+    assert plan_tools(tools, "none") is None
+    with pytest.raises(APIError):
+        plan_tools(tools, "auto")
+    with pytest.raises(APIError):
+        plan_tools(tools, "tool", "missing")
+
+
+def test_response_format_becomes_json_schema() -> None:
+    req = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], response_format={
+        "type": "json_schema", "json_schema": {"name": "o", "schema": {"type": "integer"}}})
+    assert json.loads(req.sampling(5)["json_schema"]) == {"type": "integer"}
+    req = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}],
+                                response_format={"type": "json_object"})
+    assert json.loads(req.sampling(5)["json_schema"]) == {"type": "object"}
+
+
+def test_fan_out_seeds_and_rids() -> None:
+    batch = GenBatch.fan_out(["a", [1, 2]], {"seed": 10, "max_new_tokens": 1}, n=2,
+                             rids=["r0", "r1", "r2", "r3"])
+    assert [it.sampling["seed"] for it in batch.items] == [10, 11, 10, 11]
+    assert [it.rid for it in batch.items] == ["r0", "r1", "r2", "r3"]
+    assert batch.items[0].prompt == "a" and batch.items[2].input_ids == [1, 2]
+
+
+def test_usage_counts_prompt_once_per_prompt() -> None:
+    outs = [{"meta_info": {"prompt_tokens": 5, "completion_tokens": c, "cached_tokens": 2}}
+            for c in (1, 2, 3, 4)]
+    u = usage(outs, n=2)
+    assert u["prompt_tokens"] == 10 and u["completion_tokens"] == 10
+    assert u["total_tokens"] == 20 and u["prompt_tokens_details"]["cached_tokens"] == 4
+
+
+def test_logprob_cursor_and_offsets() -> None:
+    cursor = LogprobCursor(1)
+    meta = {"output_token_logprobs": [[-1.0, 5, "a"]], "output_top_logprobs": [[[-1.0, 5, "a"]]]}
+    assert cursor.take(0, meta)[0] == [[-1.0, 5, "a"]]
+    meta["output_token_logprobs"].append([-2.0, 6, "bc"])
+    meta["output_top_logprobs"].append([])
+    assert cursor.take(0, meta) == ([[-2.0, 6, "bc"]], [[]])
+    lp = completion_logprobs(meta["output_token_logprobs"], None, offset=3)
+    assert lp["text_offset"] == [3, 4] and lp["tokens"] == ["a", "bc"]
+
+
+def test_cli_maps_flags_to_configs() -> None:
+    engine, server = parse_args(["--port", "0", "--api-key", "k", "--cors-origin", "http://a",
+                                 "--max-total-tokens", "4096", "--disable-radix-cache",
+                                 "--schedule-policy", "fcfs", "--model-path", "/m"])
+    assert server.port == 0 and server.api_key == "k" and server.cors_origins == ("http://a",)
+    assert engine.max_total_tokens == 4096 and engine.disable_radix_cache is True
+    assert engine.schedule_policy == "fcfs" and engine.model == "/m"
+    with pytest.raises(SystemExit):
+        parse_args(["--schedule-policy", "nope"])
