@@ -1,0 +1,153 @@
+"""The grammar interface: what the scheduler and the sampler see of constrained decoding.
+
+Three pieces, one per lifetime:
+
+- ``GrammarKey`` — what a request asks for: ``(kind, text)``; the cache key of a compiled grammar.
+- ``GrammarBackend`` — built once per engine from the tokenizer; compiles a key into an opaque
+  compiled grammar (slow, run off the scheduler loop by ``compiler.GrammarCompiler``) and makes a
+  fresh per-request ``Grammar`` from it (fast).
+- ``Grammar`` — one per request: a matcher that accepts tokens, fills one row of a packed int32
+  bitmask (bit ``t`` of row ``r`` set = token ``t`` allowed), reports a jump-forward string
+  (text the grammar forces), termination, and rolls back.
+
+The bitmask layout is xgrammar's (and outlines-core's): ``ceil(vocab_size / 32)`` int32 words
+per row, token ``t`` at word ``t // 32``, bit ``t % 32``.
+"""
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
+
+import torch
+
+from ..errors import InvalidRequestError
+
+GrammarKind = Literal["json_schema", "json_object", "regex", "ebnf", "choices"]
+GRAMMAR_KINDS: tuple[str, ...] = ("json_schema", "json_object", "regex", "ebnf", "choices")
+# SGLang's spelling of "any JSON value" inside json_schema; kept so its clients work unchanged.
+ANY_JSON = "$$ANY$$"
+
+
+@dataclass(frozen=True)
+class GrammarKey:
+    """A constraint as the cache sees it. ``choices`` text is a JSON list of strings."""
+
+    kind: GrammarKind
+    text: str
+
+    @property
+    def field(self) -> str:
+        """The request field an error about this grammar names."""
+        return "json_schema" if self.kind == "json_object" else self.kind
+
+    @classmethod
+    def from_constraint(cls, kind: str, text: Any) -> "GrammarKey":
+        """Normalize a request's (kind, value): dict schemas are dumped, ``$$ANY$$`` and
+        ``json_object`` mean any JSON, choices become a JSON list."""
+        if kind not in GRAMMAR_KINDS:
+            raise InvalidRequestError(f"unknown constraint kind {kind!r}", field=kind)
+        if kind == "choices":
+            return cls.choices(text)
+        if kind == "json_schema" and not isinstance(text, str):
+            text = json.dumps(text)
+        if kind == "json_schema" and text.strip() == ANY_JSON:
+            return cls("json_object", "")
+        if not isinstance(text, str):
+            raise InvalidRequestError(f"{kind} must be a string", field=kind)
+        return cls(kind, "" if kind == "json_object" else text)  # type: ignore[arg-type]
+
+    @classmethod
+    def choices(cls, options: Sequence[str]) -> "GrammarKey":
+        if isinstance(options, str) or not options or not all(
+                isinstance(o, str) and o for o in options):
+            raise InvalidRequestError("choices must be a non-empty list of non-empty strings",
+                                      field="choices")
+        return cls("choices", json.dumps(list(options)))
+
+
+def choices_regex(options: Sequence[str]) -> str:
+    """A fixed set of choices as a regex alternation (longest first, all escaped)."""
+    import re
+
+    ordered = sorted(dict.fromkeys(options), key=len, reverse=True)
+    return "(" + "|".join(re.escape(o) for o in ordered) + ")"
+
+
+def bitmask_width(vocab_size: int) -> int:
+    """int32 words per bitmask row."""
+    return (vocab_size + 31) // 32
+
+
+def allocate_bitmask(batch_size: int, vocab_size: int) -> torch.Tensor:
+    """A CPU int32 bitmask with every token allowed (-1 = all 32 bits set)."""
+    return torch.full((batch_size, bitmask_width(vocab_size)), -1, dtype=torch.int32)
+
+
+class Grammar(ABC):
+    """Per-request matcher state. Not thread-safe: owned by the scheduler loop."""
+
+    @abstractmethod
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one token; False (state unchanged) if the grammar rejects it."""
+
+    def accept_tokens(self, token_ids: Sequence[int]) -> bool:
+        """Advance by several tokens, all or nothing."""
+        for i, t in enumerate(token_ids):
+            if not self.accept_token(int(t)):
+                if i:
+                    self.rollback(i)
+                return False
+        return True
+
+    @abstractmethod
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the allowed-next-token set into ``bitmask[row]`` (CPU int32)."""
+
+    @abstractmethod
+    def jump_forward_string(self) -> str:
+        """The longest text every valid continuation starts with ("" if none). Pure."""
+
+    @abstractmethod
+    def is_terminated(self) -> bool:
+        """True once the grammar accepted a stop token (nothing more may follow)."""
+
+    @abstractmethod
+    def is_completed(self) -> bool:
+        """True if the text so far is a complete match (a stop token would be accepted)."""
+
+    @abstractmethod
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepted tokens."""
+
+    @abstractmethod
+    def copy(self) -> "Grammar":
+        """An independent matcher in the same state (for ``n > 1`` / forks)."""
+
+    @property
+    @abstractmethod
+    def num_accepted(self) -> int:
+        """Tokens accepted so far (net of rollbacks)."""
+
+
+class GrammarBackend(ABC):
+    """Compiles keys for one tokenizer. ``compile`` may be slow and runs in worker threads, so
+    implementations must be thread-safe there; ``new_grammar`` is cheap."""
+
+    name: str = "base"
+
+    def __init__(self, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
+        self.vocab_size = vocab_size
+        self.eos_token_ids = tuple(eos_token_ids)
+
+    @abstractmethod
+    def compile(self, key: GrammarKey) -> Any:
+        """Compile a key; raise ``InvalidRequestError(field=key.field)`` if it cannot."""
+
+    @abstractmethod
+    def new_grammar(self, compiled: Any) -> Grammar:
+        """A fresh matcher at the start of the compiled grammar."""
+
+    def supports(self, kind: str) -> bool:
+        return kind in GRAMMAR_KINDS

@@ -1,0 +1,72 @@
+"""Jump-forward decoding: when the grammar forces a run of text, append it without sampling.
+
+The forced string is re-tokenized together with the last sampled token, so the output stays a
+tokenization the tokenizer itself would produce at that boundary (``'{"'`` + ``'name": "'``
+becomes ``'{"name'``, ``'":'``, ``' "'`` rather than four one-character tokens). Only the last
+token is ever replaced: it was sampled this step, so it has no KV yet and nothing is freed; the
+forced tokens get their KV in the next extend.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from .base import Grammar, allocate_bitmask
+
+
+@dataclass(frozen=True)
+class JumpForward:
+    """Already applied to the grammar: drop ``rollback`` trailing output tokens (0 or 1), then
+    append ``token_ids``."""
+
+    rollback: int
+    token_ids: tuple[int, ...]
+    text: str
+
+
+def jump_forward(grammar: Grammar, tokenizer: Any, output_ids: Sequence[int],
+                 budget: int) -> JumpForward | None:
+    """Find the forced text, retokenize it at the boundary and advance ``grammar`` over it.
+
+    ``budget`` is how many more output tokens the request may hold; the forced tokens are cut
+    to it. Returns None (grammar untouched) when nothing is forced or nothing fits.
+    """
+    forced = grammar.jump_forward_string()
+    if not forced or grammar.is_terminated() or budget <= 0:
+        return None
+    if output_ids and grammar.num_accepted > 0:
+        last = int(output_ids[-1])
+        last_text = tokenizer.decode([last])
+        if "\ufffd" not in last_text:  # a whole character: safe to merge with the forced text
+            ids = _encode(tokenizer, last_text + forced, budget + 1)
+            grammar.rollback(1)
+            if ids and grammar.accept_tokens(ids):
+                if ids[0] != last:
+                    return JumpForward(1, ids, forced)
+                return JumpForward(0, ids[1:], forced) if len(ids) > 1 else None
+            grammar.accept_token(last)  # restore the state we rolled back
+    ids = _encode(tokenizer, forced, budget)
+    if ids and grammar.accept_tokens(ids):
+        return JumpForward(0, ids, forced)
+    return None
+
+
+def _encode(tokenizer: Any, text: str, limit: int) -> tuple[int, ...]:
+    return tuple(tokenizer.encode(text, add_special_tokens=False))[:limit]
+
+
+def only_stop_allowed(grammar: Grammar, vocab_size: int, stop_ids: Sequence[int]) -> bool:
+    """True when nothing but a stop token may follow, so the request can finish without
+    spending a decode step on sampling the stop token."""
+    if grammar.is_terminated():
+        return True
+    if not grammar.is_completed():
+        return False
+    row = allocate_bitmask(1, vocab_size)
+    grammar.fill_bitmask(row, 0)
+    shifts = torch.arange(32, dtype=torch.int32)
+    bits = ((row[0].unsqueeze(-1) >> shifts) & 1).flatten()[:vocab_size]
+    allowed = torch.nonzero(bits).flatten().tolist()
+    return all(t in stop_ids for t in allowed)

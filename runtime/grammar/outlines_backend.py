@@ -1,0 +1,194 @@
+"""outlines-core grammar backend: everything is lowered to a regex and compiled to a token-level
+DFA index over the vocabulary.
+
+JSON schemas go through ``outlines_core.json_schema.build_regex_from_schema`` (compact: no
+whitespace, so output is bounded and separators are forced); EBNF is accepted only when it is
+regular (``ebnf_regex.py`` lowers it); a recursive grammar is rejected at admission, saying so. The jump-forward string is
+the longest byte prefix shared by every allowed token, chained through tokens that spell exactly
+that prefix; it is computed once per DFA state and cached on the compiled grammar.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from ..errors import InvalidRequestError
+from .base import Grammar, GrammarBackend, GrammarKey, bitmask_width, choices_regex
+from .vocab import decode_prefix, token_bytes
+
+# Any JSON object for outlines: a regex cannot nest without bound and outlines' own any-value
+# regex takes ~15 s to index, so values nest one level (objects/arrays of primitives).
+_STR = r'"([^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt])*"'
+_NUM = r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?"
+_PRIM = f"({_STR}|{_NUM}|true|false|null)"
+_VALUE = (f"({_PRIM}|\\[({_PRIM}(,{_PRIM})*)?\\]"
+          f"|\\{{({_STR}:{_PRIM}(,{_STR}:{_PRIM})*)?\\}})")
+JSON_OBJECT_REGEX = f"\\{{({_STR}:{_VALUE}(,{_STR}:{_VALUE})*)?\\}}"
+_WHITESPACE = ""  # compact JSON: bounded, and its separators are forced (jump-forward)
+_MAX_JUMP_TOKENS = 64
+
+
+@dataclass
+class OutlinesCompiled:
+    """A DFA index plus the per-state forced-prefix cache shared by all its requests."""
+
+    index: Any
+    regex: str
+    forced: dict[int, tuple[bytes, int | None]] = field(default_factory=dict)
+
+
+class OutlinesGrammar(Grammar):
+    """One request's walk over an outlines-core index (a Guide plus a terminated flag, because
+    a Guide cannot advance past the stop token)."""
+
+    def __init__(self, backend: "OutlinesBackend", compiled: OutlinesCompiled) -> None:
+        import outlines_core as oc
+
+        self._backend = backend
+        self._compiled = compiled
+        self._guide = oc.Guide(compiled.index, max_rollback=1 << 20)
+        self._tokens: list[int] = []  # accepted tokens except the stop token, for copy()
+        self._terminated = False
+
+    def accept_token(self, token_id: int) -> bool:
+        if self._terminated:
+            return False
+        if token_id in self._backend.eos_token_ids:
+            if not self.is_completed():
+                return False
+            self._terminated = True
+        else:
+            try:
+                self._guide.advance(int(token_id), return_tokens=False)
+            except (ValueError, OverflowError):
+                return False
+            self._tokens.append(int(token_id))
+        return True
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        target = bitmask[row]
+        if self._terminated:
+            target.zero_()
+            return
+        assert target.is_contiguous() and target.dtype == torch.int32
+        self._guide.write_mask_into(target.data_ptr(), target.numel(), 4)
+        if self.is_completed():  # the Guide knows only its own eos id; allow all stop tokens
+            for t in self._backend.eos_token_ids:
+                target[t // 32] |= _bit(t % 32)
+
+    def jump_forward_string(self) -> str:
+        if self._terminated:
+            return ""
+        data = b""
+        state = self._guide.get_state()
+        for _ in range(_MAX_JUMP_TOKENS):
+            prefix, token = self._backend.forced_prefix(self._compiled, state)
+            data += prefix
+            if token is None:
+                break
+            state = self._compiled.index.get_next_state(state, token)
+        return decode_prefix(data)
+
+    def is_terminated(self) -> bool:
+        return self._terminated
+
+    def is_completed(self) -> bool:
+        return self._terminated or self._guide.is_finished()
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens <= 0:
+            return
+        if num_tokens > self.num_accepted:
+            raise ValueError(f"cannot roll back {num_tokens} of {self.num_accepted} tokens")
+        if self._terminated:
+            self._terminated = False
+            num_tokens -= 1
+        if num_tokens:
+            self._guide.rollback_state(num_tokens)
+            del self._tokens[-num_tokens:]
+
+    def copy(self) -> "OutlinesGrammar":
+        # NOTE: a pickled Guide loses its rollback depth, so a copy replays the tokens instead.
+        other = OutlinesGrammar(self._backend, self._compiled)
+        for t in self._tokens:
+            other._guide.advance(t, return_tokens=False)
+        other._tokens = list(self._tokens)
+        other._terminated = self._terminated
+        return other
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self._tokens) + int(self._terminated)
+
+
+def _bit(i: int) -> int:
+    """Bit ``i`` of an int32 word as a signed Python int (bit 31 is negative)."""
+    return -(1 << 31) if i == 31 else 1 << i
+
+
+class OutlinesBackend(GrammarBackend):
+    """Builds the outlines-core vocabulary once; compiles keys to DFA indexes."""
+
+    name = "outlines"
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
+        import outlines_core as oc
+
+        super().__init__(vocab_size, eos_token_ids)
+        self._oc = oc
+        self._bytes = token_bytes(tokenizer, vocab_size)
+        mapping: dict[bytes, list[int]] = {}
+        for i, b in enumerate(self._bytes):
+            if b and i not in self.eos_token_ids:
+                mapping.setdefault(b, []).append(i)
+        self._by_bytes = {b: ids[0] for b, ids in mapping.items()}
+        self._vocab = oc.Vocabulary(self.eos_token_ids[0], mapping)
+        self.width = bitmask_width(vocab_size)
+
+    def to_regex(self, key: GrammarKey) -> str:
+        """Lower a key to the regex outlines compiles."""
+        schema_to_regex = self._oc.json_schema.build_regex_from_schema
+        if key.kind == "regex":
+            return key.text
+        if key.kind == "choices":
+            return choices_regex(json.loads(key.text))
+        if key.kind == "json_object":
+            return JSON_OBJECT_REGEX
+        if key.kind == "json_schema":
+            return schema_to_regex(key.text, _WHITESPACE)
+        from .ebnf_regex import ebnf_to_regex
+
+        return ebnf_to_regex(key.text)
+
+    def compile(self, key: GrammarKey) -> OutlinesCompiled:
+        try:
+            regex = self.to_regex(key)
+            return OutlinesCompiled(self._oc.Index(regex, self._vocab), regex)
+        except InvalidRequestError:
+            raise
+        except Exception as e:  # outlines-core raises ValueError/TypeError/RuntimeError
+            raise InvalidRequestError(
+                f"outlines cannot compile this {key.field}: {str(e).strip()[:500]}",
+                field=key.field) from e
+
+    def new_grammar(self, compiled: OutlinesCompiled) -> OutlinesGrammar:
+        return OutlinesGrammar(self, compiled)
+
+    def forced_prefix(self, compiled: OutlinesCompiled, state: int) -> tuple[bytes, int | None]:
+        """(bytes every allowed token starts with, the token spelling exactly them or None)."""
+        hit = compiled.forced.get(state)
+        if hit is not None:
+            return hit
+        allowed = compiled.index.get_allowed_tokens(state) or []
+        result: tuple[bytes, int | None] = (b"", None)
+        if not any(t in self.eos_token_ids for t in allowed):
+            pieces = [self._bytes[t] for t in allowed if self._bytes[t]]
+            prefix = os.path.commonprefix(pieces) if pieces else b""
+            token = self._by_bytes.get(prefix) if prefix else None
+            result = (prefix, token if token in set(allowed) else None)
+        compiled.forced[state] = result
+        return result

@@ -1,0 +1,65 @@
+"""The raw bytes behind each token id, for backends that match text byte by byte (outlines).
+
+Byte-level BPE vocabularies (GPT-2, Llama-3, SmolLM) spell bytes as printable unicode stand-ins
+(``Ġ`` = space); SentencePiece vocabularies use ``▁`` for a space and ``<0xNN>`` for raw bytes.
+Special and added tokens get ``None``: a grammar never allows them except as the stop token.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+_SP_BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """Inverse of GPT-2's bytes_to_unicode: printable stand-in character -> byte."""
+    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+          + list(range(ord("®"), ord("ÿ") + 1)))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def token_bytes(tokenizer: Any, vocab_size: int) -> list[bytes | None]:
+    """``result[i]`` = the bytes token ``i`` decodes to, or None for special/unused ids."""
+    vocab: dict[str, int] = tokenizer.get_vocab()
+    added = {int(i) for i in getattr(tokenizer, "added_tokens_decoder", {})}
+    added |= set(getattr(tokenizer, "all_special_ids", []) or [])
+    byte_level = any(s.startswith("Ġ") for s in vocab)
+    decoder = _byte_decoder()
+    out: list[bytes | None] = [None] * vocab_size
+    for piece, i in vocab.items():
+        if i >= vocab_size or i in added:
+            continue
+        out[i] = _piece_bytes(piece, byte_level, decoder)
+    return out
+
+
+def _piece_bytes(piece: str, byte_level: bool, decoder: dict[str, int]) -> bytes | None:
+    if byte_level:
+        try:
+            return bytes(decoder[c] for c in piece)
+        except KeyError:  # not a byte-level piece: treat as literal text
+            return piece.encode("utf-8")
+    m = _SP_BYTE.match(piece)
+    if m:
+        return bytes([int(m.group(1), 16)])
+    return piece.replace("▁", " ").encode("utf-8")
+
+
+def decode_prefix(data: bytes) -> str:
+    """The longest prefix of ``data`` that is complete UTF-8, decoded."""
+    for cut in range(len(data), max(len(data) - 4, -1), -1):
+        try:
+            return data[:cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return data.decode("utf-8", "ignore")

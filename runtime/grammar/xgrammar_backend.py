@@ -1,0 +1,103 @@
+"""xgrammar (the default grammar backend): JSON schema, any-JSON, regex, EBNF/GBNF, choices.
+
+xgrammar compiles to a pushdown automaton with precomputed token masks; its matcher fills a
+bitmask row in native code and finds jump-forward strings itself. JSON is compiled with
+``any_whitespace=False`` (fixed separators) so a model cannot stall in endless whitespace.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+import torch
+
+from ..errors import InvalidRequestError
+from .base import Grammar, GrammarBackend, GrammarKey, choices_regex
+
+
+class XGrammarGrammar(Grammar):
+    """One request's xgrammar matcher."""
+
+    def __init__(self, matcher: Any, compiled: Any, accepted: int = 0) -> None:
+        self._matcher = matcher
+        self._compiled = compiled
+        self._accepted = accepted
+
+    def accept_token(self, token_id: int) -> bool:
+        ok = self._matcher.accept_token(int(token_id))
+        self._accepted += int(ok)
+        return ok
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self._matcher.fill_next_token_bitmask(bitmask, row)
+
+    def jump_forward_string(self) -> str:
+        return self._matcher.find_jump_forward_string()
+
+    def is_terminated(self) -> bool:
+        return self._matcher.is_terminated()
+
+    def is_completed(self) -> bool:
+        return self._matcher.is_completed()
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens > 0:
+            self._matcher.rollback(num_tokens)
+            self._accepted -= num_tokens
+
+    def copy(self) -> "XGrammarGrammar":
+        return XGrammarGrammar(self._matcher.fork(), self._compiled, self._accepted)
+
+    @property
+    def num_accepted(self) -> int:
+        return self._accepted
+
+
+class XGrammarBackend(GrammarBackend):
+    """Compiles keys with one ``xgrammar.GrammarCompiler`` shared by all worker threads."""
+
+    name = "xgrammar"
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: Sequence[int],
+                 compile_threads: int = 1) -> None:
+        import xgrammar as xgr
+
+        super().__init__(vocab_size, eos_token_ids)
+        self._xgr = xgr
+        info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=list(self.eos_token_ids))
+        # NOTE: our own cache (compiler.py) is keyed by the request text; xgrammar's would only
+        # duplicate it without a bound, so it is off.
+        self._compiler = xgr.GrammarCompiler(info, max_threads=compile_threads,
+                                             cache_enabled=False)
+
+    def compile(self, key: GrammarKey) -> Any:
+        c = self._compiler
+        try:
+            if key.kind == "json_schema":
+                return c.compile_json_schema(key.text, any_whitespace=False)
+            if key.kind == "json_object":
+                # Any JSON object, any keys: strict_mode off allows unlisted properties.
+                return c.compile_json_schema('{"type": "object"}', any_whitespace=False,
+                                             strict_mode=False)
+            if key.kind == "regex":
+                return c.compile_regex(key.text)
+            if key.kind == "ebnf":
+                return c.compile_grammar(key.text)
+            return c.compile_regex(choices_regex(json.loads(key.text)))
+        except InvalidRequestError:
+            raise
+        except Exception as e:  # xgrammar raises RuntimeError/ValueError subclasses
+            raise InvalidRequestError(
+                f"xgrammar cannot compile this {key.field}: {_first_line(e)}",
+                field=key.field) from e
+
+    def new_grammar(self, compiled: Any) -> XGrammarGrammar:
+        matcher = self._xgr.GrammarMatcher(compiled,
+                                           override_stop_tokens=list(self.eos_token_ids))
+        return XGrammarGrammar(matcher, compiled)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[-1][:500] if "\n" in text else text[:500]

@@ -1,0 +1,52 @@
+"""Shared fixtures: the embedded model's tokenizer and one backend of each kind per session
+(building an outlines vocabulary or xgrammar tokenizer info takes ~0.5 s)."""
+from __future__ import annotations
+
+import pytest
+
+VOCAB = 49152
+EOS = 2
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from sgdsl.runtime.model.embedded import embedded_model_path
+
+    return AutoTokenizer.from_pretrained(str(embedded_model_path()))
+
+
+@pytest.fixture(scope="session")
+def backends(tokenizer):
+    from sgdsl.runtime.grammar import create_grammar_backend
+
+    return {name: create_grammar_backend(name, tokenizer, VOCAB) for name in
+            ("xgrammar", "outlines")}
+
+
+@pytest.fixture(params=["xgrammar", "outlines"])
+def backend(request, backends):
+    return backends[request.param]
+
+
+@pytest.fixture()
+def compiler(backend):
+    from sgdsl.runtime.grammar import GrammarCompiler
+
+    c = GrammarCompiler(backend, timeout_s=30.0)
+    yield c
+    c.shutdown()
+
+
+@pytest.fixture(scope="session")
+def token_texts(tokenizer):
+    """Each token id decoded alone (only used to pick short/closing tokens in random walks)."""
+    return [tokenizer.decode([i]) for i in range(VOCAB)]
+
+
+@pytest.fixture(scope="session")
+def walker(tokenizer, token_texts):
+    from .helpers import Walker
+
+    return Walker(tokenizer, token_texts)

@@ -1,0 +1,56 @@
+"""Test helpers: unpack a bitmask row, walk a grammar with random allowed tokens."""
+from __future__ import annotations
+
+import random
+
+import torch
+
+from sgdsl.runtime.grammar import Grammar, allocate_bitmask
+from sgdsl.runtime.layers.bitmask import unpack_bitmask
+
+VOCAB = 49152
+EOS = 2
+_CLOSERS = ('"', "}", "]", ",", ":")
+
+
+def allowed_mask(grammar: Grammar) -> torch.Tensor:
+    row = allocate_bitmask(1, VOCAB)
+    grammar.fill_bitmask(row, 0)
+    return unpack_bitmask(row, VOCAB)[0]
+
+
+def allowed_ids(grammar: Grammar) -> list[int]:
+    return torch.nonzero(allowed_mask(grammar)).flatten().tolist()
+
+
+def feed_text(grammar: Grammar, tokenizer, text: str) -> bool:
+    return grammar.accept_tokens(tokenizer.encode(text, add_special_tokens=False))
+
+
+class Walker:
+    """Random walks biased toward short and closing tokens, so walks tend to finish."""
+
+    def __init__(self, tokenizer, texts: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.short = torch.tensor([len(t) <= 2 for t in texts])
+        self.closing = torch.tensor([any(c in t for c in _CLOSERS) for t in texts])
+
+    def walk(self, grammar: Grammar, rng: random.Random, max_steps: int = 400) -> tuple[str, bool]:
+        """Returns (text, completed-with-eos)."""
+        ids: list[int] = []
+        for _ in range(max_steps):
+            allowed = allowed_mask(grammar)
+            assert bool(allowed.any()), "grammar allows no token before terminating"
+            if allowed[EOS] and (int(allowed.sum()) == 1 or rng.random() < 0.7):
+                assert grammar.accept_token(EOS)
+                return self.tokenizer.decode(ids), True
+            allowed[EOS] = False
+            pool = allowed & self.short if bool((allowed & self.short).any()) else allowed
+            closing = pool & self.closing
+            if bool(closing.any()) and rng.random() < 0.6:
+                pool = closing
+            choices = torch.nonzero(pool).flatten()
+            pick = int(choices[rng.randrange(len(choices))])
+            assert grammar.accept_token(pick), pick
+            ids.append(pick)
+        return self.tokenizer.decode(ids), False
