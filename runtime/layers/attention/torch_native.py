@@ -24,6 +24,10 @@ class DecodeMetadata:
     slots: torch.Tensor  # [bs, max_len] KV slots, padded with slot 0
     mask: torch.Tensor | None  # [bs, 1, 1, max_len] bool, None when no padding
 
+    @property
+    def flat_slots(self) -> torch.Tensor:
+        return self.slots.view(-1)
+
 
 @dataclass
 class ExtendSegment:
@@ -79,7 +83,13 @@ class TorchNativeAttnBackend(AttentionBackend):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
                 batch: ForwardBatch, scaling: float) -> torch.Tensor:
-        self.kv_pool.set_kv(layer_id, batch.out_cache_loc, k, v)
+        # NOTE: index_copy_ / index_select rather than advanced indexing: on CPU the latter
+        # goes through a generic parallel kernel that costs ~10x more for these tiny copies.
+        loc, dtype = batch.out_cache_loc, self.kv_pool.dtype
+        if k.dtype != dtype:
+            k, v = k.to(dtype), v.to(dtype)
+        self.kv_pool.k_buffer[layer_id].index_copy_(0, loc, k)
+        self.kv_pool.v_buffer[layer_id].index_copy_(0, loc, v)
         meta = batch.attn_metadata
         if isinstance(meta, DecodeMetadata):
             return self._decode(q, layer_id, meta, scaling)
@@ -88,13 +98,16 @@ class TorchNativeAttnBackend(AttentionBackend):
     def _decode(self, q: torch.Tensor, layer_id: int, meta: DecodeMetadata,
                 scaling: float) -> torch.Tensor:
         bs, num_heads, head_dim = q.shape
-        k_cache = self.kv_pool.k_buffer[layer_id][meta.slots]  # [bs, L, kv, d]
-        v_cache = self.kv_pool.v_buffer[layer_id][meta.slots]
-        kv_heads = k_cache.shape[2]
+        k_buf, v_buf = self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
+        kv_heads = k_buf.shape[1]
+        shape = (bs, meta.slots.shape[1], kv_heads, head_dim)
+        k_cache = k_buf.index_select(0, meta.flat_slots).view(shape)  # [bs, L, kv, d]
+        v_cache = v_buf.index_select(0, meta.flat_slots).view(shape)
         qg = q.view(bs, kv_heads, num_heads // kv_heads, head_dim)
-        out = F.scaled_dot_product_attention(
-            qg, k_cache.transpose(1, 2).to(q.dtype), v_cache.transpose(1, 2).to(q.dtype),
-            attn_mask=meta.mask, scale=scaling)
+        if k_cache.dtype != q.dtype:
+            k_cache, v_cache = k_cache.to(q.dtype), v_cache.to(q.dtype)
+        out = F.scaled_dot_product_attention(qg, k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+                                             attn_mask=meta.mask, scale=scaling)
         return out.reshape(bs, num_heads, head_dim)
 
     def _extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
@@ -106,8 +119,8 @@ class TorchNativeAttnBackend(AttentionBackend):
                 ks = k[seg.start: seg.start + seg.length]
                 vs = v[seg.start: seg.start + seg.length]
             else:
-                ks = self.kv_pool.k_buffer[layer_id][seg.slots].to(q.dtype)
-                vs = self.kv_pool.v_buffer[layer_id][seg.slots].to(q.dtype)
+                ks = self.kv_pool.k_buffer[layer_id].index_select(0, seg.slots).to(q.dtype)
+                vs = self.kv_pool.v_buffer[layer_id].index_select(0, seg.slots).to(q.dtype)
             out = F.scaled_dot_product_attention(
                 qs, ks.transpose(0, 1), vs.transpose(0, 1), attn_mask=seg.mask,
                 is_causal=seg.mask is None, scale=scaling, enable_gqa=True)
