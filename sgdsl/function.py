@@ -51,8 +51,12 @@ class SglFunction:
         if stream:
             body_pool().submit(self._body, state, args, kwargs)
             return state
-        self._body(state, args, kwargs, raise_errors=True)
-        state.sync()
+        try:
+            self._body(state, args, kwargs, raise_errors=True)
+            state.sync()
+        except KeyboardInterrupt:
+            state.cancel()  # abort the in-flight backend requests too
+            raise
         state.stream_executor.raise_if_failed()
         return state
 
@@ -84,9 +88,13 @@ class SglFunction:
 
     async def arun(self, *args: Any, backend: Any = None, stream: bool = False, **kwargs: Any) -> ProgramState:
         """Run on the current event loop. Cancelling the awaiting task aborts the program's
-        in-flight backend requests. Raises the program's error, if any."""
+        in-flight backend requests. Raises the program's error, if any. With ``stream`` returns
+        at once; read it with ``text_async_iter`` (``state.cancel()`` aborts it)."""
         defaults, kwargs = split_sampling_kwargs(kwargs)
         state = self._new_state(backend, defaults, stream, asyncio.get_running_loop())
+        if stream:
+            state._task = asyncio.ensure_future(self._drive(state, args, kwargs, raise_errors=False))
+            return state
         await self._drive(state, args, kwargs)
         state.stream_executor.raise_if_failed()
         return state

@@ -303,3 +303,15 @@ async def test_text_async_iter_without_stream_yields_the_final_text():
     state = prog.run(backend=backend)
     assert [t async for t in state.text_async_iter()] == ["A:done"]
     assert [t async for t in state.text_async_iter("a")] == ["done"]
+
+
+async def test_arun_stream_returns_at_once_and_streams():
+    backend = ScriptedBackend(outputs=["x y z"])
+
+    @sgl.function
+    def prog(s):
+        s += "go:" + sgl.gen("a")
+
+    state = await prog.arun(backend=backend, stream=True)
+    chunks = [c async for c in state.text_async_iter("a")]
+    assert "".join(chunks) == "x y z" and backend.calls[0].kind == "stream"
