@@ -91,7 +91,7 @@ class _Renderer:
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         self.template = env.from_string(source)
-        self.bos, self.eos = bos_token, eos_token
+        self.eos = eos_token
 
     def __call__(self, messages: list[tuple[str, str]], gen: bool = False) -> str:
         # NOTE: BOS renders as "": the tokenizer adds it itself, and some models' BOS is also a

@@ -3,7 +3,7 @@ returns), with SGLang's semantics."""
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, AsyncIterator, Callable, Iterator
+from typing import Any, AsyncIterator, Iterator
 
 from sgdsl import ir
 from sgdsl.interpreter.callsite import capture

@@ -65,3 +65,15 @@ def test_backend_and_model_combine():
     assert backend_spec("openai", "gpt-4o") == "openai:gpt-4o"
     assert backend_spec(None, "/m") == "local:/m"
     assert backend_spec("http://h:1", None) == "http://h:1"
+
+
+def test_serve_dispatches_to_the_runtime_server_cli(monkeypatch):
+    import sys
+    import types
+
+    seen = []
+    fake = types.ModuleType("sgdsl.runtime.server.cli")
+    fake.main = lambda argv: seen.append(argv) or 0
+    monkeypatch.setitem(sys.modules, "sgdsl.runtime.server.cli", fake)
+    assert main(["serve", "--port", "1234"]) == 0
+    assert seen == [["--port", "1234"]]
