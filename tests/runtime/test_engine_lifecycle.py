@@ -1,0 +1,53 @@
+"""Engine process lifecycle: startup errors surface in the parent with the child's real
+message, a dead scheduler process becomes EngineDeadError, shutdown leaves no child behind."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from sgdsl.runtime import Engine
+from sgdsl.runtime.errors import EngineDeadError, InvalidRequestError, ModelLoadError
+
+
+def test_missing_model_path_reports_child_error(tmp_path):
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(ModelLoadError) as info:
+        Engine(str(missing))
+    assert "does not exist" in str(info.value) and str(missing) in str(info.value)
+    assert "Traceback" in info.value.child_traceback
+
+
+def test_unknown_architecture_reports_child_error(tmp_path, tiny_model_dir):
+    cfg = json.loads((tiny_model_dir / "config.json").read_text())
+    cfg.update(architectures=["MadeUpForCausalLM"], model_type="madeup")
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError) as info:
+        Engine(str(tmp_path), load_format="dummy")
+    assert "MadeUp" in str(info.value) or "madeup" in str(info.value)
+
+
+def test_unknown_engine_option_fails_before_starting():
+    with pytest.raises(InvalidRequestError) as info:
+        Engine(not_an_option=1)
+    assert info.value.field == "not_an_option"
+
+
+def test_dead_child_context_manager_and_idempotent_shutdown(tiny_model_dir):
+    with Engine(str(tiny_model_dir), load_format="dummy", max_total_tokens=512,
+                num_threads=1) as engine:
+        proc = engine._tm.proc
+        assert engine.generate("hi", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] <= 2
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(timeout=30)
+        with pytest.raises(EngineDeadError):
+            for _ in range(50):  # the watchdog notices within about a second
+                engine.generate("hi", {"max_new_tokens": 2})
+                time.sleep(0.2)
+    assert not proc.is_alive()
+    engine.shutdown()  # idempotent after the context manager's own shutdown
+    with pytest.raises(EngineDeadError):
+        engine.generate("hi")
