@@ -11,8 +11,7 @@ from typing import Any, AsyncIterator, Sequence
 from sgdsl.ir import Constraint, SamplingParams
 
 from ._common import (as_schema, b64, backend_error, chat_messages, choice_schema,
-                      finish_reason, merge_turns, parse_choice, split_extensions,
-                      wants_extensions)
+                      finish_reason, merge_turns, parse_choice, split_extensions)
 from .base import Backend, Capabilities, Context, GenResult, SelectResult, StreamChunk, UnsupportedError
 from .loop_local import LoopLocal
 
@@ -24,8 +23,8 @@ _STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "stop"
 
 class Anthropic(Backend):
     """``Anthropic("claude-3-5-haiku-latest")``; ``base_url``/``api_key`` default to the
-    client's ``ANTHROPIC_BASE_URL`` / ``ANTHROPIC_API_KEY``. ``extensions`` sends min_tokens,
-    seed... in ``extra_body`` (default: on for self-hosted servers only)."""
+    client's ``ANTHROPIC_BASE_URL`` / ``ANTHROPIC_API_KEY``. ``extensions=True`` sends
+    min_tokens, seed... in ``extra_body`` for servers that accept them."""
 
     name = "Anthropic"
     capabilities = Capabilities(chat_only=True, constraints=frozenset({"json_schema"}),
@@ -42,8 +41,9 @@ class Anthropic(Backend):
         self.model_name = model_name
         base_url = base_url or os.environ.get("ANTHROPIC_BASE_URL")
         api_key = api_key or os.environ.get("ANTHROPIC_API_KEY") or ("EMPTY" if base_url else None)
-        self.extensions = (wants_extensions(base_url, "api.anthropic.com")
-                           if extensions is None else extensions)
+        # NOTE: off by default even for self-hosted servers: Messages-API servers (ours
+        # included) reject unknown fields, unlike OpenAI-compatible ones.
+        self.extensions = bool(extensions)
         self._clients = LoopLocal(lambda: anthropic.AsyncAnthropic(
             base_url=base_url, api_key=api_key, **client_options))
 

@@ -112,12 +112,14 @@ class SrtBackend(Backend):
     # ---- Backend API --------------------------------------------------------------------------
 
     def chat_template(self) -> Any | None:
+        """The model's own Jinja template (model_info ``chat_template``), else a guess by name."""
         if self._template is None:
-            from sgdsl.chat_template import template_for_model  # language side, no torch
+            from sgdsl.chat_template import ChatTemplate, guess_chat_template
 
             info = self.model_info
-            self._template = template_for_model(info.get("chat_template"),
-                                                info.get("model_path") or "")
+            source = info.get("chat_template")
+            self._template = (ChatTemplate.from_jinja(source, name=self.get_model_name())
+                              if source else guess_chat_template(self.get_model_name()))
         return self._template
 
     def get_model_name(self) -> str:

@@ -98,7 +98,7 @@ async def test_unsupported_settings_are_refused():
     with pytest.raises(UnsupportedError, match="regex"):
         await backend(server).generate(CTX, SamplingParams(), Constraint("regex", "a"))
     with pytest.raises(UnsupportedError, match="min_tokens"):
-        await backend(server, extensions=False).generate(CTX, SamplingParams(min_tokens=3))
+        await backend(server).generate(CTX, SamplingParams(min_tokens=3))
     assert server.bodies == []
 
 

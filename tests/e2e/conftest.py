@@ -1,0 +1,82 @@
+"""End-to-end fixtures: ONE Engine with the embedded model per session, used in-process by
+``Local`` and served over loopback (uvicorn in a thread, same engine) to ``RuntimeEndpoint``,
+``OpenAI`` and ``Anthropic`` (official clients). One model load for the whole e2e suite."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Iterator
+
+import pytest
+
+BACKENDS = ("local", "endpoint", "openai", "anthropic")
+
+
+class ThreadServer:
+    """uvicorn serving the app in a background thread, on a free loopback port."""
+
+    def __init__(self, app: Any) -> None:
+        import uvicorn
+
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "server did not start"
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def engine() -> Iterator[Any]:
+    from sgdsl.runtime import Engine
+
+    eng = Engine()  # the embedded SmolLM2-135M-Instruct
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="session")
+def server_url(engine: Any) -> Iterator[str]:
+    from sgdsl.runtime.server.app import create_app
+    from sgdsl.runtime.server.args import ServerArgs
+
+    server = ThreadServer(create_app(engine, ServerArgs()))
+    yield server.start()
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def model_name(engine: Any) -> str:
+    info = engine.model_info
+    return str(info.get("served_model_name") or info["model_path"])
+
+
+@pytest.fixture(scope="session")
+def backends(engine: Any, server_url: str, model_name: str) -> dict[str, Any]:
+    """Each backend kind, built once (clients are cheap; the engine is shared)."""
+    from sgdsl.backends import Anthropic, Local, OpenAI, RuntimeEndpoint
+
+    return {"local": Local(engine=engine), "endpoint": RuntimeEndpoint(server_url),
+            "openai": OpenAI(model_name, base_url=server_url + "/v1", api_key="unused"),
+            "anthropic": Anthropic(model_name, base_url=server_url, api_key="unused")}
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, backends: dict[str, Any]) -> Any:
+    return backends[request.param]
+
+
+@pytest.fixture(params=("local", "endpoint"))
+def runtime_backend(request: pytest.FixtureRequest, backends: dict[str, Any]) -> Any:
+    """The backends with prompt logprobs and the runtime's own chat template."""
+    return backends[request.param]

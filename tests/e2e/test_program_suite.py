@@ -1,0 +1,69 @@
+"""Every primitive on every backend (Local in-process; RuntimeEndpoint, OpenAI and Anthropic
+over loopback to the project's own server), all on one shared Engine with the embedded model."""
+from __future__ import annotations
+
+import pytest
+
+import sgdsl as sgl
+from e2e_programs import (CITIES, bad_top_p, capital_select, few_shot_qa, fork_tips,
+                          multi_turn, short_reply)
+
+
+def test_few_shot_qa(backend):
+    state = few_shot_qa.run(question="What is the capital of France?", backend=backend)
+    answer = state["answer"]
+    assert isinstance(answer, str) and answer.strip() and "\n" not in answer
+    meta = state.get_meta_info("answer")
+    assert meta["prompt_tokens"] > 0 and 0 < meta["completion_tokens"] <= 6
+
+
+def test_multi_turn_chat(backend):
+    state = multi_turn.run(q1="What is the capital of France?", q2="And of Germany?",
+                           backend=backend)
+    assert "Paris" in state["a1"]
+    roles = [m["role"] for m in state.messages()]
+    assert roles == ["system", "user", "assistant", "user", "assistant"]
+    assert state.messages()[-1]["content"] == state["a2"] and state["a2"].strip()
+
+
+def test_select(backend):
+    state = capital_select.run(backend=backend)
+    assert state["city"] in CITIES
+    if backend.capabilities.prompt_logprobs:  # scored by logprobs: the model clearly knows
+        assert state["city"] == "Paris"
+
+
+def test_fork_join(backend):
+    state = fork_tips.run(topic="sleep", backend=backend)
+    tips = [state["tip"]] if isinstance(state["tip"], str) else state["tip"]
+    assert state.text().endswith("Summary: " + tips[0] + " /" + tips[1]) if len(tips) == 2 else True
+    assert "Summary: " in state.text()
+
+
+def test_streaming(backend):
+    state = multi_turn.run(q1="Name a color.", q2="Name another.", stream=True, backend=backend)
+    pieces = list(state.text_iter("a1"))
+    assert "".join(pieces) == state["a1"] and state["a1"]
+
+
+def test_run_batch(backend):
+    questions = ["What is the capital of Italy?", "What color is grass?", "What is 3 plus 3?"]
+    states = few_shot_qa.run_batch([{"question": q} for q in questions], backend=backend)
+    assert len(states) == 3
+    for state in states:
+        assert state.error() is None and state["answer"].strip()
+
+
+def test_min_tokens(backend):
+    if isinstance(backend, sgl.Anthropic):  # the Messages API has no min_tokens: refused
+        with pytest.raises(sgl.UnsupportedError, match="min_tokens"):
+            short_reply.run(at_least=8, backend=backend)
+        return
+    state = short_reply.run(at_least=8, backend=backend)
+    assert state.get_meta_info("reply")["completion_tokens"] >= 8
+
+
+def test_errors_surface_as_backend_errors(backend):
+    with pytest.raises(sgl.BackendError) as info:
+        bad_top_p.run(backend=backend)
+    assert "top_p" in str(info.value) and getattr(info.value, "status", 400) == 400
