@@ -98,7 +98,7 @@ class _Renderer:
         # turn marker (SmolLM2's is "<|im_start|>"), so it cannot be stripped after rendering.
         return self.template.render(
             messages=[{"role": r, "content": c} for r, c in messages],
-            add_generation_prompt=gen, bos_token="", eos_token=self.eos)
+            add_generation_prompt=gen, bos_token="", eos_token=self.eos, tools=None, documents=None)
 
 
 def _raise(message: str) -> None:
