@@ -8,6 +8,7 @@ import triton
 from common import print_table
 from sgdsl.runtime.kernels.decode_attention import decode_attention_fwd, num_kv_splits_for
 from sgdsl.runtime.kernels.extend_attention import extend_attention_fwd
+from sgdsl.runtime.layers.attention.triton import MIN_TOKENS_PER_SPLIT, splits_cap
 
 H, KVH, D = 32, 8, 128
 
@@ -26,11 +27,12 @@ def bench_decode(bs: int, ctx: int) -> list:
     out = torch.empty_like(q)
     rows = torch.arange(bs, device="cuda")
     sl = torch.full((bs,), ctx, device="cuda")
-    splits = num_kv_splits_for(sl, 16, 256)
+    cap = splits_cap(bs, KVH, torch.cuda.get_device_properties(0).multi_processor_count)
+    splits = num_kv_splits_for(sl, cap, MIN_TOKENS_PER_SPLIT)
     mid_o = torch.empty(bs, H, 16, D, dtype=torch.float32, device="cuda")
     mid_lse = torch.empty(bs, H, 16, dtype=torch.float32, device="cuda")
     fn = lambda: decode_attention_fwd(q, k, v, out, r2t, rows, sl, splits, mid_o, mid_lse,  # noqa
-                                      D ** -0.5)
+                                      D ** -0.5, cap)
     ms = triton.testing.do_bench(fn, warmup=50, rep=200, return_mode="median")
     gb = 2 * bs * ctx * KVH * D * 2 / 1e9
     return [f"decode bs={bs} ctx={ctx}", ms * 1e3, gb / (ms / 1e3), "GB/s"]

@@ -2,7 +2,9 @@
 # One device call: install, GPU kernel + model tests, kernel microbench, workload A (runner level).
 set -o pipefail
 export PYTHONUNBUFFERED=1
-pip install -q --no-deps --no-build-isolation -e . > /dev/null 2>&1 || echo "pip -e failed"
+# The device copy of the tree is disposable: map the package folders the way setup.py does.
+for d in runtime backends templates; do [ -e sgdsl/$d ] || ln -s ../$d sgdsl/$d; done
+export PYTHONPATH=$PWD:$PWD/benchmarks/gpu
 python3 -c "import sgdsl.runtime, torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv
 timeout 240 python3 -m pytest tests/runtime/kernels -q -x 2>&1 | tee $OUT/pytest.log | tail -15

@@ -125,18 +125,20 @@ def decode_attention_fwd(
     q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, out: torch.Tensor,
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     num_kv_splits: torch.Tensor, mid_o: torch.Tensor, mid_lse: torch.Tensor,
-    sm_scale: float,
+    sm_scale: float, max_kv_splits: int | None = None,
 ) -> torch.Tensor:
     """out[b, h] = softmax(q[b, h] . K[seq b]) V[seq b] over the request's whole paged sequence.
 
     q/out: [bs, H, D]; k_buf/v_buf: [slots, KVH, D]; mid_o: [bs, H, S, D] fp32 and
-    mid_lse: [bs, H, S] fp32 scratch with S = max_kv_splits (a power of two)."""
+    mid_lse: [bs, H, S] fp32 scratch. ``max_kv_splits`` (a power of two <= S, default S) bounds
+    num_kv_splits and sets the launch grid, so small values cost no empty programs."""
     bs, num_heads, head_dim = q.shape
     kv_heads = k_buf.shape[1]
-    max_kv_splits = mid_lse.shape[2]
+    max_kv_splits = max_kv_splits or mid_lse.shape[2]
     _check(q, k_buf, v_buf, out, req_to_token, bs, max_kv_splits)
-    assert mid_o.shape == (bs, num_heads, max_kv_splits, head_dim) and mid_o.stride(3) == 1
-    assert mid_lse.shape == (bs, num_heads, max_kv_splits) and mid_lse.stride(2) == 1
+    assert max_kv_splits <= mid_lse.shape[2], "max_kv_splits exceeds the scratch"
+    assert mid_o.shape == (bs, num_heads, mid_lse.shape[2], head_dim) and mid_o.stride(3) == 1
+    assert mid_lse.shape[:2] == (bs, num_heads) and mid_lse.stride(2) == 1
     group = num_heads // kv_heads
     block_h = max(_MIN_BLOCK_H, triton.next_power_of_2(group))
     block_d = triton.next_power_of_2(head_dim)

@@ -12,8 +12,8 @@ import triton.language as tl
 
 
 @triton.jit
-def _rmsnorm_kernel(X, Residual, Out, W, stride_x, stride_r, stride_o, n_cols, eps,
-                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+def _rmsnorm_kernel(X, Residual, ResOut, Out, W, stride_x, stride_r, stride_ro, stride_o, n_cols,
+                    eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n_cols
@@ -21,7 +21,7 @@ def _rmsnorm_kernel(X, Residual, Out, W, stride_x, stride_r, stride_o, n_cols, e
     if HAS_RESIDUAL:
         r = tl.load(Residual + row * stride_r + offs, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
-        tl.store(Residual + row * stride_r + offs, x, mask=mask)
+        tl.store(ResOut + row * stride_ro + offs, x, mask=mask)
     xf = x.to(tl.float32)
     var = tl.sum(xf * xf, 0) / n_cols
     normed = (xf * (1.0 / tl.sqrt(var + eps))).to(X.dtype.element_ty)
@@ -31,19 +31,22 @@ def _rmsnorm_kernel(X, Residual, Out, W, stride_x, stride_r, stride_o, n_cols, e
 
 
 def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-            out: torch.Tensor) -> None:
+            out: torch.Tensor, res_out: torch.Tensor | None = None) -> None:
     assert x.dim() == 2 and x.stride(1) == 1, "x must be [rows, hidden] with contiguous rows"
     assert weight.shape == (x.shape[1],) and weight.is_contiguous()
     assert out.shape == x.shape and out.stride(1) == 1
     if residual is not None:
         assert residual.shape == x.shape and residual.stride(1) == 1
         assert residual.dtype == x.dtype
+        res_out = residual if res_out is None else res_out
+        assert res_out.shape == x.shape and res_out.stride(1) == 1
     if x.shape[0] == 0:
         return
     block = triton.next_power_of_2(x.shape[1])
     _rmsnorm_kernel[(x.shape[0],)](
-        x, residual if residual is not None else x, out, weight,
-        x.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
+        x, residual if residual is not None else x, res_out if residual is not None else x,
+        out, weight, x.stride(0), residual.stride(0) if residual is not None else 0,
+        res_out.stride(0) if residual is not None else 0, out.stride(0),
         x.shape[1], eps, HAS_RESIDUAL=residual is not None, BLOCK=block,
         num_warps=min(max(block // 256, 1), 16),
     )
@@ -58,8 +61,10 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 
 def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """residual <- x + residual (in place); returns (rmsnorm(residual), residual)."""
+                      eps: float, inplace: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """s = x + residual; returns (rmsnorm(s), s). ``inplace``: s is written into residual;
+    otherwise into a new tensor (residual is left as it was)."""
     out = torch.empty_like(x)
-    _launch(x, residual, weight, eps, out)
-    return out, residual
+    res_out = residual if inplace else torch.empty_like(residual)
+    _launch(x, residual, weight, eps, out, res_out)
+    return out, res_out

@@ -59,6 +59,45 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     return q, k
 
 
+@triton.jit
+def _rotary_gathered_kernel(X, Cos, Sin, Out, stride_xt, stride_xh, stride_ct, stride_st,
+                            stride_ot, stride_oh, n_heads, HALF: tl.constexpr,
+                            BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_HALF)
+    mask_d = offs_d < HALF
+    mask = (offs_h[:, None] < n_heads) & mask_d[None, :]
+    cos = tl.load(Cos + tok * stride_ct + offs_d, mask=mask_d, other=1.0).to(tl.float32)
+    sin = tl.load(Sin + tok * stride_st + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    px = X + tok * stride_xt + offs_h[:, None] * stride_xh + offs_d[None, :]
+    x1 = tl.load(px, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(px + HALF, mask=mask, other=0.0).to(tl.float32)
+    po = Out + tok * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
+    tl.store(po, (x1 * cos[None, :] - x2 * sin[None, :]).to(Out.dtype.element_ty), mask=mask)
+    tl.store(po + HALF, (x2 * cos[None, :] + x1 * sin[None, :]).to(Out.dtype.element_ty),
+             mask=mask)
+
+
+def rotary_apply_gathered(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Out-of-place rotate-half rotary of x [T, H, D] (rows may be strided) with per-token
+    cos/sin [T, 1, D] or [T, D] whose two halves are equal (the layout RotaryEmbedding.lookup
+    returns). Returns a new contiguous [T, H, D] tensor."""
+    assert x.dim() == 3 and x.stride(2) == 1
+    t, h, d = x.shape
+    cos2, sin2 = cos.reshape(t, -1), sin.reshape(t, -1)
+    assert cos2.shape == (t, d) and sin2.shape == (t, d) and d % 2 == 0
+    assert cos2.stride(1) == 1 and sin2.stride(1) == 1
+    out = torch.empty((t, h, d), dtype=x.dtype, device=x.device)
+    if t == 0:
+        return out
+    _rotary_gathered_kernel[(t,)](
+        x, cos2, sin2, out, x.stride(0), x.stride(1), cos2.stride(0), sin2.stride(0),
+        out.stride(0), out.stride(1), h, HALF=d // 2, BLOCK_H=triton.next_power_of_2(h),
+        BLOCK_HALF=triton.next_power_of_2(d // 2), num_warps=4)
+    return out
+
+
 def build_cos_sin_cache(rotary_dim: int, max_pos: int, base: float,
                         device: torch.device | str = "cpu",
                         inv_freq: torch.Tensor | None = None) -> torch.Tensor:

@@ -11,6 +11,8 @@ import math
 import torch
 from torch import nn
 
+from ..kernels.dispatch import use_triton
+
 from ..model.model_config import RopeScaling
 
 
@@ -62,6 +64,10 @@ class RotaryEmbedding(nn.Module):
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotate ``x [num_tokens, num_heads, head_dim]``; returns a new contiguous tensor."""
+        if use_triton(x):  # GPU path (issue 6): one kernel instead of five
+            from ..kernels.rotary import rotary_apply_gathered
+
+            return rotary_apply_gathered(x, cos, sin)
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin

@@ -19,15 +19,26 @@ from ...kernels.kv_store import store_kv
 from ...model.forward_batch import ForwardBatch
 from .base import AttentionBackend
 
-# NOTE: a power of two (stage 2 reduces over all of them); 16 splits of >= 256 tokens keep an
-# H100 busy for batch 1 at 4k context while adding little merge work for short sequences.
+# NOTE: powers of two (stage 2 reduces over all of them). Small batches split each sequence
+# into chunks of >= 64 tokens so that a batch-1 decode still spreads over the SMs; large
+# batches already fill the GPU with (request, kv head) programs and get fewer splits.
 MAX_KV_SPLITS = 16
-MIN_TOKENS_PER_SPLIT = 256
+MIN_TOKENS_PER_SPLIT = 64
+
+
+def splits_cap(bs: int, kv_heads: int, num_sms: int) -> int:
+    """Largest useful split count for a batch: about two programs per SM in total."""
+    want = -(-2 * num_sms // max(bs * kv_heads, 1))
+    cap = 1
+    while cap < want and cap < MAX_KV_SPLITS:
+        cap *= 2
+    return cap
 
 
 @dataclass
 class TritonDecodeMetadata:
     num_kv_splits: torch.Tensor  # [bs] int32
+    max_kv_splits: int  # launch width, a power of two <= MAX_KV_SPLITS
     mid_o: torch.Tensor  # [bs, H, S, D] fp32 scratch
     mid_lse: torch.Tensor  # [bs, H, S] fp32 scratch
 
@@ -44,6 +55,9 @@ class TritonAttnBackend(AttentionBackend):
         self.device = self.req_to_token.device
         cfg = runner.model_config
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.kv_heads = self.kv_pool.k_buffer[0].shape[1]
+        self.num_sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
+                        if self.device.type == "cuda" else 8)
         self._graph_bs = 0  # scratch rows that captured CUDA graphs point at
         self._mid_o, self._mid_lse = self._alloc_scratch(8)
 
@@ -74,8 +88,9 @@ class TritonAttnBackend(AttentionBackend):
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         if batch.mode.is_decode:
             mid_o, mid_lse = self._scratch(batch.batch_size)
+            cap = splits_cap(batch.batch_size, self.kv_heads, self.num_sms)
             batch.attn_metadata = TritonDecodeMetadata(
-                num_kv_splits_for(batch.seq_lens, MAX_KV_SPLITS, MIN_TOKENS_PER_SPLIT),
+                num_kv_splits_for(batch.seq_lens, cap, MIN_TOKENS_PER_SPLIT), cap,
                 mid_o, mid_lse)
         else:
             lengths = batch.extend_seq_lens_cpu or batch.extend_seq_lens.tolist()
@@ -91,7 +106,8 @@ class TritonAttnBackend(AttentionBackend):
         if isinstance(meta, TritonDecodeMetadata):
             return decode_attention_fwd(
                 q, k_buf, v_buf, out, self.req_to_token, batch.req_pool_indices,
-                batch.seq_lens, meta.num_kv_splits, meta.mid_o, meta.mid_lse, scaling)
+                batch.seq_lens, meta.num_kv_splits, meta.mid_o, meta.mid_lse, scaling,
+                meta.max_kv_splits)
         return extend_attention_fwd(
             q, k, v, out, k_buf, v_buf, self.req_to_token, batch.req_pool_indices,
             batch.extend_prefix_lens, batch.extend_seq_lens, batch.extend_start_loc,

@@ -10,7 +10,8 @@ from .conftest import rel_err, tol
 from .paged import ref_attention, scattered_pool
 
 
-def _run(seq_lens, heads, kv_heads, head_dim, max_splits, min_per_split, device, dtype, seed):
+def _run(seq_lens, heads, kv_heads, head_dim, max_splits, min_per_split, device, dtype, seed,
+         scratch_splits=None):
     gen = torch.Generator().manual_seed(seed)
     k_buf, v_buf, r2t, rows = scattered_pool(seq_lens, kv_heads, head_dim, dtype, device, gen)
     bs = len(seq_lens)
@@ -18,10 +19,12 @@ def _run(seq_lens, heads, kv_heads, head_dim, max_splits, min_per_split, device,
     out = torch.full_like(q, float("nan"))  # poison: every element must be written
     sl = torch.tensor(seq_lens, device=device)
     splits = num_kv_splits_for(sl, max_splits, min_per_split)
-    mid_o = torch.empty(bs, heads, max_splits, head_dim, dtype=torch.float32, device=device)
-    mid_lse = torch.empty(bs, heads, max_splits, dtype=torch.float32, device=device)
+    width = scratch_splits or max_splits
+    mid_o = torch.full((bs, heads, width, head_dim), float("nan"), device=device)
+    mid_lse = torch.full((bs, heads, width), float("nan"), device=device)
     scale = head_dim ** -0.5
-    decode_attention_fwd(q, k_buf, v_buf, out, r2t, rows, sl, splits, mid_o, mid_lse, scale)
+    decode_attention_fwd(q, k_buf, v_buf, out, r2t, rows, sl, splits, mid_o, mid_lse, scale,
+                         max_splits)
     for i, n in enumerate(seq_lens):
         slots = r2t[rows[i], :n]
         ref = ref_attention(q[i:i + 1], k_buf[slots], v_buf[slots], n - 1, scale)
@@ -45,6 +48,13 @@ def test_splits_beyond_length(device, dtype):
     # More splits than tokens: empty splits must contribute nothing (and not NaN).
     _run([2, 3], heads=4, kv_heads=1, head_dim=16, max_splits=8, min_per_split=1,
          device=device, dtype=dtype, seed=2)
+
+
+def test_launch_narrower_than_scratch(device, dtype):
+    # The backend caps splits per batch size below the scratch width (poisoned with NaN).
+    splits = _run([45, 9], heads=4, kv_heads=2, head_dim=16, max_splits=2, min_per_split=8,
+                  device=device, dtype=dtype, seed=4, scratch_splits=16)
+    assert splits.tolist() == [2, 2]
 
 
 def test_launcher_rejects_bad_shapes(device):

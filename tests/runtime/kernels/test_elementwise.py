@@ -71,3 +71,28 @@ def test_store_kv_scattered(device, dtype):
     untouched = torch.ones(16, dtype=torch.bool)
     untouched[loc.cpu()] = False
     assert not k_buf[untouched.to(device)].any() and not v_buf[untouched.to(device)].any()
+
+
+def test_fused_add_rmsnorm_out_of_place(device, dtype):
+    gen = torch.Generator().manual_seed(4)
+    x, r = (_rand(4, 64, gen=gen, dtype=dtype, device=device) for _ in range(2))
+    w = _rand(64, gen=gen, dtype=dtype, device=device)
+    r0 = r.clone()
+    out, res = fused_add_rmsnorm(x, r, w, 1e-6, inplace=False)
+    assert torch.equal(r, r0) and res.data_ptr() != r.data_ptr()
+    assert rel_err(res, x.double() + r0.double()) < tol(dtype)
+    assert rel_err(out, _ref_rmsnorm(x.double() + r0.double(), w, 1e-6)) < tol(dtype)
+
+
+def test_rotary_gathered_strided_rows(device, dtype):
+    from sgdsl.runtime.kernels.rotary import rotary_apply_gathered
+
+    gen = torch.Generator().manual_seed(5)
+    packed = _rand(5, 7 * 32 + 10, gen=gen, dtype=dtype, device=device)  # qk + extra columns
+    x = packed[:, : 7 * 32].view(5, 7, 32)  # strided rows, like a slice of the qkv output
+    ang = torch.rand(5, 16, generator=gen).to(device)
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None, :].to(dtype)
+    sin = torch.cat([ang.sin(), ang.sin()], -1)[:, None, :].to(dtype)
+    out = rotary_apply_gathered(x, cos, sin)
+    ref = _ref_rotate(x, cos[..., :16].double(), sin[..., :16].double())
+    assert out.is_contiguous() and rel_err(out, ref) < tol(dtype)

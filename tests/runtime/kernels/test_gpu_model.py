@@ -20,7 +20,7 @@ def tiny_dir(tmp_path_factory):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=3,
+    cfg = LlamaConfig(hidden_size=384, intermediate_size=688, num_hidden_layers=3,
                       num_attention_heads=6, num_key_value_heads=2, head_dim=64,
                       vocab_size=1000, max_position_embeddings=1024, tie_word_embeddings=False,
                       eos_token_id=None, bos_token_id=None, pad_token_id=None)
