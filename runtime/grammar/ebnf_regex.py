@@ -118,6 +118,9 @@ class _Parser:
         return node
 
     def char(self) -> str:
+        if self.pos + 1 > len(self.text) or (self.text[self.pos] == "\\"
+                                             and self.pos + 2 > len(self.text)):
+            self.fail("unterminated string literal or character class")
         c = self.text[self.pos]
         self.pos += 1
         if c != "\\":
