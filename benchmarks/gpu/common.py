@@ -46,3 +46,34 @@ def print_table(title: str, header: list[str], rows: list[list]) -> None:
         print("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
         if i == 0:
             print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+
+
+def random_prompts(n: int, lengths: list[int] | int, seed: int, vocab: int = 32000) -> list[list[int]]:
+    """Seeded random token ids (below the stand-in tokenizer's vocab, so they detokenize)."""
+    gen = torch.Generator().manual_seed(seed)
+    lens = [lengths] * n if isinstance(lengths, int) else lengths
+    return [torch.randint(10, vocab, (k,), generator=gen).tolist() for k in lens]
+
+
+def run_engine(model: str, prompts: list[list[int]], out_lens: list[int] | int,
+               **engine_kw) -> dict:
+    """Submit every prompt at once (greedy, ignore_eos, fixed output lengths) through the
+    Engine; returns wall time, token counts and the engine's stats after the run."""
+    from sgdsl.runtime import Engine
+
+    outs = [out_lens] * len(prompts) if isinstance(out_lens, int) else out_lens
+    params = [{"max_new_tokens": o, "ignore_eos": True, "temperature": 0.0} for o in outs]
+    with Engine(model=model_dir(model), load_format="dummy", **engine_kw) as engine:
+        engine.generate(input_ids=prompts[:4], sampling_params=params[:4])  # warm-up
+        engine.flush_cache()
+        before = engine.stats()
+        t0 = time.perf_counter()
+        res = engine.generate(input_ids=prompts, sampling_params=params)
+        wall = time.perf_counter() - t0
+        stats = engine.stats()
+    gen_tokens = sum(len(r["output_ids"]) for r in res)
+    assert gen_tokens == sum(outs), "ignore_eos run produced the wrong number of tokens"
+    hit = stats["cache_hit_tokens"] - before["cache_hit_tokens"]
+    query = stats["cache_query_tokens"] - before["cache_query_tokens"]
+    return {"wall_s": wall, "in_tokens": sum(map(len, prompts)), "out_tokens": gen_tokens,
+            "hit_rate": hit / query if query else 0.0}

@@ -1,0 +1,9 @@
+# Sourced at the start of every device call: map packages like setup.py, install carried wheels.
+export PYTHONUNBUFFERED=1
+for d in runtime backends templates; do [ -e sgdsl/$d ] || ln -s ../$d sgdsl/$d; done
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD:$PWD/benchmarks/gpu:$PYTHONPATH
+export COMMIT=$(git rev-parse --short HEAD 2>/dev/null)
