@@ -58,16 +58,18 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin_cache", sin.to(device) if device else sin, persistent=False)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin for ``positions`` as ``[num_tokens, 1, head_dim]`` (broadcast over heads)."""
-        return self.cos_cache[positions].unsqueeze(1), self.sin_cache[positions].unsqueeze(1)
+        """cos and signed sin for ``positions`` as ``[num_tokens, 1, head_dim]`` (broadcast over
+        heads): the first half of sin is negated so ``apply`` needs no negation per layer."""
+        cos = self.cos_cache.index_select(0, positions).unsqueeze(1)
+        sin = self.sin_cache.index_select(0, positions)
+        half = self.head_dim // 2
+        return cos, torch.cat((-sin[:, :half], sin[:, half:]), dim=-1).unsqueeze(1)
 
     @staticmethod
-    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotate ``x [num_tokens, num_heads, head_dim]``; returns a new contiguous tensor."""
-        if use_triton(x):  # GPU path (issue 6): one kernel instead of five
-            from ..kernels.rotary import rotary_apply_gathered
-
-            return rotary_apply_gathered(x, cos, sin)
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+    def apply(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x [num_tokens, num_heads, head_dim]`` (neox layout: ``x*cos + rotate_half(x)*sin``
+        with ``rotate_half(x) = [-x2, x1]``); returns a new contiguous tensor."""
+        n, heads, dim = x.shape
+        # [x1, x2] -> [x2, x1] by flipping the halves axis; the sign lives in signed_sin.
+        swapped = x.reshape(n, heads, 2, dim // 2).flip(2).view(n, heads, dim)
+        return torch.addcmul(x * cos, swapped, signed_sin)

@@ -58,7 +58,7 @@ class TorchNativeAttnBackend(AttentionBackend):
     def _decode_metadata(self, batch: ForwardBatch) -> DecodeMetadata:
         seq_lens = batch.seq_lens_cpu or batch.seq_lens.tolist()
         max_len = max(seq_lens)
-        rows = self.req_to_token[batch.req_pool_indices, :max_len]
+        rows = self.req_to_token[:, :max_len].index_select(0, batch.req_pool_indices)
         if min(seq_lens) == max_len:
             return DecodeMetadata(rows, None)
         valid = torch.arange(max_len, device=self.device)[None, :] < batch.seq_lens[:, None]

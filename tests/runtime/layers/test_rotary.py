@@ -40,8 +40,9 @@ def test_apply_matches_hf():
     cos, sin = rope.lookup(positions)
     ours = RotaryEmbedding.apply(torch.cat((q, k), dim=1), cos, sin)
     # HF layout: [batch, heads, seq, dim] with cos/sin [batch, seq, dim]
+    hf_cos, hf_sin = rope.cos_cache[positions], rope.sin_cache[positions]
     hf_q, hf_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                      cos[:, 0][None], sin[:, 0][None])
+                                      hf_cos[None], hf_sin[None])
     torch.testing.assert_close(ours[:, :3], hf_q[0].transpose(0, 1))
     torch.testing.assert_close(ours[:, 3:], hf_k[0].transpose(0, 1))
     assert torch.equal(ours[0], torch.cat((q, k), dim=1)[0])  # position 0: identity
