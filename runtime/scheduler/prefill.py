@@ -10,6 +10,10 @@ from __future__ import annotations
 from .memory import KVMemory
 from .req import Req, ReqState
 
+# NOTE: requests whose uncached tokens start with the same IN_BATCH_CHECK tokens as a request
+# already in this batch wait one round: the first one's KV is then cached and shared, instead of
+# the same prefix being computed many times in one batch (few-shot prompts arriving together).
+IN_BATCH_CHECK = 32
 # NOTE: the decode reservation counts at most this many future tokens per request, so one
 # request with a huge max_new_tokens does not block admission forever.
 RESERVE_CAP = 4096
@@ -26,6 +30,7 @@ class PrefillAdder:
         self.rem_total = memory.available() - reserve
         self.reqs: list[Req] = []
         self.chunked: Req | None = None
+        self._signatures: set[tuple] = set()
 
     def _future_tokens(self, req: Req) -> int:
         return int(min(req.remaining_tokens, RESERVE_CAP) * self.ratio)
@@ -43,12 +48,18 @@ class PrefillAdder:
         return True
 
     def add(self, req: Req) -> bool:
-        """Try to admit a waiting request; False means stop adding (budget or memory)."""
+        """Try to admit a waiting request; False means stop adding (budget or memory). A request
+        deferred for in-batch prefix sharing is skipped (True: keep trying others)."""
         if self.full:
             return False
         indices, node = self.memory.match(req)
         prefix = int(indices.numel())
         extend = req.seq_len - prefix
+        if extend > IN_BATCH_CHECK and not self.memory.tree.disable:
+            sig = (prefix, tuple(req.all_ids[prefix: prefix + IN_BATCH_CHECK]))
+            if sig in self._signatures:
+                return True
+            self._signatures.add(sig)
         n = min(extend, self.budget)
         # A request that must be chunked can start only if nothing else is chunked.
         need = n + (self._future_tokens(req) if n == extend else 0)

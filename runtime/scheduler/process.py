@@ -50,7 +50,8 @@ def _build(config: EngineConfig, chan: SyncChannel) -> tuple[Any, m.Ready]:
     runner = ModelRunner(config)
     eos = _eos_ids(runner)
     decode = _load_decoder(config, runner.model_dir)
-    scheduler = Scheduler(runner, config, eos, decode, chan.send)
+    grammar = _grammar_manager(config, runner, eos)  # grammar: None when constraints are off
+    scheduler = Scheduler(runner, config, eos, decode, chan.send, grammar=grammar)
     ready = m.Ready(model_dir=str(runner.model_dir), context_len=int(runner.context_len),
                     vocab_size=int(runner.model_config.vocab_size),
                     kv_total_slots=int(runner.token_kv_pool.size),
@@ -73,6 +74,17 @@ def _load_decoder(config: EngineConfig, model_dir: Any):
 
     tok = load_tokenizer(config, model_dir)
     return lambda ids: tok.decode(ids, skip_special_tokens=False)
+
+
+def _grammar_manager(config: EngineConfig, runner: Any, eos: list[int]) -> Any:
+    """Grammar-constrained decoding (runtime/grammar) for this model's tokenizer."""
+    if config.grammar_backend == "none":
+        return None
+    from ..grammar.manager import create_grammar_manager
+    from ..tokenizer.loader import load_tokenizer
+
+    tok = load_tokenizer(config, runner.model_dir)
+    return create_grammar_manager(config, tok, int(runner.model_config.vocab_size), eos)
 
 
 def _loop(scheduler: Any, chan: SyncChannel, parent_pid: int) -> None:

@@ -51,6 +51,11 @@ class Req:
         self.admitted_once = False
         self.counted = False  # first admission already counted in the statistics
         self.num_retractions = 0
+        # grammar: matcher (runtime/grammar) once compiled; the pending compile before that;
+        # ``jumped`` marks a jump-forward this step (the request goes back to the queue).
+        self.grammar: Any = None
+        self.grammar_pending: Any = None
+        self.jumped = False
         # Logprob accumulators; "sent" counters mark what already went to the main process.
         self.input_token_logprobs: list | None = None
         self.input_top_logprobs: list | None = None

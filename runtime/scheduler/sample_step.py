@@ -26,8 +26,10 @@ class BatchSampler:
             [r.sampling_params for r in reqs], vocab_size, self.sampler.device, self.eos,
             prompt_ids=[r.origin_input_ids for r in reqs], output_ids=[r.output_ids for r in reqs])
 
-    def sample(self, logits: torch.Tensor, info: SamplingBatchInfo) -> list[int]:
-        ids = self.sampler.sample(logits, info)
+    def sample(self, logits: torch.Tensor, info: SamplingBatchInfo,
+               vocab_mask: torch.Tensor | None = None) -> list[int]:
+        """``vocab_mask``: the grammar's packed int32 bitmask, rows aligned with the batch."""
+        ids = self.sampler.sample(logits, info, vocab_mask)
         info.update(ids)
         return ids.tolist()
 

@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..cache.radix import RadixCache
+from ..errors import InvalidRequestError
 from ..ipc import messages as m
 from .batch import ExtendLayout, build_decode, build_extend
 from .finish import FinishChecker
@@ -33,7 +34,8 @@ NEW_TOKEN_RATIO_DECAY = 0.001
 class Scheduler:
     def __init__(self, runner: Any, config: Any, eos_token_ids: Sequence[int],
                  decode: Callable[[list[int]], str] | None,
-                 send: Callable[[Any], None], init_new_token_ratio: float = INIT_NEW_TOKEN_RATIO) -> None:
+                 send: Callable[[Any], None], init_new_token_ratio: float = INIT_NEW_TOKEN_RATIO,
+                 grammar: Any = None) -> None:
         self.runner = runner
         self.device = runner.token_kv_pool.device
         self.tree = RadixCache(runner.token_kv_pool, disable=config.disable_radix_cache)
@@ -50,6 +52,7 @@ class Scheduler:
         self.chunked: Req | None = None
         self.sampler = BatchSampler(eos_token_ids, config.seed, self.device)
         self.running_info: Any = None  # SamplingBatchInfo, rows aligned with self.running
+        self.grammar = grammar  # grammar: runtime.grammar.GrammarManager or None (constraints off)
         self._arrivals = 0
         self.counters = dict(requests_total=0, prompt_tokens_total=0, generated_tokens_total=0,
                              cache_hit_tokens=0, cache_query_tokens=0, retractions_total=0,
@@ -59,9 +62,11 @@ class Scheduler:
     def handle(self, msg: Any) -> None:
         if isinstance(msg, m.TokenizedGenerateReq):
             self._arrivals += 1
-            self.waiting.append(Req(msg.rid, msg.input_ids, msg.sampling_params, msg.return_logprob,
-                                    msg.logprob_start_len, msg.top_logprobs_num, self._arrivals))
+            req = Req(msg.rid, msg.input_ids, msg.sampling_params, msg.return_logprob,
+                      msg.logprob_start_len, msg.top_logprobs_num, self._arrivals)
             self.counters["requests_total"] += 1
+            if not self._admit_grammar(req):  # grammar: compiling requests wait aside
+                self.waiting.append(req)
         elif isinstance(msg, m.AbortReq):
             self.abort(msg.rid, msg.message)
         elif isinstance(msg, m.FlushCacheReq):
@@ -85,7 +90,8 @@ class Scheduler:
 
     @property
     def is_idle(self) -> bool:
-        return not self.waiting and not self.running and self.chunked is None
+        return (not self.waiting and not self.running and self.chunked is None
+                and not (self.grammar and self.grammar.pending))
 
     def stats(self) -> dict:
         c = self.counters
@@ -102,6 +108,8 @@ class Scheduler:
         req = next((r for r in self.waiting if r.rid == rid), None)
         if req is not None:
             self.waiting.remove(req)
+        elif self.grammar and (req := self.grammar.remove(rid)) is not None:
+            pass  # grammar: aborted while its grammar compiled
         elif self.chunked is not None and self.chunked.rid == rid:
             req, self.chunked = self.chunked, None
         else:
@@ -117,11 +125,15 @@ class Scheduler:
     # -- the step -----------------------------------------------------------------------------
     def step(self) -> bool:
         """Run one forward if there is work; False when idle."""
+        self._poll_grammars()
         reqs = self._schedule_prefill()
         if reqs:
             self._run_extend(reqs)
         elif self.running:
             self._run_decode()
+        elif self.grammar and self.grammar.pending:
+            self.grammar.wait_pending(0.005)  # grammar: only compiles in flight; do not spin
+            return True
         else:
             return False
         self.counters["forward_steps"] += 1
@@ -150,6 +162,9 @@ class Scheduler:
 
     def _run_extend(self, reqs: list[Req]) -> None:
         batch, layout = build_extend(reqs, self.device)
+        sampling = [r for r in reqs if r.kv_len + r.extend_len >= r.seq_len
+                    and not r.is_prefill_only]
+        mask = self.grammar.fill_bitmask(sampling) if self.grammar else None  # grammar
         logits = self.runner.forward(batch)
         for req in reqs:
             req.kv_len += req.extend_len
@@ -157,17 +172,19 @@ class Scheduler:
         self._prompt_logprobs(reqs, layout, logits)
         sample_idx = []
         for i, req in enumerate(reqs):
-            if req.kv_len < req.seq_len:
-                self.memory.cache_chunk(req)  # more chunks to come
-            elif req.is_prefill_only:
+            if req.is_prefill_only and req.kv_len == req.seq_len:
                 req.finish_reason = {"type": "length", "length": 0}
-            else:
+                continue
+            # NOTE: cache what was computed right away (not only at the end), so a chunk is
+            # protected from eviction and waiting requests sharing this prompt reuse it.
+            self.memory.cache_chunk(req)
+            if req.kv_len == req.seq_len:
                 sample_idx.append(i)
         done = [reqs[i] for i in sample_idx]
         if done:
             rows = torch.tensor([layout.last_row(i) for i in sample_idx], device=logits.device)
             info = self.sampler.new_info(done, logits.shape[-1])
-            self._append_tokens(done, logits.index_select(0, rows), info)
+            self._append_tokens(done, logits.index_select(0, rows), info, mask)
             self._join_running(done, info)
         self._finish_and_send(reqs)
 
@@ -176,12 +193,14 @@ class Scheduler:
         reqs = self.running
         slots = self.memory.reserve_decode(reqs)
         assert slots is not None, "decode KV reservation failed after retraction"
+        mask = self.grammar.fill_bitmask(reqs) if self.grammar else None  # grammar
         logits = self.runner.forward(build_decode(reqs, slots, self.device))
         for req in reqs:
             req.kv_len += 1
             req.extend_len, req.extend_slots = 0, req.extend_slots[:0]
-        self._append_tokens(reqs, logits, self.running_info)
-        self._set_running([r for r in reqs if not r.finished])
+        self._append_tokens(reqs, logits, self.running_info, mask)
+        self._set_running([r for r in reqs if not r.finished and not r.jumped])
+        self._requeue_jumped(reqs)
         self.ratio = max(self.ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
         self._finish_and_send(reqs)
 
@@ -214,7 +233,8 @@ class Scheduler:
             self.running_info = None
 
     def _join_running(self, reqs: list[Req], info: Any) -> None:
-        keep = [i for i, r in enumerate(reqs) if not r.finished]
+        keep = [i for i, r in enumerate(reqs) if not r.finished and not r.jumped]
+        self._requeue_jumped(reqs)  # grammar
         if not keep:
             return
         if len(keep) != len(reqs):
@@ -228,8 +248,10 @@ class Scheduler:
             self.running_info.merge(info)
 
     # -- sampling, logprobs, outputs ----------------------------------------------------------------
-    def _append_tokens(self, reqs: list[Req], logits: torch.Tensor, info: Any) -> None:
-        next_ids = self.sampler.sample(logits, info)
+    def _append_tokens(self, reqs: list[Req], logits: torch.Tensor, info: Any,
+                       mask: Any = None) -> None:
+        vocab_mask = mask.result() if mask is not None else None  # grammar: filled during forward
+        next_ids = self.sampler.sample(logits, info, vocab_mask)
         lp_idx = [i for i, r in enumerate(reqs) if r.return_logprob]
         if lp_idx:
             rows = torch.tensor(lp_idx, device=logits.device)
@@ -243,6 +265,52 @@ class Scheduler:
         for req, token in zip(reqs, next_ids):
             req.output_ids.append(token)
             req.finish_reason = self.checker.check(req)
+        if vocab_mask is not None:  # grammar: advance matchers, finish, jump forward
+            for req in self.grammar.after_sample(reqs, self.checker):
+                req.jumped = True
+
+    # -- grammar (runtime/grammar/manager.py does the work) -------------------------------------
+    def _admit_grammar(self, req: Req) -> bool:
+        """True if ``req`` waits for its grammar; a bad grammar finishes it with an error."""
+        if req.sampling_params.constraint is None:
+            return False
+        if self.grammar is None:  # never run a constrained request unconstrained
+            self._fail_invalid(req, InvalidRequestError(
+                "constraints are disabled on this engine (grammar_backend='none')",
+                field=req.sampling_params.constraint[0]))
+            return True
+        try:
+            return self.grammar.admit(req)
+        except InvalidRequestError as e:
+            self._fail_invalid(req, e)
+            return True
+
+    def _poll_grammars(self) -> None:
+        if not (self.grammar and self.grammar.pending):
+            return
+        ready, failed = self.grammar.poll()
+        self.waiting.extend(ready)
+        for req, err in failed:
+            self._fail_invalid(req, err)
+
+    def _fail_invalid(self, req: Req, err: InvalidRequestError) -> None:
+        """Finish before any KV was allocated; the main process raises it as a 400."""
+        req.finish_reason = {"type": "abort", "message": err.message, "status": err.status,
+                             "field": err.field}
+        req.state = ReqState.FINISHED
+        self.send(m.BatchTokenOut([self._make_out(req)]))
+
+    def _requeue_jumped(self, reqs: list[Req]) -> None:
+        """Jump-forward appended tokens without KV: back to the queue for an extend (the
+        prefix with KV goes to the radix cache, as on retraction)."""
+        for req in reqs:
+            if req.jumped:
+                req.jumped = False
+                if req.finished:
+                    continue
+                self.memory.release(req)
+                req.state = ReqState.WAITING
+                self.waiting.append(req)
 
     def _prompt_logprobs(self, reqs: list[Req], layout: ExtendLayout, logits: torch.Tensor) -> None:
         for i, req in enumerate(reqs):

@@ -169,3 +169,17 @@ def test_finish_checker_stop_strings():
         results.append(checker.check(req))
     assert results[:3] == [None, None, None]
     assert results[3] == {"type": "stop", "matched": "cde"}
+
+
+def test_in_batch_shared_prefix_is_computed_once(make_harness):
+    h = make_harness()
+    shared = [(i * 3) % 40 + 1 for i in range(64)]
+    prompts = {f"q{i}": shared + [i + 1, i + 2] for i in range(4)}
+    for rid, p in prompts.items():
+        h.submit(rid, p, max_new_tokens=2, ignore_eos=True)
+    h.run()
+    for rid, p in prompts.items():
+        assert h.outs[rid] == expected(p, 2)
+    prefills = [b for b in h.runner.forwards if not b.mode.is_decode]
+    assert prefills[0].extend_seq_lens_cpu == [66]  # the others waited for the shared prefix
+    assert sorted(prefills[1].extend_prefix_lens_cpu) == [64, 64, 64]
