@@ -63,6 +63,7 @@ def run_engine(model: str, prompts: list[list[int]], out_lens: list[int] | int,
 
     outs = [out_lens] * len(prompts) if isinstance(out_lens, int) else out_lens
     params = [{"max_new_tokens": o, "ignore_eos": True, "temperature": 0.0} for o in outs]
+    engine_kw.setdefault("grammar_backend", "none")  # the GPU machine has no xgrammar
     with Engine(model=model_dir(model), load_format="dummy", **engine_kw) as engine:
         engine.generate(input_ids=prompts[:4], sampling_params=params[:4])  # warm-up
         engine.flush_cache()
