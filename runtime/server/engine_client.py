@@ -93,6 +93,7 @@ class EngineClient:
     def __init__(self, engine: Any, metrics: ServerMetrics) -> None:
         self.engine = engine
         self.metrics = metrics
+        self.live: set[str] = set()  # rids submitted and not yet finished (for abort_all)
 
     def abort(self, rids: Sequence[str]) -> None:
         for rid in rids:
@@ -133,11 +134,14 @@ class EngineClient:
 
     async def _call(self, batch: GenBatch, item: GenItem) -> dict[str, Any]:
         start = time.perf_counter()
+        self.live.add(item.rid)
         try:
             out = await _resolve(self.engine.async_generate(**batch.engine_kwargs(item, False)))
         except asyncio.CancelledError:
             self.abort([item.rid])
             raise
+        finally:
+            self.live.discard(item.rid)
         self.metrics.observe_output(out.get("meta_info", {}), time.perf_counter() - start)
         return out
 
@@ -174,6 +178,14 @@ class EngineClient:
             self.abort([it.rid for i, it in enumerate(batch.items) if i not in finished])
 
     async def _item_stream(self, batch: GenBatch, item: GenItem) -> AsyncIterator[dict[str, Any]]:
+        self.live.add(item.rid)
+        try:
+            async for chunk in self._observed(batch, item):
+                yield chunk
+        finally:
+            self.live.discard(item.rid)
+
+    async def _observed(self, batch: GenBatch, item: GenItem) -> AsyncIterator[dict[str, Any]]:
         start = last = time.perf_counter()
         seen = 0
         chunks = await _resolve(self.engine.async_generate(**batch.engine_kwargs(item, True)))

@@ -169,9 +169,10 @@ async def flush_cache(request: Request) -> Response:
 async def abort_request(req: AbortRequest, request: Request) -> Response:
     c = ctx(request)
     if req.abort_all:
-        raise APIError(400, "abort_all is not supported; abort by rid", param="abort_all")
+        c.client.abort(sorted(c.client.live))
+        return PlainTextResponse("OK")
     if not req.rid:
-        raise APIError(400, "rid is required", param="rid")
+        raise APIError(400, "rid (or abort_all) is required", param="rid")
     await asyncio.to_thread(c.engine.abort, req.rid)
     return PlainTextResponse("OK")
 

@@ -107,3 +107,21 @@ def test_metrics_count_requests_and_tokens(fake_server: Served) -> None:
     count = [l for l in text.splitlines() if l.startswith("sgdsl_generation_tokens_total")]
     assert count and float(count[0].split()[-1]) >= 3
     assert "sgdsl_engine_num_running_reqs" in text
+
+
+def test_abort_all(fake_server: Served) -> None:
+    engine = fake_server.engine
+
+    async def run() -> list[dict]:
+        async with httpx.AsyncClient(base_url=fake_server.url, timeout=30,
+                                     headers={"x-api-key": API_KEY}) as client:
+            gens = [asyncio.ensure_future(client.post("/generate", json={
+                "text": "xyz", "sampling_params": {"max_new_tokens": 500}})) for _ in range(3)]
+            while len(engine.running) < 3:
+                await asyncio.sleep(0.01)
+            resp = await client.post("/abort_request", json={"abort_all": True})
+            assert resp.status_code == 200
+            return [(await g).json() for g in gens]
+
+    outs = asyncio.run(run())
+    assert [o["meta_info"]["finish_reason"]["type"] for o in outs] == ["abort"] * 3
