@@ -17,10 +17,10 @@ def run_hf(prompts: list[list[int]], out_len: int) -> dict:
 
     cfg = AutoConfig.from_pretrained(model_dir("llama-3.1-8b"))
     with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16,
-                                                 attn_implementation="sdpa_paged").eval()
+        # generate_batch switches the model to its paged attention itself
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
     gcfg = GenerationConfig(max_new_tokens=out_len, do_sample=False, eos_token_id=None,
-                            pad_token_id=0, use_cuda_graph=False)
+                            pad_token_id=0)
     model.generate_batch(prompts[:4], generation_config=gcfg)  # warm-up
     torch.cuda.synchronize()
     t0 = time.perf_counter()
