@@ -32,6 +32,7 @@ class EngineConfig:
     attention_backend: Literal["auto", "torch_native", "triton"] = "auto"
     grammar_backend: Literal["xgrammar", "outlines", "none"] = "xgrammar"
     grammar_compile_timeout_s: float = 10.0
+    disable_jump_forward: bool = False  # grammar: sample forced text instead of appending it
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 160
     disable_overlap_schedule: bool = False

@@ -51,6 +51,10 @@ class PendingGrammar:
         """True once ``result()`` will not block: compiled, failed, or past the deadline."""
         return self.compiler._future(self.key).done() or time.monotonic() >= self.deadline
 
+    def future(self) -> Future:
+        """The compile's future (shared by every request with the same key)."""
+        return self.compiler._future(self.key)
+
     def result(self, wait: bool = False) -> Grammar:
         """A fresh matcher; raises ``InvalidRequestError`` on failure or a missed deadline."""
         fut = self.compiler._future(self.key)

@@ -2,8 +2,8 @@
 it into the API's output dicts (text, output_ids, meta_info with logprobs).
 
 Text is produced off the scheduler's loop: once at the end for plain requests, incrementally
-for streams. A streamed delta never ends inside a UTF-8 character (the decoder's U+FFFD marker
-is held back) nor with any part of a possible stop string (held back until it is ruled out).
+for streams (IncrementalDetokenizer: no partial UTF-8 character; StopStringTrimmer: no part of
+a possible stop string until it is ruled out).
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from typing import Any
 
 from ..ipc.messages import ReqOut
 from ..sampling_params import SamplingParams
+from .detokenizer import IncrementalDetokenizer
+from .stop import StopStringTrimmer
 
 
 @dataclass
@@ -34,7 +36,9 @@ class ReqState:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     updated: asyncio.Event = field(default_factory=asyncio.Event)
     error: BaseException | None = None
-    sent_text_len: int = 0
+    _detok: Any = None  # streams only: IncrementalDetokenizer + StopStringTrimmer
+    _trimmer: Any = None
+    _fed: int = 0
 
     def apply(self, out: ReqOut) -> None:
         self.output_ids.extend(out.new_ids)
@@ -47,6 +51,11 @@ class ReqState:
             self.output_top_logprobs.extend(out.output_top_logprobs or [])
         if out.finish_reason is not None:
             self.finish_reason = out.finish_reason
+            if out.finish_reason.get("status") == 400:  # grammar: failed to compile at admission
+                from ..errors import InvalidRequestError
+
+                self.error = InvalidRequestError(out.finish_reason["message"],
+                                                 field=out.finish_reason.get("field"))
             self.done.set()
         self.updated.set()
 
@@ -75,22 +84,6 @@ class ReqState:
                 text = text[:pos]
         return text
 
-    def stream_text(self) -> str:
-        """Text safe to show now: complete characters, no possible start of a stop string."""
-        if self.finish_reason is not None:
-            return self.final_text()
-        text = self._decode(self.output_ids)
-        end = len(text)
-        while end and text[end - 1] == "\ufffd":
-            end -= 1
-        hold = 0
-        for stop in self.params.stop:
-            for k in range(min(len(stop) - 1, end), 0, -1):
-                if text[end - k:end] == stop[:k]:
-                    hold = max(hold, k)
-                    break
-        return text[: max(end - hold, self.sent_text_len)]
-
     # -- output dicts ---------------------------------------------------------------------------------
     def to_dict(self, text: str) -> dict:
         meta: dict[str, Any] = {
@@ -115,8 +108,26 @@ class ReqState:
         return [self._entry(e) for e in tops]
 
     def stream_chunk(self) -> dict:
-        text = self.stream_text()
+        """The cumulative dict so far plus ``delta``: new text that is complete UTF-8 and holds
+        no part of a (possible) stop string. The last chunk's text equals ``final_text()``."""
+        if self._detok is None:
+            p = self.params
+            self._detok = IncrementalDetokenizer(self.tokenizer, p.skip_special_tokens,
+                                                 p.spaces_between_special_tokens)
+            self._trimmer = StopStringTrimmer(p.stop, p.no_stop_trim)
+        ids = self.output_ids[self._fed:]
+        matched = (self.finish_reason or {}).get("matched")
+        if (isinstance(matched, int) and not self.params.no_stop_trim and ids
+                and ids[-1] == matched):
+            ids = ids[:-1]  # a matched stop token's text is trimmed
+        self._fed = len(self.output_ids)
+        delta = self._trimmer.push(self._detok.add(ids))
+        if self.finish_reason is not None:
+            tail = self._detok.flush()
+            delta += self._trimmer.finish(matched if isinstance(matched, str) else None, tail)
+            text = self.final_text()
+        else:
+            text = self._trimmer.emitted
         chunk = self.to_dict(text)
-        chunk["delta"] = text[self.sent_text_len:]
-        self.sent_text_len = len(text)
+        chunk["delta"] = delta
         return chunk

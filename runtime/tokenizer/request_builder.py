@@ -88,10 +88,11 @@ class RequestBuilder:
     def _params(self, value: Any) -> SamplingParams:
         sp = value if isinstance(value, SamplingParams) else SamplingParams.from_dict(value)
         sp.validate(self.ready.vocab_size)
-        if sp.constraint is not None:
-            kind = sp.constraint[0]
-            raise InvalidRequestError(f"{kind} constraints are not supported by this engine build "
-                                      "(no grammar backend wired in)", field=kind)
+        if sp.constraint is not None:  # grammar: cheap checks now; compile errors come back
+            from ..grammar.base import GrammarKey  # from the scheduler as the same 400 error
+            from ..grammar.limits import GrammarLimits
+
+            GrammarLimits().check(GrammarKey.from_constraint(*sp.constraint))
         return sp
 
     def _spec(self, ids: list[int], sp: SamplingParams, lp: bool, start: Any, top: Any,

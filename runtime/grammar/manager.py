@@ -1,0 +1,171 @@
+"""GrammarManager: the scheduler's one handle on constrained decoding.
+
+The scheduler calls, in order: ``admit`` when a request arrives (compilation starts in the
+compiler's threads; the request waits in ``pending``, the "grammar pending" state, without
+blocking the loop), ``poll`` each step (requests whose grammar is ready move on to the waiting
+queue; failures come back with their ``InvalidRequestError``), ``fill_bitmask`` before sampling
+(one packed bitmask for the batch, filled in a helper thread while the forward runs), and
+``after_sample`` once tokens are appended: it advances each matcher, finishes requests whose
+grammar terminated or admits only a stop token, and applies jump-forward (forced text appended
+without sampling; those requests return to the queue so their forced tokens get KV in the next
+extend, the prefix before them coming back from the radix cache).
+
+Requests only need two attributes, ``grammar`` and ``grammar_pending`` (``Req`` defines them).
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from ..errors import InvalidRequestError
+from .base import GrammarBackend, GrammarKey, allocate_bitmask
+from .compiler import GrammarCompiler
+from .jump_forward import jump_forward, only_stop_allowed
+
+
+@dataclass
+class GrammarStats:
+    """Measurements for benchmarks and /metrics."""
+
+    mask_fill_s: list[float] = field(default_factory=list)  # per step, per constrained row
+    jump_forward_tokens: int = 0
+    sampled_tokens: int = 0  # tokens sampled under a grammar
+
+
+class GrammarManager:
+    def __init__(self, backend: GrammarBackend, tokenizer: Any, vocab_size: int,
+                 eos_token_ids: Sequence[int], *, timeout_s: float = 10.0,
+                 jump_forward: bool = True) -> None:
+        self.compiler = GrammarCompiler(backend, timeout_s=timeout_s)
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos = tuple(eos_token_ids)
+        self.jump_forward = jump_forward
+        self.pending: list[Any] = []
+        self.stats = GrammarStats()
+        self._filler = cf.ThreadPoolExecutor(1, thread_name_prefix="sgdsl-mask")
+
+    # -- admission ------------------------------------------------------------------------------
+    def admit(self, req: Any) -> bool:
+        """Start compiling ``req``'s constraint; True if it now waits in ``pending``. Raises
+        ``InvalidRequestError`` at once for limit violations and known-bad grammars."""
+        constraint = req.sampling_params.constraint
+        if constraint is None:
+            return False
+        req.grammar_pending = self.compiler.submit(GrammarKey.from_constraint(*constraint))
+        self.pending.append(req)
+        return True
+
+    def poll(self) -> tuple[list[Any], list[tuple[Any, InvalidRequestError]]]:
+        """(requests now ready to schedule, (request, error) pairs that failed)."""
+        ready, failed, still = [], [], []
+        for req in self.pending:
+            if not req.grammar_pending.ready():
+                still.append(req)
+                continue
+            try:
+                req.grammar = req.grammar_pending.result()
+                ready.append(req)
+            except InvalidRequestError as e:
+                failed.append((req, e))
+            req.grammar_pending = None
+        self.pending = still
+        return ready, failed
+
+    def wait_pending(self, timeout_s: float) -> None:
+        """Block up to ``timeout_s`` for a pending compile (only when nothing else can run)."""
+        futures = [r.grammar_pending.future() for r in self.pending]
+        if futures:
+            cf.wait(futures, timeout=timeout_s, return_when=cf.FIRST_COMPLETED)
+
+    def remove(self, rid: str) -> Any | None:
+        """Take a pending request out (abort); None if it is not pending."""
+        for req in self.pending:
+            if req.rid == rid:
+                self.pending.remove(req)
+                return req
+        return None
+
+    # -- per step -------------------------------------------------------------------------------
+    def fill_bitmask(self, reqs: Sequence[Any]) -> "cf.Future[torch.Tensor | None]":
+        """Start filling the batch bitmask (rows aligned with ``reqs``) in the helper thread, so
+        it overlaps the forward; ``.result()`` is None when no row is constrained."""
+        rows = [(i, r.grammar) for i, r in enumerate(reqs) if r.grammar is not None]
+        if not rows:
+            done: cf.Future = cf.Future()
+            done.set_result(None)
+            return done
+        return self._filler.submit(self._fill, len(reqs), rows)
+
+    def _fill(self, batch_size: int, rows: list[tuple[int, Any]]) -> torch.Tensor:
+        t0 = time.perf_counter()
+        bitmask = allocate_bitmask(batch_size, self.vocab_size)
+        for i, grammar in rows:
+            grammar.fill_bitmask(bitmask, i)
+        self.stats.mask_fill_s.append((time.perf_counter() - t0) / len(rows))
+        return bitmask
+
+    def after_sample(self, reqs: Sequence[Any], checker: Any) -> list[Any]:
+        """Advance matchers by each request's newest token; returns the requests that took a
+        jump-forward and must go back to the queue for an extend."""
+        requeue = []
+        for req in reqs:
+            grammar = req.grammar
+            if grammar is None or req.finished and req.finish_reason.get("type") == "abort":
+                continue
+            self.stats.sampled_tokens += 1
+            if not grammar.accept_token(req.output_ids[-1]):
+                if not req.finished:  # a length-finished last token needs no acceptance
+                    req.finish_reason = {"type": "abort", "message":
+                                         "the sampled token does not fit the grammar"}
+                continue
+            if req.finished:
+                continue
+            if grammar.is_terminated() or only_stop_allowed(grammar, self.vocab_size, self.eos):
+                self._finish_with_stop(req, grammar)
+            elif self._jump(req, grammar, checker):
+                requeue.append(req)
+        return requeue
+
+    def _finish_with_stop(self, req: Any, grammar: Any) -> None:
+        """The grammar admits nothing but a stop token: append it instead of a decode step."""
+        if not grammar.is_terminated():
+            req.output_ids.append(self.eos[0])
+            grammar.accept_token(self.eos[0])
+        req.finish_reason = {"type": "stop", "matched": req.output_ids[-1]}
+
+    def _jump(self, req: Any, grammar: Any, checker: Any) -> bool:
+        if not self.jump_forward or req.return_logprob:
+            return False
+        budget = req.sampling_params.max_new_tokens - len(req.output_ids)
+        plan = jump_forward(grammar, self.tokenizer, req.output_ids, budget)
+        if plan is None:
+            return False
+        if plan.rollback:
+            del req.output_ids[-plan.rollback:]
+        req.output_ids.extend(plan.token_ids)
+        self.stats.jump_forward_tokens += len(plan.token_ids) - plan.rollback
+        req.finish_reason = checker.check(req)
+        return not req.finished
+
+    def shutdown(self) -> None:
+        self.compiler.shutdown()
+        self._filler.shutdown(wait=False, cancel_futures=True)
+
+
+def create_grammar_manager(config: Any, tokenizer: Any, vocab_size: int,
+                           eos_token_ids: Sequence[int]) -> GrammarManager | None:
+    """From an ``EngineConfig``: None when ``grammar_backend == "none"``."""
+    from .registry import create_grammar_backend
+
+    backend = create_grammar_backend(config.grammar_backend, tokenizer, vocab_size,
+                                     list(eos_token_ids) or None)
+    if backend is None:
+        return None
+    return GrammarManager(backend, tokenizer, vocab_size, eos_token_ids,
+                          timeout_s=config.grammar_compile_timeout_s,
+                          jump_forward=not getattr(config, "disable_jump_forward", False))
