@@ -125,3 +125,15 @@ def test_abort_all(fake_server: Served) -> None:
 
     outs = asyncio.run(run())
     assert [o["meta_info"]["finish_reason"]["type"] for o in outs] == ["abort"] * 3
+
+
+async def test_oversized_body_is_413_in_protocol_shape() -> None:
+    app = create_app(FakeEngine(), ServerArgs(max_body_bytes=200))
+    transport = httpx.ASGITransport(app=app)
+    big = {"model": "fake-model", "prompt": "x" * 500}
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        resp = await client.post("/v1/completions", json=big)
+        assert resp.status_code == 413 and resp.json()["error"]["message"]
+        resp = await client.post("/v1/messages", json={**big, "max_tokens": 1})
+        assert resp.status_code == 413
+        assert resp.json()["error"]["type"] == "request_too_large"
