@@ -15,7 +15,7 @@ from torch import nn
 from ..errors import ModelLoadError
 from ..layers.activation import SiluAndMul
 from ..layers.attention.base import AttentionBackend
-from ..layers.linear import Linear, PackedLinear
+from ..layers.linear import Linear, PackedLinear, column_major
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .forward_batch import ForwardBatch
@@ -130,6 +130,8 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = (None if cfg.tie_word_embeddings else
                         Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype, device=device))
         self.attn_backend: AttentionBackend | None = None  # set by the runner
+        # Separate copy of the tied embedding laid out for the logits matmul (CPU only).
+        self._logits_weight: torch.Tensor | None = None
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Final hidden states ``[num_tokens, hidden]`` (after the last norm)."""
@@ -139,8 +141,20 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits ``[rows, vocab]`` for the given hidden rows."""
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        weight = self._logits_weight
+        if weight is None:
+            weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(hidden, weight).float()
+
+    def optimize_for_cpu(self) -> None:
+        """After loading: column-major weights for every projection and the logits matrix
+        (see ``Linear.use_column_major``). A tied embedding keeps its row-major copy for the
+        token lookup, so tied models hold the vocab matrix twice on CPU."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.use_column_major()
+        if self.lm_head is None:
+            self._logits_weight = column_major(self.model.embed_tokens.weight.data)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy checkpoint tensors into our parameters; returns the names of parameters

@@ -133,6 +133,8 @@ def load_model_from_dir(model_dir: Path, device: torch.device | str, dtype: torc
         if missing:
             shown = ", ".join(missing[:5]) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
             raise ModelLoadError(f"checkpoint in {model_dir} lacks weights: {shown}")
+    if torch.device(device).type == "cpu":
+        model.optimize_for_cpu()
     return model.eval(), model_config
 
 

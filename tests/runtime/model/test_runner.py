@@ -86,3 +86,12 @@ def test_dummy_forward_extend_then_decode(tiny_dir):
     d.release(a), d.release(b)
     runner.token_kv_pool.check_integrity()
     assert runner.token_kv_pool.available() == 64
+
+
+def test_cpu_weights_column_major(tiny_dir):
+    runner = make(tiny_dir, max_total_tokens=64)
+    layer = runner.model.model.layers[0]
+    for w in (layer.self_attn.qkv_proj.weight, layer.mlp.down_proj.weight,
+              runner.model.lm_head.weight):
+        assert w.t().is_contiguous() and not w.is_contiguous()
+    assert runner.model.model.embed_tokens.weight.is_contiguous()  # row lookups stay fast
