@@ -16,13 +16,14 @@ import torch
 from ..cache.radix import RadixCache
 from ..errors import InvalidRequestError
 from ..ipc import messages as m
-from .batch import ExtendLayout, build_decode, build_extend
+from .batch import build_decode, build_extend
 from .finish import FinishChecker
 from .memory import KVMemory
 from .policy import SchedulePolicy
 from .prefill import PrefillAdder
 from .req import Req, ReqState
-from .sample_step import BatchSampler, token_logprobs
+from .output import make_out, record_output_logprobs, record_prompt_logprobs
+from .sample_step import BatchSampler
 
 # NOTE: share of a running request's remaining tokens that admission keeps free for its decode.
 # Starts cautious, decays as decode proceeds without trouble, jumps back up after a retraction.
@@ -120,7 +121,7 @@ class Scheduler:
         self.memory.release(req)
         req.finish_reason = {"type": "abort", "message": message}
         req.state = ReqState.FINISHED
-        self.send(m.BatchTokenOut([self._make_out(req)]))
+        self.send(m.BatchTokenOut([make_out(req)]))
 
     # -- the step -----------------------------------------------------------------------------
     def step(self) -> bool:
@@ -169,7 +170,7 @@ class Scheduler:
         for req in reqs:
             req.kv_len += req.extend_len
             req.extend_len, req.extend_slots = 0, req.extend_slots[:0]
-        self._prompt_logprobs(reqs, layout, logits)
+        record_prompt_logprobs(reqs, layout, logits)
         sample_idx = []
         for i, req in enumerate(reqs):
             if req.is_prefill_only and req.kv_len == req.seq_len:
@@ -252,16 +253,7 @@ class Scheduler:
                        mask: Any = None) -> None:
         vocab_mask = mask.result() if mask is not None else None  # grammar: filled during forward
         next_ids = self.sampler.sample(logits, info, vocab_mask)
-        lp_idx = [i for i, r in enumerate(reqs) if r.return_logprob]
-        if lp_idx:
-            rows = torch.tensor(lp_idx, device=logits.device)
-            targets = torch.tensor([next_ids[i] for i in lp_idx], device=logits.device)
-            top_k = max(reqs[i].top_logprobs_num for i in lp_idx)
-            picked, tops = token_logprobs(logits.index_select(0, rows), targets, top_k)
-            for j, i in enumerate(lp_idx):
-                reqs[i].output_token_logprobs.append((picked[j], next_ids[i]))
-                k = reqs[i].top_logprobs_num
-                reqs[i].output_top_logprobs.append(tops[j][:k] if tops and k else [])
+        record_output_logprobs(reqs, logits, next_ids)
         for req, token in zip(reqs, next_ids):
             req.output_ids.append(token)
             req.finish_reason = self.checker.check(req)
@@ -298,7 +290,7 @@ class Scheduler:
         req.finish_reason = {"type": "abort", "message": err.message, "status": err.status,
                              "field": err.field}
         req.state = ReqState.FINISHED
-        self.send(m.BatchTokenOut([self._make_out(req)]))
+        self.send(m.BatchTokenOut([make_out(req)]))
 
     def _requeue_jumped(self, reqs: list[Req]) -> None:
         """Jump-forward appended tokens without KV: back to the queue for an extend (the
@@ -312,26 +304,6 @@ class Scheduler:
                 req.state = ReqState.WAITING
                 self.waiting.append(req)
 
-    def _prompt_logprobs(self, reqs: list[Req], layout: ExtendLayout, logits: torch.Tensor) -> None:
-        for i, req in enumerate(reqs):
-            if not req.needs_prompt_logprobs:
-                continue
-            if req.input_token_logprobs is None:
-                first = req.logprob_start_len == 0
-                req.input_token_logprobs = [(None, req.origin_input_ids[0])] if first else []
-                req.input_top_logprobs = [None] if first else []
-            f, start = layout.first_pos[i], layout.logit_start[i]
-            n_valid = max(min(f + layout.logit_count[i], req.prompt_len - 1) - f, 0)
-            if n_valid:
-                targets = torch.tensor(req.origin_input_ids[f + 1: f + 1 + n_valid],
-                                       device=logits.device)
-                picked, tops = token_logprobs(logits[start:start + n_valid], targets,
-                                              req.top_logprobs_num)
-                req.input_token_logprobs.extend(zip(picked, targets.tolist()))
-                req.input_top_logprobs.extend(tops if tops else [[] for _ in picked])
-            if req.kv_len >= req.prompt_len:
-                req.input_logprobs_done = True
-
     def _finish_and_send(self, reqs: list[Req]) -> None:
         outs = []
         for req in reqs:
@@ -340,20 +312,6 @@ class Scheduler:
                 self.memory.release(req)
                 self.counters["generated_tokens_total"] += len(req.output_ids)
             if req.output_ids[req.sent_ids:] or req.finished:
-                outs.append(self._make_out(req))
+                outs.append(make_out(req))
         if outs:
             self.send(m.BatchTokenOut(outs))
-
-    def _make_out(self, req: Req) -> m.ReqOut:
-        out = m.ReqOut(req.rid, req.output_ids[req.sent_ids:], req.finish_reason,
-                       prompt_tokens=req.prompt_len, cached_tokens=req.cached_tokens)
-        req.sent_ids = len(req.output_ids)
-        if req.return_logprob:
-            if req.input_logprobs_done and not req.input_logprobs_sent and req.logprob_start_len >= 0:
-                out.input_token_logprobs = list(req.input_token_logprobs or [])
-                out.input_top_logprobs = list(req.input_top_logprobs or [])
-                req.input_logprobs_sent = True
-            out.output_token_logprobs = req.output_token_logprobs[req.sent_logprobs:]
-            out.output_top_logprobs = req.output_top_logprobs[req.sent_logprobs:]
-            req.sent_logprobs = len(req.output_token_logprobs)
-        return out
