@@ -52,18 +52,20 @@ class RotaryEmbedding(nn.Module):
         else:
             freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv)
             emb = torch.cat((freqs, freqs), dim=-1)  # both halves rotate by the same angle
-            cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+            cos, sin = emb.cos(), emb.sin()
+            # NOTE: the first half of sin is stored negated, so ``apply`` needs no negation.
+            sin[:, : head_dim // 2].neg_()
+            cos, sin = cos.to(dtype), sin.to(dtype)
         # Buffers so .to(device) moves them; not saved: they are derived, not weights.
+        # ``sin_cache`` holds the signed sin: [-sin, sin] over the two halves.
         self.register_buffer("cos_cache", cos.to(device) if device else cos, persistent=False)
         self.register_buffer("sin_cache", sin.to(device) if device else sin, persistent=False)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin for ``positions`` as ``[num_tokens, 1, head_dim]`` (broadcast over
-        heads): the first half of sin is negated so ``apply`` needs no negation per layer."""
-        cos = self.cos_cache.index_select(0, positions).unsqueeze(1)
-        sin = self.sin_cache.index_select(0, positions)
-        half = self.head_dim // 2
-        return cos, torch.cat((-sin[:, :half], sin[:, half:]), dim=-1).unsqueeze(1)
+        """cos and signed sin (first half negated) for ``positions`` as
+        ``[num_tokens, 1, head_dim]``, broadcast over heads."""
+        return (self.cos_cache.index_select(0, positions).unsqueeze(1),
+                self.sin_cache.index_select(0, positions).unsqueeze(1))
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

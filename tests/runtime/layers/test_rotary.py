@@ -41,6 +41,7 @@ def test_apply_matches_hf():
     ours = RotaryEmbedding.apply(torch.cat((q, k), dim=1), cos, sin)
     # HF layout: [batch, heads, seq, dim] with cos/sin [batch, seq, dim]
     hf_cos, hf_sin = rope.cos_cache[positions], rope.sin_cache[positions]
+    hf_sin[:, :16] = -hf_sin[:, :16]  # undo the pre-signed first half
     hf_q, hf_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
                                       hf_cos[None], hf_sin[None])
     torch.testing.assert_close(ours[:, :3], hf_q[0].transpose(0, 1))
