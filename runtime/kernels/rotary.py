@@ -81,13 +81,15 @@ def _rotary_gathered_kernel(X, Cos, Sin, Out, stride_xt, stride_xh, stride_ct, s
 
 def rotary_apply_gathered(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Out-of-place rotate-half rotary of x [T, H, D] (rows may be strided) with per-token
-    cos/sin [T, 1, D] or [T, D] whose two halves are equal (the layout RotaryEmbedding.lookup
-    returns). Returns a new contiguous [T, H, D] tensor."""
+    cos/sin [T, 1, D] or [T, D] as RotaryEmbedding.lookup returns them: cos has equal halves,
+    sin's second half is +sin (its first half may be stored negated; it is not read).
+    Returns a new contiguous [T, H, D] tensor."""
     assert x.dim() == 3 and x.stride(2) == 1
     t, h, d = x.shape
     cos2, sin2 = cos.reshape(t, -1), sin.reshape(t, -1)
     assert cos2.shape == (t, d) and sin2.shape == (t, d) and d % 2 == 0
     assert cos2.stride(1) == 1 and sin2.stride(1) == 1
+    sin2 = sin2[:, d // 2:]  # the +sin half
     out = torch.empty((t, h, d), dtype=x.dtype, device=x.device)
     if t == 0:
         return out

@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 from ..kernels.dispatch import use_triton
-
 from ..model.model_config import RopeScaling
 
 
@@ -71,6 +70,10 @@ class RotaryEmbedding(nn.Module):
     def apply(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
         """Rotate ``x [num_tokens, num_heads, head_dim]`` (neox layout: ``x*cos + rotate_half(x)*sin``
         with ``rotate_half(x) = [-x2, x1]``); returns a new contiguous tensor."""
+        if use_triton(x):  # GPU path (issue 6): one kernel instead of three
+            from ..kernels.rotary import rotary_apply_gathered
+
+            return rotary_apply_gathered(x, cos, signed_sin)
         n, heads, dim = x.shape
         # [x1, x2] -> [x2, x1] by flipping the halves axis; the sign lives in signed_sin.
         swapped = x.reshape(n, heads, 2, dim // 2).flip(2).view(n, heads, dim)

@@ -92,7 +92,7 @@ def test_rotary_gathered_strided_rows(device, dtype):
     x = packed[:, : 7 * 32].view(5, 7, 32)  # strided rows, like a slice of the qkv output
     ang = torch.rand(5, 16, generator=gen).to(device)
     cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None, :].to(dtype)
-    sin = torch.cat([ang.sin(), ang.sin()], -1)[:, None, :].to(dtype)
+    sin = torch.cat([-ang.sin(), ang.sin()], -1)[:, None, :].to(dtype)  # signed, as lookup()
     out = rotary_apply_gathered(x, cos, sin)
-    ref = _ref_rotate(x, cos[..., :16].double(), sin[..., :16].double())
+    ref = _ref_rotate(x, cos[..., :16].double(), sin[..., 16:].double())
     assert out.is_contiguous() and rel_err(out, ref) < tol(dtype)
