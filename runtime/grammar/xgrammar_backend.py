@@ -7,6 +7,7 @@ bitmask row in native code and finds jump-forward strings itself. JSON is compil
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -18,7 +19,7 @@ from .base import Grammar, GrammarBackend, GrammarKey, choices_regex
 class XGrammarGrammar(Grammar):
     """One request's xgrammar matcher."""
 
-    def __init__(self, matcher: Any, compiled: Any, accepted: int = 0) -> None:
+    def __init__(self, matcher: Any, compiled: "XGrammarCompiled", accepted: int = 0) -> None:
         self._matcher = matcher
         self._compiled = compiled
         self._accepted = accepted
@@ -30,6 +31,8 @@ class XGrammarGrammar(Grammar):
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         self._matcher.fill_next_token_bitmask(bitmask, row)
+        if self._compiled.json_safe is not None:
+            bitmask[row] &= self._compiled.json_safe
 
     def jump_forward_string(self) -> str:
         return self._matcher.find_jump_forward_string()
@@ -53,6 +56,14 @@ class XGrammarGrammar(Grammar):
         return self._accepted
 
 
+@dataclass(frozen=True)
+class XGrammarCompiled:
+    """xgrammar's compiled grammar; JSON kinds also carry the control-character filter row."""
+
+    grammar: Any
+    json_safe: torch.Tensor | None = None
+
+
 class XGrammarBackend(GrammarBackend):
     """Compiles keys with one ``xgrammar.GrammarCompiler`` shared by all worker threads."""
 
@@ -70,8 +81,16 @@ class XGrammarBackend(GrammarBackend):
         # duplicate it without a bound, so it is off.
         self._compiler = xgr.GrammarCompiler(info, max_threads=compile_threads,
                                              cache_enabled=False)
+        self._json_safe = _json_safe_row(tokenizer, vocab_size)
 
-    def compile(self, key: GrammarKey) -> Any:
+    def compile(self, key: GrammarKey) -> XGrammarCompiled:
+        compiled = self._compile(key)
+        # NOTE: xgrammar's JSON strings admit raw control characters (a byte-level token such as
+        # "\x03"), which JSON forbids; masking those tokens out keeps every output parseable.
+        json_kind = key.kind in ("json_schema", "json_object")
+        return XGrammarCompiled(compiled, self._json_safe if json_kind else None)
+
+    def _compile(self, key: GrammarKey) -> Any:
         c = self._compiler
         try:
             if key.kind == "json_schema":
@@ -92,8 +111,8 @@ class XGrammarBackend(GrammarBackend):
                 f"xgrammar cannot compile this {key.field}: {_first_line(e)}",
                 field=key.field) from e
 
-    def new_grammar(self, compiled: Any) -> XGrammarGrammar:
-        matcher = self._xgr.GrammarMatcher(compiled,
+    def new_grammar(self, compiled: XGrammarCompiled) -> XGrammarGrammar:
+        matcher = self._xgr.GrammarMatcher(compiled.grammar,
                                            override_stop_tokens=list(self.eos_token_ids))
         return XGrammarGrammar(matcher, compiled)
 
@@ -101,3 +120,15 @@ class XGrammarBackend(GrammarBackend):
 def _first_line(e: BaseException) -> str:
     text = str(e).strip() or type(e).__name__
     return text.splitlines()[-1][:500] if "\n" in text else text[:500]
+
+
+def _json_safe_row(tokenizer: Any, vocab_size: int) -> torch.Tensor:
+    """One bitmask row allowing every token except those containing a byte below 0x20."""
+    from .base import allocate_bitmask
+    from .vocab import token_bytes
+
+    row = allocate_bitmask(1, vocab_size)[0]
+    for i, data in enumerate(token_bytes(tokenizer, vocab_size)):
+        if data is not None and any(b < 0x20 for b in data):
+            row[i // 32] &= ~(1 << (i % 32)) if i % 32 != 31 else 0x7FFFFFFF
+    return row
