@@ -152,6 +152,13 @@ class GrammarManager:
         req.finish_reason = checker.check(req)
         return not req.finished
 
+    def stats_dict(self) -> dict:
+        """Counters for ``Engine.stats()``."""
+        return {"grammar_pending_reqs": len(self.pending),
+                "grammar_sampled_tokens": self.stats.sampled_tokens,
+                "grammar_jump_forward_tokens": self.stats.jump_forward_tokens,
+                "grammar_compile_timeouts": self.compiler.stats.timeouts}
+
     def shutdown(self) -> None:
         self.compiler.shutdown()
         self._filler.shutdown(wait=False, cancel_futures=True)

@@ -101,7 +101,8 @@ class Scheduler:
                 "num_waiting_reqs": len(self.waiting), "kv_total_slots": self.memory.total_slots,
                 "kv_free_slots": self.memory.kv_pool.available(),
                 "kv_evictable_slots": self.memory.evictable(),
-                "cache_hit_rate": c["cache_hit_tokens"] / q if q else 0.0, **c}
+                "cache_hit_rate": c["cache_hit_tokens"] / q if q else 0.0, **c,
+                **(self.grammar.stats_dict() if self.grammar else {})}  # grammar
 
     # -- abort --------------------------------------------------------------------------------
     def abort(self, rid: str, message: str) -> None:

@@ -1,0 +1,38 @@
+"""Keywords a backend would silently ignore are rejected, naming keyword and location."""
+from __future__ import annotations
+
+import pytest
+
+from sgdsl.runtime.errors import InvalidRequestError
+from sgdsl.runtime.grammar.schema_support import check_schema_support, walk_schema
+
+NESTED = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True,
+                                                    "items": {"type": "string"}}}}
+
+
+def test_walk_reaches_nested_subschemas_not_property_names():
+    found = {(p, k) for p, k, _ in walk_schema({
+        "properties": {"minimum": {"type": "integer"}}, "anyOf": [{"if": {}}],
+        "$defs": {"a": {"maximum": 3}}, "enum": [{"uniqueItems": 1}]})}
+    assert ("#", "properties") in found and ("#/anyOf/0", "if") in found
+    assert ("#/$defs/a", "maximum") in found and ("#/properties/minimum", "type") in found
+    assert all(k != "uniqueItems" for _, k in found)  # enum values are data, not schemas
+    assert all(k != "minimum" for _, k in found)  # a property called "minimum" is a name
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "outlines"])
+def test_unenforced_keyword_is_rejected_with_its_path(backend):
+    with pytest.raises(InvalidRequestError, match=r"'uniqueItems' \(at #/properties/tags\)") as e:
+        check_schema_support(backend, NESTED)
+    assert e.value.field == "json_schema"
+
+
+def test_backends_differ_on_numeric_bounds_and_allof():
+    bounded = {"type": "integer", "minimum": 0, "maximum": 9}
+    check_schema_support("xgrammar", bounded)
+    with pytest.raises(InvalidRequestError, match="minimum"):
+        check_schema_support("outlines", bounded)
+    check_schema_support("xgrammar", {"allOf": [bounded]})
+    with pytest.raises(InvalidRequestError, match="allOf"):
+        check_schema_support("xgrammar", {"allOf": [bounded, {"type": "integer"}]})
+    check_schema_support("outlines", {"type": "object", "title": "t", "description": "d"})
