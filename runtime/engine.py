@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import os
 import queue
 import threading
 from typing import Any, AsyncIterator, Iterator
@@ -23,11 +24,11 @@ _END = object()
 
 
 class Engine:
-    def __init__(self, model: str | EngineConfig | None = None, **kwargs: Any) -> None:
+    def __init__(self, model: str | os.PathLike | EngineConfig | None = None, **kwargs: Any) -> None:
         if isinstance(model, EngineConfig):
             config = model.replace(**kwargs) if kwargs else model
         else:
-            config = EngineConfig.from_kwargs(model=model, **kwargs)
+            config = EngineConfig.from_kwargs(model=None if model is None else str(model), **kwargs)
         self.config = config
         self._closed = False
         self._loop = asyncio.new_event_loop()
