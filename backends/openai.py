@@ -13,8 +13,8 @@ from typing import Any, AsyncIterator, Sequence
 
 from sgdsl.ir import Constraint, SamplingParams
 
-from ._common import (backend_error, chat_messages, choice_schema, data_url, finish_reason,
-                      parse_choice, split_extensions, wants_extensions)
+from ._common import (as_schema, backend_error, chat_messages, choice_schema, data_url,
+                      finish_reason, parse_choice, split_extensions, wants_extensions)
 from .base import (Backend, Capabilities, ChoiceScores, Context, GenResult, SelectResult,
                    StreamChunk, UnsupportedError)
 from .loop_local import LoopLocal
@@ -45,9 +45,11 @@ class OpenAI(Backend):
                            if extensions is None else extensions)
         self._clients = LoopLocal(lambda: openai.AsyncOpenAI(
             base_url=base_url, api_key=api_key, **client_options))
+        native = {"json_schema"} if self.is_chat_model else set()
+        if self.extensions:  # sgdsl/SGLang/vLLM servers take regex/ebnf/json_schema fields
+            native |= {"regex", "ebnf", "json_schema"}
         self.capabilities = Capabilities(
-            chat_only=self.is_chat_model,
-            constraints=frozenset({"json_schema"}) if self.is_chat_model else frozenset(),
+            chat_only=self.is_chat_model, constraints=frozenset(native),
             prompt_logprobs=not self.is_chat_model, output_logprobs=True,
             images=self.is_chat_model, native_n=True)
 
@@ -82,16 +84,23 @@ class OpenAI(Backend):
             if params.return_logprob:
                 req["logprobs"] = params.top_logprobs_num or 0
         if constraint is not None:
-            req["response_format"] = self._response_format(constraint)
+            self._add_constraint(req, constraint)
         return req
 
-    def _response_format(self, constraint: Constraint) -> dict[str, Any]:
-        if constraint.kind != "json_schema" or not self.is_chat_model:
+    def _add_constraint(self, req: dict[str, Any], constraint: Constraint) -> None:
+        """json_schema as a strict ``response_format`` (chat models); with ``extensions``,
+        the other kinds as SGLang-style body fields."""
+        if constraint.kind not in self.capabilities.constraints:
             raise UnsupportedError(f"OpenAI ({self.model_name}) cannot enforce {constraint.kind!r} "
                                    "natively; validate-and-retry applies")
-        schema = constraint.value if isinstance(constraint.value, dict) else json.loads(constraint.value)
-        return {"type": "json_schema",
-                "json_schema": {"name": "output", "schema": schema, "strict": True}}
+        if constraint.kind == "json_schema" and self.is_chat_model:
+            schema = as_schema(constraint.value)
+            req["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": "output", "schema": schema, "strict": True}}
+            return
+        value = constraint.value
+        req.setdefault("extra_body", {})[constraint.kind] = (
+            value if isinstance(value, str) else json.dumps(value))
 
     def _messages(self, ctx: Context) -> list[dict[str, Any]]:
         messages = chat_messages(ctx)

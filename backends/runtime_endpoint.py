@@ -44,7 +44,9 @@ class RuntimeEndpoint(SrtBackend):
         except httpx.HTTPError as exc:
             raise backend_error(self.name, exc, what=f"{method} {path} failed") from exc
         _raise_for_status(self.name, resp, f"{method} {path}")
-        return resp.json() if resp.content else None
+        if "json" in resp.headers.get("content-type", ""):
+            return resp.json()
+        return resp.text  # e.g. "Cache flushed."
 
     @property
     def model_info(self) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 model's logprobs (the prompt is prefilled once and shared), so the answer is always one of
 the choices.
 
-    python examples/select.py
+    python examples/select_choices.py
 """
 from __future__ import annotations
 
