@@ -52,3 +52,27 @@ def short_reply(s, at_least: int):
 def bad_top_p(s):
     s += sgl.user("Hi")
     s += sgl.assistant(sgl.gen("reply", max_tokens=4, top_p=0.0))
+
+
+@sgl.function
+def legs(s):
+    s += sgl.user("How many legs does a dog have? Answer with a number.")
+    s += sgl.assistant(sgl.gen_int("n", max_tokens=4, temperature=0.0))
+
+
+@sgl.function
+def phone(s):
+    s += sgl.user("Make up a phone number in the format 555-0123.")
+    s += sgl.assistant(sgl.gen("phone", regex=r"555-[0-9]{4}", max_tokens=10, temperature=0.0))
+
+
+PERSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                                  "age": {"type": "integer"}},
+                 "required": ["name", "age"], "additionalProperties": False}
+
+
+@sgl.function
+def person(s):
+    s += sgl.user("Invent a person. Reply in JSON with name and age.")
+    s += sgl.assistant(sgl.gen("person", json_schema=PERSON_SCHEMA, max_tokens=32,
+                               temperature=0.0))

@@ -2,11 +2,14 @@
 over loopback to the project's own server), all on one shared Engine with the embedded model."""
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
 import sgdsl as sgl
-from e2e_programs import (CITIES, bad_top_p, capital_select, few_shot_qa, fork_tips,
-                          multi_turn, short_reply)
+from e2e_programs import (CITIES, bad_top_p, capital_select, few_shot_qa, fork_tips, legs,
+                          multi_turn, person, phone, short_reply)
 
 
 def test_few_shot_qa(backend):
@@ -69,3 +72,29 @@ def test_errors_surface_as_backend_errors(backend):
     with pytest.raises(sgl.BackendError) as info:
         bad_top_p.run(backend=backend)
     assert "top_p" in str(info.value) and getattr(info.value, "status", 400) == 400
+
+
+def _constrained(program, backend, var: str, pattern: str) -> None:
+    """Where the constraint is native the output must match; elsewhere validate-and-retry
+    must either return a matching value or fail loudly, never return an invalid one."""
+    native = backend.capabilities.constraints & {"regex"}
+    try:
+        state = program.run(backend=backend)
+    except sgl.ConstraintViolationError as exc:
+        assert not native and exc.attempts >= 1 and exc.last_output is not None
+        return
+    assert re.fullmatch(pattern, str(state[var]))
+
+
+def test_gen_int(backend):
+    _constrained(legs, backend, "n", r"-?[0-9]+")
+
+
+def test_regex(backend):
+    _constrained(phone, backend, "phone", r"555-[0-9]{4}")
+
+
+def test_json_schema(backend):
+    state = person.run(backend=backend)
+    data = json.loads(state["person"])
+    assert set(data) == {"name", "age"} and isinstance(data["age"], int)

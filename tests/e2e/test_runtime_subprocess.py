@@ -1,0 +1,20 @@
+"""``sgl.Runtime``: the server in a subprocess with the embedded model, driven as a
+RuntimeEndpoint, then shut down with nothing left running."""
+from __future__ import annotations
+
+import sgdsl as sgl
+from e2e_programs import few_shot_qa
+
+
+def test_runtime_starts_serves_and_shuts_down():
+    runtime = sgl.Runtime(max_total_tokens=4096)
+    try:
+        state = few_shot_qa.run(question="What is the capital of France?", backend=runtime)
+        assert state["answer"].strip() and state.get_meta_info("answer")["prompt_tokens"] > 0
+        assert runtime.get_server_info()["max_total_tokens"] == 4096
+        assert runtime.flush_cache() is True and sgl.flush_cache(runtime) is True
+        proc = runtime.process
+    finally:
+        runtime.shutdown()
+    assert proc.poll() is not None and runtime.process is None
+    runtime.shutdown()  # idempotent
