@@ -157,3 +157,14 @@ async def test_endpoint_wraps_http_errors():
 
 def test_tokenizer_fake_merges():  # guards the premise of the boundary test
     assert tokenize("xab") == [ord("x"), 1000] and tokenize("xa") == [ord("x"), ord("a")]
+
+
+def test_chat_template_comes_from_the_models_own_jinja():
+    runtime = FakeRuntime()
+    runtime.model_info = dict(runtime.model_info, chat_template=(
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"))
+    for backend in (Local(engine=FakeEngine(runtime)), make_endpoint(runtime)):
+        template = backend.chat_template()
+        assert template.get_prefix_and_suffix("user") == ("<|im_start|>user\n", "<|im_end|>\n")
+        assert template is backend.chat_template()  # derived once
