@@ -9,6 +9,10 @@ in one process and one run (ours first, then HF, never at the same time).
     ``generate`` per request.
 
     python benchmarks/bench_cpu_engine.py [--threads 2] [--decode-tokens 128]
+
+``--model DIR --dummy`` runs both on random weights at DIR's config (speed does not depend on
+the weights), for machines where the embedded model's files cannot be installed; DIR needs
+config.json (e.g. benchmarks/smollm2_135m_config.json) and tokenizer files.
 """
 from __future__ import annotations
 
@@ -31,7 +35,9 @@ def workload(vocab_lo: int, vocab_hi: int, groups: int, questions: int, prefix_l
 def bench_ours(args, decode_prompt: list[int], fewshot: list[list[int]]) -> tuple[float, float]:
     from sgdsl.runtime import Engine
 
-    with Engine(num_threads=args.threads) as engine:
+    extra = {"load_format": "dummy"} if args.dummy else {}
+    with Engine(args.model, device="cpu", num_threads=args.threads, grammar_backend="none",
+                **extra) as engine:
         greedy = {"temperature": 0, "ignore_eos": True}
         engine.generate(input_ids=decode_prompt, sampling_params={**greedy, "max_new_tokens": 4})
         t1 = _timed(lambda: engine.generate(input_ids=decode_prompt,
@@ -53,8 +59,14 @@ def bench_hf(args, decode_prompt: list[int], fewshot: list[list[int]]) -> tuple[
     from sgdsl.runtime.model.embedded import embedded_model_path
 
     torch.set_num_threads(args.threads)
-    model = AutoModelForCausalLM.from_pretrained(str(embedded_model_path()),
-                                                 dtype=torch.float32).eval()
+    model_dir = args.model or str(embedded_model_path())
+    if args.dummy:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
     def gen(ids: list[int], n: int) -> None:
         x = torch.tensor([ids])
@@ -83,6 +95,8 @@ def main() -> None:
     ap.add_argument("--questions", type=int, default=16)
     ap.add_argument("--prefix-len", type=int, default=512)
     ap.add_argument("--question-len", type=int, default=32)
+    ap.add_argument("--model", default=None, help="model directory (default: embedded SmolLM2)")
+    ap.add_argument("--dummy", action="store_true", help="random weights at the model's config")
     args = ap.parse_args()
     decode_prompt = workload(1000, 40000, 1, 1, 16, 0, seed=1)[0]
     fewshot = workload(1000, 40000, args.groups, args.questions, args.prefix_len,
