@@ -7,6 +7,7 @@ lengths, running batch size, KV usage, cache hit rate, token totals) are read fr
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -54,6 +55,13 @@ class _EngineCollector(Collector):
             if key in stats:
                 name = f"{PREFIX}_engine_{key.removesuffix('_total')}"
                 yield CounterMetricFamily(name, doc, value=float(stats[key]))
+        # Any other numeric stat (e.g. grammar counters) is exported as a gauge as-is.
+        for key, value in stats.items():
+            if key in _GAUGES or key in _COUNTERS or isinstance(value, bool):
+                continue
+            if isinstance(value, (int, float)):
+                name = f"{PREFIX}_engine_{re.sub(r'[^a-zA-Z0-9_]', '_', key)}"
+                yield GaugeMetricFamily(name, f"engine stat {key}", value=float(value))
 
 
 class ServerMetrics:

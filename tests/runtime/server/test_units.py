@@ -97,3 +97,15 @@ def test_cli_maps_flags_to_configs() -> None:
     assert engine.schedule_policy == "fcfs" and engine.model == "/m"
     with pytest.raises(SystemExit):
         parse_args(["--schedule-policy", "nope"])
+
+
+def test_metrics_export_engine_stats() -> None:
+    from sgdsl.runtime.server.metrics import ServerMetrics
+
+    m = ServerMetrics(lambda: {"num_running_reqs": 2, "requests_total": 5,
+                               "grammar_compiles": 3, "flag": True, "name": "x"})
+    text = m.render().decode()
+    assert "sgdsl_engine_num_running_reqs 2.0" in text
+    assert "sgdsl_engine_requests_total 5.0" in text
+    assert "sgdsl_engine_grammar_compiles 3.0" in text
+    assert "flag" not in text and "sgdsl_engine_name" not in text
