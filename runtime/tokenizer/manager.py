@@ -158,6 +158,10 @@ class TokenizerManager:
                 await asyncio.gather(*(self._warm_prefix(s) for s in warm))
             states = [self._send_req(r, s, False) for s in specs for r in s.reqs]
             await asyncio.gather(*(st.done.wait() for st in states))
+        except asyncio.CancelledError:  # the caller went away: free the scheduler's work
+            for spec in specs:
+                self.abort(spec.rid, "request cancelled by the caller")
+            raise
         finally:
             for spec in specs:
                 self.children.pop(spec.rid, None)

@@ -197,3 +197,15 @@ def test_stats_flush_and_info(engine):
     assert info["context_length"] == 512 and info["vocab_size"] == 49152
     assert info["eos_token_ids"] == [2]
     assert engine.server_info()["max_total_tokens"] == 4096
+
+
+async def test_cancelled_async_generate_aborts(engine):
+    params = {"temperature": 0, "max_new_tokens": 500, "ignore_eos": True}
+    task = asyncio.ensure_future(engine.async_generate("Cancel me", params, rid="cancel-me"))
+    await asyncio.sleep(0.5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # Stats travel behind the abort on the same channel: the request is gone already.
+    stats = await asyncio.to_thread(engine.stats)
+    assert stats["num_running_reqs"] == 0 and stats["num_waiting_reqs"] == 0
