@@ -21,12 +21,12 @@ def main() -> None:
         print("answer:", out["text"].strip())
         print("finish:", out["meta_info"]["finish_reason"])
 
-        # A batch; the shared chat prefix is reused from the radix cache.
+        # A batch of prompts -> a list of dicts (one continuous batch in the scheduler).
         for o in engine.generate(["The capital of France is", "1, 2, 3,"],
                                  {"temperature": 0, "max_new_tokens": 8}):
             print("batch:", repr(o["text"]), "cached tokens:", o["meta_info"]["cached_tokens"])
 
-        # Streaming, with a stop string that is never shown.
+        # Streaming (the chat prompt is now a radix-cache hit), with a stop string never shown.
         print("stream:", end=" ")
         for chunk in engine.generate(chat, {**greedy, "stop": ["\n"]}, stream=True):
             print(chunk["delta"], end="", flush=True)
