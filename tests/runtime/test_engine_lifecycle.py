@@ -51,3 +51,28 @@ def test_dead_child_context_manager_and_idempotent_shutdown(tiny_model_dir):
     engine.shutdown()  # idempotent after the context manager's own shutdown
     with pytest.raises(EngineDeadError):
         engine.generate("hi")
+
+
+def test_child_exits_when_parent_dies(tmp_path, tiny_model_dir):
+    import subprocess
+    import sys
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import os, sys\n"
+        "from sgdsl.runtime import Engine\n"
+        f"e = Engine({str(tiny_model_dir)!r}, load_format='dummy', max_total_tokens=512,"
+        " num_threads=1)\n"
+        "print(e._tm.proc.pid, flush=True)\n"
+        "os._exit(0)  # die without shutdown or atexit\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=300)
+    child = int(out.stdout.strip().splitlines()[-1])
+    for _ in range(100):  # the child polls its parent about once a second
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    with open(f"/proc/{child}/status") as f:  # a zombie (exited, unreaped) also counts as gone
+        assert "zombie" in f.read(), f"scheduler process {child} outlived its parent"
