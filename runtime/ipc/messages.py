@@ -21,6 +21,9 @@ class TokenizedGenerateReq:
     return_logprob: bool = False
     logprob_start_len: int = -1  # -1: no prompt logprobs
     top_logprobs_num: int = 0
+    # NOTE: only streamed requests get per-step outputs; others get one output when they finish
+    # (or are aborted), so a plain request costs the main process no wake-up per token.
+    stream: bool = False
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ class ReqState(enum.Enum):
 class Req:
     def __init__(self, rid: str, input_ids: list[int], params: SamplingParams,
                  return_logprob: bool = False, logprob_start_len: int = -1,
-                 top_logprobs_num: int = 0, arrival: int = 0) -> None:
+                 top_logprobs_num: int = 0, arrival: int = 0, stream: bool = False) -> None:
         self.rid = rid
         self.origin_input_ids = list(input_ids)
         self.sampling_params = params
@@ -35,6 +35,7 @@ class Req:
         self.logprob_start_len = logprob_start_len if return_logprob else -1
         self.top_logprobs_num = top_logprobs_num if return_logprob else 0
         self.arrival = arrival
+        self.stream = stream  # per-step outputs wanted (else one at the end)
         self.state = ReqState.WAITING
         self.output_ids: list[int] = []
         self.finish_reason: dict | None = None

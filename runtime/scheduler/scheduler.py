@@ -64,7 +64,8 @@ class Scheduler:
         if isinstance(msg, m.TokenizedGenerateReq):
             self._arrivals += 1
             req = Req(msg.rid, msg.input_ids, msg.sampling_params, msg.return_logprob,
-                      msg.logprob_start_len, msg.top_logprobs_num, self._arrivals)
+                      msg.logprob_start_len, msg.top_logprobs_num, self._arrivals,
+                      msg.stream)
             self.counters["requests_total"] += 1
             if not self._admit_grammar(req):  # grammar: compiling requests wait aside
                 self.waiting.append(req)
@@ -312,7 +313,7 @@ class Scheduler:
                 req.state = ReqState.FINISHED
                 self.memory.release(req)
                 self.counters["generated_tokens_total"] += len(req.output_ids)
-            if req.output_ids[req.sent_ids:] or req.finished:
+            if req.finished or (req.stream and req.output_ids[req.sent_ids:]):
                 outs.append(make_out(req))
         if outs:
             self.send(m.BatchTokenOut(outs))

@@ -8,6 +8,7 @@ integrity) and turns a dead scheduler process into ``EngineDeadError`` for every
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import multiprocessing as mp
 from typing import Any, AsyncIterator
@@ -172,7 +173,8 @@ class TokenizerManager:
 
     async def stream(self, spec: GenerateSpec) -> AsyncIterator[dict]:
         self._check_alive()
-        state = self._send_req(spec.reqs[0], spec, stream=True)
+        req = dataclasses.replace(spec.reqs[0], stream=True)
+        state = self._send_req(req, spec, stream=True)
         try:
             while True:
                 await state.updated.wait()

@@ -83,8 +83,9 @@ class Harness:
                 self.finish[o.rid] = o.finish_reason
 
     def submit(self, rid: str, ids: list[int], **params) -> None:
-        lp = {k: params.pop(k) for k in ("return_logprob", "logprob_start_len", "top_logprobs_num")
-              if k in params}
+        lp = {k: params.pop(k) for k in ("return_logprob", "logprob_start_len", "top_logprobs_num",
+                                         "stream") if k in params}
+        lp.setdefault("stream", True)
         params.setdefault("temperature", 0.0)
         self.sched.handle(m.TokenizedGenerateReq(rid, ids, SamplingParams(**params), **lp))
 

@@ -183,3 +183,12 @@ def test_in_batch_shared_prefix_is_computed_once(make_harness):
     prefills = [b for b in h.runner.forwards if not b.mode.is_decode]
     assert prefills[0].extend_seq_lens_cpu == [66]  # the others waited for the shared prefix
     assert sorted(prefills[1].extend_prefix_lens_cpu) == [64, 64, 64]
+
+
+def test_plain_requests_report_once_streams_every_step(make_harness):
+    h = make_harness()
+    h.submit("plain", [1, 2, 3], max_new_tokens=5, ignore_eos=True, stream=False)
+    h.submit("streamed", [1, 2, 4], max_new_tokens=5, ignore_eos=True)
+    h.run()
+    assert h.order.count("plain") == 1 and h.outs["plain"] == expected([1, 2, 3], 5)
+    assert h.order.count("streamed") == 5 and h.outs["streamed"] == expected([1, 2, 4], 5)
