@@ -8,11 +8,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from ..tokenizer.stop import stop_window
 from .req import Req
-
-# NOTE: a stop string of c characters spans at most c tokens (each token decodes to at least one
-# character, or to part of one); two extra tokens cover a match that straddles the window edge.
-_EXTRA_TAIL_TOKENS = 2
 
 
 class FinishChecker:
@@ -41,7 +38,7 @@ class FinishChecker:
         if self.decode is None:
             return None
         stops = req.sampling_params.stop
-        window = max(len(s) for s in stops) + _EXTRA_TAIL_TOKENS
+        window = stop_window(stops)
         tail = self.decode(req.output_ids[-window:])
         # NOTE: checked after every token, so any match found here is the first one.
         best: tuple[int, str] | None = None

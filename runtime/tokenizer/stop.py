@@ -20,6 +20,16 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 
+def stop_window(stop: Sequence[str]) -> int:
+    """Tokens of output tail that can hold any of ``stop``.
+
+    NOTE: every token contributes at least one byte, so a stop string of B UTF-8 bytes overlaps at
+    most B tokens; +2 covers a token that starts mid-character before it. Counting characters
+    instead would miss multi-byte stops ("世界" is 2 characters but up to 6 byte-level tokens).
+    """
+    return max((len(s.encode("utf-8")) for s in stop if s), default=0) + 2
+
+
 class StopStringMatcher:
     """``check(output_ids) -> matched stop string | None``, decoding a bounded tail window."""
 
@@ -29,9 +39,7 @@ class StopStringMatcher:
         self.stop = tuple(s for s in stop if s)
         self._kwargs = {"skip_special_tokens": skip_special_tokens,
                         "spaces_between_special_tokens": spaces_between_special_tokens}
-        # NOTE: every token contributes at least one byte, so a stop string of B UTF-8 bytes
-        # overlaps at most B tokens; +2 covers a token that starts mid-character before it.
-        self.window = max((len(s.encode("utf-8")) for s in self.stop), default=0) + 2
+        self.window = stop_window(self.stop)
 
     def check(self, output_ids: Sequence[int], new_tokens: int = 1) -> str | None:
         """The stop string (earliest in the text) present in the tail of ``output_ids``.
