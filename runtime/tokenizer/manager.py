@@ -8,6 +8,7 @@ integrity) and turns a dead scheduler process into ``EngineDeadError`` for every
 from __future__ import annotations
 
 import asyncio
+import time
 import dataclasses
 import itertools
 import multiprocessing as mp
@@ -80,10 +81,10 @@ class TokenizerManager:
                 self.chan.send_nowait(m.Shutdown())
             except Exception:  # noqa: BLE001 - the socket may already be gone
                 pass
-            await asyncio.to_thread(self.proc.join, 10)
+            await _wait_exit(self.proc, 10.0)
             if self.proc.is_alive():
                 self.proc.kill()
-                await asyncio.to_thread(self.proc.join, 5)
+                await _wait_exit(self.proc, 5.0)
         self._fail_all(EngineDeadError("engine shut down"))
         self.chan.close()
         self.paths.cleanup()
@@ -233,3 +234,15 @@ def _pid() -> int:
     import os
 
     return os.getpid()
+
+
+async def _wait_exit(proc, timeout: float) -> None:
+    """Wait for a child process without a worker thread.
+
+    NOTE: shutdown also runs from atexit, after the interpreter has closed the default thread
+    pool, so ``asyncio.to_thread`` would raise there; polling keeps the loop free instead.
+    """
+    deadline = time.monotonic() + timeout
+    while proc.is_alive() and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    proc.join(0)
