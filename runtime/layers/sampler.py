@@ -46,6 +46,9 @@ class SamplingBatchInfo:
     penalties: Penalties
     vocab_size: int
     device: torch.device
+    # Host copies of the per-row filter parameters (greedy, top_p, top_k, min_p), so that
+    # batch flags never read the device; built from the tensors when not given.
+    host: dict[str, list] | None = None
 
     @classmethod
     def from_params(cls, params: Sequence[SamplingParams], vocab_size: int,
@@ -58,32 +61,36 @@ class SamplingBatchInfo:
         dev = torch.device(device)
         greedy = [p.is_greedy for p in params]
 
-        def col(values: list[float]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.float32, device=dev)
+        def col(values: list, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            return _to_device(torch.tensor(values, dtype=dtype), dev)
 
         ctx = PenaltyContext(params, vocab_size, dev, tuple(eos_token_ids), prompt_ids, output_ids)
+        host = {"greedy": greedy, "top_p": [p.top_p for p in params],
+                "top_k": [vocab_size if p.top_k < 0 else min(p.top_k, vocab_size) for p in params],
+                "min_p": [p.min_p for p in params]}
         return cls(
             temperatures=col([1.0 if g else p.temperature for p, g in zip(params, greedy)]).unsqueeze(1),
-            top_ps=col([p.top_p for p in params]),
-            top_ks=torch.tensor([vocab_size if p.top_k < 0 else min(p.top_k, vocab_size)
-                                 for p in params], dtype=torch.int64, device=dev),
-            min_ps=col([p.min_p for p in params]),
-            is_greedy=torch.tensor(greedy, dtype=torch.bool, device=dev),
+            top_ps=col(host["top_p"]), top_ks=col(host["top_k"], torch.int64),
+            min_ps=col(host["min_p"]), is_greedy=col(greedy, torch.bool),
             seeds=[p.seed for p in params],
             steps=[len(o) for o in output_ids] if output_ids is not None else [0] * len(params),
-            penalties=Penalties.build(ctx), vocab_size=vocab_size, device=dev)
+            penalties=Penalties.build(ctx), vocab_size=vocab_size, device=dev, host=host)
 
     def __post_init__(self) -> None:
         self._refresh_flags()
 
     def _refresh_flags(self) -> None:
-        # NOTE: batch-level flags live on the CPU, computed once per batch change, so a decode
-        # step on the GPU does not synchronize to decide which filters to run.
-        self.greedy_rows: list[bool] = self.is_greedy.tolist()
+        # NOTE: batch-level flags live on the CPU, computed once per batch change from host
+        # copies, so neither a decode step nor a batch change synchronizes with the device.
+        if self.host is None:
+            self.host = {"greedy": self.is_greedy.tolist(), "top_p": self.top_ps.tolist(),
+                         "top_k": self.top_ks.tolist(), "min_p": self.min_ps.tolist()}
+        h = self.host
+        self.greedy_rows: list[bool] = h["greedy"]
         self.all_greedy = all(self.greedy_rows)
-        self.need_top_p = bool((self.top_ps < 1.0).any())
-        self.need_top_k = bool((self.top_ks < self.vocab_size).any())
-        self.need_min_p = bool((self.min_ps > 0).any())
+        self.need_top_p = any(p < 1.0 for p in h["top_p"])
+        self.need_top_k = any(k < self.vocab_size for k in h["top_k"])
+        self.need_min_p = any(p > 0 for p in h["min_p"])
 
     @property
     def batch_size(self) -> int:
@@ -98,12 +105,13 @@ class SamplingBatchInfo:
         """Keep only rows ``keep`` (in that order): requests left the batch."""
         idx = torch.as_tensor(keep, dtype=torch.int64)
         rows = idx.tolist()
-        dev_idx = idx.to(self.device)
+        dev_idx = _to_device(idx, self.device) if idx.device.type == "cpu" else idx
         for name in ("temperatures", "top_ps", "top_ks", "min_ps", "is_greedy"):
             setattr(self, name, getattr(self, name)[dev_idx])
         self.seeds = [self.seeds[i] for i in rows]
         self.steps = [self.steps[i] for i in rows]
-        self.penalties.filter(idx)
+        self.host = {k: [v[i] for i in rows] for k, v in self.host.items()}
+        self.penalties.filter(dev_idx)
         self._refresh_flags()
 
     def merge(self, other: "SamplingBatchInfo") -> None:
@@ -112,8 +120,16 @@ class SamplingBatchInfo:
             setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
         self.seeds = self.seeds + other.seeds
         self.steps = self.steps + other.steps
+        self.host = {k: v + other.host[k] for k, v in self.host.items()}
         self.penalties.merge(other.penalties)
         self._refresh_flags()
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host -> device without blocking on queued device work (pinned, non-blocking copy)."""
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def apply_vocab_mask(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

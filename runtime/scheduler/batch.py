@@ -1,4 +1,5 @@
-"""Building ForwardBatch objects for extend (prefill, mixed lengths, cached prefixes) and decode.
+"""Building ForwardBatch objects for extend (prefill, mixed lengths, cached prefixes); decode
+batches come from the persistent ``RunningBatch`` (running.py).
 
 For an extend batch, ``logits_indices`` selects for each request a contiguous run of rows ending
 at its last new token: just that row normally, or every row from ``logprob_start_len - 1`` when
@@ -12,6 +13,7 @@ import torch
 
 from ..model.forward_batch import ForwardBatch, ForwardMode
 from .req import Req
+from .running import to_device
 
 
 @dataclass(frozen=True)
@@ -58,34 +60,14 @@ def build_extend(reqs: list[Req], device: torch.device) -> tuple[ForwardBatch, E
     ext = torch.tensor(ext_lens, dtype=torch.int64)
     start_loc = torch.cumsum(ext, 0) - ext
     table = torch.cat([r.extend_slots for r in reqs])
+    dev = lambda t: to_device(t, device)  # noqa: E731 - non-blocking (overlap scheduling)
     batch = ForwardBatch(
         mode=ForwardMode.EXTEND, batch_size=len(reqs),
-        input_ids=torch.tensor(ids, dtype=torch.int64).to(device),
-        positions=torch.cat(positions).to(device),
-        req_pool_indices=rows.to(device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int64).to(device),
-        out_cache_loc=table.to(device),
-        extend_prefix_lens=torch.tensor(prefix_lens, dtype=torch.int64).to(device),
-        extend_seq_lens=ext.to(device), extend_start_loc=start_loc.to(device),
-        logits_indices=torch.cat(logit_rows).to(device),
+        input_ids=dev(torch.tensor(ids, dtype=torch.int64)),
+        positions=dev(torch.cat(positions)), req_pool_indices=dev(rows),
+        seq_lens=dev(torch.tensor(seq_lens, dtype=torch.int64)), out_cache_loc=dev(table),
+        extend_prefix_lens=dev(torch.tensor(prefix_lens, dtype=torch.int64)),
+        extend_seq_lens=dev(ext), extend_start_loc=dev(start_loc),
+        logits_indices=dev(torch.cat(logit_rows)),
         seq_lens_cpu=seq_lens, extend_prefix_lens_cpu=prefix_lens, extend_seq_lens_cpu=ext_lens)
     return batch, ExtendLayout(starts, counts, firsts)
-
-
-def build_decode(reqs: list[Req], slots: torch.Tensor, device: torch.device) -> ForwardBatch:
-    """One new token per request: its last sampled token, at position ``seq_len - 1``."""
-    bs = len(reqs)
-    seq_lens = [r.seq_len for r in reqs]
-    prefix = [s - 1 for s in seq_lens]
-    seq_t = torch.tensor(seq_lens, dtype=torch.int64)
-    ones = torch.ones(bs, dtype=torch.int64)
-    arange = torch.arange(bs, dtype=torch.int64)
-    return ForwardBatch(
-        mode=ForwardMode.DECODE, batch_size=bs,
-        input_ids=torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64).to(device),
-        positions=(seq_t - 1).to(device),
-        req_pool_indices=torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64).to(device),
-        seq_lens=seq_t.to(device), out_cache_loc=slots.to(device),
-        extend_prefix_lens=(seq_t - 1).to(device), extend_seq_lens=ones.to(device),
-        extend_start_loc=arange.to(device), logits_indices=arange.to(device),
-        seq_lens_cpu=seq_lens, extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=[1] * bs)

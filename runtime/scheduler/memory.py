@@ -1,6 +1,10 @@
 """KVMemory: the scheduler's view of KV resources: the request->token table, the token pool and
 the radix prefix cache (a disabled tree when ``disable_radix_cache``). It moves slot ownership between
 requests and the tree; the scheduler never touches the pools directly.
+
+On a GPU the request->token table lives on the device (kernels read it); the scheduler keeps a
+host mirror and reads only that, and writes both without blocking, so no bookkeeping step waits
+for the forward in flight (overlap scheduling).
 """
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from typing import Any
 import torch
 
 from .req import Req
+from .running import RunningBatch, to_device
 
 
 class KVMemory:
@@ -16,6 +21,18 @@ class KVMemory:
         self.req_pool = req_to_token_pool
         self.kv_pool = token_kv_pool
         self.tree = tree
+        table = req_to_token_pool.req_to_token
+        self.device = table.device
+        # NOTE: the host mirror is the device table itself on the CPU (one table, no copies).
+        self.host_table = table if table.device.type == "cpu" else torch.zeros(
+            table.shape, dtype=table.dtype)
+
+    def _write(self, row: int, start: int, slots: torch.Tensor) -> None:
+        """``table[row, start:start+n] = slots`` on the host mirror and the device."""
+        end = start + int(slots.numel())
+        self.host_table[row, start:end] = slots
+        if self.host_table is not self.req_pool.req_to_token:
+            self.req_pool.req_to_token[row, start:end] = to_device(slots, self.device)
 
     # -- capacity -------------------------------------------------------------------------
     @property
@@ -50,7 +67,7 @@ class KVMemory:
         req.req_pool_idx, req.prefix_indices, req.last_node = row, indices, node
         n = int(indices.numel())
         if n:
-            self.req_pool.req_to_token[row, :n] = indices.to(self.req_pool.req_to_token.device)
+            self._write(row, 0, indices)
         req.kv_len = n
         return True
 
@@ -59,34 +76,33 @@ class KVMemory:
         slots = self.alloc_slots(n)
         if slots is None:
             return None
-        table = self.req_pool.req_to_token
-        table[req.req_pool_idx, req.kv_len: req.kv_len + n] = slots.to(table.device)
+        self._write(req.req_pool_idx, req.kv_len, slots)
         req.extend_len, req.extend_slots = n, slots
         return slots
 
-    def reserve_decode(self, reqs: list[Req]) -> torch.Tensor | None:
-        """One KV slot per decoding request (for its last sampled token), in one allocation."""
-        slots = self.alloc_slots(len(reqs))
+    def reserve_decode(self, batch: RunningBatch) -> torch.Tensor | None:
+        """One KV slot per decoding request (for its last sampled token, at column ``pos``),
+        in one allocation, written with two indexed stores (no per-request loop)."""
+        slots = self.alloc_slots(len(batch))
         if slots is None:
             return None
-        table = self.req_pool.req_to_token
-        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
-        cols = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
-        table[rows.to(table.device), cols.to(table.device)] = slots.to(table.device)
-        for r in reqs:
-            r.extend_len = 1
-        return slots
+        self.host_table[batch.rows_host, batch.pos_host] = slots
+        if self.host_table is self.req_pool.req_to_token:
+            return slots
+        slots_dev = to_device(slots, self.device)
+        self.req_pool.req_to_token[batch.rows, batch.pos] = slots_dev
+        return slots_dev
 
     # -- release ----------------------------------------------------------------------------
     def cache_chunk(self, req: Req) -> None:
         """After a non-final prefill chunk: hand the computed tokens to the tree and keep the
         request locked on the new, longer prefix (so eviction cannot take its own KV)."""
         row, old = req.req_pool_idx, req.prefix_len
-        table = self.req_pool.req_to_token
-        kv = table[row, : req.kv_len].clone()
+        kv = self.host_table[row, : req.kv_len].clone()
         slots, node = self.tree.cache_unfinished_req(req.all_ids[: req.kv_len], kv, req.last_node)
         # NOTE: duplicates of tokens another request cached meanwhile were replaced by the tree's.
-        table[row, old: req.kv_len] = slots[old:].to(table.device)
+        if not torch.equal(slots[old:], kv[old:]):
+            self._write(row, old, slots[old:])
         req.prefix_indices, req.last_node = slots, node
 
     def release(self, req: Req) -> None:
@@ -95,8 +111,7 @@ class KVMemory:
         if req.req_pool_idx is None:
             return
         row, kv_len = req.req_pool_idx, req.kv_len
-        table = self.req_pool.req_to_token
-        kv = table[row, :kv_len].clone()
+        kv = self.host_table[row, :kv_len].clone()
         self.tree.cache_finished_req(req.all_ids[:kv_len], kv, req.last_node)
         if req.extend_len:  # slots reserved for a forward that never ran: no KV in them
             self.kv_pool.free(req.extend_slots)

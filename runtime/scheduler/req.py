@@ -52,6 +52,9 @@ class Req:
         self.admitted_once = False
         self.counted = False  # first admission already counted in the statistics
         self.num_retractions = 0
+        # NOTE: bumped whenever the request gives up its KV (finish, abort, retraction, jump):
+        # a step launched before that (overlap scheduling) sees the change and drops its token.
+        self.epoch = 0
         # grammar: matcher (runtime/grammar) once compiled; the pending compile before that;
         # ``jumped`` marks a jump-forward this step (the request goes back to the queue).
         self.grammar: Any = None
@@ -115,6 +118,7 @@ class Req:
 
     def reset_kv_state(self) -> None:
         """Forget KV ownership (after release into the cache), e.g. on retraction."""
+        self.epoch += 1
         self.req_pool_idx = None
         self.prefix_indices = _EMPTY
         self.last_node = None

@@ -26,12 +26,17 @@ class BatchSampler:
             [r.sampling_params for r in reqs], vocab_size, self.sampler.device, self.eos,
             prompt_ids=[r.origin_input_ids for r in reqs], output_ids=[r.output_ids for r in reqs])
 
-    def sample(self, logits: torch.Tensor, info: SamplingBatchInfo,
-               vocab_mask: torch.Tensor | None = None) -> list[int]:
-        """``vocab_mask``: the grammar's packed int32 bitmask, rows aligned with the batch."""
+    def sample_ids(self, logits: torch.Tensor, info: SamplingBatchInfo,
+                   vocab_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Next ids on the logits' device (no host sync); ``info`` advances one step.
+        ``vocab_mask``: the grammar's packed int32 bitmask, rows aligned with the batch."""
         ids = self.sampler.sample(logits, info, vocab_mask)
         info.update(ids)
-        return ids.tolist()
+        return ids
+
+    def sample(self, logits: torch.Tensor, info: SamplingBatchInfo,
+               vocab_mask: torch.Tensor | None = None) -> list[int]:
+        return self.sample_ids(logits, info, vocab_mask).tolist()
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor,

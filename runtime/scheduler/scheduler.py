@@ -1,11 +1,13 @@
 """The scheduler: continuous batching over one model runner.
 
-Each ``step`` runs one forward: a prefill (extend) batch when the adder admits anything (new
+Each ``step`` launches one forward: a prefill (extend) batch when the adder admits anything (new
 requests, the next chunk of a long prompt, retracted requests resuming), else one decode step of
-every running request. After the forward it samples, checks finish conditions, frees finished
-requests' KV into the radix cache and emits one ``BatchTokenOut``. When KV runs out during decode,
-the least advanced requests are retracted: their KV goes to the cache, they return to the queue
-and later resume from prompt + output so far, producing the same tokens.
+the running batch; sampling is queued with it on the device. Reading a step's tokens (append,
+finish checks, freeing finished requests' KV into the radix cache, one ``BatchTokenOut``) happens
+right after it, or, with overlap scheduling, after the next step was launched (``inflight.py``).
+When KV runs out during decode, the least advanced requests are retracted: their KV goes to the
+cache, they return to the queue and later resume from prompt + output so far, producing the same
+tokens.
 """
 from __future__ import annotations
 
@@ -16,14 +18,19 @@ import torch
 from ..cache.radix import RadixCache
 from ..errors import InvalidRequestError
 from ..ipc import messages as m
-from .batch import build_decode, build_extend
+from ..model.forward_batch import ForwardMode
+from .batch import build_extend
 from .finish import FinishChecker
+from .inflight import HostIds, InflightStep
 from .memory import KVMemory
 from .policy import SchedulePolicy
 from .prefill import PrefillAdder
 from .req import Req, ReqState
 from .output import make_out, record_output_logprobs, record_prompt_logprobs
+from .running import RunningBatch, needs_sync, to_device
 from .sample_step import BatchSampler
+
+_EMPTY = torch.empty(0, dtype=torch.int64)
 
 # NOTE: share of a running request's remaining tokens that admission keeps free for its decode.
 # Starts cautious, decays as decode proceeds without trouble, jumps back up after a retraction.
@@ -49,10 +56,11 @@ class Scheduler:
         self.init_ratio = init_new_token_ratio
         self.ratio = init_new_token_ratio
         self.waiting: list[Req] = []
-        self.running: list[Req] = []
+        self.running = RunningBatch(self.device, runner.req_to_token_pool.size)
         self.chunked: Req | None = None
         self.sampler = BatchSampler(eos_token_ids, config.seed, self.device)
-        self.running_info: Any = None  # SamplingBatchInfo, rows aligned with self.running
+        self.overlap = not config.disable_overlap_schedule
+        self.pending: InflightStep | None = None  # launched, tokens not read yet (overlap)
         self.grammar = grammar  # grammar: runtime.grammar.GrammarManager or None (constraints off)
         self._arrivals = 0
         self.counters = dict(requests_total=0, prompt_tokens_total=0, generated_tokens_total=0,
@@ -93,7 +101,7 @@ class Scheduler:
     @property
     def is_idle(self) -> bool:
         return (not self.waiting and not self.running and self.chunked is None
-                and not (self.grammar and self.grammar.pending))
+                and self.pending is None and not (self.grammar and self.grammar.pending))
 
     def stats(self) -> dict:
         c = self.counters
@@ -115,38 +123,66 @@ class Scheduler:
             pass  # grammar: aborted while its grammar compiled
         elif self.chunked is not None and self.chunked.rid == rid:
             req, self.chunked = self.chunked, None
-        else:
-            req = next((r for r in self.running if r.rid == rid), None)
+        elif (req := next((r for r in self.running.reqs if r.rid == rid), None)) is not None:
+            self.running.filter([r for r in self.running.reqs if r is not req])
+        else:  # prefilled by the step in flight (its token is then dropped: epoch)
+            live = self.pending.live() if self.pending is not None else []
+            req = next((r for r in live if r.rid == rid and not r.finished), None)
             if req is None:
                 return  # already finished (or never arrived): nothing to free
-            self._set_running([r for r in self.running if r is not req])
         self.memory.release(req)
+        if self.pending is not None and not self.pending.live():
+            self.pending = None  # nothing left to read from the step in flight
         req.finish_reason = {"type": "abort", "message": message}
         req.state = ReqState.FINISHED
         self.send(m.BatchTokenOut([make_out(req)]))
 
     # -- the step -----------------------------------------------------------------------------
     def step(self) -> bool:
-        """Run one forward if there is work; False when idle."""
+        """Launch one forward if there is work and read the previous one; False when idle.
+
+        With overlap on, step t's tokens are read after step t+1 was launched (the device runs
+        t+1 while the host does t's bookkeeping). A step whose results are needed before the
+        next launch (logprobs, grammar masks) is read right away instead."""
         self._poll_grammars()
         reqs = self._schedule_prefill()
+        if self.pending is not None and self._must_sync(reqs or self.running.reqs):
+            self._read(self.pending)
         if reqs:
-            self._run_extend(reqs)
+            launched = self._launch_extend(reqs)
         elif self.running:
-            self._run_decode()
-        elif self.grammar and self.grammar.pending:
-            self.grammar.wait_pending(0.005)  # grammar: only compiles in flight; do not spin
-            return True
+            launched = self._launch_decode()
         else:
+            launched = None
+        if self.pending is not None:
+            self._read(self.pending)
+        if launched is None:
+            if self.grammar and self.grammar.pending:
+                self.grammar.wait_pending(0.005)  # grammar: only compiles in flight; do not spin
+                return True
             return False
         self.counters["forward_steps"] += 1
+        if launched.sync:
+            self._read(launched)
+        elif launched.any_live():
+            self.pending = launched
+        # else: reading the previous step finished every request of this one; nothing to read
         return True
+
+    def _must_sync(self, batch: list[Req]) -> bool:
+        """Read the step in flight before launching ``batch``: overlap off, nothing to launch
+        (the step may add decoders), or rows that need exact logits / grammar state."""
+        if not self.overlap or not batch:
+            return True
+        if batch is self.running.reqs:
+            return self.running.sync_rows > 0
+        return any(map(needs_sync, batch))
 
     def _schedule_prefill(self) -> list[Req]:
         if not self.waiting and self.chunked is None:
             return []
         adder = PrefillAdder(self.memory, self.chunk_size, self.max_running - len(self.running),
-                             self.running, self.ratio)
+                             self.running.reqs, self.ratio)
         if self.chunked is not None and not adder.add_chunked(self.chunked):
             return []
         for req in self.policy.order(self.waiting):
@@ -163,49 +199,75 @@ class Scheduler:
         self.chunked = adder.chunked
         return adder.reqs
 
-    def _run_extend(self, reqs: list[Req]) -> None:
+    # -- launching a step (forward + sampling, queued on the device) ---------------------------
+    def _launch_extend(self, reqs: list[Req]) -> InflightStep:
         batch, layout = build_extend(reqs, self.device)
-        sampling = [r for r in reqs if r.kv_len + r.extend_len >= r.seq_len
-                    and not r.is_prefill_only]
-        mask = self.grammar.fill_bitmask(sampling) if self.grammar else None  # grammar
+        step = InflightStep.launched(ForwardMode.EXTEND, reqs, self._must_sync(reqs))
+        idx = [i for i, r in enumerate(reqs)
+               if r.kv_len + r.extend_len >= r.seq_len and not r.is_prefill_only]
+        step.sampled = [reqs[i] for i in idx]
+        mask = self.grammar.fill_bitmask(step.sampled) if self.grammar else None  # grammar
         logits = self.runner.forward(batch)
         for req in reqs:
             req.kv_len += req.extend_len
-            req.extend_len, req.extend_slots = 0, req.extend_slots[:0]
-        record_prompt_logprobs(reqs, layout, logits)
-        sample_idx = []
-        for i, req in enumerate(reqs):
+            req.extend_len, req.extend_slots = 0, _EMPTY
             if req.is_prefill_only and req.kv_len == req.seq_len:
                 req.finish_reason = {"type": "length", "length": 0}
                 continue
             # NOTE: cache what was computed right away (not only at the end), so a chunk is
             # protected from eviction and waiting requests sharing this prompt reuse it.
             self.memory.cache_chunk(req)
-            if req.kv_len == req.seq_len:
-                sample_idx.append(i)
-        done = [reqs[i] for i in sample_idx]
-        if done:
-            rows = torch.tensor([layout.last_row(i) for i in sample_idx], device=logits.device)
-            info = self.sampler.new_info(done, logits.shape[-1])
-            self._append_tokens(done, logits.index_select(0, rows), info, mask)
-            self._join_running(done, info)
-        self._finish_and_send(reqs)
+        if step.sync:
+            step.extend_logits, step.layout = logits, layout
+        if step.sampled:
+            last = to_device(torch.tensor([layout.last_row(i) for i in idx]), self.device)
+            step.info = self.sampler.new_info(step.sampled, logits.shape[-1])
+            table_rows = torch.tensor([r.req_pool_idx for r in step.sampled])
+            self._sample(step, logits.index_select(0, last), step.info, mask,
+                         to_device(table_rows, self.device))
+        return step
 
-    def _run_decode(self) -> None:
+    def _launch_decode(self) -> InflightStep | None:
+        if self.pending is not None and self.memory.available() < len(self.running):
+            self._read(self.pending)  # requests it finished free KV: retract only if still short
         self._make_room_for_decode()
-        reqs = self.running
-        slots = self.memory.reserve_decode(reqs)
+        if not self.running:
+            return None
+        reqs = self.running.reqs
+        slots = self.memory.reserve_decode(self.running)
         assert slots is not None, "decode KV reservation failed after retraction"
+        step = InflightStep.launched(ForwardMode.DECODE, reqs, self._must_sync(reqs))
+        step.sampled = reqs
         mask = self.grammar.fill_bitmask(reqs) if self.grammar else None  # grammar
-        logits = self.runner.forward(build_decode(reqs, slots, self.device))
-        for req in reqs:
-            req.kv_len += 1
-            req.extend_len, req.extend_slots = 0, req.extend_slots[:0]
-        self._append_tokens(reqs, logits, self.running_info, mask)
-        self._set_running([r for r in reqs if not r.finished and not r.jumped])
-        self._requeue_jumped(reqs)
+        logits = self.runner.forward(self.running.forward_batch(slots))
+        self._sample(step, logits, self.running.info, mask, self.running.rows)
+        self.running.advance()
         self.ratio = max(self.ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
-        self._finish_and_send(reqs)
+        return step
+
+    def _sample(self, step: InflightStep, logits: torch.Tensor, info: Any, mask: Any,
+                table_rows: torch.Tensor) -> None:
+        """Sample on the device; the ids become the next decode inputs (by request row) and
+        start their copy to the host."""
+        vocab_mask = mask.result() if mask is not None else None  # grammar: filled meanwhile
+        ids = self.sampler.sample_ids(logits, info, vocab_mask)
+        self.running.record_tokens(table_rows, ids)
+        step.ids = HostIds(ids)
+        if step.sync:
+            step.logits, step.vocab_mask = logits, vocab_mask
+
+    # -- reading a step's tokens ----------------------------------------------------------------
+    def _read(self, step: InflightStep) -> None:
+        if step is self.pending:
+            self.pending = None
+        live = step.live()
+        if step.extend_logits is not None:
+            record_prompt_logprobs(step.reqs, step.layout, step.extend_logits)
+        if step.sampled:
+            alive = {id(r) for r in live}
+            keep = [i for i, r in enumerate(step.sampled) if id(r) in alive]
+            self._append_tokens(step, step.ids.tolist(), keep)
+        self._finish_and_send(live)
 
     # -- retraction ---------------------------------------------------------------------------
     def _make_room_for_decode(self) -> None:
@@ -214,8 +276,8 @@ class Scheduler:
             if self.chunked is not None:
                 victim, self.chunked = self.chunked, None
             elif len(self.running) > 1:
-                victim = max(self.running, key=lambda r: (r.arrival, -len(r.output_ids)))
-                self._set_running([r for r in self.running if r is not victim])
+                victim = max(self.running.reqs, key=lambda r: (r.arrival, -len(r.output_ids)))
+                self.running.filter([r for r in self.running.reqs if r is not victim])
             else:
                 raise RuntimeError("KV pool too small for a single request (validation missed it)")
             self.memory.release(victim)
@@ -225,43 +287,38 @@ class Scheduler:
             self.counters["retractions_total"] += 1
             self.ratio = max(self.ratio, self.init_ratio)
 
-    # -- the running batch ------------------------------------------------------------------------
-    def _set_running(self, reqs: list[Req]) -> None:
-        """Shrink the running batch to ``reqs`` (a sub-list, in order), keeping sampling rows aligned."""
-        if len(reqs) != len(self.running) and self.running_info is not None:
-            pos = {id(r): i for i, r in enumerate(self.running)}
-            self.running_info.filter([pos[id(r)] for r in reqs])
-        self.running = reqs
-        if not reqs:
-            self.running_info = None
-
-    def _join_running(self, reqs: list[Req], info: Any) -> None:
-        keep = [i for i, r in enumerate(reqs) if not r.finished and not r.jumped]
-        self._requeue_jumped(reqs)  # grammar
-        if not keep:
-            return
-        if len(keep) != len(reqs):
-            info.filter(keep)
-        for i in keep:
-            reqs[i].state = ReqState.DECODING
-            self.running.append(reqs[i])
-        if self.running_info is None:
-            self.running_info = info
-        else:
-            self.running_info.merge(info)
-
-    # -- sampling, logprobs, outputs ----------------------------------------------------------------
-    def _append_tokens(self, reqs: list[Req], logits: torch.Tensor, info: Any,
-                       mask: Any = None) -> None:
-        vocab_mask = mask.result() if mask is not None else None  # grammar: filled during forward
-        next_ids = self.sampler.sample(logits, info, vocab_mask)
-        record_output_logprobs(reqs, logits, next_ids)
+    # -- the running batch ----------------------------------------------------------------------
+    def _append_tokens(self, step: InflightStep, ids: list[int], keep: list[int]) -> None:
+        """Append the sampled tokens of the live rows ``keep``, check finish conditions, then
+        update the running batch (leavers out; after a prefill, the new decoders in)."""
+        reqs = [step.sampled[i] for i in keep]
+        next_ids = [ids[i] for i in keep]
+        check = self.checker.check
         for req, token in zip(reqs, next_ids):
             req.output_ids.append(token)
-            req.finish_reason = self.checker.check(req)
-        if vocab_mask is not None:  # grammar: advance matchers, finish, jump forward
+            req.finish_reason = check(req)
+        if step.logits is not None:  # sync step: logits rows still valid
+            rows = step.logits if len(keep) == len(ids) else step.logits[keep]
+            record_output_logprobs(reqs, rows, next_ids)
+        if step.vocab_mask is not None:  # grammar: advance matchers, finish, jump forward
             for req in self.grammar.after_sample(reqs, self.checker):
                 req.jumped = True
+        if step.mode is ForwardMode.EXTEND:
+            self._join_running(step, keep)
+        elif any(r.finished or r.jumped for r in reqs):
+            self.running.filter([r for r in self.running.reqs if not r.finished and not r.jumped])
+        self._requeue_jumped(reqs)
+
+    def _join_running(self, step: InflightStep, keep: list[int]) -> None:
+        joined = [i for i in keep if not step.sampled[i].finished and not step.sampled[i].jumped]
+        if not joined:
+            return
+        if len(joined) != len(step.sampled):
+            step.info.filter(joined)
+        reqs = [step.sampled[i] for i in joined]
+        for req in reqs:
+            req.state = ReqState.DECODING
+        self.running.merge(reqs, step.info)
 
     # -- grammar (runtime/grammar/manager.py does the work) -------------------------------------
     def _admit_grammar(self, req: Req) -> bool:

@@ -203,7 +203,11 @@ async def test_cancelled_async_generate_aborts(engine):
     params = {"temperature": 0, "max_new_tokens": 500, "ignore_eos": True}
     before = (await asyncio.to_thread(engine.stats))["generated_tokens_total"]
     task = asyncio.ensure_future(engine.async_generate("Cancel me", params, rid="cancel-me"))
-    await asyncio.sleep(0.5)
+    # NOTE: cancel as soon as the request runs (a fixed sleep can outlast 500 fast tokens).
+    for _ in range(600):
+        if (await asyncio.to_thread(engine.stats))["num_running_reqs"]:
+            break
+        await asyncio.sleep(0.005)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -58,7 +58,8 @@ class StandInRunner:
         target = torch.tensor(rows, dtype=torch.int64)
         # A smooth, peaked row: softmax is non-trivial, argmax is the target.
         logits = -0.5 * (torch.arange(VOCAB).view(1, -1) - target.view(-1, 1)).abs().float()
-        return logits[b.logits_indices]
+        # NOTE: no logits_indices (decode): one row per request, as the real runner does.
+        return logits if b.logits_indices is None else logits[b.logits_indices]
 
 
 @dataclass

@@ -1,0 +1,125 @@
+"""RunningBatch: the decode batch, kept between steps instead of rebuilt every step.
+
+It holds the decoding requests in order, their sampling rows (``SamplingBatchInfo``), and the
+per-row tensors a decode forward needs, on the device and mirrored on the host: the request
+row of ``req_to_token`` and the position of the token fed next (== its KV column). A decode
+step advances every position by one with one tensor op; requests leaving or joining ``filter``
+and ``merge`` the rows. No per-step Python loop builds tensors and nothing syncs the device.
+
+The token fed to a decode step is never read from the host: it is gathered on the device from
+``last_token`` (one entry per request row, written by every sampling step), so the next step
+can be launched before the previous step's tokens reached the host (overlap scheduling).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..model.forward_batch import ForwardBatch, ForwardMode
+from .req import Req
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host -> device without waiting for queued device work (pinned, non-blocking); a plain
+    ``.to`` on the CPU. NOTE: a blocking copy would stall the CPU until the forward in flight
+    ends, which is exactly what overlap scheduling avoids."""
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def needs_sync(req: Req) -> bool:
+    """Its steps must be read before the next launch: logprobs need that step's logits, a
+    grammar mask needs the matcher advanced by the previous token."""
+    return req.return_logprob or req.grammar is not None
+
+
+class RunningBatch:
+    def __init__(self, device: torch.device, num_rows: int) -> None:
+        self.device = device
+        self.reqs: list[Req] = []
+        self.info: Any = None  # SamplingBatchInfo, rows aligned with reqs
+        self.sync_rows = 0  # requests whose steps must be read before the next launch
+        i64 = dict(dtype=torch.int64)
+        self.rows_host = torch.empty(0, **i64)
+        self.pos_host = torch.empty(0, **i64)
+        self.rows = torch.empty(0, device=device, **i64)
+        self.pos = torch.empty(0, device=device, **i64)
+        # NOTE: last sampled token per request row; rows are reused only after release, and a
+        # new owner samples (writes its entry) before its first decode step reads it.
+        self.last_token = torch.zeros(num_rows, device=device, **i64)
+        self.ones = torch.ones(0, device=device, **i64)
+        self.arange = torch.arange(0, device=device, **i64)
+
+    def __len__(self) -> int:
+        return len(self.reqs)
+
+    def __bool__(self) -> bool:
+        return bool(self.reqs)
+
+    # -- composition ------------------------------------------------------------------------
+    def filter(self, keep: list[Req]) -> None:
+        """Shrink to ``keep`` (a sub-list of ``reqs``, in order)."""
+        if len(keep) == len(self.reqs):
+            return
+        if not keep:
+            self.__init_rows()
+            return
+        pos = {id(r): i for i, r in enumerate(self.reqs)}
+        idx = torch.tensor([pos[id(r)] for r in keep], dtype=torch.int64)
+        idx_dev = to_device(idx, self.device)
+        self.rows_host, self.pos_host = self.rows_host[idx], self.pos_host[idx]
+        self.rows, self.pos = self.rows[idx_dev], self.pos[idx_dev]
+        self.info.filter(idx)
+        self.reqs = keep
+        self.sync_rows = sum(map(needs_sync, keep)) if self.sync_rows else 0
+
+    def merge(self, reqs: list[Req], info: Any) -> None:
+        """Append requests that just sampled their first token (after a prefill)."""
+        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
+        pos = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
+        self.rows_host = torch.cat([self.rows_host, rows])
+        self.pos_host = torch.cat([self.pos_host, pos])
+        self.rows = torch.cat([self.rows, to_device(rows, self.device)])
+        self.pos = torch.cat([self.pos, to_device(pos, self.device)])
+        if self.info is None:
+            self.info = info
+        else:
+            self.info.merge(info)
+        self.reqs = self.reqs + reqs
+        self.sync_rows += sum(map(needs_sync, reqs))
+
+    def __init_rows(self) -> None:
+        self.reqs, self.info, self.sync_rows = [], None, 0
+        self.rows_host, self.pos_host = self.rows_host[:0], self.pos_host[:0]
+        self.rows, self.pos = self.rows[:0], self.pos[:0]
+
+    # -- one decode step ----------------------------------------------------------------------
+    def forward_batch(self, slots: torch.Tensor) -> ForwardBatch:
+        """The decode batch feeding each request's last sampled token into ``slots``."""
+        bs = len(self.reqs)
+        if self.ones.shape[0] < bs:
+            self.ones = torch.ones(2 * bs, dtype=torch.int64, device=self.device)
+            self.arange = torch.arange(2 * bs, dtype=torch.int64, device=self.device)
+        seq_lens = self.pos + 1
+        pos_list = self.pos_host.tolist()
+        return ForwardBatch(
+            mode=ForwardMode.DECODE, batch_size=bs,
+            input_ids=self.last_token.index_select(0, self.rows), positions=self.pos,
+            req_pool_indices=self.rows, seq_lens=seq_lens, out_cache_loc=slots,
+            extend_prefix_lens=self.pos, extend_seq_lens=self.ones[:bs],
+            extend_start_loc=self.arange[:bs],
+            seq_lens_cpu=[p + 1 for p in pos_list], extend_prefix_lens_cpu=pos_list,
+            extend_seq_lens_cpu=[1] * bs)
+
+    def advance(self) -> None:
+        """After a decode launch: every request's next token goes one position further."""
+        self.pos = self.pos + 1
+        self.pos_host = self.pos_host + 1
+        for r in self.reqs:
+            r.kv_len += 1
+
+    def record_tokens(self, rows: torch.Tensor, ids: torch.Tensor) -> None:
+        """Sampled ids (device) of the requests in ``rows`` (device): the next decode's inputs."""
+        self.last_token.index_copy_(0, rows, ids)
