@@ -15,7 +15,7 @@ from torch import nn
 from ..errors import ModelLoadError
 from ..layers.activation import SiluAndMul
 from ..layers.attention.base import AttentionBackend
-from ..layers.linear import Linear, PackedLinear, column_major
+from ..layers.linear import Linear, PackedLinear, cpu_layout, split_matmul
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .forward_batch import ForwardBatch
@@ -130,7 +130,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = (None if cfg.tie_word_embeddings else
                         Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype, device=device))
         self.attn_backend: AttentionBackend | None = None  # set by the runner
-        # Separate copy of the tied embedding laid out for the logits matmul (CPU only).
+        # The logits matrix in the CPU matmul layout (set by optimize_for_cpu).
         self._logits_weight: torch.Tensor | None = None
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -141,20 +141,22 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits ``[rows, vocab]`` for the given hidden rows."""
-        weight = self._logits_weight
-        if weight is None:
-            weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        if self._logits_weight is not None:
+            return split_matmul(hidden, self._logits_weight).float()
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(hidden, weight).float()
 
-    def optimize_for_cpu(self) -> None:
-        """After loading: column-major weights for every projection and the logits matrix
-        (see ``Linear.use_column_major``). A tied embedding keeps its row-major copy for the
+    def optimize_for_cpu(self, splits: int) -> None:
+        """After loading: every projection and the logits matrix in the CPU matmul layout
+        (see ``Linear.use_cpu_layout``). A tied embedding keeps its row-major copy for the
         token lookup, so tied models hold the vocab matrix twice on CPU."""
         for module in self.modules():
-            if isinstance(module, Linear):
-                module.use_column_major()
+            if isinstance(module, Linear):  # includes an untied lm_head
+                module.use_cpu_layout(splits)
         if self.lm_head is None:
-            self._logits_weight = column_major(self.model.embed_tokens.weight.data)
+            self._logits_weight = cpu_layout(self.model.embed_tokens.weight.data, splits)
+        else:
+            self._logits_weight = self.lm_head.weight.data
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy checkpoint tensors into our parameters; returns the names of parameters

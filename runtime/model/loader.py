@@ -134,7 +134,7 @@ def load_model_from_dir(model_dir: Path, device: torch.device | str, dtype: torc
             shown = ", ".join(missing[:5]) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
             raise ModelLoadError(f"checkpoint in {model_dir} lacks weights: {shown}")
     if torch.device(device).type == "cpu":
-        model.optimize_for_cpu()
+        model.optimize_for_cpu(torch.get_num_threads())
     return model.eval(), model_config
 
 
