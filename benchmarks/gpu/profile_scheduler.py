@@ -49,27 +49,31 @@ class NullRunner:
 
 
 def make_scheduler(a) -> tuple[Scheduler, object]:
-    cfg = dict(max_running_requests=a.n, chunked_prefill_size=8192, grammar_backend="none",
+    cfg = dict(max_running_requests=a.max_running or a.n, chunked_prefill_size=8192, grammar_backend="none",
                disable_overlap_schedule=a.no_overlap)
     if a.runner == "null":
-        runner = NullRunner(a.n * (a.inp + a.out + 8), a.n, a.inp + a.out + 8)
+        ctx = a.shared + a.inp + a.out + 8
+        runner = NullRunner(a.n * ctx, a.max_running or a.n, ctx)
         config = EngineConfig(**cfg)
     else:
         from common import model_dir
         from sgdsl.runtime.model.runner import ModelRunner
 
         config = EngineConfig(model=model_dir(a.model), load_format="dummy", context_length=4096,
-                              cuda_graph_max_bs=a.n, **cfg)
+                              cuda_graph_max_bs=a.max_running or a.n, **cfg)
         runner = ModelRunner(config)
     sent = []
     return Scheduler(runner, config, [0], None, sent.append), runner
 
 
 def submit(sched: Scheduler, a, seed: int) -> None:
+    """``a.n`` prompts of ``a.inp`` random tokens; with ``--groups G`` each group of n/G prompts
+    starts with its own ``--shared``-token system prompt (workload D's shape)."""
     rng = random.Random(seed)
+    vocab = 30000 if a.runner == "model" else NULL_VOCAB
+    systems = [[rng.randrange(10, vocab) for _ in range(a.shared)] for _ in range(a.groups)]
     for i in range(a.n):
-        ids = [rng.randrange(10, 30000 if a.runner == "model" else NULL_VOCAB)
-               for _ in range(a.inp)]
+        ids = systems[i * a.groups // a.n] + [rng.randrange(10, vocab) for _ in range(a.inp)]
         p = SamplingParams(max_new_tokens=a.out, ignore_eos=True, temperature=0.0)
         sched.handle(m.TokenizedGenerateReq(f"{seed}-{i}", ids, p))
 
@@ -118,24 +122,31 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=256)
     ap.add_argument("--inp", type=int, default=64)
     ap.add_argument("--out", type=int, default=256)
+    ap.add_argument("--groups", type=int, default=1)
+    ap.add_argument("--shared", type=int, default=0)
+    ap.add_argument("--max-running", type=int, default=0, help="default: n")
     ap.add_argument("--no-overlap", action="store_true")
     ap.add_argument("--cprofile", action="store_true")
     a = ap.parse_args()
     if a.runner == "null":
         torch.set_num_threads(1)  # tiny tensors: threads only add spin-waits
     sched, runner = make_scheduler(a)
-    a_warm = argparse.Namespace(**{**vars(a), "out": 4})
+    a_warm = argparse.Namespace(**{**vars(a), "out": 4, "n": min(a.n, 8), "groups": 1})
     run(sched, a_warm, seed=1)  # warm-up: compiles, allocator
     prof = cProfile.Profile() if a.cprofile else None
     if prof:
         prof.enable()
+    t0 = time.perf_counter()
     t_dec, n_dec, steps = run(sched, a, seed=2)
+    t_all = time.perf_counter() - t0
     if prof:
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
-    print(f"runner={a.runner} n={a.n} in={a.inp} out={a.out} overlap={not a.no_overlap}: "
-          f"{steps} steps, {n_dec} decode-only steps, {t_dec / max(n_dec, 1) * 1e3:.3f} ms "
-          f"per decode step (wall, in-process)")
+    st = sched.stats()
+    print(f"runner={a.runner} n={a.n} in={a.shared}+{a.inp} out={a.out} "
+          f"overlap={not a.no_overlap}: {steps} steps in {t_all:.2f} s, {n_dec} decode-only "
+          f"steps, {t_dec / max(n_dec, 1) * 1e3:.3f} ms per decode step (wall, in-process); "
+          f"cache hit rate {st['cache_hit_rate']:.3f} (cumulative)")
     if a.runner == "model" and torch.cuda.is_available():
         print(f"GPU decode step alone (graph replay): bs={a.n} ctx={a.inp + a.out // 2}: "
               f"{gpu_step_ms(runner, a.n, a.inp + a.out // 2):.3f} ms")
