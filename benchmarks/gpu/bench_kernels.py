@@ -1,5 +1,7 @@
 """Microbenchmark of the attention kernels at Llama-3.1-8B shapes (32 q heads, 8 kv heads,
-head_dim 128, bf16): decode attention as achieved KV bandwidth, extend attention as TFLOP/s."""
+head_dim 128, bf16): decode attention as achieved KV bandwidth, extend attention as TFLOP/s,
+and workload D's decode step (128 requests, 8 groups of 16 sharing a 2048-token prefix) with
+plain split-K vs cascade (shared prefix read once per tile), through the triton backend."""
 from __future__ import annotations
 
 import torch
@@ -56,8 +58,46 @@ def bench_extend(bs: int, prefix: int, new: int) -> list:
             "TFLOP/s"]
 
 
+def bench_shared_prefix(groups: int, members: int, prefix: int, own: int) -> list[list]:
+    """One layer's decode attention over D-shaped shared prefixes, plain vs cascade."""
+    from types import SimpleNamespace
+
+    from sgdsl.runtime.layers.attention.shared_prefix import build_shared_prefix
+    from sgdsl.runtime.layers.attention.triton import TritonAttnBackend
+    from sgdsl.runtime.model.forward_batch import ForwardBatch, ForwardMode
+
+    bs, ctx = groups * members, prefix + own
+    k, v, r2t = _pool(bs, ctx)
+    for g in range(groups):  # members of a group point at one copy of the prefix
+        r2t[g * members:(g + 1) * members, :prefix] = r2t[g * members, :prefix]
+    pool = SimpleNamespace(k_buffer=[k], v_buffer=[v])
+    runner = SimpleNamespace(req_to_token_pool=SimpleNamespace(req_to_token=r2t),
+                             token_kv_pool=pool, model_config=SimpleNamespace(num_heads=H,
+                                                                              head_dim=D))
+    backend = TritonAttnBackend(runner)
+    i64 = dict(dtype=torch.int64, device="cuda")
+    sl = torch.full((bs,), ctx, **i64)
+    shared = build_shared_prefix(
+        [(g * members, prefix, list(range(g * members, (g + 1) * members)))
+         for g in range(groups)], bs, backend.prefix_members, torch.device("cuda"))
+    q = torch.randn(bs, H, D, dtype=torch.bfloat16, device="cuda")
+    kv_new = torch.randn(bs, KVH, D, dtype=torch.bfloat16, device="cuda")
+    rows = []
+    for name, sp in (("plain", None), ("cascade", shared)):
+        batch = ForwardBatch(ForwardMode.DECODE, bs, sl, sl - 1, torch.arange(bs, **i64), sl,
+                             torch.zeros(bs, **i64), sl - 1, torch.ones(bs, **i64),
+                             torch.arange(bs, **i64), shared_prefix=sp)
+        backend.init_forward_metadata(batch)
+        fn = lambda: backend.forward(q, kv_new, kv_new, 0, batch, D ** -0.5)  # noqa: E731
+        ms = triton.testing.do_bench(fn, warmup=50, rep=200, return_mode="median")
+        rows.append([f"D decode {name}: {groups}x{members} reqs, {prefix}+{own} ctx", ms * 1e3,
+                     "", "us/layer"])
+    return rows
+
+
 def main() -> None:
-    rows = [bench_decode(bs, ctx) for bs, ctx in ((1, 384), (1, 4096), (32, 1024), (128, 1280))]
+    rows = bench_shared_prefix(8, 16, 2048, 192)
+    rows += [bench_decode(bs, ctx) for bs, ctx in ((1, 384), (1, 4096), (32, 1024), (128, 1280))]
     rows += [bench_extend(bs, p, n) for bs, p, n in ((1, 0, 1024), (8, 0, 1024), (16, 2048, 128))]
     print_table("attention kernels, Llama-3.1-8B shapes, bf16", ["case", "us", "rate", "unit"],
                 rows)

@@ -7,6 +7,10 @@ head of one KV head (padded to 16 rows for ``tl.dot``), so each K/V row is read 
 
 All launch shapes depend only on the batch size and ``max_kv_splits``, and the per-request split
 count is a device tensor, so both stages can be captured in a CUDA graph.
+
+Shared prefixes (cascade): with ``starts``, stage 1 covers only tokens ``[start, seq_len)`` of
+each request; ``prefix_decode_attention`` writes the partials of the shared ``[0, start)`` part
+into further split slots, and stage 2 merges them all (``decode_merge`` with more splits).
 """
 from __future__ import annotations
 
@@ -19,14 +23,14 @@ _MIN_BLOCK_H = 16  # tl.dot needs at least 16 rows
 
 @triton.jit
 def _decode_stage1(
-    Q, K_Buf, V_Buf, Req_to_token, Req_idx, Seq_lens, Num_splits, Mid_o, Mid_lse,
+    Q, K_Buf, V_Buf, Req_to_token, Req_idx, Seq_lens, Starts, Num_splits, Mid_o, Mid_lse,
     sm_scale,
     stride_qb, stride_qh, stride_kbs, stride_kh, stride_vbs, stride_vh, stride_rt,
     stride_mob, stride_moh, stride_mos, stride_lb, stride_lh,
     q_head_num,
     KV_GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, MAX_SPLITS: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, HAS_STARTS: tl.constexpr,
 ):
     cur_batch = tl.program_id(0)
     cur_kv_head = tl.program_id(1)
@@ -40,8 +44,11 @@ def _decode_stage1(
     seq_len = tl.load(Seq_lens + cur_batch).to(tl.int32)
     num_splits = tl.load(Num_splits + cur_batch)
     req_row = tl.load(Req_idx + cur_batch).to(tl.int64)
-    per_split = tl.cdiv(seq_len, num_splits)
-    start = per_split * split_id
+    first = 0
+    if HAS_STARTS:
+        first = tl.load(Starts + cur_batch).to(tl.int32)
+    per_split = tl.cdiv(seq_len - first, num_splits)
+    start = first + per_split * split_id
     end = tl.minimum(start + per_split, seq_len)
 
     q = tl.load(Q + cur_batch * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :],
@@ -132,31 +139,56 @@ def decode_attention_fwd(
     q/out: [bs, H, D]; k_buf/v_buf: [slots, KVH, D]; mid_o: [bs, H, S, D] fp32 and
     mid_lse: [bs, H, S] fp32 scratch. ``max_kv_splits`` (a power of two <= S, default S) bounds
     num_kv_splits and sets the launch grid, so small values cost no empty programs."""
+    max_kv_splits = max_kv_splits or mid_lse.shape[2]
+    decode_stage1(q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, num_kv_splits,
+                  mid_o, mid_lse, sm_scale, max_kv_splits)
+    return decode_merge(mid_o, mid_lse, out, max_kv_splits)
+
+
+def decode_stage1(
+    q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+    num_kv_splits: torch.Tensor, mid_o: torch.Tensor, mid_lse: torch.Tensor,
+    sm_scale: float, max_kv_splits: int, starts: torch.Tensor | None = None,
+) -> None:
+    """Split partials into ``mid_o``/``mid_lse[..., :max_kv_splits]``; with ``starts`` ([bs]
+    int64) only over tokens ``[starts[b], seq_lens[b])``."""
     bs, num_heads, head_dim = q.shape
     kv_heads = k_buf.shape[1]
-    max_kv_splits = max_kv_splits or mid_lse.shape[2]
-    _check(q, k_buf, v_buf, out, req_to_token, bs, max_kv_splits)
+    _check(q, k_buf, v_buf, q, req_to_token, bs, max_kv_splits)
     assert max_kv_splits <= mid_lse.shape[2], "max_kv_splits exceeds the scratch"
     assert mid_o.shape == (bs, num_heads, mid_lse.shape[2], head_dim) and mid_o.stride(3) == 1
     assert mid_lse.shape[:2] == (bs, num_heads) and mid_lse.stride(2) == 1
+    assert starts is None or starts.shape == (bs,), "starts: one per request"
     group = num_heads // kv_heads
     block_h = max(_MIN_BLOCK_H, triton.next_power_of_2(group))
     block_d = triton.next_power_of_2(head_dim)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _decode_stage1[(bs, kv_heads, max_kv_splits)](
-        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, num_kv_splits, mid_o, mid_lse,
+        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens,
+        starts if starts is not None else seq_lens, num_kv_splits, mid_o, mid_lse,
         sm_scale,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0),
         v_buf.stride(1), req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         num_heads,
         KV_GROUP=group, BLOCK_H=block_h, BLOCK_N=32, BLOCK_D=block_d, HEAD_DIM=head_dim,
-        MAX_SPLITS=max_kv_splits, PRECISION=precision, num_warps=4, num_stages=2,
+        MAX_SPLITS=max_kv_splits, PRECISION=precision, HAS_STARTS=starts is not None,
+        num_warps=4, num_stages=2,
     )
+
+
+def decode_merge(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor,
+                 num_splits: int) -> torch.Tensor:
+    """Stage 2: merge the first ``num_splits`` (a power of two) partials of every row."""
+    bs, num_heads, _, head_dim = mid_o.shape
+    assert num_splits & (num_splits - 1) == 0 and num_splits <= mid_lse.shape[2]
+    assert out.shape == (bs, num_heads, head_dim) and out.stride(2) == 1
     _decode_stage2[(bs, num_heads)](
         mid_o, mid_lse, out,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
-        BLOCK_D=block_d, HEAD_DIM=head_dim, MAX_SPLITS=max_kv_splits, num_warps=4,
+        BLOCK_D=triton.next_power_of_2(head_dim), HEAD_DIM=head_dim, MAX_SPLITS=num_splits,
+        num_warps=4,
     )
     return out

@@ -6,6 +6,11 @@ launch with no Python per layer.
 Inputs live in static buffers the graphs were captured on; ``replay`` copies the batch into
 them. Padded rows decode a dummy token into KV slot 0 (the pool's reserved dummy row) with
 sequence length 1, and their outputs are dropped.
+
+With a backend that reads shared prefixes once per group (``prefix_members``, triton), the
+graphs are captured on the cascade path with static ``SharedPrefix`` buffers; a batch without
+groups replays them with empty tiles (every request's prefix length 0), which computes the
+same attention as plain decode.
 """
 from __future__ import annotations
 
@@ -15,9 +20,14 @@ from typing import Any
 
 import torch
 
+from ..layers.attention.shared_prefix import SharedPrefix, max_tiles
 from .forward_batch import ForwardBatch, ForwardMode
 
 logger = logging.getLogger(__name__)
+
+# NOTE: smaller graphs are captured without the cascade path: few requests rarely share a
+# prefix, and its extra launches (~2% of a batch-1 Llama-3.1-8B step) would cost every step.
+CASCADE_MIN_BS = 16
 
 # (logits [bs, vocab] fp32) -> anything made of tensors; captured after the logits.
 SampleFn = Callable[[torch.Tensor], Any]
@@ -47,6 +57,12 @@ class CudaGraphRunner:
         self.out_cache_loc = torch.zeros(max_bs, **i64)  # slot 0: the dummy row
         self.ones = torch.ones(max_bs, **i64)
         self.arange = torch.arange(max_bs, **i64)
+        members = getattr(runner.attn_backend, "prefix_members", None)
+        self.shared = None if members is None else SharedPrefix(
+            torch.zeros(max_bs, **i64), torch.zeros(max_tiles(max_bs), **i64),
+            torch.zeros(max_tiles(max_bs), **i64),
+            torch.full((max_tiles(max_bs), members), -1, **i64))
+        self._shared_src: Any = None  # the SharedPrefix last copied in (None: empty tiles)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, Any] = {}
         self.pool = None
@@ -58,7 +74,31 @@ class CudaGraphRunner:
             seq_lens=self.seq_lens[:bs], out_cache_loc=self.out_cache_loc[:bs],
             # positions == seq_len - 1 == prefix length for a decode token
             extend_prefix_lens=self.positions[:bs], extend_seq_lens=self.ones[:bs],
-            extend_start_loc=self.arange[:bs])
+            extend_start_loc=self.arange[:bs], shared_prefix=self._shared_view(bs))
+
+    def _shared_view(self, bs: int) -> SharedPrefix | None:
+        s, t = self.shared, max_tiles(bs)
+        if s is None or bs < CASCADE_MIN_BS:
+            return None
+        return SharedPrefix(s.prefix_lens[:bs], s.tile_rows[:t], s.tile_lens[:t],
+                            s.tile_members[:t])
+
+    def _copy_shared(self, src: SharedPrefix | None, bs: int, padded: int) -> None:
+        """Static prefix buffers := ``src`` (None: no groups); padded rows/tiles are empty."""
+        s = self.shared
+        if s is None or padded < CASCADE_MIN_BS or src is self._shared_src:
+            return  # NOTE: the scheduler reuses one SharedPrefix until its batch changes
+        self._shared_src = src
+        t = 0 if src is None else int(src.tile_rows.shape[0])
+        s.prefix_lens.zero_()
+        s.tile_lens.zero_()
+        s.tile_members.fill_(-1)
+        if src is not None:
+            assert t <= max_tiles(padded), "more shared-prefix tiles than the graph has"
+            s.prefix_lens[:bs].copy_(src.prefix_lens, non_blocking=True)
+            s.tile_rows[:t].copy_(src.tile_rows, non_blocking=True)
+            s.tile_lens[:t].copy_(src.tile_lens, non_blocking=True)
+            s.tile_members[:t].copy_(src.tile_members, non_blocking=True)
 
     def _run(self, batch: ForwardBatch) -> Any:
         logits = self.runner.forward_eager(batch)
@@ -106,6 +146,7 @@ class CudaGraphRunner:
         self.req_pool_indices[:bs].copy_(batch.req_pool_indices, non_blocking=True)
         self.seq_lens[:bs].copy_(batch.seq_lens, non_blocking=True)
         self.out_cache_loc[:bs].copy_(batch.out_cache_loc, non_blocking=True)
+        self._copy_shared(batch.shared_prefix, bs, padded)
         self.graphs[padded].replay()
         out = self.outputs[padded]
         return _slice(out, bs)

@@ -41,6 +41,10 @@ class ForwardBatch:
     seq_lens_cpu: list[int] = field(default_factory=list)
     extend_prefix_lens_cpu: list[int] = field(default_factory=list)
     extend_seq_lens_cpu: list[int] = field(default_factory=list)
+    # Decode only, optional: groups of requests sharing a cached prefix
+    # (layers/attention/shared_prefix.SharedPrefix); a backend may read such a prefix once per
+    # group (cascade attention) or ignore it. Never changes results.
+    shared_prefix: Any = None
     # Filled by the attention backend's init_forward_metadata.
     attn_metadata: Any = None
 

@@ -16,7 +16,9 @@ from typing import Any
 
 import torch
 
+from ..layers.attention.shared_prefix import SharedPrefix, build_shared_prefix
 from ..model.forward_batch import ForwardBatch, ForwardMode
+from .prefix_groups import find_prefix_groups
 from .req import Req
 
 
@@ -36,8 +38,15 @@ def needs_sync(req: Req) -> bool:
 
 
 class RunningBatch:
-    def __init__(self, device: torch.device, num_rows: int) -> None:
+    def __init__(self, device: torch.device, num_rows: int, tree: Any = None,
+                 prefix_members: int | None = None) -> None:
+        """``prefix_members``: requests per shared-prefix tile of the attention backend (None:
+        it cannot use shared prefixes); ``tree``: the radix cache the groups come from."""
         self.device = device
+        self.tree = tree
+        self.prefix_members = prefix_members
+        self._shared: SharedPrefix | None = None
+        self._shared_stale = True
         self.reqs: list[Req] = []
         self.info: Any = None  # SamplingBatchInfo, rows aligned with reqs
         self.sync_rows = 0  # requests whose steps must be read before the next launch
@@ -73,6 +82,7 @@ class RunningBatch:
         self.rows, self.pos = self.rows[idx_dev], self.pos[idx_dev]
         self.info.filter(idx)
         self.reqs = keep
+        self._shared_stale = True
         self.sync_rows = sum(map(needs_sync, keep)) if self.sync_rows else 0
 
     def merge(self, reqs: list[Req], info: Any) -> None:
@@ -88,6 +98,7 @@ class RunningBatch:
         else:
             self.info.merge(info)
         self.reqs = self.reqs + reqs
+        self._shared_stale = True
         self.sync_rows += sum(map(needs_sync, reqs))
 
     def __init_rows(self) -> None:
@@ -111,7 +122,18 @@ class RunningBatch:
             extend_prefix_lens=self.pos, extend_seq_lens=self.ones[:bs],
             extend_start_loc=self.arange[:bs],
             seq_lens_cpu=[p + 1 for p in pos_list], extend_prefix_lens_cpu=pos_list,
-            extend_seq_lens_cpu=[1] * bs)
+            extend_seq_lens_cpu=[1] * bs, shared_prefix=self._shared_prefix())
+
+    def _shared_prefix(self) -> SharedPrefix | None:
+        """Groups sharing a cached prefix, recomputed only when the batch changed."""
+        if self.prefix_members is None or self.tree is None or self.tree.disable:
+            return None
+        if self._shared_stale:
+            self._shared_stale = False
+            groups = find_prefix_groups(self.reqs, self.tree.root)
+            self._shared = build_shared_prefix(groups, len(self.reqs), self.prefix_members,
+                                               self.device) if groups else None
+        return self._shared
 
     def advance(self) -> None:
         """After a decode launch: every request's next token goes one position further."""

@@ -56,7 +56,9 @@ class Scheduler:
         self.init_ratio = init_new_token_ratio
         self.ratio = init_new_token_ratio
         self.waiting: list[Req] = []
-        self.running = RunningBatch(self.device, runner.req_to_token_pool.size)
+        self.running = RunningBatch(
+            self.device, runner.req_to_token_pool.size, self.tree,
+            getattr(getattr(runner, "attn_backend", None), "prefix_members", None))
         self.chunked: Req | None = None
         self.sampler = BatchSampler(eos_token_ids, config.seed, self.device)
         self.overlap = not config.disable_overlap_schedule

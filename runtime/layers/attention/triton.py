@@ -13,8 +13,10 @@ from typing import Any
 
 import torch
 
-from ...kernels.decode_attention import decode_attention_fwd, num_kv_splits_for
+from ...kernels.decode_attention import (decode_attention_fwd, decode_merge, decode_stage1,
+                                         num_kv_splits_for)
 from ...kernels.extend_attention import extend_attention_fwd
+from ...kernels.prefix_decode_attention import prefix_block_members, prefix_decode_attention
 from ...kernels.kv_store import store_kv
 from ...model.forward_batch import ForwardBatch
 from .base import AttentionBackend
@@ -43,6 +45,9 @@ class TritonDecodeMetadata:
     max_kv_splits: int  # launch width, a power of two <= MAX_KV_SPLITS
     mid_o: torch.Tensor  # [bs, H, S, D] fp32 scratch
     mid_lse: torch.Tensor  # [bs, H, S] fp32 scratch
+    # Cascade: suffix partials in splits [0, max_kv_splits), shared-prefix partials in
+    # [max_kv_splits, 2 * max_kv_splits) (see kernels/prefix_decode_attention.py).
+    shared: Any = None  # SharedPrefix or None
 
 
 @dataclass
@@ -61,6 +66,8 @@ class TritonAttnBackend(AttentionBackend):
         self.num_sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
                         if self.device.type == "cuda" else 8)
         self._graph_bs = 0  # scratch rows that captured CUDA graphs point at
+        # Requests per shared-prefix tile; the scheduler groups decode requests for it.
+        self.prefix_members = prefix_block_members(self.num_heads, self.kv_heads)
         self._mid_o, self._mid_lse = self._alloc_scratch(8)
 
     def _alloc_scratch(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,9 +98,17 @@ class TritonAttnBackend(AttentionBackend):
         if batch.mode.is_decode:
             mid_o, mid_lse = self._scratch(batch.batch_size)
             cap = splits_cap(batch.batch_size, self.kv_heads, self.num_sms)
+            shared = batch.shared_prefix
+            lengths = batch.seq_lens
+            if shared is not None:
+                # NOTE: the suffix and prefix partials share the scratch's split slots; the
+                # prefix slots of requests in no tile must weigh 0 in the merge (-inf).
+                cap = min(cap, MAX_KV_SPLITS // 2)
+                lengths = batch.seq_lens - shared.prefix_lens
+                mid_lse[:, :, cap:2 * cap].fill_(float("-inf"))
             batch.attn_metadata = TritonDecodeMetadata(
-                num_kv_splits_for(batch.seq_lens, cap, MIN_TOKENS_PER_SPLIT), cap,
-                mid_o, mid_lse)
+                num_kv_splits_for(lengths, cap, MIN_TOKENS_PER_SPLIT), cap, mid_o, mid_lse,
+                shared)
         else:
             lengths = batch.extend_seq_lens_cpu or batch.extend_seq_lens.tolist()
             batch.attn_metadata = TritonExtendMetadata(max(lengths) if lengths else 0)
@@ -105,6 +120,8 @@ class TritonAttnBackend(AttentionBackend):
         store_kv(k, v, k_buf, v_buf, batch.out_cache_loc)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         meta = batch.attn_metadata
+        if isinstance(meta, TritonDecodeMetadata) and meta.shared is not None:
+            return self._cascade_decode(q, k_buf, v_buf, out, batch, meta, scaling)
         if isinstance(meta, TritonDecodeMetadata):
             return decode_attention_fwd(
                 q, k_buf, v_buf, out, self.req_to_token, batch.req_pool_indices,
@@ -114,3 +131,16 @@ class TritonAttnBackend(AttentionBackend):
             q, k, v, out, k_buf, v_buf, self.req_to_token, batch.req_pool_indices,
             batch.extend_prefix_lens, batch.extend_seq_lens, batch.extend_start_loc,
             meta.max_extend_len, scaling)
+
+    def _cascade_decode(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+                        out: torch.Tensor, batch: ForwardBatch, meta: TritonDecodeMetadata,
+                        scaling: float) -> torch.Tensor:
+        """Each request's own suffix split-K, each group's shared prefix once per tile, one
+        merge of both sets of partials."""
+        s, cap = meta.shared, meta.max_kv_splits
+        decode_stage1(q, k_buf, v_buf, self.req_to_token, batch.req_pool_indices,
+                      batch.seq_lens, meta.num_kv_splits, meta.mid_o, meta.mid_lse, scaling,
+                      cap, starts=s.prefix_lens)
+        prefix_decode_attention(q, k_buf, v_buf, self.req_to_token, s.tile_rows, s.tile_lens,
+                                s.tile_members, meta.mid_o, meta.mid_lse, scaling, cap, cap)
+        return decode_merge(meta.mid_o, meta.mid_lse, out, 2 * cap)

@@ -1,7 +1,9 @@
 """On the GPU, through the real scheduler: triton attention + CUDA graphs with overlap scheduling
 on and off give the same greedy tokens as the torch-native backend without graphs (fp32 random
 Llama), for mixed lengths, chunked prefill, shared prefixes (cache hits) and a KV pool small
-enough to force retraction; decode steps really replay graphs."""
+enough to force retraction; decode steps really replay graphs, and on the triton backend the
+requests sharing a 70-token prompt prefix decode with cascade attention (prefix read once per
+group)."""
 from __future__ import annotations
 
 import pytest
@@ -45,7 +47,7 @@ def _prompts() -> list[list[int]]:
     return out
 
 
-def _run(model_dir, backend: str, overlap: bool, pool: int) -> tuple[dict, int, int]:
+def _run(model_dir, backend: str, overlap: bool, pool: int) -> tuple[dict, int, int, int]:
     from sgdsl.runtime.model.runner import ModelRunner
 
     config = EngineConfig(model=str(model_dir), dtype="float32", device="cuda",
@@ -65,21 +67,34 @@ def _run(model_dir, backend: str, overlap: bool, pool: int) -> tuple[dict, int, 
     outs: dict = {}
     sched = Scheduler(runner, config, [], None,
                       lambda msg: [outs.setdefault(o.rid, []).extend(o.new_ids) for o in msg.outs])
+    cascades = [0]
+    real_fb = sched.running.forward_batch
+
+    def forward_batch(slots):
+        batch = real_fb(slots)
+        cascades[0] += batch.shared_prefix is not None
+        return batch
+    sched.running.forward_batch = forward_batch
     for i, ids in enumerate(_prompts()):
         params = SamplingParams(max_new_tokens=20 + i, temperature=0.0, ignore_eos=True)
         sched.handle(m.TokenizedGenerateReq(f"r{i}", ids, params))
     while sched.step():
         pass
     assert sched._integrity_resp(0).ok
-    return outs, replays[0], sched.counters["retractions_total"]
+    return outs, replays[0], sched.counters["retractions_total"], cascades[0]
 
 
 @pytest.mark.parametrize("pool", [4096, 400])  # 400: decode runs out of KV and retracts
-def test_triton_graphs_overlap_match_torch_native(model_dir, pool):
-    ref, _, _ = _run(model_dir, "torch_native", overlap=False, pool=pool)
+def test_triton_graphs_overlap_match_torch_native(model_dir, pool, monkeypatch):
+    from sgdsl.runtime.model import cuda_graph_runner
+
+    monkeypatch.setattr(cuda_graph_runner, "CASCADE_MIN_BS", 1)  # graphs of 1..8 use cascade
+    ref, _, _, plain = _run(model_dir, "torch_native", overlap=False, pool=pool)
     assert all(len(ref[f"r{i}"]) == 20 + i for i in range(12))
+    assert plain == 0  # torch_native cannot use shared prefixes: none are computed
     for overlap in (False, True):
-        ours, replays, retractions = _run(model_dir, "triton", overlap, pool)
+        ours, replays, retractions, cascades = _run(model_dir, "triton", overlap, pool)
         assert ours == ref, f"overlap={overlap}"
         assert replays > 20  # decode steps went through the CUDA graphs
+        assert cascades > 5  # and many of them read the shared prefix once per group
         assert (retractions > 0) == (pool == 400)
