@@ -15,6 +15,7 @@ from ..cache.pool import ReqToTokenPool, TokenKVPool
 from ..config import EngineConfig
 from ..errors import ModelLoadError
 from ..layers.attention.registry import create_attention_backend, resolve_backend_name
+from .cpu_decoder import CpuDecoder
 from .forward_batch import ForwardBatch
 from .loader import load_model_from_dir, resolve_model_dir
 
@@ -63,6 +64,9 @@ class ModelRunner:
         self.attention_backend_name = resolve_backend_name(config.attention_backend, self.device)
         self.attn_backend = create_attention_backend(self.attention_backend_name, self)
         self.model.attn_backend = self.attn_backend
+        # CPU path: decode batches run as flat matmuls + C kernels (cpu_decoder.py); None when
+        # the kernels cannot be built or the model/dtype/backend does not fit.
+        self.cpu_decoder = CpuDecoder.create(self) if self.device.type == "cpu" else None
         # GPU path (issue 6): decode CUDA graphs, captured after the KV pool exists.
         self.cuda_graph_runner = self._init_cuda_graphs()
         logger.info("model %s on %s/%s: context %d, %d KV slots, attention %s", self.model_dir,
@@ -121,8 +125,11 @@ class ModelRunner:
     @torch.inference_mode()
     def forward_eager(self, batch: ForwardBatch) -> torch.Tensor:
         """``forward`` without CUDA graphs (also what the graphs capture)."""
-        self.attn_backend.init_forward_metadata(batch)
-        hidden = self.model(batch)
+        if self.cpu_decoder is not None and batch.mode.is_decode:
+            hidden = self.cpu_decoder.forward(batch)
+        else:
+            self.attn_backend.init_forward_metadata(batch)
+            hidden = self.model(batch)
         if batch.logits_indices is not None:
             hidden = hidden[batch.logits_indices]
         elif not (batch.mode.is_decode or batch.num_tokens == batch.batch_size):
