@@ -7,6 +7,8 @@ import asyncio
 from typing import Any, AsyncIterator
 
 from ._common import backend_error
+from .coalescer import Coalescer, batchable
+from .loop_local import LoopLocal
 from .srt import SrtBackend
 
 _ARG_KEYS = ("input_ids", "sampling_params", "return_logprob", "logprob_start_len",
@@ -32,6 +34,7 @@ class Local(SrtBackend):
                 raise TypeError("pass either engine= or model/engine options, not both")
             self._owns_engine = False
         self.engine = engine
+        self._coalescers = LoopLocal(lambda: Coalescer(self._call_engine))
         self._init_capabilities()
 
     @property
@@ -45,6 +48,11 @@ class Local(SrtBackend):
         return bool(self.engine.flush_cache())
 
     async def _call(self, request: dict[str, Any]) -> dict | list[dict]:
+        if batchable(request):
+            return await self._coalescers.get().submit(request)
+        return await self._call_engine(request)
+
+    async def _call_engine(self, request: dict[str, Any]) -> dict | list[dict]:
         try:
             return await self.engine.async_generate(**_engine_args(request))
         except asyncio.CancelledError:

@@ -49,14 +49,15 @@ class FakeRuntime:
         batch = isinstance(prompts, list) and prompts and not isinstance(prompts[0], int)
         items = prompts if batch else [prompts]
         rids = req.get("rid") if batch else [req.get("rid")]
-        outs = [self._one(p, req, rids[i] if rids else None) for i, p in enumerate(items)]
+        sps = req.get("sampling_params", {})
+        sps = sps if isinstance(sps, list) else [sps] * len(items)
+        outs = [self._one(p, req, rids[i] if rids else None, sps[i]) for i, p in enumerate(items)]
         flat = [o for group in outs for o in group]
-        n = req.get("sampling_params", {}).get("n", 1)
-        return flat if batch or n > 1 else flat[0]
+        return flat if batch or sps[0].get("n", 1) > 1 else flat[0]
 
-    def _one(self, prompt: Any, req: dict, rid: Any) -> list[dict]:
+    def _one(self, prompt: Any, req: dict, rid: Any, sp: dict | None = None) -> list[dict]:
         ids = tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        sp = req.get("sampling_params", {})
+        sp = req.get("sampling_params", {}) if sp is None else sp
         max_new = sp.get("max_new_tokens", 128)
         outs = []
         for k in range(sp.get("n", 1)):

@@ -1,0 +1,77 @@
+"""``Coalescer``: generate requests issued in the same moment go to the engine as one call.
+
+``run_batch`` starts many programs at once; each ``gen`` would otherwise reach the Engine as
+its own call, trickling into the scheduler one by one (more, smaller batches). Requests that
+arrive within a few event-loop turns are sent together as one list request, exactly what a
+caller of ``Engine.generate([...])`` would send. Each caller still gets its own result or
+error, and keeps its own request id (so cancelling one aborts only that one)."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable
+
+_OPTION_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num",
+                "return_text_in_logprobs")
+_TURNS = 3  # loop turns to wait for companions: programs reach their gen within a turn or two
+
+Call = Callable[[dict[str, Any]], Awaitable[Any]]
+
+
+def batchable(request: dict[str, Any]) -> bool:
+    """Single text prompts with one completion (lists, ids, n>1, streams go straight through)."""
+    return (isinstance(request.get("text"), str) and not request.get("stream")
+            and (request.get("sampling_params") or {}).get("n", 1) == 1)
+
+
+class Coalescer:
+    """Per event loop: collects batchable requests and flushes them through ``call``."""
+
+    def __init__(self, call: Call) -> None:
+        self._call = call
+        self._pending: list[tuple[dict[str, Any], asyncio.Future]] = []
+        self._flushing = False
+
+    async def submit(self, request: dict[str, Any]) -> Any:
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((request, future))
+        if not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().create_task(self._flush())
+        return await future
+
+    async def _flush(self) -> None:
+        for _ in range(_TURNS):
+            await asyncio.sleep(0)
+        pending, self._pending, self._flushing = self._pending, [], False
+        groups: dict[tuple, list[tuple[dict[str, Any], asyncio.Future]]] = {}
+        for item in pending:
+            if not item[1].done():  # cancelled while waiting: never sent
+                groups.setdefault(tuple(item[0].get(k) for k in _OPTION_KEYS), []).append(item)
+        await asyncio.gather(*(self._send(items) for items in groups.values()))
+
+    async def _send(self, items: list[tuple[dict[str, Any], asyncio.Future]]) -> None:
+        if len(items) == 1:
+            return await _settle(items[0][1], self._call(items[0][0]))
+        first = items[0][0]
+        request = {k: first[k] for k in _OPTION_KEYS if k in first}
+        request.update(text=[r["text"] for r, _ in items], rid=[r["rid"] for r, _ in items],
+                       sampling_params=[r.get("sampling_params") or {} for r, _ in items])
+        try:
+            outs = await self._call(request)
+        except Exception:  # noqa: BLE001 - one bad request fails a batch: retry one by one
+            await asyncio.gather(*(_settle(f, self._call(r)) for r, f in items))
+            return
+        for (_, future), out in zip(items, outs):
+            if not future.done():
+                future.set_result(out)
+
+
+async def _settle(future: asyncio.Future, result: Awaitable[Any]) -> None:
+    try:
+        value = await result
+    except Exception as exc:  # noqa: BLE001 - delivered to the waiting caller
+        if not future.done():
+            future.set_exception(exc)
+        return
+    if not future.done():
+        future.set_result(value)

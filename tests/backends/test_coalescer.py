@@ -1,0 +1,63 @@
+"""Local's coalescing: concurrent single generates reach the engine as one list request;
+each caller gets its own result, error or cancellation."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sgdsl.backends.base import BackendError, Context
+from sgdsl.backends.local import Local
+from sgdsl.ir import SamplingParams
+from srt_fakes import FakeRuntime
+
+from conftest import FakeEngine
+
+
+class StrictEngine(FakeEngine):
+    """Rejects a whole call if any prompt asks for top_p == 0 (as the real engine validates)."""
+
+    async def async_generate(self, prompt=None, stream=False, **kw):
+        sps = kw.get("sampling_params")
+        if any(sp.get("top_p") == 0.0 for sp in (sps if isinstance(sps, list) else [sps])):
+            from sgdsl.runtime.errors import InvalidRequestError
+
+            raise InvalidRequestError("top_p must be in (0.0, 1.0]", field="top_p")
+        return await super().async_generate(prompt=prompt, stream=stream, **kw)
+
+
+async def test_concurrent_generates_become_one_engine_call():
+    runtime = FakeRuntime()
+    backend = Local(engine=FakeEngine(runtime))
+    results = await asyncio.gather(*(
+        backend.generate(Context(text=f"q{i}"), SamplingParams(max_tokens=i + 1)) for i in range(5)))
+    assert [r[0].text for r in results] == ["x", "xy", "xyx", "xyxy", "xyxyx"]
+    assert len(runtime.requests) == 1
+    req = runtime.requests[0]
+    assert req["text"] == [f"q{i}" for i in range(5)] and len(set(req["rid"])) == 5
+    assert [sp["max_new_tokens"] for sp in req["sampling_params"]] == [1, 2, 3, 4, 5]
+
+
+async def test_a_bad_request_fails_alone():
+    runtime = FakeRuntime()
+    backend = Local(engine=StrictEngine(runtime))
+    good, bad = await asyncio.gather(
+        backend.generate(Context(text="a"), SamplingParams(max_tokens=2)),
+        backend.generate(Context(text="b"), SamplingParams(top_p=0.0)), return_exceptions=True)
+    assert good[0].text == "xy"
+    assert isinstance(bad, BackendError) and bad.status == 400
+
+
+async def test_different_logprob_options_are_separate_calls_and_cancel_is_not_sent():
+    runtime = FakeRuntime()
+    backend = Local(engine=FakeEngine(runtime))
+    doomed = asyncio.create_task(backend.generate(Context(text="z"), SamplingParams()))
+    await asyncio.sleep(0)
+    doomed.cancel()
+    await asyncio.gather(
+        backend.generate(Context(text="a"), SamplingParams(max_tokens=1)),
+        backend.generate(Context(text="b"), SamplingParams(max_tokens=1, return_logprob=True)))
+    with pytest.raises(asyncio.CancelledError):
+        await doomed
+    sent = [r["text"] for r in runtime.requests]
+    assert sorted(sent) == ["a", "b"]  # two option groups, the cancelled one never sent
