@@ -50,14 +50,42 @@ def timed_forward(runner, acc: collections.Counter):
     return forward
 
 
+def counted_forward(runner, acc: collections.Counter):
+    """runner.forward that only counts (no sync): what an overlapped run launched."""
+    real = runner.forward
+
+    def forward(batch):
+        kind = "decode" if batch.mode.is_decode else "extend"
+        acc[kind + "_n"] += 1
+        acc[kind + "_rows"] += batch.num_tokens
+        acc["cascade_n"] += batch.shared_prefix is not None
+        return real(batch)
+    return forward
+
+
+def waited_host_ids(acc: collections.Counter):
+    """Patch HostIds.tolist to add up the time the host waits for the device."""
+    from sgdsl.runtime.scheduler import inflight
+
+    real = inflight.HostIds.tolist
+
+    def tolist(self):
+        t0 = time.perf_counter()
+        out = real(self)
+        acc["wait_s"] += time.perf_counter() - t0
+        return out
+    inflight.HostIds.tolist = tolist
+    return lambda: setattr(inflight.HostIds, "tolist", real)
+
+
 def one_run(runner, config: EngineConfig, a, overlap: bool, cascade: bool, timed: bool) -> list:
     sched = Scheduler(runner, config.replace(disable_overlap_schedule=not overlap), [0], None,
                       lambda msg: None)
     if not cascade:
         sched.running.prefix_members = None
     acc: collections.Counter = collections.Counter()
-    if timed:
-        runner.forward = timed_forward(runner, acc)
+    runner.forward = (timed_forward if timed else counted_forward)(runner, acc)
+    restore = waited_host_ids(acc)
     submit(sched, a, seed=2)
     sync()
     t0 = time.perf_counter()
@@ -65,14 +93,15 @@ def one_run(runner, config: EngineConfig, a, overlap: bool, cascade: bool, timed
         pass
     sync()
     total = time.perf_counter() - t0
-    if timed:
-        del runner.forward  # back to the class method
+    del runner.forward  # back to the class method
+    restore()
     hit = sched.stats()["cache_hit_rate"]
     sched.memory.flush()
     dec_ms = acc["decode_s"] / max(acc["decode_n"], 1) * 1e3
     return [f"overlap {'on' if overlap else 'off'}, cascade {'on' if cascade else 'off'}"
             + (", forwards timed" if timed else ""), total, acc["extend_n"], acc["extend_rows"],
-            acc["extend_s"], acc["decode_n"], acc["decode_s"], dec_ms, acc["cascade_n"], hit]
+            acc["extend_s"], acc["decode_n"], acc["decode_s"], dec_ms, acc["cascade_n"],
+            acc["wait_s"], hit]
 
 
 def replay_ms(runner, bs: int, groups: int, prefix: int, own: int, cascade: bool) -> float:
@@ -133,10 +162,11 @@ def main() -> None:
     warm = argparse.Namespace(**{**vars(a), "n": 8, "groups": 2, "out": 4})
     one_run(runner, config, warm, True, True, False)  # Triton compiles, allocator warm-up
     rows = [one_run(runner, config, a, True, True, False),
+            one_run(runner, config, a, True, False, False),
             one_run(runner, config, a, False, True, True),
             one_run(runner, config, a, False, False, True)]
     header = ["run", "total s", "extends", "extend tokens", "extend s", "decodes", "decode s",
-              "ms/decode", "cascade decodes", "hit rate"]
+              "ms/decode", "cascade decodes", "host wait s", "hit rate"]
     print(f"\n## D in-process breakdown, {a.runner} {a.model}, {a.n} x ({a.shared}+{a.inp}) "
           f"in, {a.out} out, <= {a.max_running} running")
     for r in [header] + rows:

@@ -183,8 +183,13 @@ class Scheduler:
     def _schedule_prefill(self) -> list[Req]:
         if not self.waiting and self.chunked is None:
             return []
-        adder = PrefillAdder(self.memory, self.chunk_size, self.max_running - len(self.running),
-                             self.running.reqs, self.ratio)
+        # NOTE: requests prefilled by the step in flight join the running batch when it is
+        # read; they count against max_running (and reserve decode room) already.
+        joining = self.pending.sampled if (self.pending is not None and
+                                           self.pending.mode is ForwardMode.EXTEND) else []
+        adder = PrefillAdder(self.memory, self.chunk_size,
+                             self.max_running - len(self.running) - len(joining),
+                             self.running.reqs + joining, self.ratio)
         if self.chunked is not None and not adder.add_chunked(self.chunked):
             return []
         for req in self.policy.order(self.waiting):

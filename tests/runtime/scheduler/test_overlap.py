@@ -61,6 +61,16 @@ def test_overlap_matches_sync_scheduling(make_harness, num_slots):
         assert results[True][2] > 0 and results[False][2] > 0
 
 
+def test_overlap_keeps_max_running(make_harness):
+    # Requests prefilled by the step in flight count as running before that step is read.
+    h = make_harness(max_reqs=16, max_running_requests=4)
+    for i in range(12):
+        h.submit(f"r{i}", [i + 1] * (3 + i), max_new_tokens=6, ignore_eos=True)
+    h.run()
+    assert all(len(h.outs[f"r{i}"]) == 6 for i in range(12))
+    assert max(b.batch_size for b in h.runner.forwards if b.mode.is_decode) == 4
+
+
 def test_abort_while_prefill_and_decode_are_in_flight(make_harness):
     h = make_harness()
     h.submit("a", [1, 2, 3], max_new_tokens=30, ignore_eos=True)
