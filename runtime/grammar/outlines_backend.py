@@ -3,9 +3,11 @@ DFA index over the vocabulary.
 
 JSON schemas go through ``outlines_core.json_schema.build_regex_from_schema`` (compact: no
 whitespace, so output is bounded and separators are forced); EBNF is accepted only when it is
-regular (``ebnf_regex.py`` lowers it); a recursive grammar is rejected at admission, saying so. The jump-forward string is
-the longest byte prefix shared by every allowed token, chained through tokens that spell exactly
-that prefix; it is computed once per DFA state and cached on the compiled grammar.
+regular (``ebnf_regex.py`` lowers it); a recursive grammar is rejected at admission, saying so;
+a recursive JSON ``$ref`` is unrolled a bounded number of levels (``schema_unroll.py``). The
+jump-forward string is the longest byte prefix shared by every allowed token, chained through
+tokens that spell exactly that prefix; it is computed once per DFA state and cached on the
+compiled grammar.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import torch
 
 from ..errors import InvalidRequestError
 from .base import Grammar, GrammarBackend, GrammarKey, bitmask_width, choices_regex
+from .schema_unroll import unroll_schema_text
 from .vocab import decode_prefix, token_bytes
 
 # Any JSON object for outlines: a regex cannot nest without bound and outlines' own any-value
@@ -159,7 +162,9 @@ class OutlinesBackend(GrammarBackend):
         if key.kind == "json_object":
             return JSON_OBJECT_REGEX
         if key.kind == "json_schema":
-            return schema_to_regex(key.text, _WHITESPACE)
+            # NOTE: outlines-core's own unrolling of a recursive $ref is unsound at its depth
+            # limit (a required "next" leaves '{"v":1,}'), so recursion is unrolled here first.
+            return schema_to_regex(unroll_schema_text(key.text), _WHITESPACE)
         from .ebnf_regex import ebnf_to_regex
 
         return ebnf_to_regex(key.text)
