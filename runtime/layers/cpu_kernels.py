@@ -29,10 +29,11 @@ from .cpu_kernels_src import SOURCE
 
 logger = logging.getLogger(__name__)
 
-# NOTE: no -ffast-math: with gcc < 13 a shared library built with it sets flush-to-zero for the
+# NOTE: -fopenmp links libgomp.so.1, which resolves to the copy torch already loaded, so the
+# kernels share torch's OpenMP thread pool. No -ffast-math: with gcc < 13 a shared library built with it sets flush-to-zero for the
 # whole process at load time. These flags allow what the kernels need (vectorized reductions,
 # fma) and nothing that changes NaN/denormal behaviour elsewhere.
-CFLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math",
+CFLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
           "-fassociative-math", "-fno-signed-zeros", "-ffp-contract=fast"]
 DISABLE_ENV = "SGDSL_DISABLE_CPU_KERNELS"
 
@@ -58,12 +59,14 @@ _SIGNATURES = {
     "silu_mul": [_P, _I, _P, _I, _I, _P],
     # step, qkv, qkv_splits, bias, q_norm, k_norm, k_buf, v_buf, out
     "decode_attention": [ctypes.POINTER(DecodeStep), _P, _I, _P, _P, _P, _P, _P, _P],
+    # x, w, y, splits, in, blk
+    "matvec": [_P, _P, _P, _I, _I, _I],
 }
 
 
 class CpuKernels:
     """The loaded library with typed entry points (``add_rmsnorm``, ``silu_mul``,
-    ``decode_attention``); arguments are raw pointers and ints (see the C source)."""
+    ``decode_attention``, ``matvec``); arguments are raw pointers and ints (see the C source)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

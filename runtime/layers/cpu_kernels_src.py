@@ -8,6 +8,7 @@ Layout conventions shared by every kernel:
 - A matrix produced by a split matmul (``layers/linear.py``: ``[splits, n, cols / splits]``)
   is read through ``row_of``; for ``n == 1`` or ``splits == 1`` that is plain row-major.
 - KV buffers are ``[slots, kv_heads, head_dim]``; ``req_to_token`` is ``[rows, stride]``.
+- ``matvec`` reads a split-layout weight ``[splits, in, blk]`` (one block per OpenMP thread).
 """
 from __future__ import annotations
 
@@ -80,6 +81,36 @@ void silu_mul(const float *gu, i64 splits, float *out, i64 n, i64 d, float *tmp)
         float *o = out + r * d;
         for (i64 i = 0; i < d; i++) o[i] = g[i] / (1.0f + exp_f(-g[i])) * u[i];
     }
+}
+
+/* y[blk] = x[in] @ w[in, blk]. NOTE: one core streams weights faster with several
+   independent read streams in flight: narrow blocks (rows of a few KB, adjacent rows forming
+   one stream) are read as 4 bands of rows far apart, summed into one accumulator (measured on
+   the 2-core EPYC box at 1 thread: ~22 GB/s vs ~16 GB/s for MKL's gemm over the same weights).
+   Wide blocks (the logits matrix) already give 4 far-apart rows per step. */
+static inline void axpy4(const float *x4, const float *w0, i64 q, float *y, i64 blk) {
+    const float *w1 = w0 + q * blk, *w2 = w1 + q * blk, *w3 = w2 + q * blk;
+    float a = x4[0], b = x4[q], c = x4[2 * q], d = x4[3 * q];
+    for (i64 j = 0; j < blk; j++) y[j] += a * w0[j] + b * w1[j] + c * w2[j] + d * w3[j];
+}
+
+static void matvec_block(const float *x, const float *w, float *y, i64 in, i64 blk) {
+    i64 done;
+    for (i64 j = 0; j < blk; j++) y[j] = 0.0f;
+    if (blk <= 4096) { /* bands: rows i, q + i, 2q + i, 3q + i */
+        i64 q = in / 4;
+        for (i64 i = 0; i < q; i++) axpy4(x + i, w + i * blk, q, y, blk);
+        done = 4 * q;
+    } else { /* adjacent rows i .. i + 3 */
+        for (done = 0; done + 4 <= in; done += 4) axpy4(x + done, w + done * blk, 1, y, blk);
+    }
+    for (i64 i = done; i < in; i++)
+        for (i64 j = 0; j < blk; j++) y[j] += x[i] * w[i * blk + j];
+}
+
+void matvec(const float *x, const float *w, float *y, i64 splits, i64 in, i64 blk) {
+    #pragma omp parallel for num_threads(splits) schedule(static) if (splits > 1)
+    for (i64 s = 0; s < splits; s++) matvec_block(x, w + s * in * blk, y + s * blk, in, blk);
 }
 
 /* Neox rotary on `heads` heads of x in place: x * cos + [x2, x1] * signed_sin. */

@@ -26,13 +26,28 @@ MAX_CACHED_SIZES = 4
 
 
 @dataclass(frozen=True)
-class LayerRefs:
-    """One decoder layer's weights: 3-D split-layout matrices and raw pointers for the C side."""
+class SplitWeight:
+    """A ``[splits, in, block]`` weight (``layers/linear.cpu_layout``) and its C-side view."""
 
-    qkv: torch.Tensor
-    o: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    t: torch.Tensor
+    ptr: int
+    splits: int
+    in_features: int
+    block: int
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> "SplitWeight":
+        return cls(t, t.data_ptr(), *t.shape)
+
+
+@dataclass(frozen=True)
+class LayerRefs:
+    """One decoder layer's weights and raw pointers for the C side."""
+
+    qkv: SplitWeight
+    o: SplitWeight
+    gate_up: SplitWeight
+    down: SplitWeight
     ln1: int
     ln2: int
     qkv_bias: int | None
@@ -50,23 +65,24 @@ class DecodeBuffers:
         f32 = torch.float32
         self.res = torch.empty(n, dec.hidden, dtype=f32)
         self.xn = torch.empty(n, dec.hidden, dtype=f32)
-        self.attn = torch.empty(n, first.o.shape[1], dtype=f32)
-        self.act = torch.empty(n, first.down.shape[1], dtype=f32)
+        self.attn = torch.empty(n, first.o.in_features, dtype=f32)
+        self.act = torch.empty(n, first.down.in_features, dtype=f32)
         self.out = torch.empty(n, dec.hidden, dtype=f32)
         self.qkv = _split_out(first.qkv, n)
         self.o = _split_out(first.o, n)
         self.gate_up = _split_out(first.gate_up, n)
         self.down = _split_out(first.down, n)
-        self.xn_qkv = self.xn.expand(first.qkv.shape[0], n, dec.hidden)
-        self.attn_o = self.attn.expand(first.o.shape[0], *self.attn.shape)
-        self.xn_gate_up = self.xn.expand(first.gate_up.shape[0], n, dec.hidden)
-        self.act_down = self.act.expand(first.down.shape[0], *self.act.shape)
+        # bmm inputs (n > 1): the activation broadcast over the weight's column blocks
+        self.xn_qkv = self.xn.expand(first.qkv.splits, n, dec.hidden)
+        self.attn_o = self.attn.expand(first.o.splits, *self.attn.shape)
+        self.xn_gate_up = self.xn.expand(first.gate_up.splits, n, dec.hidden)
+        self.act_down = self.act.expand(first.down.splits, *self.act.shape)
         self.ptr = {name: t.data_ptr() for name, t in vars(self).items()
                     if isinstance(t, torch.Tensor)}
 
 
-def _split_out(weight: torch.Tensor, n: int) -> torch.Tensor:
-    return torch.empty(weight.shape[0], n, weight.shape[2], dtype=torch.float32)
+def _split_out(weight: SplitWeight, n: int) -> torch.Tensor:
+    return torch.empty(weight.splits, n, weight.block, dtype=torch.float32)
 
 
 class CpuDecoder:
@@ -116,24 +132,27 @@ class CpuDecoder:
                                          batch.req_pool_indices, batch.seq_lens)]
         step = ctypes.pointer(self._step(n, *keep))
         x, x_splits = None, 1  # first layer: the residual already holds the input
-        p_tmp = self.tmp.data_ptr()
+        tmp, hidden, eps = self.tmp.data_ptr(), self.hidden, self.eps
+        mm = self._matvec if n == 1 else _bmm
         for layer in self.layers:
-            k.add_rmsnorm(x, x_splits, p["res"], layer.ln1, p["xn"], n, self.hidden, self.eps,
-                          p_tmp)
-            torch.bmm(b.xn_qkv, layer.qkv, out=b.qkv)
-            k.decode_attention(step, p["qkv"], layer.qkv.shape[0], layer.qkv_bias, layer.q_norm,
+            k.add_rmsnorm(x, x_splits, p["res"], layer.ln1, p["xn"], n, hidden, eps, tmp)
+            mm(b.xn_qkv, p["xn"], layer.qkv, b.qkv, p["qkv"])
+            k.decode_attention(step, p["qkv"], layer.qkv.splits, layer.qkv_bias, layer.q_norm,
                                layer.k_norm, layer.k_buf, layer.v_buf, p["attn"])
-            torch.bmm(b.attn_o, layer.o, out=b.o)
-            k.add_rmsnorm(p["o"], layer.o.shape[0], p["res"], layer.ln2, p["xn"], n, self.hidden,
-                          self.eps, p_tmp)
-            torch.bmm(b.xn_gate_up, layer.gate_up, out=b.gate_up)
-            k.silu_mul(p["gate_up"], layer.gate_up.shape[0], p["act"], n, b.act.shape[1], p_tmp)
-            torch.bmm(b.act_down, layer.down, out=b.down)
-            x, x_splits = p["down"], layer.down.shape[0]
-        k.add_rmsnorm(x, x_splits, p["res"], self.final_norm, p["out"], n, self.hidden, self.eps,
-                      p_tmp)
+            mm(b.attn_o, p["attn"], layer.o, b.o, p["o"])
+            k.add_rmsnorm(p["o"], layer.o.splits, p["res"], layer.ln2, p["xn"], n, hidden, eps, tmp)
+            mm(b.xn_gate_up, p["xn"], layer.gate_up, b.gate_up, p["gate_up"])
+            k.silu_mul(p["gate_up"], layer.gate_up.splits, p["act"], n, b.act.shape[1], tmp)
+            mm(b.act_down, p["act"], layer.down, b.down, p["down"])
+            x, x_splits = p["down"], layer.down.splits
+        k.add_rmsnorm(x, x_splits, p["res"], self.final_norm, p["out"], n, hidden, eps, tmp)
         del keep  # the C side read these through raw pointers until here
         return b.out
+
+    def _matvec(self, _x: torch.Tensor, x_ptr: int, w: SplitWeight, _out: torch.Tensor,
+                out_ptr: int) -> None:
+        """One row: the C kernel (reads the weight once, faster than MKL's gemm at m=1)."""
+        self.kernels.matvec(x_ptr, w.ptr, out_ptr, w.splits, w.in_features, w.block)
 
     def _step(self, n: int, positions: torch.Tensor, out_loc: torch.Tensor, rows: torch.Tensor,
               seq_lens: torch.Tensor) -> DecodeStep:
@@ -152,6 +171,11 @@ class CpuDecoder:
         return buf
 
 
+def _bmm(x: torch.Tensor, _x_ptr: int, w: SplitWeight, out: torch.Tensor, _out_ptr: int) -> None:
+    """Several rows: MKL's batched gemm over the column blocks (reads the weight once)."""
+    torch.bmm(x, w.t, out=out)
+
+
 def _fits(layer: Any) -> bool:
     """Split-layout (``optimize_for_cpu``) weights, and a bias only on qkv (Qwen2)."""
     attn, mlp = layer.self_attn, layer.mlp
@@ -167,8 +191,10 @@ def _layer_refs(layer: Any, k_buf: torch.Tensor, v_buf: torch.Tensor) -> LayerRe
         return None if t is None else t.data.data_ptr()
 
     q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
-    return LayerRefs(qkv=attn.qkv_proj.weight.data, o=attn.o_proj.weight.data,
-                     gate_up=mlp.gate_up_proj.weight.data, down=mlp.down_proj.weight.data,
+    return LayerRefs(qkv=SplitWeight.of(attn.qkv_proj.weight.data),
+                     o=SplitWeight.of(attn.o_proj.weight.data),
+                     gate_up=SplitWeight.of(mlp.gate_up_proj.weight.data),
+                     down=SplitWeight.of(mlp.down_proj.weight.data),
                      ln1=ptr(layer.input_layernorm.weight), ln2=ptr(layer.post_attention_layernorm.weight),
                      qkv_bias=ptr(attn.qkv_proj.bias), q_norm=None if q_norm is None else ptr(q_norm.weight),
                      k_norm=None if k_norm is None else ptr(k_norm.weight),

@@ -13,9 +13,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ModelLoadError
+from ..layers import cpu_kernels
 from ..layers.activation import SiluAndMul
 from ..layers.attention.base import AttentionBackend
-from ..layers.linear import Linear, PackedLinear, cpu_layout, split_matmul
+from ..layers.linear import Linear, PackedLinear, cpu_layout, split_matmul, split_matvec
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .forward_batch import ForwardBatch
@@ -130,8 +131,10 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = (None if cfg.tie_word_embeddings else
                         Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype, device=device))
         self.attn_backend: AttentionBackend | None = None  # set by the runner
-        # The logits matrix in the CPU matmul layout (set by optimize_for_cpu).
+        # The logits matrix in the CPU matmul layout, and the C kernels for single rows (fp32
+        # only; None: torch/MKL), both set by optimize_for_cpu.
         self._logits_weight: torch.Tensor | None = None
+        self._cpu_kernels: cpu_kernels.CpuKernels | None = None
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Final hidden states ``[num_tokens, hidden]`` (after the last norm)."""
@@ -142,6 +145,8 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits ``[rows, vocab]`` for the given hidden rows."""
         if self._logits_weight is not None:
+            if self._cpu_kernels is not None and hidden.shape[0] == 1:
+                return split_matvec(hidden, self._logits_weight, self._cpu_kernels)
             return split_matmul(hidden, self._logits_weight).float()
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(hidden, weight).float()
@@ -157,6 +162,8 @@ class LlamaForCausalLM(nn.Module):
             self._logits_weight = cpu_layout(self.model.embed_tokens.weight.data, splits)
         else:
             self._logits_weight = self.lm_head.weight.data
+        if self._logits_weight.dtype == torch.float32:
+            self._cpu_kernels = cpu_kernels.load()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy checkpoint tensors into our parameters; returns the names of parameters

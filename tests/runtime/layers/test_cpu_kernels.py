@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from sgdsl.runtime.layers import cpu_kernels
-from sgdsl.runtime.layers.linear import cpu_layout, split_matmul
+from sgdsl.runtime.layers.linear import cpu_layout, split_matmul, split_matvec
 
 kernels = cpu_kernels.load()  # CI machines have gcc; None here would fail every test
 
@@ -79,3 +79,18 @@ def test_disable_switch(monkeypatch):
         monkeypatch.delenv(cpu_kernels.DISABLE_ENV)
         cpu_kernels.load.cache_clear()
     assert cpu_kernels.load() is not None
+
+
+@pytest.mark.parametrize("out_features,in_features", [(96, 64), (96, 66), (30, 7), (9000, 24),
+                                                      (8194, 13)])
+@pytest.mark.parametrize("splits", [1, 2])
+def test_matvec_matches_matmul(out_features, in_features, splits):
+    """Narrow blocks (read as 4 row bands, incl. a row tail when ``in`` is not a multiple of 4)
+    and wide blocks (> 4096 columns: adjacent rows) against ``x @ W.T``."""
+    gen = torch.Generator().manual_seed(out_features + in_features + splits)
+    w = torch.randn(out_features, in_features, generator=gen)
+    x = torch.randn(1, in_features, generator=gen)
+    weight = cpu_layout(w, splits)
+    expect = x @ w.t()
+    torch.testing.assert_close(split_matvec(x, weight, kernels), expect, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(split_matmul(x, weight), expect, rtol=1e-5, atol=1e-4)

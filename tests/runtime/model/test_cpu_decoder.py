@@ -60,7 +60,7 @@ def test_fast_decode_matches_module_path(case, threads, tmp_path, restore_thread
     runner = ModelRunner(EngineConfig(model=str(tmp_path), device="cpu", max_total_tokens=256,
                                       max_running_requests=4, num_threads=threads))
     assert isinstance(runner.cpu_decoder, CpuDecoder)
-    assert runner.cpu_decoder.layers[0].gate_up.shape[0] == threads  # column blocks
+    assert runner.cpu_decoder.layers[0].gate_up.splits == threads  # column blocks
     both, d = BothPaths(runner), RunnerDriver(runner)
     reqs = [d.new_request() for _ in PROMPTS]
     toks = d.extend(list(zip(reqs, PROMPTS))).argmax(-1).tolist()
