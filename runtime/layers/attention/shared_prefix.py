@@ -5,8 +5,10 @@ groups as (``req_to_token`` row holding the prefix, prefix length, batch indices
 ``build_shared_prefix`` turns them into fixed-shape tensors: per request the length of its
 shared prefix (0: none; the suffix kernel starts there), and *tiles* of up to ``block_members``
 requests of one group for ``kernels/prefix_decode_attention.py``. The tile count depends only
-on the batch size (every group has >= 2 members, so at most bs // 2 tiles), which keeps the
-shapes CUDA-graph friendly. Backends without cascade support ignore it: it never changes results.
+on the batch size (every group has >= 2 members, so at most bs // 2 tiles, capped at
+``MAX_TILES``), which keeps the shapes CUDA-graph friendly. Groups that do not fit (the largest
+savings go first) simply read their prefix per request. Backends without cascade support ignore
+it: it never changes results.
 """
 from __future__ import annotations
 
@@ -23,8 +25,13 @@ class SharedPrefix:
     tile_members: torch.Tensor  # [T, block_members] int64: batch indices, -1 padding
 
 
+# NOTE: graphs launch this many tile programs per KV head and split even when nothing is shared
+# (they exit at once); 32 tiles of 16 requests cover a batch of 512 in one group per tile.
+MAX_TILES = 32
+
+
 def max_tiles(bs: int) -> int:
-    return max(bs // 2, 1)
+    return min(max(bs // 2, 1), MAX_TILES)
 
 
 def build_shared_prefix(groups: list[tuple[int, int, list[int]]], bs: int,
@@ -36,8 +43,11 @@ def build_shared_prefix(groups: list[tuple[int, int, list[int]]], bs: int,
     lens = torch.zeros(t, dtype=torch.int64)
     members = torch.full((t, block_members), -1, dtype=torch.int64)
     i = 0
-    for row, plen, batch_idx in groups:
+    for row, plen, batch_idx in sorted(groups, key=lambda g: -g[1] * len(g[2])):
         assert len(batch_idx) >= 2 and plen > 0, "a group shares a prefix between >= 2 requests"
+        need = -(-len(batch_idx) // block_members)
+        if i + need > t:
+            continue  # no tiles left: this group reads its prefix per request
         prefix_lens[batch_idx] = plen
         for j in range(0, len(batch_idx), block_members):
             chunk = batch_idx[j:j + block_members]

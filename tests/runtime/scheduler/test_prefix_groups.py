@@ -76,3 +76,19 @@ def test_no_groups_without_a_shared_prefix(make_harness):
     h.run()
     decodes = [b for b in h.runner.forwards if b.mode.is_decode]
     assert decodes and all(b.shared_prefix is None for b in decodes)
+
+
+def test_groups_beyond_the_tile_budget_fall_back_to_plain_decode():
+    import torch
+
+    from sgdsl.runtime.layers.attention import shared_prefix as sp_mod
+
+    cpu = torch.device("cpu")
+    groups = [(r, 40 + r, [2 * r, 2 * r + 1]) for r in range(40)]  # 40 groups of 2, bs 80
+    sp = sp_mod.build_shared_prefix(groups, 80, 2, cpu)
+    assert sp.tile_lens.shape[0] == sp_mod.MAX_TILES == 32
+    kept = [g for g in groups if sp.prefix_lens[g[2][0]] > 0]
+    # the longest prefixes (largest savings) got the 32 tiles; the rest read per request
+    assert sorted(g[1] for g in kept) == list(range(48, 80))
+    assert all(sp.prefix_lens[g[2]].tolist() == [0, 0] for g in groups if g not in kept)
+    assert sorted(sp.tile_lens.tolist()) == list(range(48, 80))
