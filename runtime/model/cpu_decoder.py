@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..layers.cpu_kernels import CpuKernels, DecodeStep
+from ..layers.cpu_kernels import CpuKernels, DecodeStep, matvec_preferred
 from ..layers.cpu_kernels import load as load_kernels
 from .forward_batch import ForwardBatch
 from .llama import LlamaForCausalLM
@@ -106,6 +106,7 @@ class CpuDecoder:
         widest = max(qkv_cols, 2 * cfg.intermediate_size, self.hidden)
         self.tmp = torch.empty(widest, dtype=torch.float32)  # row gathers of split outputs
         self._buffers: dict[int, DecodeBuffers] = {}
+        self.use_matvec = matvec_preferred()  # single rows: C matvec, else MKL's gemm
 
     @classmethod
     def create(cls, runner: Any) -> "CpuDecoder | None":
@@ -133,7 +134,7 @@ class CpuDecoder:
         step = ctypes.pointer(self._step(n, *keep))
         x, x_splits = None, 1  # first layer: the residual already holds the input
         tmp, hidden, eps = self.tmp.data_ptr(), self.hidden, self.eps
-        mm = self._matvec if n == 1 else _bmm
+        mm = self._matvec if n == 1 and self.use_matvec else _bmm
         for layer in self.layers:
             k.add_rmsnorm(x, x_splits, p["res"], layer.ln1, p["xn"], n, hidden, eps, tmp)
             mm(b.xn_qkv, p["xn"], layer.qkv, b.qkv, p["qkv"])

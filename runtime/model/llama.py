@@ -131,8 +131,8 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = (None if cfg.tie_word_embeddings else
                         Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype, device=device))
         self.attn_backend: AttentionBackend | None = None  # set by the runner
-        # The logits matrix in the CPU matmul layout, and the C kernels for single rows (fp32
-        # only; None: torch/MKL), both set by optimize_for_cpu.
+        # The logits matrix in the CPU matmul layout, and the C kernels for single rows (fp32,
+        # where ``matvec_preferred``; None: MKL), both set by optimize_for_cpu.
         self._logits_weight: torch.Tensor | None = None
         self._cpu_kernels: cpu_kernels.CpuKernels | None = None
 
@@ -162,7 +162,7 @@ class LlamaForCausalLM(nn.Module):
             self._logits_weight = cpu_layout(self.model.embed_tokens.weight.data, splits)
         else:
             self._logits_weight = self.lm_head.weight.data
-        if self._logits_weight.dtype == torch.float32:
+        if self._logits_weight.dtype == torch.float32 and cpu_kernels.matvec_preferred():
             self._cpu_kernels = cpu_kernels.load()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

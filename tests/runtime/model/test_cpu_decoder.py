@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from sgdsl.runtime.config import EngineConfig
+from sgdsl.runtime.layers import cpu_kernels
 from sgdsl.runtime.model.cpu_decoder import CpuDecoder
 from sgdsl.runtime.model.runner import ModelRunner
 
@@ -52,14 +53,20 @@ class BothPaths:
         return fast
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("case", list(CASES))
-def test_fast_decode_matches_module_path(case, threads, tmp_path, restore_threads):
+@pytest.mark.parametrize("case,threads,matvec", [
+    ("llama", 1, "c"), ("llama", 2, "c"), ("llama", 2, "mkl"), ("qwen2", 2, "c"),
+    ("qwen2", 1, "mkl"), ("qwen3", 2, "c"), ("qwen3", 1, "mkl")])
+def test_fast_decode_matches_module_path(case, threads, matvec, tmp_path, restore_threads,
+                                         monkeypatch):
+    """``matvec``: single rows through the C kernel or MKL (chosen per CPU vendor otherwise)."""
+    monkeypatch.setenv(cpu_kernels.MATVEC_ENV, matvec)
     kind, overrides = CASES[case]
     tiny_model(kind, tmp_path, **overrides)
     runner = ModelRunner(EngineConfig(model=str(tmp_path), device="cpu", max_total_tokens=256,
                                       max_running_requests=4, num_threads=threads))
     assert isinstance(runner.cpu_decoder, CpuDecoder)
+    assert runner.cpu_decoder.use_matvec == (matvec == "c")
+    assert (runner.model._cpu_kernels is not None) == (matvec == "c")  # logits row
     assert runner.cpu_decoder.layers[0].gate_up.splits == threads  # column blocks
     both, d = BothPaths(runner), RunnerDriver(runner)
     reqs = [d.new_request() for _ in PROMPTS]
