@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num", type=int, default=256)
     parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--passes", type=int, default=2, help="timed passes per side")
+    parser.add_argument("--passes", type=int, default=3, help="timed passes per side")
     parser.add_argument("--model", default=None, help="default: the embedded model")
     parser.add_argument("--load-format", default="auto")
     parser.add_argument("--grammar-backend", default="xgrammar")
