@@ -9,9 +9,7 @@ import pytest
 from sgdsl.backends.base import BackendError, Context
 from sgdsl.backends.local import Local
 from sgdsl.ir import SamplingParams
-from srt_fakes import FakeRuntime
-
-from conftest import FakeEngine
+from srt_fakes import FakeEngine, FakeRuntime
 
 
 class StrictEngine(FakeEngine):

@@ -9,9 +9,7 @@ import pytest
 from sgdsl.backends.base import BackendError, Context, UnsupportedError
 from sgdsl.backends.local import Local
 from sgdsl.ir import Constraint, SamplingParams
-from srt_fakes import EOS, FakeRuntime, logprob, tokenize
-
-from conftest import FakeEngine, make_endpoint
+from srt_fakes import EOS, FakeEngine, FakeRuntime, logprob, make_endpoint, tokenize
 
 
 async def test_generate_maps_sampling_params(srt_backend, runtime):
