@@ -73,7 +73,7 @@ class RunningBatch:
         if len(keep) == len(self.reqs):
             return
         if not keep:
-            self.__init_rows()
+            self._clear()
             return
         pos = {id(r): i for i, r in enumerate(self.reqs)}
         idx = torch.tensor([pos[id(r)] for r in keep], dtype=torch.int64)
@@ -101,7 +101,7 @@ class RunningBatch:
         self._shared_stale = True
         self.sync_rows += sum(map(needs_sync, reqs))
 
-    def __init_rows(self) -> None:
+    def _clear(self) -> None:
         self.reqs, self.info, self.sync_rows = [], None, 0
         self.rows_host, self.pos_host = self.rows_host[:0], self.pos_host[:0]
         self.rows, self.pos = self.rows[:0], self.pos[:0]
