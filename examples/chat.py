@@ -12,7 +12,7 @@ def chat(s, turns: list[str]):
     s += sgl.system("You are a friendly assistant. Keep answers to one sentence.")
     for i, question in enumerate(turns):
         s += sgl.user(question)
-        s += sgl.assistant(sgl.gen(f"reply_{i}", max_tokens=32, stop="\n"))
+        s += sgl.assistant(sgl.gen(f"reply_{i}", max_tokens=16, stop="\n"))
 
 
 def main() -> None:

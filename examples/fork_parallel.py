@@ -13,11 +13,11 @@ def tips(s, topic: str):
     s += f"Here are two tips for {topic}: 1. Sleep well. 2. Eat healthy.\n"
     forks = s.fork(2)
     for i, f in enumerate(forks):
-        f += f"Explain tip {i + 1} in one sentence:" + sgl.gen("detail", max_tokens=24, stop="\n")
+        f += f"Explain tip {i + 1} in one sentence:" + sgl.gen("detail", max_tokens=12, stop="\n")
     forks.join()
     s += "Tip 1: " + forks[0]["detail"] + "\n"
     s += "Tip 2: " + forks[1]["detail"] + "\n"
-    s += "In summary," + sgl.gen("summary", max_tokens=24, stop="\n")
+    s += "In summary," + sgl.gen("summary", max_tokens=12, stop="\n")
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ import pytest
 import sgdsl as sgl
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+pytestmark = pytest.mark.slow  # the embedded model
 
 
 @pytest.fixture

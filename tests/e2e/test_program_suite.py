@@ -11,6 +11,8 @@ import sgdsl as sgl
 from e2e_programs import (CITIES, bad_top_p, capital_select, few_shot_qa, fork_tips, legs,
                           multi_turn, person, phone, short_reply)
 
+pytestmark = pytest.mark.slow  # the shared engine with the embedded model
+
 
 def test_few_shot_qa(backend):
     state = few_shot_qa.run(question="What is the capital of France?", backend=backend)

@@ -2,8 +2,12 @@
 RuntimeEndpoint, then shut down with nothing left running."""
 from __future__ import annotations
 
+import pytest
+
 import sgdsl as sgl
 from e2e_programs import few_shot_qa
+
+pytestmark = pytest.mark.slow  # starts a server process with the embedded model
 
 
 def test_runtime_starts_serves_and_shuts_down():
