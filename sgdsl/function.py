@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Collection, Iterator
 
 from sgdsl import ir
 from sgdsl.interpreter.executor import ProgramRun, StateExecutor
@@ -46,7 +46,7 @@ class SglFunction:
         the call returns when the program is done and raises its error, if any; with it, returns
         at once (iterate ``text_iter()``)."""
         kwargs.pop("use_thread", None)
-        defaults, kwargs = split_sampling_kwargs(kwargs)
+        defaults, kwargs = split_sampling_kwargs(kwargs, self.arg_names)
         state = self._new_state(backend, defaults, stream, background_loop())
         if stream:
             body_pool().submit(self._body, state, args, kwargs)
@@ -90,7 +90,7 @@ class SglFunction:
         """Run on the current event loop. Cancelling the awaiting task aborts the program's
         in-flight backend requests. Raises the program's error, if any. With ``stream`` returns
         at once; read it with ``text_async_iter`` (``state.cancel()`` aborts it)."""
-        defaults, kwargs = split_sampling_kwargs(kwargs)
+        defaults, kwargs = split_sampling_kwargs(kwargs, self.arg_names)
         state = self._new_state(backend, defaults, stream, asyncio.get_running_loop())
         if stream:
             state._task = asyncio.ensure_future(self._drive(state, args, kwargs, raise_errors=False))
@@ -180,12 +180,14 @@ class SglFunction:
         return prefix
 
 
-def split_sampling_kwargs(kwargs: dict[str, Any]) -> tuple[ir.SamplingParams, dict[str, Any]]:
-    """Program-wide sampling defaults vs. program arguments."""
+def split_sampling_kwargs(kwargs: dict[str, Any], program_args: Collection[str] = ()
+                          ) -> tuple[ir.SamplingParams, dict[str, Any]]:
+    """Program-wide sampling defaults vs. program arguments. A keyword the program itself
+    declares (e.g. a parameter named ``max_tokens``) is always the program's argument."""
     values, rest = {}, {}
     for key, value in kwargs.items():
         field = _ALIASES.get(key, key)
-        if field in _PARAM_NAMES and key not in _RESERVED:
+        if field in _PARAM_NAMES and key not in _RESERVED and key not in program_args:
             if value is not None:
                 values[field] = tuple([value] if isinstance(value, (str, int)) else value) \
                     if field in ("stop", "stop_token_ids", "stop_regex") else value

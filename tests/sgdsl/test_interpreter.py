@@ -45,6 +45,20 @@ def test_program_wide_defaults_fill_unset_gen_params():
     assert [c.params.max_tokens for c in backend.calls] == [7, 7]
 
 
+def test_a_program_parameter_named_like_a_sampling_field_stays_an_argument():
+    backend = ScriptedBackend(outputs=["a"])
+
+    @sgl.function
+    def prog(s, max_tokens):
+        s += f"budget {max_tokens}:" + sgl.gen("x", max_tokens=max_tokens)
+
+    state = prog.run(backend=backend, max_tokens=3, temperature=0.2)
+    assert backend.calls[0].context.text.endswith("budget 3:")
+    assert backend.calls[0].params.max_tokens == 3
+    assert backend.calls[0].params.temperature == 0.2
+    assert state["x"] == "a"
+
+
 def test_fork_gather_variable_and_concat():
     backend = ScriptedBackend(outputs=lambda ctx, p, c: f"<{ctx.text.count('tip')}>")
 
