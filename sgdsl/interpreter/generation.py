@@ -41,10 +41,10 @@ async def run_gen(ex: "StateExecutor", node: ir.Gen) -> None:
 
 
 def resolve_params(ex: "StateExecutor", params: ir.SamplingParams) -> ir.SamplingParams:
-    """The gen's own values, then the program-wide defaults; completion backends also stop at
-    the end-of-turn markers of the chat template."""
+    """The gen's own values, then the program-wide defaults; inside a role, completion backends
+    also stop at the end-of-turn markers of the chat template (plain-text programs do not)."""
     params = params.merged(ex.run.defaults)
-    if ex.template.stop_str and not ex.backend.capabilities.chat_only:
+    if ex.template.stop_str and ex.cur_role is not None and not ex.backend.capabilities.chat_only:
         stop = tuple(params.resolved("stop"))
         params = dataclasses.replace(params, stop=stop + tuple(s for s in ex.template.stop_str if s not in stop))
     return params

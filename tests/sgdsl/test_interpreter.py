@@ -45,6 +45,19 @@ def test_program_wide_defaults_fill_unset_gen_params():
     assert [c.params.max_tokens for c in backend.calls] == [7, 7]
 
 
+def test_end_of_turn_stop_only_inside_a_role():
+    backend = ScriptedBackend(outputs=["a", "b"], template=get_chat_template("chatml"))
+
+    @sgl.function
+    def prog(s):
+        s += "plain " + sgl.gen("x", max_tokens=4)
+        s += sgl.assistant(sgl.gen("y", max_tokens=4))
+
+    prog.run(backend=backend)
+    assert "<|im_end|>" not in backend.calls[0].params.resolved("stop")
+    assert "<|im_end|>" in backend.calls[1].params.resolved("stop")
+
+
 def test_a_program_parameter_named_like_a_sampling_field_stays_an_argument():
     backend = ScriptedBackend(outputs=["a"])
 
