@@ -50,7 +50,8 @@ class DecodeStep(ctypes.Structure):
     _fields_ = [("n", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I),
                 ("rtt_stride", _I), ("positions", _P), ("out_loc", _P), ("rows", _P),
                 ("seq_lens", _P), ("rtt", _P), ("cos_tab", _P), ("sin_tab", _P),
-                ("scratch", _P), ("scale", _F), ("norm_eps", _F)]
+                ("qkv_rows", _P), ("scores", _P), ("threads", _I), ("parallel_min_keys", _I),
+                ("scale", _F), ("norm_eps", _F)]
 
 
 _SIGNATURES = {

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 SOURCE = r"""
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -23,7 +24,10 @@ typedef struct {
     i64 n, heads, kv_heads, head_dim, rtt_stride;
     const i64 *positions, *out_loc, *rows, *seq_lens, *rtt;
     const float *cos_tab, *sin_tab; /* [max_pos, head_dim]; sin has its first half negated */
-    float *scratch;                 /* >= qkv cols + (heads / kv_heads) * max seq_len floats */
+    float *qkv_rows;                /* [n, qkv cols]: the rows after bias / norms / rotary */
+    float *scores;                  /* [threads, heads / kv_heads, rtt_stride] */
+    i64 threads;                    /* OpenMP team cap (scores has room for this many) */
+    i64 parallel_min_keys;          /* attend in parallel from this many keys x kv heads */
     float scale, norm_eps;
 } DecodeStep;
 
@@ -154,31 +158,45 @@ static void attend_group(const DecodeStep *st, const float *q, const float *k_bu
     }
 }
 
-/* Per request row: (+ bias), (q/k head norms), rotary on q and k, store k and v at out_loc,
-   then attention over the request's slots. qkv: [n, (heads + 2 kv_heads) * head_dim]. */
+/* Row r of qkv (+ bias), (q/k head norms), rotary on q and k; stores k and v at out_loc. */
+static void prepare_row(const DecodeStep *st, const float *qkv, i64 qkv_splits, i64 r,
+                        const float *bias, const float *q_norm, const float *k_norm,
+                        float *k_buf, float *v_buf) {
+    i64 d = st->head_dim, nh = st->heads, nkv = st->kv_heads, cols = (nh + 2 * nkv) * d;
+    float *row = st->qkv_rows + r * cols;
+    const float *src = row_of(qkv, r, st->n, cols, qkv_splits, row);
+    if (src != row) memcpy(row, src, cols * 4);
+    if (bias) for (i64 i = 0; i < cols; i++) row[i] += bias[i];
+    float *q = row, *k = row + nh * d, *v = k + nkv * d;
+    if (q_norm) {
+        for (i64 h = 0; h < nh; h++) rms_row(q + h * d, q_norm, q + h * d, d, st->norm_eps);
+        for (i64 h = 0; h < nkv; h++) rms_row(k + h * d, k_norm, k + h * d, d, st->norm_eps);
+    }
+    i64 pos = st->positions[r];
+    rotate(q, nh + nkv, d, st->cos_tab + pos * d, st->sin_tab + pos * d);
+    memcpy(k_buf + st->out_loc[r] * nkv * d, k, nkv * d * 4);
+    memcpy(v_buf + st->out_loc[r] * nkv * d, v, nkv * d * 4);
+}
+
+/* Decode attention of n requests, one new token each. qkv: [n, (heads + 2 kv_heads) * d].
+   (request, kv group) pairs run on the OpenMP team when there are enough keys to pay for it. */
 void decode_attention(const DecodeStep *st, const float *qkv, i64 qkv_splits,
                       const float *bias, const float *q_norm, const float *k_norm,
                       float *k_buf, float *v_buf, float *out) {
     i64 d = st->head_dim, nh = st->heads, nkv = st->kv_heads, g = nh / nkv;
-    i64 cols = (nh + 2 * nkv) * d;
-    float *row = st->scratch, *s = st->scratch + cols;
+    i64 cols = (nh + 2 * nkv) * d, keys = 0;
     for (i64 r = 0; r < st->n; r++) {
-        const float *src = row_of(qkv, r, st->n, cols, qkv_splits, row);
-        if (src != row) memcpy(row, src, cols * 4);
-        if (bias) for (i64 i = 0; i < cols; i++) row[i] += bias[i];
-        float *q = row, *k = row + nh * d, *v = k + nkv * d;
-        if (q_norm) {
-            for (i64 h = 0; h < nh; h++) rms_row(q + h * d, q_norm, q + h * d, d, st->norm_eps);
-            for (i64 h = 0; h < nkv; h++) rms_row(k + h * d, k_norm, k + h * d, d, st->norm_eps);
-        }
-        i64 pos = st->positions[r];
-        rotate(q, nh + nkv, d, st->cos_tab + pos * d, st->sin_tab + pos * d);
-        memcpy(k_buf + st->out_loc[r] * nkv * d, k, nkv * d * 4);
-        memcpy(v_buf + st->out_loc[r] * nkv * d, v, nkv * d * 4);
+        prepare_row(st, qkv, qkv_splits, r, bias, q_norm, k_norm, k_buf, v_buf);
+        keys += st->seq_lens[r];
+    }
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(st->threads) \
+        if (st->threads > 1 && keys * nkv >= st->parallel_min_keys)
+    for (i64 t = 0; t < st->n * nkv; t++) {
+        i64 r = t / nkv, grp = t % nkv;
+        float *s = st->scores + omp_get_thread_num() * g * st->rtt_stride;
         const i64 *slots = st->rtt + st->rows[r] * st->rtt_stride;
-        for (i64 grp = 0; grp < nkv; grp++)
-            attend_group(st, q + grp * g * d, k_buf, v_buf, slots, st->seq_lens[r], grp,
-                         out + r * nh * d + grp * g * d, s);
+        attend_group(st, st->qkv_rows + r * cols + grp * g * d, k_buf, v_buf, slots,
+                     st->seq_lens[r], grp, out + r * nh * d + grp * g * d, s);
     }
 }
 """

@@ -23,6 +23,9 @@ from .llama import LlamaForCausalLM
 
 # Distinct decode batch sizes whose buffers are kept (the running batch changes size often).
 MAX_CACHED_SIZES = 4
+# Attention runs its (request, kv head) pairs on the thread team from this many keys x kv
+# heads per layer (~100 us of work); below, a parallel region costs more than it saves.
+PARALLEL_MIN_KEYS = 1024
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class DecodeBuffers:
         self.attn = torch.empty(n, first.o.in_features, dtype=f32)
         self.act = torch.empty(n, first.down.in_features, dtype=f32)
         self.out = torch.empty(n, dec.hidden, dtype=f32)
+        self.qkv_rows = torch.empty(n, first.qkv.splits * first.qkv.block, dtype=f32)
         self.qkv = _split_out(first.qkv, n)
         self.o = _split_out(first.o, n)
         self.gate_up = _split_out(first.gate_up, n)
@@ -101,8 +105,10 @@ class CpuDecoder:
                        for layer, k, v in zip(inner.layers, k_buffers, v_buffers)]
         qkv_cols = (self.heads + 2 * self.kv_heads) * self.head_dim
         group = self.heads // self.kv_heads
-        # decode_attention: one qkv row + a [group, seq_len] score block
-        self.scratch = torch.empty(qkv_cols + group * req_to_token.shape[1], dtype=torch.float32)
+        # decode_attention: a [group, context] score block per thread of the team
+        self.threads = torch.get_num_threads()
+        self.scores = torch.empty(self.threads, group, req_to_token.shape[1], dtype=torch.float32)
+        self.parallel_min_keys = PARALLEL_MIN_KEYS
         widest = max(qkv_cols, 2 * cfg.intermediate_size, self.hidden)
         self.tmp = torch.empty(widest, dtype=torch.float32)  # row gathers of split outputs
         self._buffers: dict[int, DecodeBuffers] = {}
@@ -131,7 +137,7 @@ class CpuDecoder:
         torch.index_select(self.embed, 0, batch.input_ids, out=b.res)
         keep = [t.contiguous() for t in (batch.positions, batch.out_cache_loc,
                                          batch.req_pool_indices, batch.seq_lens)]
-        step = ctypes.pointer(self._step(n, *keep))
+        step = ctypes.pointer(self._step(b, *keep))
         x, x_splits = None, 1  # first layer: the residual already holds the input
         tmp, hidden, eps = self.tmp.data_ptr(), self.hidden, self.eps
         mm = self._matvec if n == 1 and self.use_matvec else _bmm
@@ -155,13 +161,14 @@ class CpuDecoder:
         """One row: the C kernel (reads the weight once, faster than MKL's gemm at m=1)."""
         self.kernels.matvec(x_ptr, w.ptr, out_ptr, w.splits, w.in_features, w.block)
 
-    def _step(self, n: int, positions: torch.Tensor, out_loc: torch.Tensor, rows: torch.Tensor,
-              seq_lens: torch.Tensor) -> DecodeStep:
-        max_len = self.req_to_token.shape[1]
-        return DecodeStep(n, self.heads, self.kv_heads, self.head_dim, max_len,
-                          positions.data_ptr(), out_loc.data_ptr(), rows.data_ptr(),
-                          seq_lens.data_ptr(), self.req_to_token.data_ptr(), self.cos.data_ptr(),
-                          self.sin.data_ptr(), self.scratch.data_ptr(), self.scale, self.eps)
+    def _step(self, b: DecodeBuffers, positions: torch.Tensor, out_loc: torch.Tensor,
+              rows: torch.Tensor, seq_lens: torch.Tensor) -> DecodeStep:
+        return DecodeStep(
+            b.res.shape[0], self.heads, self.kv_heads, self.head_dim, self.req_to_token.shape[1],
+            positions.data_ptr(), out_loc.data_ptr(), rows.data_ptr(), seq_lens.data_ptr(),
+            self.req_to_token.data_ptr(), self.cos.data_ptr(), self.sin.data_ptr(),
+            b.ptr["qkv_rows"], self.scores.data_ptr(), self.threads, self.parallel_min_keys,
+            self.scale, self.eps)
 
     def _buffers_for(self, n: int) -> DecodeBuffers:
         buf = self._buffers.get(n)

@@ -68,6 +68,8 @@ def test_fast_decode_matches_module_path(case, threads, matvec, tmp_path, restor
     assert runner.cpu_decoder.use_matvec == (matvec == "c")
     assert (runner.model._cpu_kernels is not None) == (matvec == "c")  # logits row
     assert runner.cpu_decoder.layers[0].gate_up.splits == threads  # column blocks
+    assert runner.cpu_decoder.threads == threads
+    runner.cpu_decoder.parallel_min_keys = 0  # attention on the thread team even for few keys
     both, d = BothPaths(runner), RunnerDriver(runner)
     reqs = [d.new_request() for _ in PROMPTS]
     toks = d.extend(list(zip(reqs, PROMPTS))).argmax(-1).tolist()
