@@ -37,6 +37,9 @@ CFLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-err
           "-fassociative-math", "-fno-signed-zeros", "-ffp-contract=fast"]
 DISABLE_ENV = "SGDSL_DISABLE_CPU_KERNELS"
 MATVEC_ENV = "SGDSL_CPU_MATVEC"  # "c" or "mkl": overrides matvec_preferred()
+# Up to this many rows go through ``matvec`` (where preferred); more use MKL's gemm, which is
+# compute-efficient once each weight element meets many rows.
+MATVEC_MAX_ROWS = 8
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
@@ -61,8 +64,8 @@ _SIGNATURES = {
     "silu_mul": [_P, _I, _P, _I, _I, _P],
     # step, qkv, qkv_splits, bias, q_norm, k_norm, k_buf, v_buf, out
     "decode_attention": [ctypes.POINTER(DecodeStep), _P, _I, _P, _P, _P, _P, _P, _P],
-    # x, w, y, splits, in, blk
-    "matvec": [_P, _P, _P, _I, _I, _I],
+    # x, n, w, y, splits, in, blk
+    "matvec": [_P, _I, _P, _P, _I, _I, _I],
 }
 
 

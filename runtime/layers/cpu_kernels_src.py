@@ -98,23 +98,34 @@ static inline void axpy4(const float *x4, const float *w0, i64 q, float *y, i64 
     for (i64 j = 0; j < blk; j++) y[j] += a * w0[j] + b * w1[j] + c * w2[j] + d * w3[j];
 }
 
-static void matvec_block(const float *x, const float *w, float *y, i64 in, i64 blk) {
+/* y[r] = x[r] @ w for n rows (x: [n, in], y rows y_stride apart). Each group of 4 weight rows
+   is read from memory once and applied to every x row while it sits in L1/L2, so rows cost
+   little beyond the first; each row sums in the same order whatever n is. */
+static void matvec_block(const float *x, i64 n, const float *w, float *y, i64 y_stride,
+                         i64 in, i64 blk) {
     i64 done;
-    for (i64 j = 0; j < blk; j++) y[j] = 0.0f;
+    for (i64 r = 0; r < n; r++)
+        for (i64 j = 0; j < blk; j++) y[r * y_stride + j] = 0.0f;
     if (blk <= 4096) { /* bands: rows i, q + i, 2q + i, 3q + i */
         i64 q = in / 4;
-        for (i64 i = 0; i < q; i++) axpy4(x + i, w + i * blk, q, y, blk);
+        for (i64 i = 0; i < q; i++)
+            for (i64 r = 0; r < n; r++) axpy4(x + r * in + i, w + i * blk, q, y + r * y_stride, blk);
         done = 4 * q;
     } else { /* adjacent rows i .. i + 3 */
-        for (done = 0; done + 4 <= in; done += 4) axpy4(x + done, w + done * blk, 1, y, blk);
+        for (done = 0; done + 4 <= in; done += 4)
+            for (i64 r = 0; r < n; r++)
+                axpy4(x + r * in + done, w + done * blk, 1, y + r * y_stride, blk);
     }
     for (i64 i = done; i < in; i++)
-        for (i64 j = 0; j < blk; j++) y[j] += x[i] * w[i * blk + j];
+        for (i64 r = 0; r < n; r++)
+            for (i64 j = 0; j < blk; j++) y[r * y_stride + j] += x[r * in + i] * w[i * blk + j];
 }
 
-void matvec(const float *x, const float *w, float *y, i64 splits, i64 in, i64 blk) {
+/* y [n, splits * blk] (row-major) = x [n, in] @ w [splits, in, blk]. */
+void matvec(const float *x, i64 n, const float *w, float *y, i64 splits, i64 in, i64 blk) {
     #pragma omp parallel for num_threads(splits) schedule(static) if (splits > 1)
-    for (i64 s = 0; s < splits; s++) matvec_block(x, w + s * in * blk, y + s * blk, in, blk);
+    for (i64 s = 0; s < splits; s++)
+        matvec_block(x, n, w + s * in * blk, y + s * blk, splits * blk, in, blk);
 }
 
 /* Neox rotary on `heads` heads of x in place: x * cos + [x2, x1] * signed_sin. */

@@ -62,12 +62,13 @@ def split_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def split_matvec(x: torch.Tensor, weight: torch.Tensor, kernels) -> torch.Tensor:
-    """``split_matmul`` for one fp32 row ``x [1, in]`` through the C kernel
-    (``layers/cpu_kernels.py``), which streams the weight faster than MKL's gemm at m = 1."""
+    """``split_matmul`` for a few fp32 rows ``x [m, in]`` through the C kernel
+    (``layers/cpu_kernels.py``), which streams the weight faster than MKL's gemm at small m."""
     splits, in_features, block = weight.shape
     x = x.contiguous()
-    out = torch.empty(1, splits * block, dtype=torch.float32)
-    kernels.matvec(x.data_ptr(), weight.data_ptr(), out.data_ptr(), splits, in_features, block)
+    out = torch.empty(x.shape[0], splits * block, dtype=torch.float32)
+    kernels.matvec(x.data_ptr(), x.shape[0], weight.data_ptr(), out.data_ptr(), splits,
+                   in_features, block)
     return out
 
 

@@ -11,12 +11,13 @@ rounding order. Extend batches keep the module path.
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..layers.cpu_kernels import CpuKernels, DecodeStep, matvec_preferred
+from ..layers.cpu_kernels import MATVEC_MAX_ROWS, CpuKernels, DecodeStep, matvec_preferred
 from ..layers.cpu_kernels import load as load_kernels
 from .forward_batch import ForwardBatch
 from .llama import LlamaForCausalLM
@@ -58,6 +59,11 @@ class LayerRefs:
     k_norm: int | None
     k_buf: int
     v_buf: int
+
+    @property
+    def splits(self) -> tuple[int, int, int, int]:
+        """Column blocks of the qkv, o, gate_up and down weights."""
+        return self.qkv.splits, self.o.splits, self.gate_up.splits, self.down.splits
 
 
 class DecodeBuffers:
@@ -112,7 +118,7 @@ class CpuDecoder:
         widest = max(qkv_cols, 2 * cfg.intermediate_size, self.hidden)
         self.tmp = torch.empty(widest, dtype=torch.float32)  # row gathers of split outputs
         self._buffers: dict[int, DecodeBuffers] = {}
-        self.use_matvec = matvec_preferred()  # single rows: C matvec, else MKL's gemm
+        self.use_matvec = matvec_preferred()  # small batches: C matvec, else MKL's gemm
 
     @classmethod
     def create(cls, runner: Any) -> "CpuDecoder | None":
@@ -140,26 +146,30 @@ class CpuDecoder:
         step = ctypes.pointer(self._step(b, *keep))
         x, x_splits = None, 1  # first layer: the residual already holds the input
         tmp, hidden, eps = self.tmp.data_ptr(), self.hidden, self.eps
-        mm = self._matvec if n == 1 and self.use_matvec else _bmm
+        if self.use_matvec and n <= MATVEC_MAX_ROWS:  # outputs row-major (1 block)
+            mm, (sq, so, sg, sd) = functools.partial(self._matvec, n), (1, 1, 1, 1)
+        else:  # outputs in the weights' column blocks
+            mm, (sq, so, sg, sd) = _bmm, self.layers[0].splits
         for layer in self.layers:
             k.add_rmsnorm(x, x_splits, p["res"], layer.ln1, p["xn"], n, hidden, eps, tmp)
             mm(b.xn_qkv, p["xn"], layer.qkv, b.qkv, p["qkv"])
-            k.decode_attention(step, p["qkv"], layer.qkv.splits, layer.qkv_bias, layer.q_norm,
-                               layer.k_norm, layer.k_buf, layer.v_buf, p["attn"])
+            k.decode_attention(step, p["qkv"], sq, layer.qkv_bias, layer.q_norm, layer.k_norm,
+                               layer.k_buf, layer.v_buf, p["attn"])
             mm(b.attn_o, p["attn"], layer.o, b.o, p["o"])
-            k.add_rmsnorm(p["o"], layer.o.splits, p["res"], layer.ln2, p["xn"], n, hidden, eps, tmp)
+            k.add_rmsnorm(p["o"], so, p["res"], layer.ln2, p["xn"], n, hidden, eps, tmp)
             mm(b.xn_gate_up, p["xn"], layer.gate_up, b.gate_up, p["gate_up"])
-            k.silu_mul(p["gate_up"], layer.gate_up.splits, p["act"], n, b.act.shape[1], tmp)
+            k.silu_mul(p["gate_up"], sg, p["act"], n, b.act.shape[1], tmp)
             mm(b.act_down, p["act"], layer.down, b.down, p["down"])
-            x, x_splits = p["down"], layer.down.splits
+            x, x_splits = p["down"], sd
         k.add_rmsnorm(x, x_splits, p["res"], self.final_norm, p["out"], n, hidden, eps, tmp)
         del keep  # the C side read these through raw pointers until here
         return b.out
 
-    def _matvec(self, _x: torch.Tensor, x_ptr: int, w: SplitWeight, _out: torch.Tensor,
+    def _matvec(self, n: int, _x: torch.Tensor, x_ptr: int, w: SplitWeight, _out: torch.Tensor,
                 out_ptr: int) -> None:
-        """One row: the C kernel (reads the weight once, faster than MKL's gemm at m=1)."""
-        self.kernels.matvec(x_ptr, w.ptr, out_ptr, w.splits, w.in_features, w.block)
+        """A few rows: the C kernel (reads the weight once; faster than MKL's gemm at small m
+        on the CPUs where ``matvec_preferred``). Writes ``[n, out]`` row-major."""
+        self.kernels.matvec(x_ptr, n, w.ptr, out_ptr, w.splits, w.in_features, w.block)
 
     def _step(self, b: DecodeBuffers, positions: torch.Tensor, out_loc: torch.Tensor,
               rows: torch.Tensor, seq_lens: torch.Tensor) -> DecodeStep:

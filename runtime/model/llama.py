@@ -145,7 +145,7 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits ``[rows, vocab]`` for the given hidden rows."""
         if self._logits_weight is not None:
-            if self._cpu_kernels is not None and hidden.shape[0] == 1:
+            if self._cpu_kernels is not None and hidden.shape[0] <= cpu_kernels.MATVEC_MAX_ROWS:
                 return split_matvec(hidden, self._logits_weight, self._cpu_kernels)
             return split_matmul(hidden, self._logits_weight).float()
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

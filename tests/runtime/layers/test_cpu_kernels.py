@@ -83,14 +83,17 @@ def test_disable_switch(monkeypatch):
 
 @pytest.mark.parametrize("out_features,in_features", [(96, 64), (96, 66), (30, 7), (9000, 24),
                                                       (8194, 13)])
-@pytest.mark.parametrize("splits", [1, 2])
-def test_matvec_matches_matmul(out_features, in_features, splits):
+@pytest.mark.parametrize("splits,rows", [(1, 1), (2, 1), (2, 3), (1, 8)])
+def test_matvec_matches_matmul(out_features, in_features, splits, rows):
     """Narrow blocks (read as 4 row bands, incl. a row tail when ``in`` is not a multiple of 4)
-    and wide blocks (> 4096 columns: adjacent rows) against ``x @ W.T``."""
-    gen = torch.Generator().manual_seed(out_features + in_features + splits)
+    and wide blocks (> 4096 columns: adjacent rows), one or several x rows, against ``x @ W.T``."""
+    gen = torch.Generator().manual_seed(out_features + in_features + splits + rows)
     w = torch.randn(out_features, in_features, generator=gen)
-    x = torch.randn(1, in_features, generator=gen)
+    x = torch.randn(rows, in_features, generator=gen)
     weight = cpu_layout(w, splits)
     expect = x @ w.t()
     torch.testing.assert_close(split_matvec(x, weight, kernels), expect, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(split_matmul(x, weight), expect, rtol=1e-5, atol=1e-4)
+    if rows > 1:  # each row is summed exactly as it would be alone (batch-invariant)
+        assert torch.equal(split_matvec(x[1:2], weight, kernels)[0],
+                           split_matvec(x, weight, kernels)[1])

@@ -56,7 +56,7 @@ def _floors(runner: ModelRunner) -> dict[str, Callable[[], None]]:
 
     def c_matvec() -> None:
         for x, w, out in jobs:
-            kernels.matvec(x.data_ptr(), w.data_ptr(), out.data_ptr(), *w.shape)
+            kernels.matvec(x.data_ptr(), 1, w.data_ptr(), out.data_ptr(), *w.shape)
 
     return {"floor mkl bmm": mkl, "floor C matvec": c_matvec} if kernels else {"floor mkl bmm": mkl}
 
