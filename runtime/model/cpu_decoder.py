@@ -1,5 +1,6 @@
 """CpuDecoder: the decode forward of a Llama-family model (Llama, Qwen2, Qwen3) on CPU in fp32,
-as one flat loop of split matmuls (torch/MKL, into preallocated outputs) and one C kernel call
+as one flat loop of split-layout matmuls into preallocated outputs (the C ``matvec`` for up to
+``MATVEC_MAX_ROWS`` rows where it beats MKL, else MKL's batched gemm) and one C kernel call
 between each pair of them (``layers/cpu_kernels.py``).
 
 Per layer: add+rmsnorm -> qkv matmul -> [bias, q/k norms, rotary, KV store, attention] ->
@@ -7,6 +8,9 @@ o matmul -> add+rmsnorm -> gate_up matmul -> silu*mul -> down matmul: 8 calls, w
 path runs ~25 torch ops. The result is the same computation as ``LlamaModel.forward`` (same
 weights, same KV pool layout, same attention semantics as ``torch_native``) up to float
 rounding order. Extend batches keep the module path.
+
+NOTE: weights, KV buffers and the req_to_token table are bound by raw pointer at creation;
+the runner creates the decoder after loading and never replaces those tensors.
 """
 from __future__ import annotations
 
