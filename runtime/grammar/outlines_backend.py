@@ -4,7 +4,8 @@ DFA index over the vocabulary.
 JSON schemas go through ``outlines_core.json_schema.build_regex_from_schema`` (compact: no
 whitespace, so output is bounded and separators are forced); EBNF is accepted only when it is
 regular (``ebnf_regex.py`` lowers it); a recursive grammar is rejected at admission, saying so;
-a recursive JSON ``$ref`` is unrolled a bounded number of levels (``schema_unroll.py``). The
+a recursive JSON ``$ref`` is unrolled a bounded number of levels (``schema_unroll.py``) and
+untyped values nest a bounded number of levels (``any_value.py``; also "any JSON object"). The
 jump-forward string is the longest byte prefix shared by every allowed token, chained through
 tokens that spell exactly that prefix; it is computed once per DFA state and cached on the
 compiled grammar.
@@ -20,19 +21,15 @@ import torch
 
 from ..errors import InvalidRequestError
 from .base import Grammar, GrammarBackend, GrammarKey, bitmask_width, choices_regex
+from .any_value import ANY_OBJECT, bound_untyped_values
 from .schema_unroll import unroll_schema_text
 from .vocab import decode_prefix, token_bytes
 
-# Any JSON object for outlines: a regex cannot nest without bound and outlines' own any-value
-# regex takes ~15 s to index, so values nest one level (objects/arrays of primitives).
-_STR = r'"([^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt])*"'
-_NUM = r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?"
-_PRIM = f"({_STR}|{_NUM}|true|false|null)"
-_VALUE = (f"({_PRIM}|\\[({_PRIM}(,{_PRIM})*)?\\]"
-          f"|\\{{({_STR}:{_PRIM}(,{_STR}:{_PRIM})*)?\\}})")
-JSON_OBJECT_REGEX = f"\\{{({_STR}:{_VALUE}(,{_STR}:{_VALUE})*)?\\}}"
 _WHITESPACE = ""  # compact JSON: bounded, and its separators are forced (jump-forward)
 _MAX_JUMP_TOKENS = 64
+# One character of a JSON string as outlines-core spells it, and the same without '\"'.
+_STRING_CHAR = r'([^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt])'
+_STRING_CHAR_NO_QUOTE = r'([^"\\\x00-\x1F\x7F-\x9F]|\\[\\/bfnrt])'
 
 
 @dataclass
@@ -128,6 +125,14 @@ class OutlinesGrammar(Grammar):
         return len(self._tokens) + int(self._terminated)
 
 
+def prepare_schema(text: str) -> str:
+    """The schema outlines-core compiles: recursion unrolled, untyped values bounded."""
+    # NOTE: outlines-core's own unrolling of a recursive $ref is unsound at its depth limit (a
+    # required "next" leaves '{"v":1,}'), and its any-value regex can take minutes to index.
+    schema = json.loads(unroll_schema_text(text))
+    return json.dumps(bound_untyped_values(schema))
+
+
 def _bit(i: int) -> int:
     """Bit ``i`` of an int32 word as a signed Python int (bit 31 is negative)."""
     return -(1 << 31) if i == 31 else 1 << i
@@ -160,11 +165,13 @@ class OutlinesBackend(GrammarBackend):
         if key.kind == "choices":
             return choices_regex(json.loads(key.text))
         if key.kind == "json_object":
-            return JSON_OBJECT_REGEX
+            return schema_to_regex(json.dumps(ANY_OBJECT), _WHITESPACE)
         if key.kind == "json_schema":
-            # NOTE: outlines-core's own unrolling of a recursive $ref is unsound at its depth
-            # limit (a required "next" leaves '{"v":1,}'), so recursion is unrolled here first.
-            return schema_to_regex(unroll_schema_text(key.text), _WHITESPACE)
+            regex = schema_to_regex(prepare_schema(key.text), _WHITESPACE)
+            # NOTE: with the escaped quote allowed, indexing a length-bounded string grows
+            # exponentially with the bound (maxLength 20: ~80 s, 40: hours); without it, 40 takes
+            # 0.4 s. Dropping one escape from bounded strings keeps every output valid.
+            return regex.replace(_STRING_CHAR + "{", _STRING_CHAR_NO_QUOTE + "{")
         from .ebnf_regex import ebnf_to_regex
 
         return ebnf_to_regex(key.text)
