@@ -23,7 +23,11 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """(rows, words) int32 -> (rows, vocab_size) bool, True = allowed. Ids past the bitmask's
     32 * words are disallowed (a padded lm_head never samples a token the tokenizer lacks)."""
     bits = (bitmask.unsqueeze(-1) >> _shifts(bitmask.device)) & 1
-    allowed = bits.flatten(-2).bool()
+    return fit_vocab(bits.flatten(-2).bool(), vocab_size)
+
+
+def fit_vocab(allowed: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """A bool (rows, n) allowed-mask cut or padded (with False: disallowed) to ``vocab_size``."""
     width = allowed.shape[-1]
     if width >= vocab_size:
         return allowed[..., :vocab_size]

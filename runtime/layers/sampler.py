@@ -19,6 +19,7 @@ from typing import Sequence
 import torch
 
 from ..sampling_params import SamplingParams
+from .bitmask import fit_vocab, unpack_bitmask
 from .penalties import Penalties, PenaltyContext
 
 _MASK64 = (1 << 64) - 1
@@ -134,12 +135,17 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def apply_vocab_mask(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Disallow tokens: ``mask`` is bool ``[bs, vocab]`` (True = allowed) or an xgrammar-style
-    packed int32 bitmask ``[bs, ceil(vocab/32)]`` (bit set = allowed)."""
+    packed int32 bitmask ``[bs, ceil(vocab/32)]`` (bit set = allowed).
+
+    grammar: a mask narrower than the logits (an lm_head padded past the tokenizer's vocabulary)
+    disallows the ids it does not cover; a wider one is cut to the logits."""
+    vocab = logits.shape[-1]
+    mask = mask.to(logits.device)  # the packed form is 32x smaller: move it before unpacking
     if mask.dtype != torch.bool:
-        shifts = torch.arange(32, dtype=torch.int32, device=mask.device)
-        bits = (mask.to(torch.int32).unsqueeze(-1) >> shifts) & 1
-        mask = bits.reshape(mask.shape[0], -1)[:, : logits.shape[-1]].bool()
-    return logits.masked_fill(~mask.to(logits.device), float("-inf"))
+        mask = unpack_bitmask(mask.to(torch.int32), vocab)
+    elif mask.shape[-1] != vocab:
+        mask = fit_vocab(mask, vocab)
+    return logits.masked_fill(~mask, float("-inf"))
 
 
 class Sampler:

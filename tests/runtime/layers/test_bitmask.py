@@ -55,3 +55,25 @@ def test_bad_shapes_raise():
         apply_token_bitmask_(torch.zeros(2, 32), torch.zeros(1, 1, dtype=torch.int32))
     with pytest.raises(ValueError):
         apply_token_bitmask_(torch.zeros(1, 32), torch.zeros(1, 1, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "bool"])
+def test_sampler_mask_narrower_or_wider_than_logits(packed):
+    """An lm_head padded past the tokenizer (logits wider than the mask) never samples the
+    padding; a wider mask is cut. Both forms of the sampler's mask."""
+    from sgdsl.runtime.layers.sampler import apply_vocab_mask
+
+    logits = torch.randn(2, 70)
+    allowed = torch.zeros(2, 64, dtype=torch.bool)
+    allowed[0, [3, 63]] = True
+    allowed[1, 5] = True
+    mask = torch.zeros(2, 2, dtype=torch.int32) if packed else allowed
+    if packed:
+        mask[0, 0], mask[0, 1], mask[1, 0] = 1 << 3, -2**31, 1 << 5
+    got = apply_vocab_mask(logits, mask)
+    finite = torch.isfinite(got)
+    assert finite[0].nonzero().flatten().tolist() == [3, 63]
+    assert finite[1].nonzero().flatten().tolist() == [5]
+    assert torch.equal(got[finite], logits[finite])
+    wide = torch.cat([mask, mask], dim=-1)  # more words/columns than 70 logits need
+    assert torch.equal(torch.isfinite(apply_vocab_mask(logits, wide))[:, :64], finite[:, :64])
