@@ -25,7 +25,10 @@ UNSUPPORTED: dict[str, frozenset[str]] = {
     "xgrammar": _COMMON_UNSUPPORTED,
     "outlines": _COMMON_UNSUPPORTED | {
         "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-        "propertyNames", "allOf", "not", "patternProperties"},
+        "propertyNames", "allOf", "not", "patternProperties",
+        # NOTE: outlines-core builds the object regex without counting properties, so these
+        # were silently ignored (an instance with 1 property passed minProperties: 2).
+        "minProperties", "maxProperties"},
 }
 
 
