@@ -8,9 +8,12 @@ queue; failures come back with their ``InvalidRequestError``), ``fill_bitmask`` 
 ``after_sample`` once tokens are appended: it advances each matcher, finishes requests whose
 grammar terminated or admits only a stop token, and applies jump-forward (forced text appended
 without sampling; those requests return to the queue so their forced tokens get KV in the next
-extend, the prefix before them coming back from the radix cache).
+extend, the prefix before them coming back from the radix cache). A request that returns
+logprobs jumps too: it owes the forced tokens' logprobs (``forced_logprobs_owed``), which that
+extend's rows supply; a jump that would finish it is undone and the tokens are sampled.
 
-Requests only need two attributes, ``grammar`` and ``grammar_pending`` (``Req`` defines them).
+Requests need the attributes ``grammar``, ``grammar_pending`` and ``forced_logprobs_owed``
+(``Req`` defines them).
 """
 from __future__ import annotations
 
@@ -125,7 +128,10 @@ class GrammarManager:
                 continue
             if req.finished:
                 continue
-            if grammar.is_terminated() or only_stop_allowed(grammar, self.vocab_size, self.eos):
+            # NOTE: a request returning logprobs samples its stop token (it needs its logprob)
+            # rather than having it appended.
+            if grammar.is_terminated() or not req.return_logprob and only_stop_allowed(
+                    grammar, self.vocab_size, self.eos):
                 self._finish_with_stop(req, grammar)
             elif self._jump(req, grammar, checker):
                 requeue.append(req)
@@ -139,18 +145,37 @@ class GrammarManager:
         req.finish_reason = {"type": "stop", "matched": req.output_ids[-1]}
 
     def _jump(self, req: Any, grammar: Any, checker: Any) -> bool:
-        if not self.jump_forward or req.return_logprob:
+        if not self.jump_forward:
             return False
         budget = req.sampling_params.max_new_tokens - len(req.output_ids)
+        last = req.output_ids[-1] if req.output_ids else None
         plan = jump_forward(grammar, self.tokenizer, req.output_ids, budget)
         if plan is None:
             return False
         if plan.rollback:
             del req.output_ids[-plan.rollback:]
         req.output_ids.extend(plan.token_ids)
-        self.stats.jump_forward_tokens += len(plan.token_ids) - plan.rollback
         req.finish_reason = checker.check(req)
+        if req.return_logprob:
+            if req.finished:  # no extend would follow to score the forced tokens: sample them
+                self._undo_jump(req, grammar, plan, last)
+                return False
+            # NOTE: the replaced token's logprob entry was recorded this step; the forced
+            # tokens' entries (it included) come from the rows of the next extend.
+            del req.output_token_logprobs[len(req.output_token_logprobs) - plan.rollback:]
+            del req.output_top_logprobs[len(req.output_top_logprobs) - plan.rollback:]
+            req.forced_logprobs_owed = len(plan.token_ids)
+        self.stats.jump_forward_tokens += len(plan.token_ids) - plan.rollback
         return not req.finished
+
+    @staticmethod
+    def _undo_jump(req: Any, grammar: Any, plan: Any, last: int | None) -> None:
+        grammar.rollback(len(plan.token_ids))
+        del req.output_ids[len(req.output_ids) - len(plan.token_ids):]
+        if plan.rollback:
+            req.output_ids.append(last)
+            grammar.accept_token(last)
+        req.finish_reason = None
 
     def stats_dict(self) -> dict:
         """Counters for ``Engine.stats()``."""

@@ -30,6 +30,8 @@ class ExtendLayout:
 
 def _first_logit_pos(req: Req) -> int:
     last = req.kv_len + req.extend_len - 1
+    if req.forced_logprobs_owed:  # grammar: rows scoring the jump-forward tokens
+        return min(max(req.seq_len - req.forced_logprobs_owed - 1, req.kv_len), last)
     if not req.needs_prompt_logprobs:
         return last
     want = max(req.logprob_start_len, 1) - 1  # row t-1 scores prompt token t

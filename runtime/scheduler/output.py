@@ -32,6 +32,28 @@ def record_prompt_logprobs(reqs: list[Req], layout: ExtendLayout, logits: torch.
             req.input_logprobs_done = True
 
 
+def record_forced_logprobs(reqs: list[Req], layout: ExtendLayout, logits: torch.Tensor) -> None:
+    """grammar: logprobs of jump-forward tokens. Row ``r`` of a request's run scores the token at
+    position ``first_pos + r + 1``; the owed tokens are the last ``forced_logprobs_owed``."""
+    for i, req in enumerate(reqs):
+        if not req.forced_logprobs_owed:
+            continue
+        f, start = layout.first_pos[i], layout.logit_start[i]
+        lo = req.seq_len - req.forced_logprobs_owed - f - 1  # the row scoring the first owed
+        hi = min(layout.logit_count[i], req.seq_len - f - 1)  # rows scoring tokens we hold
+        # NOTE: lo < 0 cannot happen (max_prefix_len keeps that row out of the cached prefix);
+        # hi <= lo is a prefill chunk that ends before the forced tokens.
+        if lo < 0 or hi <= lo:
+            continue
+        ids = req.all_ids
+        targets = torch.tensor(ids[f + lo + 1:f + hi + 1], device=logits.device)
+        picked, tops = token_logprobs(logits[start + lo:start + hi], targets,
+                                      req.top_logprobs_num)
+        req.output_token_logprobs.extend(zip(picked, targets.tolist()))
+        req.output_top_logprobs.extend(tops if tops else [[] for _ in picked])
+        req.forced_logprobs_owed -= hi - lo
+
+
 def record_output_logprobs(reqs: list[Req], logits: torch.Tensor, next_ids: list[int]) -> None:
     """Logprob (and top-k) of each sampled token, for the requests that asked."""
     lp_idx = [i for i, r in enumerate(reqs) if r.return_logprob]

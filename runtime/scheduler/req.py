@@ -60,6 +60,9 @@ class Req:
         self.grammar: Any = None
         self.grammar_pending: Any = None
         self.jumped = False
+        # grammar: trailing output tokens appended by jump-forward whose logprobs are still
+        # owed; the next extend recomputes the rows that score them (output.py records them).
+        self.forced_logprobs_owed = 0
         # Logprob accumulators; "sent" counters mark what already went to the main process.
         self.input_token_logprobs: list | None = None
         self.input_top_logprobs: list | None = None
@@ -110,6 +113,8 @@ class Req:
         limit = self.seq_len - 1
         if self.needs_prompt_logprobs:
             limit = min(limit, max(self.logprob_start_len - 1, 0))
+        if self.forced_logprobs_owed:  # grammar: the row scoring the first forced token
+            limit = min(limit, self.seq_len - self.forced_logprobs_owed - 1)
         return max(limit, 0)
 
     @property

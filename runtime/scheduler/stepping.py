@@ -15,7 +15,7 @@ import torch
 from ..model.forward_batch import ForwardMode
 from .batch import build_extend
 from .inflight import HostIds, InflightStep
-from .output import record_output_logprobs, record_prompt_logprobs
+from .output import record_forced_logprobs, record_output_logprobs, record_prompt_logprobs
 from .req import Req, ReqState
 from .running import to_device
 
@@ -93,6 +93,7 @@ class Stepping:
         live = step.live()
         if step.extend_logits is not None:
             record_prompt_logprobs(step.reqs, step.layout, step.extend_logits)
+            record_forced_logprobs(step.reqs, step.layout, step.extend_logits)  # grammar
         if step.sampled:
             alive = {id(r) for r in live}
             keep = [i for i, r in enumerate(step.sampled) if id(r) in alive]
