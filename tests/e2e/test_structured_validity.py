@@ -1,9 +1,11 @@
 """Every output produced under a constraint is valid: the JSON-schema suite (216 schemas), the
 regex suite and the EBNF suite, on the embedded model, with both grammar backends.
 
-Requests are sent concurrently so the scheduler batches them. A schema a backend cannot enforce
-must be rejected at admission (InvalidRequestError naming json_schema): those are counted and
-listed in the output, as are outputs cut by max_new_tokens (finish reason "length").
+One engine per grammar backend for the module, and every suite request (JSON, regex, EBNF) sent
+to it at once, in one ``gather``, so the scheduler batches them all (max_running_requests is
+the default 256: one wave). A schema a backend cannot enforce must be rejected at admission
+(InvalidRequestError naming json_schema): those are counted and listed in the output, as are
+outputs cut by max_new_tokens (finish reason "length").
 """
 from __future__ import annotations
 
@@ -23,8 +25,11 @@ DATA = Path(__file__).parents[1] / "data" / "schemas"
 SCHEMAS = [json.loads(p.read_text()) for p in sorted((DATA / "json").glob("*.json"))]
 MAX_TOKENS = 48
 # Share of the suite a backend may reject as unsupported: outlines-core ignores numeric bounds
-# (minimum/maximum), so every schema using them is rejected there (146 of 216 in the last run).
-MAX_REJECTED = {"xgrammar": 0.15, "outlines": 0.75}
+# (minimum/maximum), so every schema using them is rejected there (105 of 216 in the last run;
+# xgrammar 8: uniqueItems, contains, if/then/else, dependentRequired, multi-branch allOf).
+MAX_REJECTED = {"xgrammar": 0.06, "outlines": 0.55}
+REGEXES = json.loads((DATA / "regex_suite.json").read_text())
+EBNFS = json.loads((DATA / "ebnf_suite.json").read_text())
 
 
 def _prompt(task: str) -> str:
@@ -35,27 +40,43 @@ def _prompt(task: str) -> str:
 def engine(request):
     from sgdsl.runtime import Engine
 
-    with Engine(grammar_backend=request.param, grammar_compile_timeout_s=120.0,
-                max_running_requests=64) as eng:
+    # NOTE: the deadline only bounds a pathological compile; every suite grammar compiles in
+    # seconds (the slowest, outlines' URI format, ~5 s on a loaded 2-core box).
+    with Engine(grammar_backend=request.param, grammar_compile_timeout_s=120.0) as eng:
         eng.backend_name = request.param
         yield eng
 
 
-async def _run_all(engine, prompts: list[str], params: list[dict]) -> list:
+def _requests() -> list[tuple[str, dict]]:
+    """(prompt, sampling params): the JSON suite, then the regex suite, then the EBNF suite."""
+    reqs = [(_prompt(f"Give an example JSON value for '{s['title']}'."),
+             {"json_schema": json.dumps(s), "max_new_tokens": MAX_TOKENS, "temperature": 0})
+            for s in SCHEMAS]
+    reqs += [(_prompt(f"Write text matching {r}"),
+              {"regex": r, "max_new_tokens": MAX_TOKENS, "temperature": 0}) for r in REGEXES]
+    reqs += [(_prompt(f"Write an example of {e['name']}"),
+              {"ebnf": e["ebnf"], "max_new_tokens": MAX_TOKENS, "temperature": 0.7, "seed": 1})
+             for e in EBNFS]
+    return reqs
+
+
+@pytest.fixture(scope="module")
+def results(engine) -> list:
+    """Every suite request's result (or its InvalidRequestError), all sent concurrently."""
     async def one(p, sp):
         try:
             return await engine.async_generate(p, sp)
         except InvalidRequestError as e:
             return e
-    return await asyncio.gather(*(one(p, sp) for p, sp in zip(prompts, params)))
+
+    async def go():
+        return await asyncio.gather(*(one(p, sp) for p, sp in _requests()))
+    return asyncio.run(go())
 
 
-def test_json_schema_suite(engine):
+def test_json_schema_suite(engine, results):
     assert len(SCHEMAS) >= 200
-    prompts = [_prompt(f"Give an example JSON value for '{s['title']}'.") for s in SCHEMAS]
-    params = [{"json_schema": json.dumps(s), "max_new_tokens": MAX_TOKENS, "temperature": 0}
-              for s in SCHEMAS]
-    results = asyncio.run(_run_all(engine, prompts, params))
+    results = results[:len(SCHEMAS)]
     rejected, truncated, valid, format_only = [], [], 0, []
     checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
     for schema, res in zip(SCHEMAS, results):
@@ -83,7 +104,7 @@ def test_json_schema_suite(engine):
         print(f"  format checker disagrees: {line}")
     print(f"  truncated: {truncated}")
     assert len(rejected) <= MAX_REJECTED[name] * len(SCHEMAS)
-    assert valid >= 0.5 * (len(SCHEMAS) - len(rejected))
+    assert valid >= 0.6 * (len(SCHEMAS) - len(rejected))
 
 
 def _check_ebnf(entry: dict, text: str) -> bool:
@@ -103,15 +124,10 @@ def _check_ebnf(entry: dict, text: str) -> bool:
     return depth == 0 and set(text) <= {"(", ")"}
 
 
-def test_regex_and_ebnf_suites(engine):
-    regexes = json.loads((DATA / "regex_suite.json").read_text())
-    ebnfs = json.loads((DATA / "ebnf_suite.json").read_text())
-    prompts = [_prompt(f"Write text matching {r}") for r in regexes]
-    prompts += [_prompt(f"Write an example of {e['name']}") for e in ebnfs]
-    params = [{"regex": r, "max_new_tokens": MAX_TOKENS, "temperature": 0} for r in regexes]
-    params += [{"ebnf": e["ebnf"], "max_new_tokens": MAX_TOKENS, "temperature": 0.7, "seed": 1}
-               for e in ebnfs]
-    results = asyncio.run(_run_all(engine, prompts, params))
+def test_regex_and_ebnf_suites(engine, results):
+    regexes, ebnfs = REGEXES, EBNFS
+    results = results[len(SCHEMAS):]
+    assert len(results) == len(regexes) + len(ebnfs)
     rejected, done = [], 0
     for i, res in enumerate(results):
         label = regexes[i] if i < len(regexes) else ebnfs[i - len(regexes)]["name"]
