@@ -9,7 +9,8 @@ way JSON Schema says it must:
 
 - an ``anyOf``/``oneOf`` branch that is impossible is dropped (no branch left: impossible);
 - an optional property is dropped, a required one makes its object impossible;
-- array ``items`` that are impossible leave only the empty array (``minItems > 0``: impossible);
+- array ``items`` that are impossible leave only the ``prefixItems`` or the empty array (unless
+  ``minItems`` asks for more: impossible);
 - ``additionalProperties`` that are impossible become ``false``;
 - anything else (``allOf``, ``prefixItems``...) that is impossible makes its schema impossible.
 
@@ -154,11 +155,15 @@ class _Unroller:
                 out[key] = False if extra is _IMPOSSIBLE else extra
             else:
                 out[key] = self._generic(value, stack)
-        if items_impossible:  # only the empty array is left, if the schema allows it
-            if node.get("minItems", 0) > 0 or node.get("prefixItems"):
+        if items_impossible:  # only the prefix (or the empty array) is left, if allowed
+            prefix = len(node.get("prefixItems") or ())
+            if node.get("minItems", 0) > prefix:
                 return _IMPOSSIBLE
-            del out["items"]
-            out["maxItems"] = 0
+            if prefix:
+                out["items"] = False
+            else:
+                del out["items"]
+                out["maxItems"] = 0
         return _IMPOSSIBLE if any(v is _IMPOSSIBLE for v in out.values()) else out
 
     def _properties(self, node: dict, props: dict, stack: tuple[str, ...]) -> Any:

@@ -108,3 +108,12 @@ def test_linked_list_at_the_bound_must_close_with_null(compiler, tokenizer):
     g = compiler.compile(GrammarKey.from_constraint("json_schema", LINKED))
     assert feed_text(g, tokenizer, '{"v":1,"next":' * 4 + "null" + "}" * 4)
     assert g.is_completed()
+
+
+def test_impossible_items_after_a_prefix_close_the_array():
+    pair = {"type": "array", "prefixItems": [{"type": "integer"}], "items": {"$ref": "#"}}
+    out = unroll_recursive_refs(pair, max_depth=1)
+    assert out["items"]["items"] is False  # the nested array holds just its integer
+    jsonschema.validate([1, [2]], out)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([1, [2, [3]]], out)
