@@ -79,8 +79,7 @@ def test_outlines_regex_no_longer_admits_the_broken_output(backends):
     assert re.fullmatch(regex, '{"v":1,"next":{"v":-2,"next":null}}')
 
 
-@pytest.mark.parametrize("name", ["ref_ref_linked_list", "ref_ref_tree", "ref_ref_expression",
-                                  "py_pydantic_tree"])
+@pytest.mark.parametrize("name", ["ref_ref_linked_list", "ref_ref_tree", "ref_ref_expression"])
 def test_recursive_schemas_walk_to_valid_json(compiler, tokenizer, walker, name):
     schema = json.loads((SCHEMAS / f"{name}.json").read_text())
     key = GrammarKey.from_constraint("json_schema", schema)
@@ -90,7 +89,7 @@ def test_recursive_schemas_walk_to_valid_json(compiler, tokenizer, walker, name)
     rng = random.Random(7)
     finished = 0
     for _ in range(3):
-        text, done = walker.walk(compiler.compile(key), rng, max_steps=150)
+        text, done = walker.walk(compiler.compile(key), rng, max_steps=120)
         if done:
             finished += 1
             jsonschema.validate(json.loads(text), schema)
