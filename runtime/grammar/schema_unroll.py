@@ -43,15 +43,23 @@ def unroll_schema_text(text: str, max_depth: int = MAX_DEPTH) -> str:
 
 def has_recursive_ref(schema: Any) -> bool:
     """True if following local ``$ref``s from the root can reach the same reference again."""
-    def visit(node: Any, stack: tuple[str, ...]) -> bool:
+    # NOTE: a depth-first search with per-reference state, linear in the references: walking
+    # every path instead is exponential when definitions share references (a DAG).
+    state: dict[str, bool] = {}  # True: on the current path; False: finished, no cycle
+
+    def visit(node: Any) -> bool:
         for ref in _refs_in(node):
-            if ref in stack:
-                return True
+            if ref in state:
+                if state[ref]:
+                    return True
+                continue
+            state[ref] = True
             target = _resolve(schema, ref, missing_ok=True)
-            if target is not None and visit(target, stack + (ref,)):
+            if target is not None and visit(target):
                 return True
+            state[ref] = False
         return False
-    return visit(schema, ())
+    return visit(schema)
 
 
 def unroll_recursive_refs(schema: Any, max_depth: int = MAX_DEPTH) -> Any:

@@ -116,3 +116,14 @@ def test_impossible_items_after_a_prefix_close_the_array():
     jsonschema.validate([1, [2]], out)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate([1, [2, [3]]], out)
+
+
+def test_shared_references_are_checked_in_linear_time():
+    """40 definitions each using the next one twice: 2**40 paths, 40 references."""
+    defs = {f"d{i}": {"type": "array", "prefixItems": [{"$ref": f"#/$defs/d{i + 1}"}] * 2}
+            for i in range(40)}
+    defs["d40"] = {"type": "integer"}
+    schema = {"$defs": defs, "$ref": "#/$defs/d0"}
+    assert not has_recursive_ref(schema)
+    defs["d40"] = {"$ref": "#/$defs/d0"}
+    assert has_recursive_ref(schema)
