@@ -3,37 +3,13 @@
 ``OpenAI`` and ``Anthropic`` (official clients). One model load for the whole e2e suite."""
 from __future__ import annotations
 
-import threading
-import time
 from typing import Any, Iterator
 
 import pytest
 
+from sgdsl.runtime.server.thread_server import ThreadServer
+
 BACKENDS = ("local", "endpoint", "openai", "anthropic")
-
-
-class ThreadServer:
-    """uvicorn serving the app in a background thread, on a free loopback port."""
-
-    def __init__(self, app: Any) -> None:
-        import uvicorn
-
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def start(self) -> str:
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "server did not start"
-            time.sleep(0.02)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}"
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
 
 
 @pytest.fixture(scope="session")

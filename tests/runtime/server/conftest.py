@@ -14,6 +14,8 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
+from sgdsl.runtime.server.thread_server import ThreadServer
+
 API_KEY = "test-key"
 HERE = os.path.dirname(__file__)
 
@@ -28,30 +30,6 @@ class Served:
     def client(self, **kw: Any) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {API_KEY}"},
                             timeout=120, **kw)
-
-
-class ThreadServer:
-    """uvicorn serving an app in a background thread (no signal handlers off the main thread)."""
-
-    def __init__(self, app: Any) -> None:
-        import uvicorn
-
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def start(self) -> str:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "server did not start"
-            time.sleep(0.02)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}"
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
 
 
 @pytest.fixture(scope="module")
