@@ -8,9 +8,10 @@ from typing import Any, AsyncIterator, Iterator
 from sgdsl import ir
 from sgdsl.interpreter.callsite import capture
 from sgdsl.interpreter.executor import StateExecutor
+from sgdsl.role_methods import RoleMethods
 
 
-class ProgramState:
+class ProgramState(RoleMethods):
     def __init__(self, executor: StateExecutor) -> None:
         self.stream_executor = executor
         self.ret_value: Any = None
@@ -35,16 +36,6 @@ class ProgramState:
         self.stream_executor.submit(ir.RoleBegin(role), capture())
         yield
         self.stream_executor.submit(ir.RoleEnd(role), capture())
-
-    def system(self, expr: Any = None) -> Any:
-        """``s.system("...")`` appends a system turn; ``with s.system():`` writes one."""
-        return self._role("system", expr)
-
-    def user(self, expr: Any = None) -> Any:
-        return self._role("user", expr)
-
-    def assistant(self, expr: Any = None) -> Any:
-        return self._role("assistant", expr)
 
     @contextmanager
     def var_scope(self, name: str) -> Iterator[None]:

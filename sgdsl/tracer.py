@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from sgdsl import ir
+from sgdsl.role_methods import RoleMethods
 
 
 class StopTracing(Exception):
@@ -48,7 +49,7 @@ class TraceResult:
     stopped_because: str | None = None
 
 
-class TracerState:
+class TracerState(RoleMethods):
     """Records what a program appends (the subset of ProgramState a body uses)."""
 
     def __init__(self, result: TraceResult) -> None:
@@ -76,15 +77,6 @@ class TracerState:
         self.result.nodes.append(begin)
         yield
         self.result.nodes.append(end)
-
-    def system(self, expr: Any = None) -> Any:
-        return self._role("system", expr)
-
-    def user(self, expr: Any = None) -> Any:
-        return self._role("user", expr)
-
-    def assistant(self, expr: Any = None) -> Any:
-        return self._role("assistant", expr)
 
     def var_scope(self, name: str) -> Any:
         return self._scope(ir.VarScopeBegin(name), ir.VarScopeEnd(name))
