@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+from functools import partial
 from typing import Any, Callable, Collection, Iterator
 
 from sgdsl import ir
 from sgdsl.interpreter.executor import ProgramRun, StateExecutor
-from sgdsl.interpreter.loop import background_loop, body_pool, run_sync
+from sgdsl.interpreter.batch import Batch
+from sgdsl.interpreter.loop import background_loop, body_runner, run_sync
 from sgdsl.state import ProgramState
 
 _PARAM_NAMES = {f.name for f in dataclasses.fields(ir.SamplingParams)}
@@ -49,7 +51,7 @@ class SglFunction:
         defaults, kwargs = split_sampling_kwargs(kwargs, self.arg_names)
         state = self._new_state(backend, defaults, stream, background_loop())
         if stream:
-            body_pool().submit(self._body, state, args, kwargs)
+            body_runner().submit(partial(self._body, state, args, kwargs))
             return state
         try:
             self._body(state, args, kwargs, raise_errors=True)
@@ -68,18 +70,17 @@ class SglFunction:
         (as an iterator with ``generator_style``). A failed program does not stop the batch:
         its state's ``error()`` holds the exception."""
         limit = max_concurrency or (None if num_threads == "auto" else int(num_threads))
-        defaults, _ = split_sampling_kwargs(sampling)
-        loop = background_loop()
-        futures = [asyncio.run_coroutine_threadsafe(c, loop) for c in
-                   self._batch_coros(batch_kwargs, backend, defaults, limit, loop)]
-        bar = _progress(len(futures)) if progress_bar else None
-        if bar is not None:
-            for future in futures:
-                future.add_done_callback(lambda _: bar.update())
+        bar = _progress(len(batch_kwargs)) if progress_bar else None
+        batch = self._batch(batch_kwargs, backend, sampling, limit, background_loop(),
+                            None if bar is None else bar.update)
 
         def results() -> Iterator[ProgramState]:
-            for future in futures:
-                yield future.result()
+            try:
+                for i in range(len(batch)):
+                    yield batch.wait(i)
+            except BaseException:
+                batch.cancel()
+                raise
             if bar is not None:
                 bar.close()
         return results() if generator_style else list(results())
@@ -93,44 +94,39 @@ class SglFunction:
         defaults, kwargs = split_sampling_kwargs(kwargs, self.arg_names)
         state = self._new_state(backend, defaults, stream, asyncio.get_running_loop())
         if stream:
-            state._task = asyncio.ensure_future(self._drive(state, args, kwargs, raise_errors=False))
+            body_runner().submit(partial(self._body, state, args, kwargs))
             return state
-        await self._drive(state, args, kwargs)
+        done = _done_future(state)
+        body_runner().submit(partial(self._body, state, args, kwargs))
+        try:
+            await done
+        except asyncio.CancelledError:
+            state.cancel()
+            raise
         state.stream_executor.raise_if_failed()
         return state
 
     async def arun_batch(self, batch_kwargs: list[dict[str, Any]], *, backend: Any = None,
                          max_concurrency: int | None = None, **sampling: Any) -> list[ProgramState]:
         """``run_batch`` for async code: at most ``max_concurrency`` programs at a time."""
-        defaults, _ = split_sampling_kwargs(sampling)
-        loop = asyncio.get_running_loop()
-        return list(await asyncio.gather(*self._batch_coros(batch_kwargs, backend, defaults,
-                                                             max_concurrency, loop)))
+        batch = self._batch(batch_kwargs, backend, sampling, max_concurrency,
+                            asyncio.get_running_loop())
+        return await batch.wait_all()
 
-    def _batch_coros(self, batch_kwargs: list[dict[str, Any]], backend: Any, defaults: ir.SamplingParams,
-                     limit: int | None, loop: asyncio.AbstractEventLoop) -> list[Any]:
+    def _batch(self, batch_kwargs: list[dict[str, Any]], backend: Any, sampling: dict[str, Any],
+               limit: int | None, loop: asyncio.AbstractEventLoop,
+               on_finish: Callable[[], Any] | None = None) -> Batch:
+        """Start a batch: one backend and template for all, bodies on the body runner."""
         from sgdsl.config import resolve_backend  # noqa: PLC0415
 
+        defaults, _ = split_sampling_kwargs(sampling)
         resolved = resolve_backend(backend)
-        gate = _Gate(limit)
-
-        async def one(kwargs: dict[str, Any]) -> ProgramState:
-            async with gate:
-                state = self._new_state(resolved, defaults, False, asyncio.get_running_loop())
-                await self._drive(state, (), dict(kwargs), raise_errors=False)
-                return state
-        return [one(kwargs) for kwargs in batch_kwargs]
-
-    async def _drive(self, state: ProgramState, args: tuple, kwargs: dict[str, Any],
-                     raise_errors: bool = True) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.run_in_executor(body_pool(), self._body, state, args, kwargs, raise_errors)
-            if not state.stream_executor.run.stream:
-                await _sync_all(state.stream_executor)
-        except asyncio.CancelledError:
-            state.stream_executor.run.cancel()
-            raise
+        runner = body_runner()
+        batch = Batch(batch_kwargs, lambda _: self._new_state(resolved, defaults, False, loop),
+                      lambda state, kwargs: runner.submit(partial(self._body, state, (), kwargs)),
+                      limit, on_finish)
+        batch.start()
+        return batch
 
     # ---- helpers ------------------------------------------------------------------------
 
@@ -157,6 +153,7 @@ class SglFunction:
                 raise
         finally:
             ex.end()
+            ex.run.end_body()
 
     def trace(self, *, backend: Any = None, **kwargs: Any) -> Any:
         """The program's IR as far as it can be known without running it (see sgdsl.tracer)."""
@@ -202,23 +199,16 @@ def _is_state(value: Any) -> bool:
     return isinstance(value, (ProgramState, TracerState))
 
 
-async def _sync_all(ex: StateExecutor) -> None:
-    # NOTE: forks the body never joined still run; the program is done when all are idle.
-    for executor in list(ex.run.executors):
-        await executor.async_sync()
+def _done_future(state: ProgramState) -> asyncio.Future:
+    """A future on the running loop, resolved when ``state``'s run is done."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
 
-
-class _Gate:
-    def __init__(self, limit: int | None) -> None:
-        self._sem = asyncio.Semaphore(limit) if limit else None
-
-    async def __aenter__(self) -> None:
-        if self._sem is not None:
-            await self._sem.acquire()
-
-    async def __aexit__(self, *exc: Any) -> None:
-        if self._sem is not None:
-            self._sem.release()
+    def resolve() -> None:
+        if not future.done():
+            future.set_result(None)
+    state.stream_executor.run.when_done(lambda: loop.call_soon_threadsafe(resolve))
+    return future
 
 
 def _progress(total: int) -> Any:

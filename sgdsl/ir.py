@@ -3,7 +3,6 @@ roles, images...) and executed by the interpreter. ``SamplingParams`` is defined
 backends import this module, never the interpreter."""
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
@@ -46,9 +45,20 @@ class SamplingParams:
         """Fields set here win; unset ones come from ``defaults``."""
         if defaults is None:
             return self
-        changes = {f.name: getattr(defaults, f.name) for f in dataclasses.fields(self)
-                   if getattr(self, f.name) is None and getattr(defaults, f.name) is not None}
-        return dataclasses.replace(self, **changes)
+        mine = self.__dict__
+        changes = {k: v for k, v in defaults.__dict__.items() if v is not None and mine[k] is None}
+        return self.replace(**changes) if changes else self
+
+    def replace(self, **changes: Any) -> "SamplingParams":
+        """``dataclasses.replace`` without its per-call field introspection (this runs once or
+        twice per gen on the interpreter's hot path)."""
+        unknown = changes.keys() - self.__dict__.keys()
+        if unknown:
+            raise TypeError(f"SamplingParams has no field {sorted(unknown)[0]!r}")
+        new = object.__new__(SamplingParams)
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        return new
 
     def resolved(self, name: str) -> Any:
         """The value of a field with the library default applied."""
@@ -57,8 +67,7 @@ class SamplingParams:
 
     def to_dict(self) -> dict[str, Any]:
         """Only the fields that are set."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if getattr(self, f.name) is not None}
+        return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import asyncio
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from sgdsl import ir
 from sgdsl.backends.base import Backend, Context, ImageData, Message
@@ -35,7 +35,9 @@ class Segment:
 
 @dataclass
 class ProgramRun:
-    """What a program state and all its forks share."""
+    """What a program state and all its forks share. The run is *done* when the body has
+    returned and every state (forks included, joined or not) is idle; ``when_done`` callbacks
+    then fire once, on whichever thread finished last."""
 
     backend: Backend
     loop: asyncio.AbstractEventLoop
@@ -45,10 +47,48 @@ class ProgramRun:
     spec_tokens: int | None = None
     usage: Usage = field(default_factory=Usage)
     executors: list["StateExecutor"] = field(default_factory=list)
+    body_ended: bool = False
+    done: bool = False
+    _callbacks: list[Callable[[], None]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def cancel(self) -> None:
         for ex in list(self.executors):
             ex.cancel()
+
+    def end_body(self) -> None:
+        self.body_ended = True
+        self.check_done()
+
+    def when_done(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            if not self.done:
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def check_done(self) -> None:
+        # NOTE: the body thread sets body_ended before checking, the loop marks a node done
+        # before checking body_ended: one of them sees both, and the lock fires callbacks once.
+        if not self.body_ended or self.done or not all(ex.idle for ex in list(self.executors)):
+            return
+        with self._lock:
+            if self.done:
+                return
+            self.done = True
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+
+_LOCAL_NODES = (ir.Text, ir.RoleBegin, ir.RoleEnd, ir.VarScopeBegin, ir.VarScopeEnd)
+
+
+def is_local(node: ir.Node) -> bool:
+    """Nodes that only edit the state (no backend, no I/O): they can run in the body's thread."""
+    if isinstance(node, ir.Sequence):
+        return all(is_local(item) for item in node.items)
+    return isinstance(node, _LOCAL_NODES)
 
 
 def declared_vars(node: ir.Node) -> tuple[str, ...]:
@@ -83,6 +123,7 @@ class StateExecutor:
         self.pending: dict[str, int] = {}
         self._queue: deque[tuple[ir.Node, CallSite | None, tuple[str, ...]]] = deque()
         self._lock = threading.Lock()
+        self._busy = False  # nodes are queued or running on the loop
         self._submitted = self._done = 0
         self._ended = False
         self._task: asyncio.Task | None = None
@@ -92,13 +133,23 @@ class StateExecutor:
     # ---- submission and waiting (program body's thread) --------------------------------
 
     def submit(self, node: ir.Node, site: CallSite | None = None) -> None:
+        """Append a node. Text, roles and scopes run right here when nothing is queued ahead
+        of them (no loop round trip); the rest goes to the drain task on the run's loop."""
         self.raise_if_failed()
         names = declared_vars(node)
         with self._lock:
             self._submitted += 1
             for name in names:
                 self.pending[name] = self.pending.get(name, 0) + 1
-        self.run.loop.call_soon_threadsafe(self._enqueue, node, site, names)
+            inline = not self._busy and is_local(node)
+            start = False
+            if not inline:
+                self._queue.append((node, site, names))
+                start, self._busy = not self._busy, True
+        if inline:
+            self._run_inline(node, site, names)
+        elif start:
+            self.run.loop.call_soon_threadsafe(self._start_drain)
 
     def raise_if_failed(self) -> None:
         if self.error_ is not None:
@@ -163,16 +214,33 @@ class StateExecutor:
 
     # ---- execution (event loop) ---------------------------------------------------------
 
-    def _enqueue(self, node: ir.Node, site: CallSite | None, names: tuple[str, ...]) -> None:
-        if self.error_ is not None:
-            return
-        self._queue.append((node, site, names))
-        if self._task is None or self._task.done():
-            self._task = self.run.loop.create_task(self._drain())
+    def _run_inline(self, node: ir.Node, site: CallSite | None, names: tuple[str, ...]) -> None:
+        from sgdsl.interpreter.nodes import run_local  # noqa: PLC0415 - avoid import cycle
+
+        try:
+            run_local(self, node)
+        except Exception as exc:
+            self._fail(exc, site, node)
+            raise
+        self._node_done(names)
+
+    def _node_done(self, names: tuple[str, ...]) -> None:
+        with self._lock:
+            self._done += 1
+            for name in names:
+                self.pending[name] -= 1
+        self.signal.notify()
+
+    def _start_drain(self) -> None:
+        self._task = self.run.loop.create_task(self._drain())
 
     async def _drain(self) -> None:
-        while self._queue and self.error_ is None:
-            node, site, names = self._queue.popleft()
+        while True:
+            with self._lock:
+                if not self._queue or self.error_ is not None:
+                    self._busy = False
+                    break
+                node, site, names = self._queue.popleft()
             try:
                 await self.execute(node)
             except asyncio.CancelledError:
@@ -180,12 +248,10 @@ class StateExecutor:
                 raise
             except Exception as exc:  # noqa: BLE001 - stored and re-raised in the body
                 self._fail(exc, site, node)
-                return
-            with self._lock:
-                self._done += 1
-                for name in names:
-                    self.pending[name] -= 1
-            self.signal.notify()
+                break
+            self._node_done(names)
+        if self.run.body_ended:
+            self.run.check_done()
 
     def _fail(self, exc: BaseException, site: CallSite | None, node: ir.Node | None) -> None:
         if self.error_ is not None:
@@ -199,7 +265,9 @@ class StateExecutor:
                 if count:
                     self.variables.pop(name, None)
             self.pending.clear()
+            self._busy = False
         self.signal.notify()
+        self.run.check_done()
 
     def _cancel_on_loop(self) -> None:
         self._fail(ProgramCancelledError("the program was cancelled"), None, None)

@@ -3,7 +3,6 @@ API speculative execution, and the bookkeeping (variables, parsed values, meta_i
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +45,7 @@ def resolve_params(ex: "StateExecutor", params: ir.SamplingParams) -> ir.Samplin
     params = params.merged(ex.run.defaults)
     if ex.template.stop_str and ex.cur_role is not None and not ex.backend.capabilities.chat_only:
         stop = tuple(params.resolved("stop"))
-        params = dataclasses.replace(params, stop=stop + tuple(s for s in ex.template.stop_str if s not in stop))
+        params = params.replace(stop=stop + tuple(s for s in ex.template.stop_str if s not in stop))
     return params
 
 
@@ -65,12 +64,13 @@ async def generate_checked(ex: "StateExecutor", params: ir.SamplingParams,
                            plan: Plan) -> tuple[Checked, dict[str, Any]]:
     """One completion, validated; retried up to MAX_ATTEMPTS times when the plan says so."""
     attempts = MAX_ATTEMPTS if plan.retry else 1
-    params = dataclasses.replace(params, n=1)
+    if params.n not in (None, 1):
+        params = params.replace(n=1)
     checked = Checked(False, "")
     for attempt in range(attempts):
         if attempt and params.resolved("temperature") == 0:
             # NOTE: a greedy retry would repeat the same output; sample instead.
-            params = dataclasses.replace(params, temperature=RETRY_TEMPERATURE)
+            params = params.replace(temperature=RETRY_TEMPERATURE)
         results = await ex.backend.generate(ex.context(), params, plan.native)
         meta = dict(results[0].meta_info)
         ex.run.usage.add(meta)
@@ -144,7 +144,7 @@ async def _spec_gen(ex: "StateExecutor", params: ir.SamplingParams) -> tuple[str
     text between them) are then read from that speculated continuation."""
     meta: dict[str, Any] = {"speculative": True}
     if not ex.speculated:
-        spec = dataclasses.replace(params, stop=(), n=1,
+        spec = params.replace(stop=(), n=1,
                                    max_tokens=max(params.resolved("max_tokens"), ex.run.spec_tokens or 0))
         result = (await ex.backend.generate(ex.context(), spec, None))[0]
         meta |= dict(result.meta_info)

@@ -1,4 +1,4 @@
-"""The background event loop behind the sync API, and the thread pool program bodies run in.
+"""The background event loop behind the sync API, and the runner program bodies run in.
 
 One daemon thread runs one loop for the whole process: every sync ``run``/``run_batch`` executes
 its nodes there, so backend clients (httpx, the runtime engine) see a single loop.
@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Coroutine, TypeVar
+
+from sgdsl.interpreter.runner import BodyRunner
 
 T = TypeVar("T")
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
-_pool: ThreadPoolExecutor | None = None
-
-# NOTE: program bodies mostly block on s["x"]; a body thread costs little while it waits, so
-# the pool is wide. Batches bound their own concurrency with a semaphore.
-BODY_THREADS = 512
+_runner: BodyRunner | None = None
 
 
 def background_loop() -> asyncio.AbstractEventLoop:
@@ -32,13 +29,13 @@ def background_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
-def body_pool() -> ThreadPoolExecutor:
-    """Threads that run program bodies for ``arun``/``run_batch``."""
-    global _pool
+def body_runner() -> BodyRunner:
+    """The threads that run program bodies for ``arun``/``run_batch``/streaming ``run``."""
+    global _runner
     with _lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(BODY_THREADS, thread_name_prefix="sgdsl-body")
-        return _pool
+        if _runner is None:
+            _runner = BodyRunner()
+        return _runner
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:

@@ -13,6 +13,21 @@ if TYPE_CHECKING:
 
 
 async def run_node(ex: "StateExecutor", node: ir.Node) -> None:
+    if isinstance(node, ir.Image):
+        await add_image(ex, node)
+    elif isinstance(node, ir.CommitLazy):
+        await ex.backend.cache_prefix(ex.context())
+    else:
+        run_local(ex, node)
+
+
+def run_local(ex: "StateExecutor", node: ir.Node) -> None:
+    """The nodes that need no backend (see ``executor.is_local``)."""
+    if isinstance(node, ir.Sequence):
+        for item in node.items:
+            run_local(ex, item)
+        return
+    ex._current = node
     if isinstance(node, ir.Text):
         fill_text(ex, node.value)
     elif isinstance(node, ir.RoleBegin):
@@ -23,10 +38,6 @@ async def run_node(ex: "StateExecutor", node: ir.Node) -> None:
         ex.scopes[node.name] = len(ex.text_)
     elif isinstance(node, ir.VarScopeEnd):
         var_scope_end(ex, node.name)
-    elif isinstance(node, ir.Image):
-        await add_image(ex, node)
-    elif isinstance(node, ir.CommitLazy):
-        await ex.backend.cache_prefix(ex.context())
     else:
         raise TypeError(f"cannot append {type(node).__name__} to a program state")
 

@@ -9,6 +9,8 @@ import asyncio
 import threading
 from typing import Callable
 
+from sgdsl.interpreter.runner import current_runner
+
 
 class Signal:
     def __init__(self) -> None:
@@ -25,9 +27,19 @@ class Signal:
             loop.call_soon_threadsafe(event.set)
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
-        """Block this thread until ``predicate()`` holds (False on timeout)."""
+        """Block this thread until ``predicate()`` holds (False on timeout). On a body-runner
+        thread, the runner is told first, so queued bodies move to another thread."""
         with self._cond:
-            return self._cond.wait_for(predicate, timeout)
+            if predicate():
+                return True
+            runner = current_runner()
+            if runner is None:
+                return self._cond.wait_for(predicate, timeout)
+            runner.before_block()
+            try:
+                return self._cond.wait_for(predicate, timeout)
+            finally:
+                runner.after_block()
 
     async def async_wait_for(self, predicate: Callable[[], bool]) -> None:
         """Await until ``predicate()`` holds."""

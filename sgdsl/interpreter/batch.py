@@ -1,0 +1,115 @@
+"""``Batch``: the programs of one ``run_batch``/``arun_batch``, started at most ``limit`` at a
+time, with their states handed back in input order.
+
+Completion comes from each run's ``when_done`` callback (no coroutine or future per program):
+the sync caller is woken only when the state it is waiting for is done, and the async caller
+once, when all are.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import TYPE_CHECKING, Any, Callable
+
+from sgdsl.interpreter.runner import current_runner
+
+if TYPE_CHECKING:
+    from sgdsl.state import ProgramState
+
+MakeState = Callable[[dict[str, Any]], "ProgramState"]
+StartBody = Callable[["ProgramState", dict[str, Any]], None]
+
+
+class Batch:
+    def __init__(self, kwargs_list: list[dict[str, Any]], make_state: MakeState,
+                 start_body: StartBody, limit: int | None = None,
+                 on_finish: Callable[[], None] | None = None) -> None:
+        self._items = [dict(kwargs) for kwargs in kwargs_list]
+        self._make, self._start = make_state, start_body
+        self._limit = limit
+        self.states: list["ProgramState | None"] = [None] * len(self._items)
+        self._done = [False] * len(self._items)
+        self._count = self._next = 0
+        self._waiting = -1
+        self._cancelled = False
+        self._cond = threading.Condition()
+        self._on_all: Callable[[], None] | None = None
+        self._on_finish = on_finish  # e.g. a progress bar's update
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def start(self) -> None:
+        for _ in range(min(self._limit or len(self._items), len(self._items))):
+            self._start_next()
+
+    def wait(self, i: int) -> "ProgramState":
+        """Block until program ``i`` is done; its state."""
+        with self._cond:
+            if not self._done[i]:
+                self._waiting = i
+                runner = current_runner()  # run_batch called inside a program body
+                if runner is not None:
+                    runner.before_block()
+                try:
+                    self._cond.wait_for(lambda: self._done[i])
+                finally:
+                    if runner is not None:
+                        runner.after_block()
+            state = self.states[i]
+        assert state is not None
+        return state
+
+    async def wait_all(self) -> list["ProgramState"]:
+        """Await every program (for ``arun_batch``); cancelling cancels them all."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def resolve() -> None:
+            if not future.done():
+                future.set_result(None)
+        with self._cond:
+            self._on_all = lambda: loop.call_soon_threadsafe(resolve)
+            finished = self._count == len(self._items)
+        if not finished:
+            try:
+                await future
+            except asyncio.CancelledError:
+                self.cancel()
+                raise
+        return [s for s in self.states if s is not None]
+
+    def cancel(self) -> None:
+        """Abort the started programs; start no more."""
+        with self._cond:
+            self._cancelled = True
+        for state in self.states:
+            if state is not None:
+                state.cancel()
+
+    # ---- internals ----------------------------------------------------------------------------
+
+    def _start_next(self) -> None:
+        with self._cond:
+            if self._next >= len(self._items) or self._cancelled:
+                return
+            i = self._next
+            self._next += 1
+        state = self._make(self._items[i])
+        self.states[i] = state
+        state.stream_executor.run.when_done(lambda: self._finished(i))
+        self._start(state, self._items[i])
+
+    def _finished(self, i: int) -> None:
+        with self._cond:
+            self._done[i] = True
+            self._count += 1
+            if i == self._waiting:
+                self._cond.notify_all()
+            on_all = self._on_all if self._count == len(self._items) else None
+        if self._on_finish is not None:
+            self._on_finish()
+        if on_all is not None:
+            on_all()
+        if self._limit:
+            self._start_next()

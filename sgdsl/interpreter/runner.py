@@ -1,0 +1,118 @@
+"""``BodyRunner``: the threads program bodies run in, used as few at a time as possible.
+
+A program body is synchronous Python that mostly appends nodes and returns, but may block on
+``s["x"]`` until a generation finishes. One thread per body (a plain thread pool) costs a thread
+handoff per program, which dominates small programs in ``run_batch``. Here a thread runs queued
+bodies back to back and hands the queue to another thread only when its body blocks:
+
+- at once when the body waits on the interpreter (``Signal.wait_for`` calls ``before_block``);
+- after ``HANDOFF_SECONDS`` without progress when it blocks elsewhere (``time.sleep``, a tool's
+  HTTP call), noticed by a monitor thread that only wakes while bodies are queued.
+
+Threads park when the queue is empty and are reused; they are daemons.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Callable
+
+HANDOFF_SECONDS = 0.001
+MAX_THREADS = 1024
+
+_local = threading.local()
+
+
+def current_runner() -> "BodyRunner | None":
+    """The runner whose thread this is (None outside runner threads)."""
+    return getattr(_local, "runner", None)
+
+
+class BodyRunner:
+    def __init__(self, max_threads: int = MAX_THREADS, name: str = "sgdsl-body") -> None:
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._queue: deque[Callable[[], None]] = deque()
+        self._max_threads, self._name = max_threads, name
+        self._threads = 0   # alive
+        self._parked = 0    # waiting for work
+        self._waking = 0    # notified, not yet running
+        self._active = 0    # running or about to look for work (not parked, not blocked)
+        self._started = 0   # bodies taken from the queue: the monitor's heartbeat
+        self._kick = threading.Event()
+        self._monitor: threading.Thread | None = None
+
+    def submit(self, body: Callable[[], None]) -> None:
+        """Queue ``body`` (it must handle its own exceptions)."""
+        with self._lock:
+            self._queue.append(body)
+            if self._active + self._waking == 0:
+                self._add_worker()
+            if len(self._queue) == 1:
+                self._ensure_monitor()
+                self._kick.set()
+
+    # ---- managed blocking (called by Signal.wait_for on runner threads) --------------------
+
+    def before_block(self) -> None:
+        with self._lock:
+            self._active -= 1
+            if self._queue and self._active + self._waking == 0:
+                self._add_worker()
+
+    def after_block(self) -> None:
+        with self._lock:
+            self._active += 1
+
+    # ---- workers ----------------------------------------------------------------------------
+
+    def _add_worker(self) -> None:
+        """Get one more thread onto the queue (lock held): a parked one, else a new one."""
+        if self._parked > self._waking:
+            self._waking += 1
+            self._wake.notify()
+        elif self._threads < self._max_threads:
+            self._threads += 1
+            self._active += 1
+            threading.Thread(target=self._work, name=f"{self._name}-{self._threads}",
+                             daemon=True).start()
+
+    def _work(self) -> None:
+        _local.runner = self
+        while True:
+            with self._lock:
+                while not self._queue:
+                    self._active -= 1
+                    self._parked += 1
+                    self._wake.wait()  # NOTE: no timeout: returns only when notified
+                    self._parked -= 1
+                    self._waking -= 1
+                    self._active += 1
+                body = self._queue.popleft()
+                self._started += 1
+            try:
+                body()
+            except BaseException:  # noqa: BLE001 - bodies report their own errors
+                pass
+
+    # ---- the monitor: bodies blocked outside the interpreter ----------------------------------
+
+    def _ensure_monitor(self) -> None:
+        if self._monitor is None:
+            self._monitor = threading.Thread(target=self._watch, name=f"{self._name}-monitor",
+                                             daemon=True)
+            self._monitor.start()
+
+    def _watch(self) -> None:
+        while True:
+            self._kick.wait()
+            with self._lock:
+                if not self._queue:
+                    self._kick.clear()
+                    continue
+                seen = self._started
+            time.sleep(HANDOFF_SECONDS)
+            with self._lock:
+                if self._queue and self._started == seen:
+                    self._add_worker()  # the queue made no progress: its threads are stuck
