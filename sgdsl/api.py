@@ -73,13 +73,15 @@ def _params(**values: Any) -> ir.SamplingParams:
         value = values[key]
         if value is not None:
             values[key] = (value,) if isinstance(value, (str, int)) else tuple(value)
-    return ir.SamplingParams(**values)
+    return ir.SamplingParams.of(values)
 
 
 _DTYPES = {"int": int, "float": float, "bool": bool, "str": str}
 
 
 def _constraint(*, regex: str | None, json_schema: Any, ebnf: str | None, dtype: Any) -> ir.Constraint | None:
+    if regex is None and json_schema is None and ebnf is None and dtype is None:
+        return None
     given = [k for k, v in (("regex", regex), ("json_schema", json_schema), ("ebnf", ebnf),
                             ("dtype", dtype)) if v is not None]
     if len(given) > 1:

@@ -73,6 +73,11 @@ class SglFunction:
         bar = _progress(len(batch_kwargs)) if progress_bar else None
         batch = self._batch(batch_kwargs, backend, sampling, limit, background_loop(),
                             None if bar is None else bar.update)
+        try:
+            body_runner().run_here(batch.start)  # NOTE: this thread runs bodies until it waits
+        except BaseException:
+            batch.cancel()
+            raise
 
         def results() -> Iterator[ProgramState]:
             try:
@@ -111,33 +116,36 @@ class SglFunction:
         """``run_batch`` for async code: at most ``max_concurrency`` programs at a time."""
         batch = self._batch(batch_kwargs, backend, sampling, max_concurrency,
                             asyncio.get_running_loop())
+        batch.start()
         return await batch.wait_all()
 
     def _batch(self, batch_kwargs: list[dict[str, Any]], backend: Any, sampling: dict[str, Any],
                limit: int | None, loop: asyncio.AbstractEventLoop,
                on_finish: Callable[[], Any] | None = None) -> Batch:
-        """Start a batch: one backend and template for all, bodies on the body runner."""
+        """A batch (not started): one backend and template for all, bodies on the body runner."""
         from sgdsl.config import resolve_backend  # noqa: PLC0415
 
         defaults, _ = split_sampling_kwargs(sampling)
         resolved = resolve_backend(backend)
+        template = _template_of(resolved)
         runner = body_runner()
-        batch = Batch(batch_kwargs, lambda _: self._new_state(resolved, defaults, False, loop),
+
+        def make_state(_: Any) -> ProgramState:
+            run = ProgramRun(resolved, loop, template, defaults, False, self.num_api_spec_tokens)
+            return ProgramState(StateExecutor(run))
+        batch = Batch(batch_kwargs, make_state,
                       lambda state, kwargs: runner.submit(partial(self._body, state, (), kwargs)),
                       limit, on_finish)
-        batch.start()
         return batch
 
     # ---- helpers ------------------------------------------------------------------------
 
     def _new_state(self, backend: Any, defaults: ir.SamplingParams, stream: bool,
                    loop: asyncio.AbstractEventLoop) -> ProgramState:
-        from sgdsl.chat_template import get_chat_template  # noqa: PLC0415
         from sgdsl.config import resolve_backend  # noqa: PLC0415
 
         backend = resolve_backend(backend)
-        template = backend.chat_template() or get_chat_template("default")
-        run = ProgramRun(backend, loop, template, defaults, stream, self.num_api_spec_tokens)
+        run = ProgramRun(backend, loop, _template_of(backend), defaults, stream, self.num_api_spec_tokens)
         return ProgramState(StateExecutor(run))
 
     def _body(self, state: ProgramState, args: tuple, kwargs: dict[str, Any],
@@ -149,7 +157,7 @@ class SglFunction:
             if ex.error_ is None:
                 ex.error_ = exc
                 ex.signal.notify()
-            if raise_errors:
+            if raise_errors or isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
         finally:
             ex.end()
@@ -197,6 +205,12 @@ def _is_state(value: Any) -> bool:
     from sgdsl.tracer import TracerState  # noqa: PLC0415
 
     return isinstance(value, (ProgramState, TracerState))
+
+
+def _template_of(backend: Any) -> Any:
+    from sgdsl.chat_template import get_chat_template  # noqa: PLC0415
+
+    return backend.chat_template() or get_chat_template("default")
 
 
 def _done_future(state: ProgramState) -> asyncio.Future:

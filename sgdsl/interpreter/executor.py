@@ -12,20 +12,22 @@ import asyncio
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from sgdsl import ir
 from sgdsl.backends.base import Backend, Context, ImageData, Message
 from sgdsl.chat_template import ChatTemplate
 from sgdsl.errors import ProgramCancelledError
+from sgdsl.interpreter import generation, nodes
 from sgdsl.interpreter.callsite import CallSite, annotate
+from sgdsl.interpreter.loop import loop_calls
 from sgdsl.interpreter.signal import Signal
 from sgdsl.interpreter.usage import Usage
 
 
-@dataclass(frozen=True)
-class Segment:
-    """A piece of the text, for rendering: ``kind`` is text, template (role markup) or gen."""
+class Segment(NamedTuple):
+    """A piece of the text, for rendering: ``kind`` is text, template (role markup) or gen.
+    (A named tuple: one is built per appended piece.)"""
 
     role: str | None
     kind: str
@@ -51,6 +53,10 @@ class ProgramRun:
     done: bool = False
     _callbacks: list[Callable[[], None]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    call_soon: Callable[..., None] = field(init=False)  # onto ``loop``, from any thread
+
+    def __post_init__(self) -> None:
+        self.call_soon = loop_calls(self.loop)
 
     def cancel(self) -> None:
         for ex in list(self.executors):
@@ -149,7 +155,7 @@ class StateExecutor:
         if inline:
             self._run_inline(node, site, names)
         elif start:
-            self.run.loop.call_soon_threadsafe(self._start_drain)
+            self.run.call_soon(self._start_drain)
 
     def raise_if_failed(self) -> None:
         if self.error_ is not None:
@@ -215,20 +221,21 @@ class StateExecutor:
     # ---- execution (event loop) ---------------------------------------------------------
 
     def _run_inline(self, node: ir.Node, site: CallSite | None, names: tuple[str, ...]) -> None:
-        from sgdsl.interpreter.nodes import run_local  # noqa: PLC0415 - avoid import cycle
-
         try:
-            run_local(self, node)
+            nodes.run_local(self, node)
         except Exception as exc:
             self._fail(exc, site, node)
             raise
         self._node_done(names)
 
     def _node_done(self, names: tuple[str, ...]) -> None:
-        with self._lock:
-            self._done += 1
-            for name in names:
-                self.pending[name] -= 1
+        # NOTE: only the thread running nodes (the body's while idle, else the loop's) writes
+        # _done; ``pending`` is also written by the submitting thread, hence the lock.
+        if names:
+            with self._lock:
+                for name in names:
+                    self.pending[name] -= 1
+        self._done += 1
         self.signal.notify()
 
     def _start_drain(self) -> None:
@@ -275,8 +282,6 @@ class StateExecutor:
             self._task.cancel()
 
     async def execute(self, node: ir.Node) -> None:
-        from sgdsl.interpreter import generation, nodes  # noqa: PLC0415 - avoid import cycle
-
         if isinstance(node, ir.Sequence):
             for item in node.items:
                 await self.execute(item)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Coroutine, TypeVar
+import weakref
+from collections import deque
+from typing import Any, Callable, Coroutine, TypeVar
 
 from sgdsl.interpreter.runner import BodyRunner
 
@@ -51,3 +53,46 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
+
+
+class LoopCalls:
+    """Calls onto one loop from other threads, with one loop wakeup per burst.
+
+    ``call_soon_threadsafe`` writes to the loop's self-pipe on every call; the write releases
+    the GIL and the woken loop thread takes it, so a body thread submitting gens back to back
+    pays a thread switch per gen. Here the first call of a burst wakes the loop; later ones
+    only queue until the loop has run the queue."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._queue: deque[tuple[Callable[..., Any], tuple]] = deque()
+        self._scheduled = False
+
+    def __call__(self, fn: Callable[..., Any], *args: Any) -> None:
+        with self._lock:
+            self._queue.append((fn, args))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self._loop.call_soon_threadsafe(self._run)
+
+    def _run(self) -> None:
+        with self._lock:
+            queue, self._queue, self._scheduled = self._queue, deque(), False
+        for fn, args in queue:
+            fn(*args)
+
+
+_calls: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopCalls]" = weakref.WeakKeyDictionary()
+
+
+def loop_calls(loop: asyncio.AbstractEventLoop) -> LoopCalls:
+    """The ``LoopCalls`` of ``loop`` (one per loop)."""
+    calls = _calls.get(loop)
+    if calls is None:
+        with _lock:
+            calls = _calls.get(loop)
+            if calls is None:
+                calls = _calls[loop] = LoopCalls(loop)
+    return calls

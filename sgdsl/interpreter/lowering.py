@@ -52,9 +52,12 @@ def _plain(text: str) -> Checked:
     return Checked(True, text, text)
 
 
+_UNCONSTRAINED = Plan(None, _plain, False)
+
+
 def plan_constraint(backend: Backend, constraint: Constraint | None) -> Plan:
     if constraint is None:
-        return Plan(None, _plain, False)
+        return _UNCONSTRAINED
     native = backend.capabilities.constraints
     kind = constraint.kind
     check = _checker(constraint)

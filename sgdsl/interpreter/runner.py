@@ -40,6 +40,7 @@ class BodyRunner:
         self._waking = 0    # notified, not yet running
         self._active = 0    # running or about to look for work (not parked, not blocked)
         self._started = 0   # bodies taken from the queue: the monitor's heartbeat
+        self.monitor_handoffs = 0  # times a queue stalled behind a body blocked elsewhere
         self._kick = threading.Event()
         self._monitor: threading.Thread | None = None
 
@@ -52,6 +53,33 @@ class BodyRunner:
             if len(self._queue) == 1:
                 self._ensure_monitor()
                 self._kick.set()
+
+    def run_here(self, submit: Callable[[], None]) -> None:
+        """Call ``submit`` (which queues bodies), then run queued bodies on this thread as one
+        more worker until the queue is empty: a batch started from a plain thread (the caller
+        of ``run_batch``, which would only wait anyway) wakes no worker while its bodies run
+        without blocking. Worker threads (a batch started inside a body) just submit."""
+        if current_runner() is not None:
+            submit()
+            return
+        with self._lock:
+            self._active += 1
+        _local.runner = self
+        try:
+            submit()
+            while True:
+                with self._lock:
+                    if not self._queue:
+                        return
+                    body = self._queue.popleft()
+                    self._started += 1
+                body()
+        finally:
+            _local.runner = None
+            with self._lock:
+                self._active -= 1
+                if self._queue and self._active + self._waking == 0:
+                    self._add_worker()
 
     # ---- managed blocking (called by Signal.wait_for on runner threads) --------------------
 
@@ -93,8 +121,8 @@ class BodyRunner:
                 self._started += 1
             try:
                 body()
-            except BaseException:  # noqa: BLE001 - bodies report their own errors
-                pass
+            except BaseException:  # noqa: BLE001 - bodies report their own errors; an
+                pass  # interrupt only reaches the main thread, which is never a worker
 
     # ---- the monitor: bodies blocked outside the interpreter ----------------------------------
 
@@ -115,4 +143,5 @@ class BodyRunner:
             time.sleep(HANDOFF_SECONDS)
             with self._lock:
                 if self._queue and self._started == seen:
+                    self.monitor_handoffs += 1
                     self._add_worker()  # the queue made no progress: its threads are stuck

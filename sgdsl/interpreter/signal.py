@@ -12,34 +12,54 @@ from typing import Callable
 from sgdsl.interpreter.runner import current_runner
 
 
+_CREATE_LOCK = threading.Lock()
+
+
 class Signal:
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._cond_: threading.Condition | None = None  # made on first wait (most never wait)
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+        self._blocked = 0  # threads inside wait_for
         self.version = 0
 
+    @property
+    def _cond(self) -> threading.Condition:
+        if self._cond_ is None:
+            with _CREATE_LOCK:
+                if self._cond_ is None:
+                    self._cond_ = threading.Condition(threading.Lock())
+        return self._cond_
+
     def notify(self) -> None:
-        with self._cond:
-            self.version += 1
-            self._cond.notify_all()
-            waiters = list(self._waiters)
-        for loop, event in waiters:
-            loop.call_soon_threadsafe(event.set)
+        # NOTE: called once per executed node; most have nobody waiting. A waiting thread
+        # counts itself (under the lock) before it checks its predicate, so a notify that
+        # reads zero comes before that check, which then sees the change.
+        self.version += 1
+        if self._blocked:
+            with self._cond:
+                self._cond.notify_all()
+        if self._waiters:
+            for loop, event in list(self._waiters):
+                loop.call_soon_threadsafe(event.set)
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
         """Block this thread until ``predicate()`` holds (False on timeout). On a body-runner
         thread, the runner is told first, so queued bodies move to another thread."""
         with self._cond:
-            if predicate():
-                return True
-            runner = current_runner()
-            if runner is None:
-                return self._cond.wait_for(predicate, timeout)
-            runner.before_block()
+            self._blocked += 1
             try:
-                return self._cond.wait_for(predicate, timeout)
+                if predicate():
+                    return True
+                runner = current_runner()
+                if runner is None:
+                    return self._cond.wait_for(predicate, timeout)
+                runner.before_block()
+                try:
+                    return self._cond.wait_for(predicate, timeout)
+                finally:
+                    runner.after_block()
             finally:
-                runner.after_block()
+                self._blocked -= 1
 
     async def async_wait_for(self, predicate: Callable[[], bool]) -> None:
         """Await until ``predicate()`` holds."""

@@ -1,0 +1,174 @@
+"""The execution machinery behind run_batch: the body runner (bodies back to back, handoff when
+a body blocks), loop-call coalescing, run completion (forks included), inline text nodes."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+import sgdsl as sgl
+from sgdsl.interpreter.loop import LoopCalls
+from sgdsl.interpreter.runner import BodyRunner
+from sgdsl.interpreter.signal import Signal
+from sgdsl.testing import ScriptedBackend
+
+
+def _wait(event: threading.Event) -> None:
+    assert event.wait(5), "timed out"
+
+
+def test_bodies_that_do_not_block_run_back_to_back_on_the_calling_thread():
+    runner = BodyRunner()
+    threads: list[int] = []
+    runner.run_here(lambda: [runner.submit(lambda: threads.append(threading.get_ident()))
+                             for _ in range(50)])
+    assert threads == [threading.get_ident()] * 50
+
+
+def test_a_body_blocked_on_the_interpreter_hands_the_queue_to_another_thread():
+    runner = BodyRunner()
+    signal, state = Signal(), {"set": False}
+    done = threading.Event()
+
+    def waiter() -> None:  # queued first; waits for what the second body does
+        signal.wait_for(lambda: state["set"])
+        done.set()
+
+    def setter() -> None:
+        state["set"] = True
+        signal.notify()
+    runner.submit(waiter)
+    runner.submit(setter)
+    _wait(done)
+    assert runner.monitor_handoffs == 0  # handed over at once, not after a stall
+
+
+def test_a_body_blocked_elsewhere_is_noticed_by_the_monitor():
+    runner = BodyRunner()
+    release, done = threading.Event(), threading.Event()
+    runner.submit(lambda: (release.wait(5), done.set()))  # blocks outside the interpreter
+    start = time.perf_counter()
+    runner.submit(release.set)
+    _wait(done)
+    assert time.perf_counter() - start < 1.0
+    assert runner.monitor_handoffs >= 1
+
+
+def test_loop_calls_run_in_order_with_few_wakeups():
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        calls, seen = LoopCalls(loop), []
+        wakeups = []
+        original = calls._run
+        calls._run = lambda: (wakeups.append(1), original())  # type: ignore[method-assign]
+        finished = threading.Event()
+        for i in range(200):
+            calls(seen.append, i)
+        calls(finished.set)
+        _wait(finished)
+        assert seen == list(range(200))
+        assert len(wakeups) < 20
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+
+
+async def test_arun_waits_for_forks_the_body_never_joined():
+    backend = ScriptedBackend(outputs=lambda ctx, p, c: "done", hold=True)
+
+    @sgl.function
+    def prog(s):
+        s += "q"
+        forks = s.fork(2)
+        forks += sgl.gen("a")  # never joined: the program is still running until they finish
+
+    task = asyncio.ensure_future(prog.arun(backend=backend))
+    await asyncio.sleep(0.05)
+    assert not task.done()
+    backend.release()
+    state = await asyncio.wait_for(task, 5)
+    assert all(ex.idle and ex.error_ is None for ex in state.stream_executor.run.executors)
+    assert [ex.variables["a"] for ex in state.stream_executor.run.executors[1:]] == ["done", "done"]
+
+
+async def test_arun_batch_keeps_at_most_max_concurrency_programs_running():
+    running, peak = [0], [0]
+
+    class SlowBackend(ScriptedBackend):
+        async def generate(self, ctx, params, constraint=None):
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+            await asyncio.sleep(0.01)
+            running[0] -= 1
+            return await super().generate(ctx, params, constraint)
+
+    @sgl.function
+    def prog(s, i):
+        s += str(i)
+        s += sgl.gen("out")
+
+    states = await prog.arun_batch([{"i": i} for i in range(12)], backend=SlowBackend(outputs=lambda *_: "x"),
+                                   max_concurrency=3)
+    assert [s["out"] for s in states] == ["x"] * 12
+    assert peak[0] <= 3
+
+
+def test_a_bad_role_sequence_fails_at_its_own_line_in_a_batch():
+    @sgl.function
+    def prog(s):
+        s += "text"
+        s += sgl.user_end()  # no user_begin
+        s += "never appended"
+
+    [state] = prog.run_batch([{}], backend=ScriptedBackend())
+    assert isinstance(state.error(), ValueError)
+    assert "never appended" not in state.stream_executor.text_
+
+
+def test_run_batch_inside_a_program_body():
+    backend = ScriptedBackend(outputs=lambda ctx, p, c: ctx.text[-1])
+
+    @sgl.function
+    def inner(s, ch):
+        s += ch
+        s += sgl.gen("out")
+
+    @sgl.function
+    def outer(s):
+        states = inner.run_batch([{"ch": c} for c in "xyz"], backend=backend)
+        s += "".join(st["out"] for st in states)
+
+    states = outer.run_batch([{}, {}], backend=backend)
+    assert [st.text() for st in states] == ["xyz", "xyz"]
+
+
+def test_run_batch_state_errors_do_not_stop_the_batch():
+    backend = ScriptedBackend(outputs=lambda ctx, p, c: "ok")
+
+    @sgl.function
+    def prog(s, fail):
+        s += "a"
+        if fail:
+            raise KeyError("mine")
+        s += sgl.gen("out")
+
+    states = prog.run_batch([{"fail": i % 2 == 1} for i in range(6)], backend=backend)
+    assert [type(s.error()).__name__ if s.error() else s["out"] for s in states] == \
+        ["ok", "KeyError", "ok", "KeyError", "ok", "KeyError"]
+
+
+@pytest.mark.parametrize("count", [0, 1, 300])
+def test_run_batch_sizes(count: int):
+    @sgl.function
+    def prog(s, i):
+        s += f"{i}:"
+        s += sgl.gen("out")
+
+    backend = ScriptedBackend(outputs=lambda ctx, p, c: ctx.text)
+    states = prog.run_batch([{"i": i} for i in range(count)], backend=backend)
+    assert [s["out"] for s in states] == [f"{i}:" for i in range(count)]
