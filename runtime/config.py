@@ -39,6 +39,10 @@ class EngineConfig:
     num_threads: int | None = None  # torch CPU threads in the scheduler process
     served_model_name: str | None = None
     log_level: str = "warning"
+    # NOTE: after startup the engine calls gc.freeze() in its processes, so full collections
+    # skip the ~350k objects of torch, transformers and the model (a full pass over them takes
+    # ~150 ms, a stall in whatever step or program triggers it).
+    disable_gc_freeze: bool = False
 
     def replace(self, **changes: Any) -> "EngineConfig":
         return dataclasses.replace(self, **changes)

@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator, Iterator
 from .config import EngineConfig
 from .errors import EngineDeadError
 from .ipc import messages as m
+from .scheduler.process import freeze_startup_objects
 from .tokenizer.manager import TokenizerManager
 from .tokenizer.request_builder import GenerateSpec, RequestBuilder
 
@@ -44,6 +45,8 @@ class Engine:
         self.tokenizer = self._tm.tokenizer
         self._builder = RequestBuilder(self.tokenizer, self._ready)
         atexit.register(self.shutdown)
+        if not config.disable_gc_freeze:
+            freeze_startup_objects()  # NOTE: this process holds torch and the tokenizer too
 
     # -- plumbing -------------------------------------------------------------------------------
     def _call(self, coro: Any, timeout: float | None = None) -> Any:

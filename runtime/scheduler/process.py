@@ -7,6 +7,8 @@ dies (checked about once a second), so no orphan is left behind.
 """
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import time
 import traceback
@@ -29,6 +31,8 @@ def run_scheduler_process(config: EngineConfig, paths: IpcPaths, parent_pid: int
                                  getattr(exc, "kind", "model_load_error")))
         chan.close()
         return
+    if not config.disable_gc_freeze:
+        freeze_startup_objects()
     chan.send(ready)
     try:
         _loop(scheduler, chan, parent_pid)
@@ -37,6 +41,22 @@ def run_scheduler_process(config: EngineConfig, paths: IpcPaths, parent_pid: int
                                  traceback.format_exc(), "engine_dead"))
     finally:
         chan.close()
+
+
+_UNFREEZE_AT_EXIT = False
+
+
+def freeze_startup_objects() -> None:
+    """Collect once, then move every live object out of the cyclic collector's generations
+    (``gc.freeze``): later full collections scan only what was allocated after startup. They
+    are unfrozen at exit, so interpreter teardown still frees them (nanobind, under triton,
+    reports frozen instances as leaks)."""
+    global _UNFREEZE_AT_EXIT
+    gc.collect()
+    gc.freeze()
+    if not _UNFREEZE_AT_EXIT:
+        _UNFREEZE_AT_EXIT = True
+        atexit.register(gc.unfreeze)
 
 
 def _build(config: EngineConfig, chan: SyncChannel) -> tuple[Any, m.Ready]:
