@@ -1,8 +1,9 @@
 """DSL overhead: ``run_batch`` of N small programs on the ``Local`` backend vs the same
 requests sent straight to the ``Engine`` as one batch, in one process on one engine.
 
-Both sides send the same requests (prompts, ``--max-tokens``, ``ignore_eos``, greedy, the
-chat template's stop strings) and must generate the same token counts; the prefix cache is
+Both sides send the same requests (prompts, ``--max-tokens``, ``ignore_eos``, greedy, and the
+stop strings the interpreter sends, none for this role-less program) and must generate the same
+token counts; the prefix cache is
 flushed before every timed pass so neither side reuses the other's prefill. Passes alternate
 (engine, dsl, engine, dsl...). Prints one JSON line with both sides' best times, ``ratio`` =
 best dsl / best engine (target <= 1.05), and ``median_ratio`` (the engine's own pass-to-pass
@@ -60,6 +61,23 @@ def time_dsl(backend: Local, texts: list[str], max_tokens: int) -> tuple[float, 
     return elapsed, [s.get_meta_info("out")["completion_tokens"] for s in states]
 
 
+def _dsl_stop_strings(backend: Local) -> tuple[str, ...]:
+    """The stop strings the interpreter sends for ``small_program``'s gen, read from the
+    request it actually builds (so the engine side can send the same)."""
+    sent: list[dict[str, Any]] = []
+    call = backend._call
+
+    async def spy(request: dict[str, Any]) -> Any:
+        sent.append(request)
+        return await call(request)
+    backend._call = spy  # type: ignore[method-assign]
+    try:
+        small_program.run(prompt="warm-up", length=1, backend=backend)
+    finally:
+        del backend._call
+    return tuple(sent[0]["sampling_params"].get("stop", ()))
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num", type=int, default=256)
@@ -74,9 +92,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         backend = Local(engine=engine)
         texts = prompts(args.num)
-        # NOTE: the interpreter adds the chat template's stop strings to every gen; the
-        # engine side gets the same ones, so both sides run exactly the same requests.
-        stop = tuple(backend.chat_template().stop_str)
+        # NOTE: identical requests on both sides. The interpreter adds the chat template's
+        # end-of-turn stop strings only to gens inside a role, so this role-less program sends
+        # none; the engine side sends whatever the interpreter's own request carries.
+        stop = _dsl_stop_strings(backend)
         time_engine(engine, texts, 2, stop)  # warm-up at full batch size: first-call costs
         time_dsl(backend, texts, 2)           # (allocations, new shapes) stay out of both
         engine_s, dsl_s = [], []
