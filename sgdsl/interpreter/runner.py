@@ -10,9 +10,16 @@ bodies back to back and hands the queue to another thread only when its body blo
   HTTP call), noticed by a monitor thread that only wakes while bodies are queued.
 
 Threads park when the queue is empty and are reused; they are daemons.
+
+While bodies are queued, the interpreter's GIL switch interval drops from 5 ms to 0.25 ms
+(``fast_switching``): the thread running bodies and the event loop turning their gens into
+requests then alternate finely, so the first requests of a batch reach the engine while later
+bodies still run. With the default 5 ms, the loop waits for the whole start phase (measured on
+an H200: 256 programs, 1.086x the engine's time vs 0.997x with 0.3 ms).
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import deque
@@ -20,8 +27,29 @@ from typing import Callable
 
 HANDOFF_SECONDS = 0.001
 MAX_THREADS = 1024
+FAST_SWITCH_SECONDS = 0.00025
 
 _local = threading.local()
+_switch_lock = threading.Lock()
+_switch_users = 0
+_saved_switch: float | None = None
+
+
+def fast_switching(on: bool) -> None:
+    """Count one user in (``on``) or out of the fast GIL switch interval; the first one in
+    lowers it, the last one out restores the value it found."""
+    global _switch_users, _saved_switch
+    with _switch_lock:
+        if on:
+            _switch_users += 1
+            if _switch_users == 1:
+                _saved_switch = sys.getswitchinterval()
+                sys.setswitchinterval(min(_saved_switch, FAST_SWITCH_SECONDS))
+        else:
+            _switch_users -= 1
+            if _switch_users == 0 and _saved_switch is not None:
+                sys.setswitchinterval(_saved_switch)
+                _saved_switch = None
 
 
 def current_runner() -> "BodyRunner | None":
@@ -48,6 +76,8 @@ class BodyRunner:
         """Queue ``body`` (it must handle its own exceptions)."""
         with self._lock:
             self._queue.append(body)
+            if len(self._queue) == 1:
+                fast_switching(True)
             if self._active + self._waking == 0:
                 self._add_worker()
             if len(self._queue) == 1:
@@ -71,8 +101,7 @@ class BodyRunner:
                 with self._lock:
                     if not self._queue:
                         return
-                    body = self._queue.popleft()
-                    self._started += 1
+                    body = self._pop()
                 body()
         finally:
             _local.runner = None
@@ -106,6 +135,14 @@ class BodyRunner:
             threading.Thread(target=self._work, name=f"{self._name}-{self._threads}",
                              daemon=True).start()
 
+    def _pop(self) -> Callable[[], None]:
+        """The next body (lock held)."""
+        body = self._queue.popleft()
+        self._started += 1
+        if not self._queue:
+            fast_switching(False)
+        return body
+
     def _work(self) -> None:
         _local.runner = self
         while True:
@@ -117,8 +154,7 @@ class BodyRunner:
                     self._parked -= 1
                     self._waking -= 1
                     self._active += 1
-                body = self._queue.popleft()
-                self._started += 1
+                body = self._pop()
             try:
                 body()
             except BaseException:  # noqa: BLE001 - bodies report their own errors; an

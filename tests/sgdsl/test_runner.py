@@ -172,3 +172,17 @@ def test_run_batch_sizes(count: int):
     backend = ScriptedBackend(outputs=lambda ctx, p, c: ctx.text)
     states = prog.run_batch([{"i": i} for i in range(count)], backend=backend)
     assert [s["out"] for s in states] == [f"{i}:" for i in range(count)]
+
+
+def test_switch_interval_is_lowered_only_while_bodies_are_queued():
+    import sys
+
+    from sgdsl.interpreter.runner import FAST_SWITCH_SECONDS
+
+    before = sys.getswitchinterval()
+    seen: list[float] = []
+    runner = BodyRunner()
+    runner.run_here(lambda: [runner.submit(lambda: seen.append(sys.getswitchinterval()))
+                             for _ in range(3)])
+    assert seen[0] == FAST_SWITCH_SECONDS  # bodies were still queued behind it
+    assert sys.getswitchinterval() == before
