@@ -11,8 +11,8 @@ bodies back to back and hands the queue to another thread only when its body blo
 
 Threads park when the queue is empty and are reused; they are daemons.
 
-While bodies are queued, the interpreter's GIL switch interval drops from 5 ms to 0.25 ms
-(``fast_switching``): the thread running bodies and the event loop turning their gens into
+While bodies are queued, and for 50 ms after, the interpreter's GIL switch interval drops from
+5 ms to 0.25 ms (``fast_switching``): the thread running bodies and the event loop turning their gens into
 requests then alternate finely, so the first requests of a batch reach the engine while later
 bodies still run. With the default 5 ms, the loop waits for the whole start phase (measured on
 an H200: 256 programs, 1.086x the engine's time vs 0.997x with 0.3 ms).
@@ -28,6 +28,7 @@ from typing import Callable
 HANDOFF_SECONDS = 0.001
 MAX_THREADS = 1024
 FAST_SWITCH_SECONDS = 0.00025
+FAST_SWITCH_GRACE_SECONDS = 0.05
 
 _local = threading.local()
 _switch_lock = threading.Lock()
@@ -58,17 +59,20 @@ def current_runner() -> "BodyRunner | None":
 
 
 class BodyRunner:
-    def __init__(self, max_threads: int = MAX_THREADS, name: str = "sgdsl-body") -> None:
+    def __init__(self, max_threads: int = MAX_THREADS, name: str = "sgdsl-body",
+                 handoff_seconds: float = HANDOFF_SECONDS) -> None:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._queue: deque[Callable[[], None]] = deque()
         self._max_threads, self._name = max_threads, name
+        self._handoff_seconds = handoff_seconds
         self._threads = 0   # alive
         self._parked = 0    # waiting for work
         self._waking = 0    # notified, not yet running
         self._active = 0    # running or about to look for work (not parked, not blocked)
         self._started = 0   # bodies taken from the queue: the monitor's heartbeat
         self.monitor_handoffs = 0  # times a queue stalled behind a body blocked elsewhere
+        self._fast = False  # holds a fast_switching reference (the monitor releases it)
         self._kick = threading.Event()
         self._monitor: threading.Thread | None = None
 
@@ -76,7 +80,8 @@ class BodyRunner:
         """Queue ``body`` (it must handle its own exceptions)."""
         with self._lock:
             self._queue.append(body)
-            if len(self._queue) == 1:
+            if not self._fast:
+                self._fast = True
                 fast_switching(True)
             if self._active + self._waking == 0:
                 self._add_worker()
@@ -139,8 +144,6 @@ class BodyRunner:
         """The next body (lock held)."""
         body = self._queue.popleft()
         self._started += 1
-        if not self._queue:
-            fast_switching(False)
         return body
 
     def _work(self) -> None:
@@ -172,12 +175,26 @@ class BodyRunner:
         while True:
             self._kick.wait()
             with self._lock:
-                if not self._queue:
+                idle = not self._queue
+                if idle:
                     self._kick.clear()
-                    continue
                 seen = self._started
-            time.sleep(HANDOFF_SECONDS)
+            if idle:
+                self._after_burst()
+                continue
+            time.sleep(self._handoff_seconds)
             with self._lock:
                 if self._queue and self._started == seen:
                     self.monitor_handoffs += 1
                     self._add_worker()  # the queue made no progress: its threads are stuck
+
+    def _after_burst(self) -> None:
+        """The queue is empty: keep fast switching for ``FAST_SWITCH_GRACE_SECONDS`` more (the
+        loop is still turning the last bodies' gens into requests), then restore it unless
+        new bodies came."""
+        if self._kick.wait(FAST_SWITCH_GRACE_SECONDS):
+            return
+        with self._lock:
+            if not self._queue and self._fast:
+                self._fast = False
+                fast_switching(False)
