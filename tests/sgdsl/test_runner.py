@@ -192,3 +192,23 @@ def test_switch_interval_is_lowered_while_a_burst_of_bodies_starts_then_restored
     while sys.getswitchinterval() != before and time.monotonic() < deadline:
         time.sleep(0.01)  # restored by the monitor after a short grace period
     assert sys.getswitchinterval() == before
+
+
+def test_a_batch_restores_the_switch_interval_when_done_or_cancelled():
+    import sys
+
+    before = sys.getswitchinterval()
+    backend = ScriptedBackend(outputs=lambda ctx, p, c: "x")
+
+    @sgl.function
+    def prog(s):
+        s += "a"
+        s += sgl.gen("out")
+
+    list(prog.run_batch([{}] * 5, backend=backend, generator_style=True))
+    iterator = prog.run_batch([{}] * 5, backend=backend, generator_style=True)
+    next(iterator)  # abandoned half way: the batch still releases it when its programs end
+    deadline = time.monotonic() + 5
+    while sys.getswitchinterval() != before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sys.getswitchinterval() == before
