@@ -12,8 +12,8 @@ choice may merge with the context's last token), and the choice is scored from t
 from __future__ import annotations
 
 import asyncio
-import json
 import itertools
+import json
 import uuid
 from abc import abstractmethod
 from typing import Any, AsyncIterator, Sequence

@@ -12,7 +12,7 @@ from typing import Any, Callable, Collection, Iterator
 from sgdsl import ir
 from sgdsl.interpreter.executor import ProgramRun, StateExecutor
 from sgdsl.interpreter.batch import Batch
-from sgdsl.interpreter.loop import background_loop, body_runner, run_sync
+from sgdsl.interpreter.loop import background_loop, body_runner, run_sync, threadsafe_future
 from sgdsl.state import ProgramState
 
 _PARAM_NAMES = {f.name for f in dataclasses.fields(ir.SamplingParams)}
@@ -101,7 +101,8 @@ class SglFunction:
         if stream:
             body_runner().submit(partial(self._body, state, args, kwargs))
             return state
-        done = _done_future(state)
+        done, resolve = threadsafe_future(asyncio.get_running_loop())
+        state.stream_executor.run.when_done(resolve)
         body_runner().submit(partial(self._body, state, args, kwargs))
         try:
             await done
@@ -133,10 +134,9 @@ class SglFunction:
         def make_state(_: Any) -> ProgramState:
             run = ProgramRun(resolved, loop, template, defaults, False, self.num_api_spec_tokens)
             return ProgramState(StateExecutor(run))
-        batch = Batch(batch_kwargs, make_state,
-                      lambda state, kwargs: runner.submit(partial(self._body, state, (), kwargs)),
-                      limit, on_finish)
-        return batch
+        return Batch(batch_kwargs, make_state,
+                     lambda state, kwargs: runner.submit(partial(self._body, state, (), kwargs)),
+                     limit, on_finish)
 
     # ---- helpers ------------------------------------------------------------------------
 
@@ -211,18 +211,6 @@ def _template_of(backend: Any) -> Any:
     from sgdsl.chat_template import get_chat_template  # noqa: PLC0415
 
     return backend.chat_template() or get_chat_template("default")
-
-
-def _done_future(state: ProgramState) -> asyncio.Future:
-    """A future on the running loop, resolved when ``state``'s run is done."""
-    loop = asyncio.get_running_loop()
-    future = loop.create_future()
-
-    def resolve() -> None:
-        if not future.done():
-            future.set_result(None)
-    state.stream_executor.run.when_done(lambda: loop.call_soon_threadsafe(resolve))
-    return future
 
 
 def _progress(total: int) -> Any:

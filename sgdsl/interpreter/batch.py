@@ -11,6 +11,7 @@ import asyncio
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
+from sgdsl.interpreter.loop import threadsafe_future
 from sgdsl.interpreter.runner import current_runner, fast_switching
 
 if TYPE_CHECKING:
@@ -69,14 +70,9 @@ class Batch:
 
     async def wait_all(self) -> list["ProgramState"]:
         """Await every program (for ``arun_batch``); cancelling cancels them all."""
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-
-        def resolve() -> None:
-            if not future.done():
-                future.set_result(None)
+        future, resolve = threadsafe_future(asyncio.get_running_loop())
         with self._cond:
-            self._on_all = lambda: loop.call_soon_threadsafe(resolve)
+            self._on_all = resolve
             finished = self._count == len(self._items)
         if not finished:
             try:

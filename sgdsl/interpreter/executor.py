@@ -174,9 +174,6 @@ class StateExecutor:
         self._check_not_on_loop()
         self.signal.wait_for(lambda: self.idle)
 
-    async def async_sync(self) -> None:
-        await self.signal.async_wait_for(lambda: self.idle)
-
     def end(self) -> None:
         self._ended = True
         self.signal.notify()
@@ -257,8 +254,7 @@ class StateExecutor:
                 self._fail(exc, site, node)
                 break
             self._node_done(names)
-        if self.run.body_ended:
-            self.run.check_done()
+        self.run.check_done()
 
     def _fail(self, exc: BaseException, site: CallSite | None, node: ir.Node | None) -> None:
         if self.error_ is not None:

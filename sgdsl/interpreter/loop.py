@@ -84,6 +84,17 @@ class LoopCalls:
             fn(*args)
 
 
+def threadsafe_future(loop: asyncio.AbstractEventLoop) -> tuple[asyncio.Future, Callable[[], None]]:
+    """A future on ``loop`` and a function that any thread may call (more than once) to
+    resolve it with None."""
+    future = loop.create_future()
+
+    def resolve() -> None:
+        if not future.done():
+            future.set_result(None)
+    return future, lambda: loop.call_soon_threadsafe(resolve)
+
+
 _calls: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopCalls]" = weakref.WeakKeyDictionary()
 
 
