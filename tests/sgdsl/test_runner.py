@@ -49,10 +49,8 @@ def test_a_body_blocked_elsewhere_is_noticed_by_the_monitor():
     runner = BodyRunner()
     release, done = threading.Event(), threading.Event()
     runner.submit(lambda: (release.wait(5), done.set()))  # blocks outside the interpreter
-    start = time.perf_counter()
-    runner.submit(release.set)
+    runner.submit(release.set)  # can only run if the monitor hands the queue over
     _wait(done)
-    assert time.perf_counter() - start < 1.0
     assert runner.monitor_handoffs >= 1
 
 
