@@ -214,6 +214,6 @@ def _template_of(backend: Any) -> Any:
 
 
 def _progress(total: int) -> Any:
-    from tqdm.auto import tqdm  # noqa: PLC0415
+    from sgdsl.notebook.progress import progress_bar  # noqa: PLC0415
 
-    return tqdm(total=total)
+    return progress_bar(total)

@@ -217,6 +217,9 @@ class ProgramStateGroup:
             state.sync()
             state.stream_executor.raise_if_failed()
         parent = self.src_state.stream_executor
+        for record in parent.forks:
+            if record.children and record.children[0] is self.states[0].stream_executor:
+                record.join_mode = mode
         if mode == "gather_variable":
             self._gather(parent)
         else:

@@ -34,6 +34,7 @@ class ScriptedBackend(Backend):
     template: Any = None
     hold: bool = False  # generate/stream wait for release() (to test cancellation)
     fail_with: BaseException | None = None
+    extra_meta: dict[str, Any] = field(default_factory=dict)  # merged into every meta_info
 
     def __post_init__(self) -> None:
         self.calls: list[Call] = []
@@ -86,10 +87,9 @@ class ScriptedBackend(Backend):
         self._events()
         self._released.set()
 
-    @staticmethod
-    def _meta(ctx: Context, text: str) -> dict[str, Any]:
+    def _meta(self, ctx: Context, text: str) -> dict[str, Any]:
         return {"prompt_tokens": len(ctx.text.split()), "completion_tokens": len(text.split()),
-                "finish_reason": "stop", "cost": 0.001}
+                "finish_reason": "stop", "cost": 0.001, **self.extra_meta}
 
     # ---- Backend ------------------------------------------------------------------------
 

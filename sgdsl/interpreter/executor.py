@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
@@ -20,19 +21,24 @@ from sgdsl.chat_template import ChatTemplate
 from sgdsl.errors import ProgramCancelledError
 from sgdsl.interpreter import generation, nodes
 from sgdsl.interpreter.callsite import CallSite, annotate
+from sgdsl.interpreter.records import CallRecord, ForkRecord
 from sgdsl.interpreter.loop import loop_calls
 from sgdsl.interpreter.signal import Signal
 from sgdsl.interpreter.usage import Usage
 
 
 class Segment(NamedTuple):
-    """A piece of the text, for rendering: ``kind`` is text, template (role markup) or gen.
+    """A piece of the text, for rendering. ``kind``: text; begin / end (a turn's opening and
+    closing role markup from the chat template); gen (generated, ``call`` indexes
+    ``StateExecutor.calls``); image (``call`` indexes ``images_``; text is the image token, or
+    empty on chat APIs); fork (a marker: ``call`` indexes ``StateExecutor.forks``).
     (A named tuple: one is built per appended piece.)"""
 
     role: str | None
     kind: str
     text: str
     name: str | None = None
+    call: int | None = None
 
 
 @dataclass
@@ -48,6 +54,8 @@ class ProgramRun:
     stream: bool = False
     spec_tokens: int | None = None
     usage: Usage = field(default_factory=Usage)
+    started: float = field(default_factory=time.perf_counter)
+    elapsed_s: float | None = None  # set when the run is done
     executors: list["StateExecutor"] = field(default_factory=list)
     body_ended: bool = False
     done: bool = False
@@ -82,6 +90,7 @@ class ProgramRun:
             if self.done:
                 return
             self.done = True
+            self.elapsed_s = time.perf_counter() - self.started
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback()
@@ -121,8 +130,11 @@ class StateExecutor:
         self.parsed: dict[str, Any] = {}
         self.meta_info: dict[str, Any] = {}
         self.segments: list[Segment] = []
+        self.calls: list[CallRecord] = []
+        self.forks: list[ForkRecord] = []
+        self.call_: CallRecord | None = None  # the gen/select running now
         self.scopes: dict[str, int] = {}
-        self.fork_start = 0
+        self.fork_start = self.fork_segment = 0  # where a fork's own text and segments begin
         self.speculated = ""  # API speculative execution: text generated ahead of the program
         self.error_: BaseException | None = None
         self.signal = Signal()
@@ -198,7 +210,10 @@ class StateExecutor:
             self.submit(ir.CommitLazy())  # let the backend cache the shared prefix once
         self.sync()
         self.raise_if_failed()
-        return [self._child() for _ in range(int(size))]
+        children = [self._child() for _ in range(int(size))]
+        self.forks.append(ForkRecord(children))
+        self.mark("fork", len(self.forks) - 1)
+        return children
 
     def _child(self) -> "StateExecutor":
         ex = StateExecutor(self.run)
@@ -207,6 +222,7 @@ class StateExecutor:
         ex.images_, ex.cur_images = list(self.images_), list(self.cur_images)
         ex.variables, ex.parsed = dict(self.variables), dict(self.parsed)
         ex.meta_info, ex.segments = dict(self.meta_info), list(self.segments)
+        ex.calls, ex.fork_segment = list(self.calls), len(self.segments)
         ex.scopes, ex.fork_start = dict(self.scopes), len(self.text_)
         return ex
 
@@ -283,12 +299,26 @@ class StateExecutor:
                 await self.execute(item)
             return
         self._current = node  # the innermost node, for error messages
-        if isinstance(node, ir.Gen):
-            await generation.run_gen(self, node)
-        elif isinstance(node, ir.Select):
-            await generation.run_select(self, node)
+        if isinstance(node, (ir.Gen, ir.Select)):
+            await self._execute_call(node)
         else:
             await nodes.run_node(self, node)
+
+    async def _execute_call(self, node: ir.Gen | ir.Select) -> None:
+        self.call_ = record = CallRecord.of(node)
+        self.calls.append(record)
+        try:
+            if isinstance(node, ir.Gen):
+                await generation.run_gen(self, node)
+            else:
+                await generation.run_select(self, node)
+        except BaseException as e:
+            record.finish(e)
+            raise
+        else:
+            record.finish()
+        finally:
+            self.call_ = None
 
     # ---- state updates (event loop) -----------------------------------------------------
 
@@ -296,13 +326,19 @@ class StateExecutor:
         if not value:
             return
         self.text_ += value
+        call = len(self.calls) - 1 if kind == "gen" else None
         last = self.segments[-1] if self.segments else None
-        if last is not None and (last.role, last.kind, last.name) == (self.cur_role, kind, name):
-            self.segments[-1] = Segment(last.role, kind, last.text + value, name)
+        if last is not None and last[:2] == (self.cur_role, kind) and last[3:] == (name, call):
+            self.segments[-1] = Segment(last.role, kind, last.text + value, name, call)
         else:
-            self.segments.append(Segment(self.cur_role, kind, value, name))
+            self.segments.append(Segment(self.cur_role, kind, value, name, call))
         if self.run.stream:
             self.signal.notify()
+
+    def mark(self, kind: str, index: int, text: str = "") -> None:
+        """A segment that points at something besides text (an image, a fork)."""
+        self.text_ += text
+        self.segments.append(Segment(self.cur_role, kind, text, None, index))
 
     def context(self) -> Context:
         """A snapshot for the backend: the text, the messages (the open turn last)."""

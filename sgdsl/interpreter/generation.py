@@ -157,6 +157,8 @@ async def _spec_gen(ex: "StateExecutor", params: ir.SamplingParams) -> tuple[str
 
 
 def _store(ex: "StateExecutor", name: str | None, value: Any, meta: dict[str, Any], parsed: Any) -> None:
+    if ex.call_ is not None:
+        ex.call_.meta = meta
     if name is None:
         return
     ex.variables[name] = value

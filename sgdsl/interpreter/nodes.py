@@ -62,7 +62,7 @@ def role_begin(ex: "StateExecutor", role: str) -> None:
         role_end(ex, "system")
     prefix, _ = ex.template.get_prefix_and_suffix(role, ex.messages_)
     ex.cur_role = role
-    ex.fill(prefix, kind="template")
+    ex.fill(prefix, kind="begin")
     ex.cur_role_begin = len(ex.text_)
     ex.speculated = ""
 
@@ -72,7 +72,7 @@ def role_end(ex: "StateExecutor", role: str) -> None:
         raise ValueError(f"{role}_end() without a matching {role}_begin() (open turn: {ex.cur_role!r})")
     content = ex.text_[ex.cur_role_begin:].lstrip()
     _, suffix = ex.template.get_prefix_and_suffix(role, ex.messages_)
-    ex.fill(suffix, kind="template")
+    ex.fill(suffix, kind="end")
     ex.messages_.append(Message(role, content, tuple(ex.cur_images)))
     ex.cur_images = []
     ex.cur_role = None
@@ -95,5 +95,4 @@ async def add_image(ex: "StateExecutor", node: ir.Image) -> None:
     image = await load_image(node.source)
     ex.images_.append(image)
     ex.cur_images.append(image)
-    if not caps.chat_only:
-        ex.fill(ex.template.image_token, kind="template")
+    ex.mark("image", len(ex.images_) - 1, "" if caps.chat_only else ex.template.image_token)
