@@ -43,6 +43,16 @@ class EngineConfig:
     # skip the ~350k objects of torch, transformers and the model (a full pass over them takes
     # ~150 ms, a stall in whatever step or program triggers it).
     disable_gc_freeze: bool = False
+    # Tensor parallelism (runtime/distributed): tp_size worker processes, one device each, in
+    # one torch.distributed group spread evenly over nnodes machines; node 0 serves, every node
+    # reaches the group's rendezvous at dist_init_addr ("HOST:PORT"; default: a free local port).
+    tp_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_parallel(self)
 
     def replace(self, **changes: Any) -> "EngineConfig":
         return dataclasses.replace(self, **changes)
@@ -56,3 +66,26 @@ class EngineConfig:
             raise InvalidRequestError(f"unknown engine option(s): {', '.join(unknown)}",
                                       field=unknown[0])
         return cls(**kwargs)
+
+
+def _check_parallel(config: EngineConfig) -> None:
+    """The TP layout must make sense before any process starts (the heads are checked when
+    the model config is known, in ``layers.linear.check_heads``)."""
+    def bad(field: str, message: str) -> InvalidRequestError:
+        return InvalidRequestError(f"{field}={getattr(config, field)!r}: {message}", field=field)
+
+    if config.tp_size < 1:
+        raise bad("tp_size", "must be >= 1")
+    if config.nnodes < 1:
+        raise bad("nnodes", "must be >= 1")
+    if config.tp_size % config.nnodes:
+        raise bad("tp_size", f"must be a multiple of nnodes={config.nnodes} (ranks are spread "
+                             "evenly over the nodes)")
+    if not 0 <= config.node_rank < config.nnodes:
+        raise bad("node_rank", f"must be in [0, {config.nnodes - 1}]")
+    if config.nnodes > 1 and not config.dist_init_addr:
+        raise bad("dist_init_addr", "is required with nnodes > 1 (HOST:PORT of node 0)")
+    if config.dist_init_addr is not None:
+        host, _, port = config.dist_init_addr.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise bad("dist_init_addr", "must be HOST:PORT")

@@ -128,7 +128,10 @@ class CpuDecoder:
     def create(cls, runner: Any) -> "CpuDecoder | None":
         """A decoder for ``runner`` when its model, dtype and attention backend fit; else None."""
         model, pool = runner.model, runner.token_kv_pool
+        # NOTE: the C loop has no all-reduce between its matmuls: tp_size 1 only (a CPU TP
+        # group exists for tests; it runs the module path).
         fits = (runner.device.type == "cpu" and runner.dtype == torch.float32
+                and getattr(runner, "tp_size", 1) == 1
                 and pool.dtype == torch.float32 and runner.attention_backend_name == "torch_native"
                 and isinstance(model, LlamaForCausalLM)
                 and all(_fits(layer) for layer in model.model.layers))

@@ -3,10 +3,15 @@
 Module and parameter names follow the HF checkpoints, except the fused projections:
 ``qkv_proj`` packs q/k/v and ``gate_up_proj`` packs gate/up (filled shard by shard at load).
 Qwen2 and Qwen3 subclass these pieces (see qwen2.py, qwen3.py).
+
+Tensor parallel (``runtime/distributed``): qkv and gate/up are column-parallel, o and down
+row-parallel (all-reduced), the embedding and lm_head vocab-parallel; each rank's attention
+sees only its heads. At tp_size 1 all of it is the plain single-device computation.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +21,11 @@ from ..errors import ModelLoadError
 from ..layers import cpu_kernels
 from ..layers.activation import SiluAndMul
 from ..layers.attention.base import AttentionBackend
-from ..layers.linear import Linear, PackedLinear, cpu_layout, split_matmul, split_matvec
+from ..layers.linear import (LinearBase, MergedColumnParallelLinear, QKVParallelLinear,
+                             RowParallelLinear, cpu_layout, split_matmul, split_matvec)
+from ..layers.quantization.base import QuantConfig
+from ..layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding, gather_logits
+from ..layers.weight_slices import copy_checked
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .forward_batch import ForwardBatch
@@ -30,16 +39,20 @@ _PACKED = {".q_proj.": (".qkv_proj.", "q"), ".k_proj.": (".qkv_proj.", "k"),
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: str) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: str,
+                 quant: QuantConfig | None = None) -> None:
         super().__init__()
         self.layer_id = layer_id
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
+        self.head_dim = cfg.head_dim
         self.scaling = cfg.head_dim ** -0.5
-        self.qkv_proj = PackedLinear(cfg.hidden_size, {"q": cfg.q_size, "k": cfg.kv_size,
-                                                       "v": cfg.kv_size},
-                                     bias=cfg.attention_bias, dtype=dtype, device=device)
-        self.o_proj = Linear(cfg.q_size, cfg.hidden_size, dtype=dtype, device=device)
+        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, cfg.head_dim, cfg.num_heads,
+                                          cfg.num_kv_heads, bias=cfg.attention_bias, quant=quant,
+                                          dtype=dtype, device=device)
+        # this rank's heads (all of them at tp_size 1)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.o_proj = RowParallelLinear(cfg.q_size, cfg.hidden_size, quant=quant, dtype=dtype,
+                                        device=device)
 
     def rotate_qk(self, qk: torch.Tensor, rope: Rope) -> torch.Tensor:
         """Rotary on q and k together (``[tokens, heads + kv_heads, head_dim]``): one set of
@@ -59,14 +72,16 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: str) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: str,
+                 quant: QuantConfig | None = None) -> None:
         super().__init__()
         if cfg.hidden_act != "silu":
             raise ModelLoadError(f"unsupported activation {cfg.hidden_act!r}; supported: silu")
-        self.gate_up_proj = PackedLinear(cfg.hidden_size, {"gate": cfg.intermediate_size,
-                                                           "up": cfg.intermediate_size},
-                                         dtype=dtype, device=device)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, dtype=dtype, device=device)
+        self.gate_up_proj = MergedColumnParallelLinear(
+            cfg.hidden_size, {"gate": cfg.intermediate_size, "up": cfg.intermediate_size},
+            quant=quant, dtype=dtype, device=device)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, quant=quant,
+                                           dtype=dtype, device=device)
         self.act = SiluAndMul()
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
@@ -76,10 +91,11 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     attention_cls: type[LlamaAttention] = LlamaAttention
 
-    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: str) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: str,
+                 quant: QuantConfig | None = None) -> None:
         super().__init__()
-        self.self_attn = self.attention_cls(cfg, layer_id, dtype, device)
-        self.mlp = LlamaMLP(cfg, dtype, device)
+        self.self_attn = self.attention_cls(cfg, layer_id, dtype, device, quant)
+        self.mlp = LlamaMLP(cfg, dtype, device, quant)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype,
                                                 device=device)
@@ -98,20 +114,19 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: str) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: str,
+                 quant: QuantConfig | None = None) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device,
-                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size,
-                                                             dtype=dtype, device=device))
-        self.embed_tokens.weight.requires_grad_(False)
-        self.layers = nn.ModuleList(self.layer_cls(cfg, i, dtype, device)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype,
+                                                   device=device)
+        self.layers = nn.ModuleList(self.layer_cls(cfg, i, dtype, device, quant)
                                     for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_context_len, cfg.rope_theta,
                                           cfg.rope_scaling, dtype=dtype, device=device)
 
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
-        h = F.embedding(batch.input_ids, self.embed_tokens.weight)
+        h = self.embed_tokens(batch.input_ids)
         rope = self.rotary_emb.lookup(batch.positions)  # once per forward, shared by all layers
         residual = None
         for layer in self.layers:
@@ -124,12 +139,12 @@ class LlamaForCausalLM(nn.Module):
     model_cls: type[LlamaModel] = LlamaModel
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", quant: QuantConfig | None = None) -> None:
         super().__init__()
         self.config = cfg
-        self.model = self.model_cls(cfg, dtype, str(device))
+        self.model = self.model_cls(cfg, dtype, str(device), quant)
         self.lm_head = (None if cfg.tie_word_embeddings else
-                        Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype, device=device))
+                        ParallelLMHead(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device))
         self.attn_backend: AttentionBackend | None = None  # set by the runner
         # The logits matrix in the CPU matmul layout, and the C kernels for single rows (fp32,
         # where ``matvec_preferred``; None: MKL), both set by optimize_for_cpu.
@@ -143,7 +158,11 @@ class LlamaForCausalLM(nn.Module):
         return self.model(batch, self.attn_backend)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """fp32 logits ``[rows, vocab]`` for the given hidden rows."""
+        """fp32 logits ``[rows, vocab]`` for the given hidden rows (every rank gets all of
+        them: each computes its vocab block, then they are all-gathered)."""
+        return gather_logits(self._local_logits(hidden), self.config.vocab_size)
+
+    def _local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self._logits_weight is not None:
             if self._cpu_kernels is not None and hidden.shape[0] <= cpu_kernels.MATVEC_MAX_ROWS:
                 return split_matvec(hidden, self._logits_weight, self._cpu_kernels)
@@ -156,7 +175,7 @@ class LlamaForCausalLM(nn.Module):
         (see ``Linear.use_cpu_layout``). A tied embedding keeps its row-major copy for the
         token lookup, so tied models hold the vocab matrix twice on CPU."""
         for module in self.modules():
-            if isinstance(module, Linear):  # includes an untied lm_head
+            if isinstance(module, LinearBase):  # includes an untied lm_head
                 module.use_cpu_layout(splits)
         if self.lm_head is None:
             self._logits_weight = cpu_layout(self.model.embed_tokens.weight.data, splits)
@@ -165,9 +184,11 @@ class LlamaForCausalLM(nn.Module):
         if self._logits_weight.dtype == torch.float32 and cpu_kernels.matvec_preferred():
             self._cpu_kernels = cpu_kernels.load()
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Copy checkpoint tensors into our parameters; returns the names of parameters
-        touched (a packed one counts once all its shards arrive, see ``missing_weights``)."""
+    def load_weights(self, weights: Iterable[tuple[str, Any]]) -> set[str]:
+        """Copy checkpoint tensors (torch tensors or lazy safetensors slices) into our
+        parameters, each through its ``weight_loader`` (which reads only this rank's slice);
+        returns the names of parameters touched (a packed one counts once all its shards
+        arrive, see ``missing_weights``)."""
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         for name, tensor in weights:
@@ -176,13 +197,14 @@ class LlamaForCausalLM(nn.Module):
             target = _packed_target(name)
             if target is not None:
                 ours, shard = target
-                module_name, param_name = ours.rsplit(".", 1)
-                self.get_submodule(module_name).load_shard(shard, param_name, tensor)
+                if ours not in params:
+                    raise ModelLoadError(f"weight {name}: the model has no {ours}")
+                params[ours].weight_loader(params[ours], tensor, shard)
                 loaded.add(f"{ours}:{shard}")
                 continue
             if name not in params:
                 continue  # e.g. extra heads some checkpoints carry; not ours to use
-            _copy(params[name], tensor, name)
+            load_param(params[name], tensor, name)
             loaded.add(name)
         return loaded
 
@@ -192,7 +214,7 @@ class LlamaForCausalLM(nn.Module):
         for name, module in self.named_modules():
             for pname, _ in module.named_parameters(recurse=False):
                 full = f"{name}.{pname}" if name else pname
-                if isinstance(module, PackedLinear):
+                if isinstance(module, MergedColumnParallelLinear):
                     missing += [f"{full}:{s}" for s in module.offsets if f"{full}:{s}" not in loaded]
                 elif full not in loaded:
                     missing.append(full)
@@ -206,8 +228,10 @@ def _packed_target(name: str) -> tuple[str, str] | None:
     return None
 
 
-def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
-    if param.shape != tensor.shape:
-        raise ModelLoadError(f"weight {name}: checkpoint shape {tuple(tensor.shape)} != "
-                             f"model shape {tuple(param.shape)}")
-    param.data.copy_(tensor)
+def load_param(param: nn.Parameter, tensor: Any, name: str) -> None:
+    """Through the parameter's ``weight_loader`` (this rank's slice), or whole (replicated)."""
+    loader = getattr(param, "weight_loader", None)
+    if loader is not None:
+        loader(param, tensor)
+    else:
+        copy_checked(param.data, tensor, f"weight {name}")

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from ..config import EngineConfig
+from ..distributed.state import get_tp_group
+from ..layers.linear import LinearBase
 from ..errors import ModelLoadError
 from .embedded import cache_root, convert_gguf, embedded_model_path
+from .llama import load_param
 from .model_config import ModelConfig
 from .registry import get_model_class
 
@@ -102,13 +106,15 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def iter_safetensors(files: list[Path], device: torch.device | str) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_safetensors(files: list[Path], device: torch.device | str) -> Iterator[tuple[str, Any]]:
+    """(name, lazy view) per checkpoint tensor: indexing the view reads only those bytes, so
+    a tensor-parallel rank reads only its slices (``layers/weight_slices.py``)."""
     from safetensors import safe_open
 
     for file in files:
         with safe_open(str(file), framework="pt", device=str(device)) as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                yield name, f.get_slice(name)
 
 
 def load_model(config: EngineConfig, device: torch.device | str,
@@ -133,6 +139,9 @@ def load_model_from_dir(model_dir: Path, device: torch.device | str, dtype: torc
         if missing:
             shown = ", ".join(missing[:5]) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
             raise ModelLoadError(f"checkpoint in {model_dir} lacks weights: {shown}")
+    for module in model.modules():
+        if isinstance(module, LinearBase):
+            module.process_weights_after_loading()
     if torch.device(device).type == "cpu":
         model.optimize_for_cpu(torch.get_num_threads())
     return model.eval(), model_config
@@ -141,13 +150,23 @@ def load_model_from_dir(model_dir: Path, device: torch.device | str, dtype: torc
 @torch.no_grad()
 def fill_dummy_weights(model: nn.Module, seed: int = 0) -> None:
     """Random weights at the model's real shapes: norms 1, everything else normal(0, 0.02).
-    Generated on the parameter's own device (fast on GPU, no host copy)."""
+    Generated on the parameter's own device (fast on GPU, no host copy).
+
+    Under tensor parallelism each rank draws every FULL parameter (``param.full_shape``) from
+    the same seeded stream, in the same order, and keeps its slice through the parameter's
+    ``weight_loader``: the ranks together hold exactly the model tp_size 1 would draw (one
+    full parameter at a time is materialized)."""
     if next(model.parameters()).device.type == "meta":
         return
     gen_device = next(model.parameters()).device
     generator = torch.Generator(device=gen_device).manual_seed(seed)
+    sharded = get_tp_group().size > 1
     for name, param in model.named_parameters():
         if name.endswith("norm.weight"):
             param.fill_(1.0)
-        else:
+        elif not sharded:
             param.normal_(0.0, 0.02, generator=generator)
+        else:
+            full = torch.empty(getattr(param, "full_shape", param.shape), dtype=param.dtype,
+                               device=param.device).normal_(0.0, 0.02, generator=generator)
+            load_param(param, full, name)

@@ -4,14 +4,16 @@ from __future__ import annotations
 import torch
 
 from ..layers.norm import RMSNorm
+from ..layers.quantization.base import QuantConfig
 from ..layers.rotary import RotaryEmbedding
 from .llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel, Rope
 from .model_config import ModelConfig
 
 
 class Qwen3Attention(LlamaAttention):
-    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: str) -> None:
-        super().__init__(cfg, layer_id, dtype, device)
+    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: str,
+                 quant: QuantConfig | None = None) -> None:
+        super().__init__(cfg, layer_id, dtype, device, quant)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype=dtype, device=device)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype=dtype, device=device)
 

@@ -13,7 +13,9 @@ import torch
 
 from ..cache.pool import ReqToTokenPool, TokenKVPool
 from ..config import EngineConfig
+from ..distributed.state import get_tp_group
 from ..errors import ModelLoadError
+from ..layers.linear import local_heads
 from ..layers.attention.registry import create_attention_backend, resolve_backend_name
 from .cpu_decoder import CpuDecoder
 from .forward_batch import ForwardBatch
@@ -48,19 +50,26 @@ class ModelRunner:
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        self.device = resolve_device(config.device)
+        tp = get_tp_group()
+        # a TP rank runs on the device its worker process was given (runtime/distributed)
+        self.device = tp.device if tp.size > 1 else resolve_device(config.device)
+        self.tp_rank, self.tp_size = tp.rank, tp.size
         self.dtype = resolve_dtype(config.dtype, self.device)
         torch.manual_seed(config.seed)
         self.model_dir = resolve_model_dir(config)
         self.model, self.model_config = load_model_from_dir(
             self.model_dir, self.device, self.dtype, config.load_format, config.seed)
+        self.num_local_heads, self.num_local_kv_heads = local_heads(
+            self.model_config.num_heads, self.model_config.num_kv_heads, self.tp_size)
         self.context_len = self._context_len()
         self.max_total_tokens = self._kv_capacity()
         self.req_to_token_pool = ReqToTokenPool(config.max_running_requests + EXTRA_REQ_ROWS,
                                                 self.context_len, self.device)
         mc = self.model_config
-        self.token_kv_pool = TokenKVPool(self.max_total_tokens, mc.num_layers, mc.num_kv_heads,
-                                         mc.head_dim, self.dtype, self.device)
+        # each rank's KV pool holds only its kv heads
+        self.token_kv_pool = TokenKVPool(self.max_total_tokens, mc.num_layers,
+                                         self.num_local_kv_heads, mc.head_dim, self.dtype,
+                                         self.device)
         self.attention_backend_name = resolve_backend_name(config.attention_backend, self.device)
         self.attn_backend = create_attention_backend(self.attention_backend_name, self)
         self.model.attn_backend = self.attn_backend
@@ -87,8 +96,8 @@ class ModelRunner:
         """KV slots: explicit, or from the memory budget; never more than the running
         requests could fill with full contexts."""
         mc = self.model_config
-        per_token = TokenKVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim,
-                                                self.dtype)
+        per_token = TokenKVPool.bytes_per_token(mc.num_layers, self.num_local_kv_heads,
+                                                mc.head_dim, self.dtype)
         if self.config.max_total_tokens is not None:
             slots = self.config.max_total_tokens
         elif self.device.type == "cuda":

@@ -61,7 +61,9 @@ class TritonAttnBackend(AttentionBackend):
         self.kv_pool = runner.token_kv_pool
         self.device = self.req_to_token.device
         cfg = runner.model_config
-        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        # this rank's q heads (all of them at tp_size 1)
+        self.num_heads = getattr(runner, "num_local_heads", cfg.num_heads)
+        self.head_dim = cfg.head_dim
         self.kv_heads = self.kv_pool.k_buffer[0].shape[1]
         self.num_sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
                         if self.device.type == "cuda" else 8)

@@ -1,0 +1,74 @@
+"""Collectives over this process's tensor-parallel group (``state.get_tp_group``): the only
+place the model and the scheduler call torch.distributed.
+
+All are no-ops at size 1, and with no process group (a shape-level test that builds one rank's
+shard in one process: it combines the partial results itself).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .state import get_tp_group
+
+
+def all_reduce(x: torch.Tensor) -> torch.Tensor:
+    """Sum ``x`` over the ranks, in place; returns ``x``."""
+    g = get_tp_group()
+    if g.size == 1 or g.group is None:
+        return x
+    import torch.distributed as dist
+
+    dist.all_reduce(x, group=g.group)
+    return x
+
+
+def all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Concatenate every rank's ``x`` along ``dim`` (rank order)."""
+    g = get_tp_group()
+    if g.size == 1 or g.group is None:
+        return x
+    import torch.distributed as dist
+
+    x = x.contiguous()
+    out = torch.empty((g.size, *x.shape), dtype=x.dtype, device=x.device)
+    dist.all_gather_into_tensor(out, x, group=g.group)
+    dim = dim % x.dim()
+    # [size, ..., d, ...] -> [..., size * d, ...]
+    return out.movedim(0, dim).reshape(*x.shape[:dim], g.size * x.shape[dim], *x.shape[dim + 1:])
+
+
+def broadcast(x: torch.Tensor, src: int = 0) -> torch.Tensor:
+    """Overwrite ``x`` on every rank with rank ``src``'s ``x`` (in place, on the device)."""
+    g = get_tp_group()
+    if g.size == 1 or g.group is None:
+        return x
+    import torch.distributed as dist
+
+    dist.broadcast(x, src=src, group=g.group)
+    return x
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s picklable ``obj`` on every rank (over the host-side gloo group)."""
+    g = get_tp_group()
+    if g.size == 1 or g.cpu_group is None:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj if g.rank == src else None]
+    dist.broadcast_object_list(box, src=src, group=g.cpu_group)
+    return box[0]
+
+
+def gather_object(obj: Any, dst: int = 0) -> list[Any] | None:
+    """Every rank's ``obj`` in rank order on ``dst``; None on the other ranks."""
+    g = get_tp_group()
+    if g.size == 1 or g.cpu_group is None:
+        return [obj]
+    import torch.distributed as dist
+
+    out = [None] * g.size if g.rank == dst else None
+    dist.gather_object(obj, out, dst=dst, group=g.cpu_group)
+    return out
