@@ -1,0 +1,60 @@
+"""``cache_aware``: route to the worker whose approximate prefix tree matches the prompt best.
+
+As in SGLang's Model Gateway: while the load is balanced, the worker with the longest match
+wins if the match covers more than ``cache_threshold`` of the prompt; otherwise the least-loaded
+worker (the smallest tree among equals, i.e. the one with the most cache room) gets it. When
+the load is imbalanced (max - min > ``balance_abs_threshold`` and max > ``balance_rel_threshold``
+x min), the least-loaded worker wins regardless of the cache. The prompt is then added to the
+chosen worker's tree.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..worker import Worker
+from .base import Choice, Policy
+from .text_tree import TextTree
+
+
+class CacheAwarePolicy(Policy):
+    name = "cache_aware"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.trees: dict[str, TextTree] = {}
+
+    def tree(self, url: str) -> TextTree:
+        tree = self.trees.get(url)
+        if tree is None:
+            tree = self.trees[url] = TextTree(self.config.max_tree_chars)
+        return tree
+
+    def on_add(self, url: str) -> None:
+        self.tree(url)
+
+    def on_remove(self, url: str) -> None:
+        self.trees.pop(url, None)
+
+    def imbalanced(self, workers: Sequence[Worker]) -> bool:
+        loads = [w.load for w in workers]
+        high, low = max(loads), min(loads)
+        c = self.config
+        return high - low > c.balance_abs_threshold and high > c.balance_rel_threshold * low
+
+    def select(self, workers: Sequence[Worker], text: str) -> Choice:
+        choice = self._choose(workers, text)
+        self.tree(choice.worker.url).insert(text)
+        return choice
+
+    def _choose(self, workers: Sequence[Worker], text: str) -> Choice:
+        if len(workers) > 1 and self.imbalanced(workers):
+            return Choice(min(workers, key=lambda w: w.load), "imbalanced")
+        if text:
+            matches = [(self.tree(w.url).match(text), -w.load, w) for w in workers]
+            best, _, worker = max(matches, key=lambda m: m[:2])
+            if best / len(text) > self.config.cache_threshold:
+                return Choice(worker, "cache_hit")
+        return Choice(min(workers, key=lambda w: (w.load, self.tree(w.url).size)), "cache_miss")
+
+    def describe(self) -> dict:
+        return {"policy": self.name, "tree_chars": {u: t.size for u, t in self.trees.items()}}

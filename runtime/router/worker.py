@@ -1,0 +1,41 @@
+"""One upstream server as the router sees it: URL, requests in flight, health, breaker."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .breaker import CircuitBreaker
+
+
+@dataclass
+class Worker:
+    url: str
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+    healthy: bool = True
+    load: int = 0  # requests the router has in flight on this worker
+    health_failures: int = 0  # consecutive failed health checks
+    health_successes: int = 0
+    last_error: str = ""
+    served: int = 0  # requests answered (any status) since it was added
+
+    @property
+    def available(self) -> bool:
+        """Healthy and the breaker lets a request through."""
+        return self.healthy and self.breaker.allows()
+
+    def record_health(self, ok: bool, failure_threshold: int, success_threshold: int,
+                      error: str = "") -> None:
+        if ok:
+            self.health_failures, self.health_successes = 0, self.health_successes + 1
+            if not self.healthy and self.health_successes >= success_threshold:
+                self.healthy = True
+            return
+        self.health_successes, self.health_failures = 0, self.health_failures + 1
+        self.last_error = error
+        if self.health_failures >= failure_threshold:
+            self.healthy = False
+
+    def describe(self) -> dict[str, Any]:
+        return {"url": self.url, "healthy": self.healthy, "load": self.load,
+                "circuit": self.breaker.state, "served": self.served,
+                "last_error": self.last_error or None}
