@@ -26,7 +26,7 @@ from .base import (Backend, Capabilities, ChoiceScores, Context, GenResult, Stre
 
 _SAMPLING_FIELDS = {  # sgdsl.ir name -> runtime sampling_params name
     "max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens", "n": "n", "stop": "stop",
-    "stop_token_ids": "stop_token_ids", "temperature": "temperature", "top_p": "top_p",
+    "stop_token_ids": "stop_token_ids", "stop_regex": "stop_regex", "temperature": "temperature", "top_p": "top_p",
     "top_k": "top_k", "min_p": "min_p", "frequency_penalty": "frequency_penalty",
     "presence_penalty": "presence_penalty", "ignore_eos": "ignore_eos", "seed": "seed",
 }
@@ -51,10 +51,8 @@ _TAIL = 8
 def build_request(text: str, params: SamplingParams, constraint: Constraint | None,
                   name: str) -> dict[str, Any]:
     """The runtime ``generate`` request for one completion of ``text``."""
-    if params.stop_regex:
-        raise UnsupportedError(f"{name} has no native stop_regex")
     sampling = {_SAMPLING_FIELDS[k]: v for k, v in params.to_dict().items() if k in _SAMPLING_FIELDS}
-    for key in ("stop", "stop_token_ids"):
+    for key in ("stop", "stop_token_ids", "stop_regex"):
         if key in sampling:
             sampling[key] = list(sampling[key])
     if constraint is not None:
@@ -94,7 +92,8 @@ class SrtBackend(Backend):
         grammar = info.get("grammar_backend", "xgrammar")
         self.capabilities = Capabilities(
             constraints=frozenset() if grammar == "none" else _NATIVE_CONSTRAINTS,
-            prompt_logprobs=True, output_logprobs=True, native_n=True, partial_assistant=True)
+            prompt_logprobs=True, output_logprobs=True, native_n=True, partial_assistant=True,
+            stop_regex=True)
         self._template: Any = None
 
     # ---- transport (subclasses) -----------------------------------------------------------

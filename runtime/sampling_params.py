@@ -8,6 +8,14 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from .errors import InvalidRequestError
+from .tokenizer.stop_regex import check_stop_regex
+
+# Fields SGLang's SamplingParams accepts that change nothing here: ``custom_params`` only feed a
+# custom logit processor (refused at the request level), ``stream_interval`` is a delivery
+# granularity hint. ``sampling_seed`` is SGLang's name for ``seed``.
+_IGNORED = frozenset({"custom_params", "stream_interval"})
+# Fields SGLang accepts that this runtime cannot honour: refused unless null/empty.
+_UNSUPPORTED = ("structural_tag", "logit_bias")
 
 
 @dataclass(frozen=True)
@@ -24,6 +32,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
     stop: tuple[str, ...] = ()
+    stop_regex: tuple[str, ...] = ()  # patterns searched in the output text (runtime/tokenizer/stop_regex.py)
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     skip_special_tokens: bool = True
@@ -46,6 +55,7 @@ class SamplingParams:
             return d
         if not isinstance(d, Mapping):
             raise InvalidRequestError("sampling_params must be an object", field="sampling_params")
+        d = _sglang_aliases(d)
         known = {f.name for f in fields(cls)} - {"extra"}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -53,9 +63,10 @@ class SamplingParams:
                 f"unknown sampling parameter(s): {', '.join(unknown)}", field=unknown[0]
             )
         kw = {k: v for k, v in d.items() if v is not None or k in ("seed", "json_schema", "regex", "ebnf")}
-        if isinstance(kw.get("stop"), str):
-            kw["stop"] = (kw["stop"],)
-        for key in ("stop", "stop_token_ids"):
+        for key in ("stop", "stop_regex"):
+            if isinstance(kw.get(key), str):
+                kw[key] = (kw[key],)
+        for key in ("stop", "stop_regex", "stop_token_ids"):
             if key in kw:
                 kw[key] = tuple(kw[key])
         if "json_schema" in kw and isinstance(kw["json_schema"], Mapping):
@@ -108,6 +119,9 @@ class SamplingParams:
         if not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidRequestError("stop must be a string or a list of non-empty strings",
                                       field="stop")
+        reason = check_stop_regex(self.stop_regex)
+        if reason is not None:
+            raise InvalidRequestError(reason, field="stop_regex")
         for t in self.stop_token_ids:
             if not isinstance(t, int) or t < 0 or (vocab_size is not None and t >= vocab_size):
                 raise InvalidRequestError(
@@ -117,6 +131,23 @@ class SamplingParams:
         if len(kinds) > 1:
             raise InvalidRequestError(f"at most one of json_schema, regex, ebnf may be set, got {kinds}",
                                       field=kinds[1])
+
+
+def _sglang_aliases(d: Mapping[str, Any]) -> Mapping[str, Any]:
+    """SGLang-only spellings mapped or dropped (see ``_IGNORED``/``_UNSUPPORTED``)."""
+    if not any(k in d for k in (*_IGNORED, *_UNSUPPORTED, "sampling_seed")):
+        return d
+    out = {k: v for k, v in d.items() if k not in _IGNORED}
+    for key in _UNSUPPORTED:
+        if out.pop(key, None):
+            raise InvalidRequestError(f"{key} is not supported by this server", field=key)
+    if "sampling_seed" in out:
+        seed = out.pop("sampling_seed")
+        if seed is not None:
+            if out.get("seed") not in (None, seed):
+                raise InvalidRequestError("seed and sampling_seed disagree", field="sampling_seed")
+            out["seed"] = seed
+    return out
 
 
 def _int_at_least(name: str, value: Any, low: int) -> None:

@@ -17,6 +17,7 @@ from sgdsl.choices import (greedy_token_selection, token_length_normalized,
 from sgdsl.errors import (BackendConfigError, BackendError, ConstraintViolationError,
                           ProgramCancelledError, SgdslError, UnsupportedError)
 from sgdsl.function import SglFunction
+from sgdsl.ir import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
 from sgdsl.state import ProgramState, ProgramStateGroup
 
 __version__ = "0.1.0"
@@ -24,7 +25,7 @@ _LAZY_BACKENDS = ("OpenAI", "Anthropic", "RuntimeEndpoint", "Runtime", "Local")
 
 __all__ = [
     "Anthropic", "BackendConfigError", "BackendError", "ConstraintViolationError", "Local",
-    "OpenAI", "ProgramCancelledError", "ProgramState", "ProgramStateGroup", "Runtime",
+    "OpenAI", "ProgramCancelledError", "REGEX_BOOL", "REGEX_FLOAT", "REGEX_INT", "REGEX_STR", "ProgramState", "ProgramStateGroup", "Runtime",
     "RuntimeEndpoint", "SgdslError", "SglFunction", "UnsupportedError", "assistant",
     "assistant_begin", "assistant_end", "commit_lazy", "entrypoint", "flush_cache", "function",
     "gen", "gen_int", "gen_string", "get_server_info", "greedy_token_selection", "image",

@@ -6,6 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
+# SGLang's regex constants (``sglang.lang.ir``), same values, for programs that import them.
+REGEX_INT = r"[-+]?[0-9]+[ \n]*"
+REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
+REGEX_BOOL = r"(True|False)"
+REGEX_STR = r"\"[\w\d\s]*\""
+
 ConstraintKind = Literal["regex", "json_schema", "ebnf", "choices", "dtype"]
 
 

@@ -2,13 +2,15 @@
 
 Order of checks (SGLang semantics): below ``min_new_tokens`` nothing but the length limit stops a
 request; then EOS (unless ``ignore_eos``), ``stop_token_ids``, stop strings (which may span
-tokens: the tail of the output is decoded), and finally ``max_new_tokens``.
+tokens: the tail of the output is decoded), stop regexes (matched on a decoded tail long enough
+for their longest match), and finally ``max_new_tokens``.
 """
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
 from ..tokenizer.stop import stop_window
+from ..tokenizer.stop_regex import first_match, regex_window
 from .req import Req
 
 
@@ -30,6 +32,11 @@ class FinishChecker:
                 matched = self._stop_string(req)
                 if matched is not None:
                     return {"type": "stop", "matched": matched}
+            if params.stop_regex and self.decode is not None:
+                window = regex_window(params.stop_regex, n_out)
+                hit = first_match(self.decode(req.output_ids[-window:]), params.stop_regex)
+                if hit is not None:  # NOTE: SGLang reports the pattern as ``matched``
+                    return {"type": "stop", "matched": hit[1]}
         if n_out >= params.max_new_tokens:
             return {"type": "length", "length": params.max_new_tokens}
         return None

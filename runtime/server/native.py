@@ -8,44 +8,21 @@ from typing import Any, AsyncIterator, Union
 from fastapi import APIRouter, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, ConfigDict
 
 from .context import ServerContext, ctx
 from .engine_client import GenBatch, new_rid
 from .errors import APIError
+from .native_protocol import AbortRequest, GenerateRequest
 from .sse import DONE, SSEResponse, guarded, prefetch, sse_data
 
 router = APIRouter()
-
-
-class GenerateRequest(BaseModel):
-    """Body of ``POST /generate`` (field names as in SGLang's GenerateReqInput)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    text: Union[str, list[str], None] = None
-    input_ids: Union[list[int], list[list[int]], None] = None
-    sampling_params: Union[dict[str, Any], list[dict[str, Any]], None] = None
-    return_logprob: Union[bool, list[bool]] = False
-    logprob_start_len: Union[int, list[int]] = -1
-    top_logprobs_num: Union[int, list[int]] = 0
-    return_text_in_logprobs: bool = False
-    stream: bool = False
-    rid: Union[str, list[str], None] = None
-    image_data: Any = None
-
-
-class AbortRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    rid: str = ""
-    abort_all: bool = False
 
 
 def _prompts(req: GenerateRequest) -> tuple[list[str | list[int]], bool]:
     """The prompts and whether the request was a batch (list answer)."""
     if (req.text is None) == (req.input_ids is None):
         raise APIError(400, "exactly one of 'text' or 'input_ids' must be given", param="text")
+    req.check_refused()
     if req.image_data is not None:
         raise APIError(400, "image inputs are not supported by this model", param="image_data")
     if req.text is not None:
@@ -60,6 +37,7 @@ def _uniform(value: Any, name: str) -> Any:
     """Per-prompt logprob options must agree (one engine-wide setting per request)."""
     if not isinstance(value, list):
         return value
+    value = [v for v in value if v is not None] or [None]
     if not value or any(v != value[0] for v in value):
         raise APIError(400, f"per-prompt values of {name} must all be equal", param=name)
     return value[0]
@@ -83,10 +61,14 @@ def build_batch(c: ServerContext, req: GenerateRequest) -> tuple[GenBatch, bool]
     batch = GenBatch.fan_out(
         prompts, sampling, n=n, rids=rids,
         return_logprob=bool(_uniform(req.return_logprob, "return_logprob")),
-        logprob_start_len=_uniform(req.logprob_start_len, "logprob_start_len"),
-        top_logprobs_num=_uniform(req.top_logprobs_num, "top_logprobs_num"),
+        logprob_start_len=_default(_uniform(req.logprob_start_len, "logprob_start_len"), -1),
+        top_logprobs_num=_default(_uniform(req.top_logprobs_num, "top_logprobs_num"), 0),
         return_text_in_logprobs=req.return_text_in_logprobs)
     return batch, is_batch or n > 1
+
+
+def _default(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
 
 def _rids(rid: str | list[str] | None, num_prompts: int, n: int) -> list[str]:

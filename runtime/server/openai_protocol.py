@@ -54,6 +54,7 @@ class _SamplingFields(BaseModel):
     min_tokens: Optional[int] = None
     ignore_eos: Optional[bool] = None
     stop_token_ids: Optional[list[int]] = None
+    stop_regex: Union[str, list[str], None] = None
     skip_special_tokens: Optional[bool] = None
     no_stop_trim: Optional[bool] = None
     regex: Optional[str] = None
@@ -74,6 +75,7 @@ class _SamplingFields(BaseModel):
             "min_p": self.min_p, "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty,
             "repetition_penalty": self.repetition_penalty, "stop": self.stop,
+            "stop_regex": self.stop_regex,
             "stop_token_ids": self.stop_token_ids, "seed": self.seed,
             "ignore_eos": self.ignore_eos, "skip_special_tokens": self.skip_special_tokens,
             "no_stop_trim": self.no_stop_trim, "regex": self.regex, "ebnf": self.ebnf,

@@ -14,7 +14,7 @@ from typing import Any
 from ..ipc.messages import ReqOut
 from ..sampling_params import SamplingParams
 from .detokenizer import IncrementalDetokenizer
-from .stop import StopStringTrimmer
+from .stop import StopStringTrimmer, trim_at_stop
 
 
 @dataclass
@@ -78,10 +78,8 @@ class ReqState:
         if trim and isinstance(matched, int) and ids and ids[-1] == matched:
             ids = ids[:-1]
         text = self._decode(ids)
-        if trim and isinstance(matched, str):
-            pos = text.find(matched)
-            if pos >= 0:
-                text = text[:pos]
+        if isinstance(matched, str):
+            text = trim_at_stop(text, matched, not trim, self.params.stop_regex)
         return text
 
     # -- output dicts ---------------------------------------------------------------------------------
@@ -114,7 +112,7 @@ class ReqState:
             p = self.params
             self._detok = IncrementalDetokenizer(self.tokenizer, p.skip_special_tokens,
                                                  p.spaces_between_special_tokens)
-            self._trimmer = StopStringTrimmer(p.stop, p.no_stop_trim)
+            self._trimmer = StopStringTrimmer(p.stop, p.no_stop_trim, p.stop_regex)
         ids = self.output_ids[self._fed:]
         matched = (self.finish_reason or {}).get("matched")
         if (isinstance(matched, int) and not self.params.no_stop_trim and ids

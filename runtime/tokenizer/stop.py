@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from .stop_regex import first_match, partial_start
+
 
 def stop_window(stop: Sequence[str]) -> int:
     """Tokens of output tail that can hold any of ``stop``.
@@ -57,10 +59,14 @@ class StopStringTrimmer:
 
     ``text``: all text received so far, trimmed at the first stop string once one appeared.
     ``emitted``: what has been handed out by ``push``/``finish`` (always a prefix of ``text``).
+    ``stop_regex``: patterns that stop like stop strings (see ``stop_regex.py``); text a pattern
+    could still match is held back as well.
     """
 
-    def __init__(self, stop: Sequence[str], no_stop_trim: bool = False) -> None:
+    def __init__(self, stop: Sequence[str], no_stop_trim: bool = False,
+                 stop_regex: Sequence[str] = ()) -> None:
         self.stop = tuple(s for s in stop if s)
+        self.stop_regex = tuple(stop_regex)
         self.no_stop_trim = no_stop_trim
         self._buf = ""
         self._emitted = 0
@@ -84,13 +90,15 @@ class StopStringTrimmer:
         if self._stop_at is not None or not delta:
             return ""
         self._buf += delta
-        if not self.stop or self.no_stop_trim:
+        if not (self.stop or self.stop_regex) or self.no_stop_trim:
             return self._emit(len(self._buf))
         pos = self._find_stop(self._emitted)
         if pos is not None:
             self._stop_at = pos
             return self._emit(pos)
-        return self._emit(len(self._buf) - self._held_suffix())
+        held = partial_start(self._buf, self.stop_regex, self._emitted) if self.stop_regex \
+            else len(self._buf)
+        return self._emit(min(held, len(self._buf) - self._held_suffix()))
 
     def finish(self, matched: str | int | None = None, tail: str = "") -> str:
         """End of the request: ``tail`` is the detokenizer's last text, ``matched`` the stop
@@ -98,10 +106,10 @@ class StopStringTrimmer:
         piece to stream; afterwards ``text`` is the final text."""
         if self._stop_at is None:
             self._buf += tail
-            if isinstance(matched, str) and not self.no_stop_trim:
+            if isinstance(matched, str) and matched in self.stop and not self.no_stop_trim:
                 pos = self._buf.find(matched, self._emitted)
                 self._stop_at = pos if pos >= 0 else None
-            if self._stop_at is None and self.stop and not self.no_stop_trim:
+            if self._stop_at is None and (self.stop or self.stop_regex) and not self.no_stop_trim:
                 self._stop_at = self._find_stop(self._emitted)
         end = len(self._buf) if self._stop_at is None else self._stop_at
         return self._emit(end)
@@ -116,6 +124,9 @@ class StopStringTrimmer:
         # NOTE: searching from the emitted end suffices: emitted text never ends with a proper
         # prefix of a stop string, so no stop string can begin inside it.
         hits = [p for p in (self._buf.find(s, start) for s in self.stop) if p >= 0]
+        regex_hit = first_match(self._buf, self.stop_regex, start) if self.stop_regex else None
+        if regex_hit is not None:
+            hits.append(regex_hit[0])
         return min(hits) if hits else None
 
     def _held_suffix(self) -> int:
@@ -130,9 +141,16 @@ class StopStringTrimmer:
         return best
 
 
-def trim_at_stop(text: str, matched: str | None, no_stop_trim: bool = False) -> str:
-    """Non-streaming final text: cut at the first occurrence of ``matched``."""
+def trim_at_stop(text: str, matched: str | None, no_stop_trim: bool = False,
+                 stop_regex: Sequence[str] = ()) -> str:
+    """Non-streaming final text: cut at the first occurrence of ``matched`` (a stop string, or
+    one of ``stop_regex``: then at that pattern's first match)."""
     if not matched or no_stop_trim:
         return text
+    if matched in stop_regex:
+        hit = first_match(text, (matched,))
+        pos = hit[0] if hit is not None else -1
+        if pos >= 0 or matched not in text:
+            return text if pos < 0 else text[:pos]
     pos = text.find(matched)
     return text if pos < 0 else text[:pos]

@@ -71,10 +71,13 @@ async def generate_checked(ex: "StateExecutor", params: ir.SamplingParams,
         if attempt and params.resolved("temperature") == 0:
             # NOTE: a greedy retry would repeat the same output; sample instead.
             params = params.replace(temperature=RETRY_TEMPERATURE)
-        results = await ex.backend.generate(ex.context(), params, plan.native)
-        meta = dict(results[0].meta_info)
+        if params.resolved("stop_regex") and not ex.backend.capabilities.stop_regex:
+            text, meta = await _stream_to_stop_regex(ex, params, plan)
+        else:
+            results = await ex.backend.generate(ex.context(), params, plan.native)
+            text, meta = results[0].text, dict(results[0].meta_info)
         ex.run.usage.add(meta)
-        checked = plan.check(_cut_stop_regex(results[0].text, params, ex.backend))
+        checked = plan.check(text)
         if checked.ok or not plan.retry:
             meta["attempts"] = attempt + 1
             if not checked.ok:
@@ -86,17 +89,34 @@ async def generate_checked(ex: "StateExecutor", params: ir.SamplingParams,
         kind=plan.kind or "", attempts=attempts, last_output=checked.text)
 
 
-def _cut_stop_regex(text: str, params: ir.SamplingParams, backend: Backend) -> str:
-    """Emulate ``stop_regex`` on backends without it: cut at the earliest match."""
-    if backend.capabilities.stop_regex:
-        return text
-    ends = [m.start() for p in params.resolved("stop_regex") if (m := re.search(p, text))]
-    return text[:min(ends)] if ends else text
+async def _stream_to_stop_regex(ex: "StateExecutor", params: ir.SamplingParams,
+                                plan: Plan) -> tuple[str, dict[str, Any]]:
+    """``stop_regex`` on a backend without it (OpenAI, Anthropic): stream, and at the first
+    match stop reading, which cancels the request (the backend aborts it on close), and cut
+    the text at the match start, as the runtime does."""
+    patterns = [re.compile(p) for p in params.resolved("stop_regex")]
+    text, meta = "", {}
+    # NOTE: the backend is asked without stop_regex: it cannot enforce it, this loop does.
+    stream = ex.backend.stream(ex.context(), params.replace(stop_regex=()), plan.native)
+    try:
+        async for chunk in stream:
+            text += chunk.text
+            if chunk.meta_info:
+                meta = dict(chunk.meta_info)
+            hits = [(m.start(), p.pattern) for p in patterns if (m := p.search(text))]
+            if hits:
+                pos, pattern = min(hits)
+                meta["finish_reason"] = {"type": "stop", "matched": pattern}
+                return text[:pos], meta
+    finally:
+        await stream.aclose()
+    return text, meta
 
 
 async def _gen_n(ex: "StateExecutor", name: str | None, params: ir.SamplingParams,
                  plan: Plan, n: int) -> None:
-    if ex.backend.capabilities.native_n and not plan.retry:
+    emulate = bool(params.resolved("stop_regex")) and not ex.backend.capabilities.stop_regex
+    if ex.backend.capabilities.native_n and not plan.retry and not emulate:
         results = await ex.backend.generate(ex.context(), params, plan.native)
         metas = [dict(r.meta_info) for r in results]
         ex.run.usage.add(_sum_meta(metas))

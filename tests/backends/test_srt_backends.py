@@ -44,12 +44,13 @@ async def test_constraints_are_sent_natively(srt_backend, runtime, kind, value, 
     assert runtime.requests[-1]["sampling_params"][kind] == sent
 
 
-async def test_unlowered_constraint_and_stop_regex_are_refused(srt_backend):
+async def test_unlowered_constraint_is_refused_and_stop_regex_is_native(srt_backend, runtime):
     with pytest.raises(UnsupportedError, match="choices"):
         await srt_backend.generate(Context(text="q"), SamplingParams(),
                                    Constraint(kind="choices", value=("a", "b")))
-    with pytest.raises(UnsupportedError, match="stop_regex"):
-        await srt_backend.generate(Context(text="q"), SamplingParams(stop_regex=("x+",)))
+    assert srt_backend.capabilities.stop_regex
+    await srt_backend.generate(Context(text="q"), SamplingParams(stop_regex=("x+",)))
+    assert runtime.requests[-1]["sampling_params"]["stop_regex"] == ["x+"]
 
 
 def test_capabilities_follow_grammar_backend():

@@ -150,6 +150,28 @@ def test_stop_regex_is_emulated_when_the_backend_lacks_it():
     assert state["x"] == "one "
 
 
+def test_emulated_stop_regex_cancels_the_stream_at_the_match():
+    """OpenAI/Anthropic have no stop_regex: the interpreter streams and stops reading (which
+    closes the backend's stream, aborting its request) once a pattern matches."""
+    class Counting(ScriptedBackend):
+        read = 0
+        closed = False
+
+        async def stream(self, *args, **kwargs):
+            try:
+                async for chunk in super().stream(*args, **kwargs):
+                    type(self).read += 1
+                    yield chunk
+            finally:
+                type(self).closed = True
+
+    backend = Counting(outputs=["a b c END7 d e f g h"], capabilities=Capabilities())
+    state = _prog(sgl.gen("x", stop_regex=[r"END\d", r"zzz"])).run(backend=backend)
+    assert state["x"] == "a b c "
+    assert state.get_meta_info("x")["finish_reason"] == {"type": "stop", "matched": r"END\d"}
+    assert Counting.read == 4 and Counting.closed  # "a", " b", " c", " END7": nothing after
+
+
 def test_api_speculative_execution_reads_ahead():
     backend = ScriptedBackend(outputs=["Ada\nAge: 36\nmore"])
 
