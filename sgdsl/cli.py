@@ -1,7 +1,8 @@
 """The ``sgdsl`` command.
 
   sgdsl run program.py [--backend SPEC] [--model NAME] [--no-stream] [-- ARGS...]
-  sgdsl serve [server options]      (the bundled runtime's HTTP server)
+  sgdsl serve [server options]      (the bundled runtime's HTTP server; --dp-size N replicas)
+  sgdsl router --worker-urls URL... (a data-parallel router in front of running servers)
   sgdsl templates                   (list the shipped chat templates)
 
 ``run`` imports the file and runs its entry points: every program decorated with
@@ -28,6 +29,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sgdsl.runtime.server.cli import main as serve  # noqa: PLC0415
 
         return serve(argv[1:]) or 0
+    if argv and argv[0] == "router":
+        from sgdsl.runtime.router.cli import main as route  # noqa: PLC0415
+
+        return route(argv[1:]) or 0
     program_args: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
@@ -48,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sgdsl", description="sgdsl: structured generation programs",
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", metavar="{run,serve,templates}")
+    commands = parser.add_subparsers(dest="command", metavar="{run,serve,router,templates}")
     run = commands.add_parser("run", help="run a program file's entry points",
                               epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("program", help="path to a .py file")
@@ -57,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-stream", action="store_true", help="print the final text instead of streaming")
     run.add_argument("--traceback", action="store_true", help="print full tracebacks on errors")
     commands.add_parser("serve", help="start the runtime's HTTP server (see `sgdsl serve --help`)")
+    commands.add_parser("router", help="route between servers (see `sgdsl router --help`)")
     commands.add_parser("templates", help="list the shipped chat templates")
     return parser
 

@@ -16,7 +16,7 @@ from ..config import EngineConfig
 from .args import ServerArgs
 
 _SERVER_FLAGS = {"host", "port", "api_key", "cors_origins", "graceful_timeout_s",
-                 "max_body_bytes", "log_level"}
+                 "max_body_bytes", "log_level", "dp_size", "router_policy"}
 
 
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="on SIGTERM, how long to wait for in-flight requests")
     parser.add_argument("--max-body-bytes", type=int, default=ServerArgs.max_body_bytes)
     parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--dp-size", type=int, default=ServerArgs.dp_size,
+                        help="data parallelism: engine replicas behind a router on this port")
+    parser.add_argument("--router-policy", default=ServerArgs.router_policy,
+                        choices=("cache_aware", "round_robin", "random", "power_of_two",
+                                 "prefix_hash"), help="how --dp-size replicas are chosen")
     _add_engine_options(parser)
     return parser
 
@@ -84,6 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = argv[1:]
     engine_config, server_args = parse_args(argv)
     logging.basicConfig(level=server_args.log_level.upper())
+    if server_args.dp_size != 1:
+        from ..router.dp import serve_dp  # N replica servers behind the router
+
+        return serve_dp(argv, engine_config, server_args)
     from ..engine import Engine  # heavy (torch): only once the arguments are known good
 
     engine = Engine(engine_config)

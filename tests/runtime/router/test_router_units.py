@@ -5,6 +5,7 @@ import pytest
 
 from sgdsl.runtime.errors import InvalidRequestError
 from sgdsl.runtime.router.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
+from sgdsl.runtime.router.cli import parse_args
 from sgdsl.runtime.router.config import RouterConfig
 from sgdsl.runtime.router.policies.text_tree import TextTree
 from sgdsl.runtime.router.request_text import routing_text
@@ -83,6 +84,15 @@ def test_config_errors_name_the_field(kwargs, field):
     with pytest.raises(InvalidRequestError) as info:
         RouterConfig(**kwargs)
     assert info.value.field == field and field in str(info.value)
+
+
+def test_cli_builds_the_config():
+    c = parse_args(["--worker-urls", "http://a:1/", "http://b:2", "--policy", "prefix_hash",
+                    "--port", "0", "--cache-threshold", "0.7", "--max-retries", "1",
+                    "--api-key", "k"])
+    assert c.worker_urls == ("http://a:1", "http://b:2")
+    assert (c.policy, c.port, c.cache_threshold, c.max_retries, c.api_key) == (
+        "prefix_hash", 0, 0.7, 1, "k")
 
 
 def test_routing_text_of_each_protocol():

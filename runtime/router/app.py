@@ -1,0 +1,227 @@
+"""The router's FastAPI app: protocol routes proxied to a worker the policy chooses, info
+routes answered by any worker, cache/abort broadcast to all, and the admin routes
+``/add_worker``, ``/remove_worker``, ``/list_workers``, plus ``/health`` and ``/metrics``."""
+from __future__ import annotations
+
+import asyncio
+import json
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from ..errors import InvalidRequestError
+from .config import RouterConfig, normalize_worker_url
+from .metrics import RouterMetrics
+from .policies import Policy, make_policy
+from .proxy import Proxy, Upstream, json_error
+from .registry import HealthChecker, WorkerRegistry, probe
+from .request_text import routing_text
+
+ROUTED = ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/messages")
+ANY_WORKER = ("/get_model_info", "/model_info", "/get_server_info", "/server_info", "/v1/models",
+              "/health_generate")
+OPEN_PATHS = frozenset({"/health"})
+
+
+@dataclass(frozen=True)
+class RouterState:
+    config: RouterConfig
+    registry: WorkerRegistry
+    policy: Policy
+    metrics: RouterMetrics
+    proxy: Proxy
+    health: HealthChecker
+    client: httpx.AsyncClient
+
+
+def build_state(config: RouterConfig) -> RouterState:
+    policy = make_policy(config)
+    registry = WorkerRegistry(config, on_change=policy.on_change)
+
+    def snapshot() -> tuple[list, dict[str, int]]:
+        trees = getattr(policy, "trees", {})  # only cache_aware keeps trees
+        return list(registry.workers.values()), {u: t.size for u, t in trees.items()}
+
+    metrics = RouterMetrics(snapshot)
+    timeout = httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s)
+    client = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(
+        max_connections=None, max_keepalive_connections=256))
+    return RouterState(config, registry, policy, metrics,
+                       Proxy(config, registry, policy, metrics, client),
+                       HealthChecker(registry, client), client)
+
+
+def create_app(config: RouterConfig, on_shutdown: Callable[[], None] | None = None) -> FastAPI:
+    """The router app. ``on_shutdown`` runs (in a thread) once it has drained: with
+    ``--dp-size``, stopping the replicas."""
+    state = build_state(config)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await state.health.check_all(initial=True)
+        state.health.start()
+        yield
+        await state.health.stop()
+        await state.client.aclose()
+        if on_shutdown is not None:
+            await asyncio.to_thread(on_shutdown)
+
+    app = FastAPI(title="sgdsl router", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=lifespan)
+    app.state.router = state
+    for path in ROUTED:
+        app.add_api_route(path, _routed, methods=["POST"])
+    for path in ANY_WORKER:
+        app.add_api_route(path, _any_worker, methods=["GET"])
+    app.add_api_route("/v1/models/{model_id:path}", _any_worker, methods=["GET"])
+    app.add_api_route("/flush_cache", _flush_cache, methods=["GET", "POST"])
+    app.add_api_route("/abort_request", _abort, methods=["POST"])
+    app.add_api_route("/debug/check_idle_integrity", _idle_integrity, methods=["GET"])
+    app.add_api_route("/health", _health, methods=["GET"])
+    app.add_api_route("/metrics", _metrics, methods=["GET"])
+    app.add_api_route("/list_workers", _list_workers, methods=["GET"])
+    app.add_api_route("/add_worker", _add_worker, methods=["POST"])
+    app.add_api_route("/remove_worker", _remove_worker, methods=["POST"])
+    app.middleware("http")(_guard)
+    app.add_exception_handler(InvalidRequestError, _invalid)
+    return app
+
+
+def st(request: Request) -> RouterState:
+    return request.app.state.router
+
+
+async def _guard(request: Request, call_next: Any) -> Response:
+    """API key (when configured) and body size, answered in the route's protocol shape."""
+    c = st(request).config
+    path = request.url.path
+    if c.api_key and path not in OPEN_PATHS:
+        auth = request.headers.get("authorization", "")
+        given = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
+        if given != c.api_key:
+            return json_error(path, 401, "invalid or missing API key")
+    size = request.headers.get("content-length")
+    if size and size.isdigit() and int(size) > c.max_body_bytes:
+        return json_error(path, 413, f"request body of {size} bytes exceeds the limit of "
+                                     f"{c.max_body_bytes} bytes")
+    return await call_next(request)
+
+
+async def _invalid(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, InvalidRequestError)
+    return json_error(request.url.path, 400, str(exc), exc.field)
+
+
+async def _routed(request: Request) -> Response:
+    s, path = st(request), request.url.path
+    body = await request.body()
+    try:
+        payload = json.loads(body)
+    except ValueError as exc:
+        return json_error(path, 400, f"malformed JSON body: {exc}")
+    if not isinstance(payload, dict):
+        return json_error(path, 400, "the request body must be a JSON object")
+    up = Upstream("POST", path, request.url.query, body, s.proxy.headers_for(request),
+                  routing_text(path, payload))
+    return await s.proxy.forward(request, up)
+
+
+async def _any_worker(request: Request) -> Response:
+    s = st(request)
+    up = Upstream("GET", request.url.path, request.url.query, b"", s.proxy.headers_for(request),
+                  "", use_policy=False)
+    return await s.proxy.forward(request, up)
+
+
+async def _broadcast(request: Request, method: str, path: str) -> tuple[list, list]:
+    s = st(request)
+    results = await s.proxy.broadcast(method, path, await request.body(),
+                                      s.proxy.headers_for(request))
+    bad = [f"{w.url}: {status or 'unreachable'} {text[:200]}" for w, status, text in results
+           if status != 200]
+    return results, bad
+
+
+async def _flush_cache(request: Request) -> Response:
+    results, bad = await _broadcast(request, "POST", "/flush_cache")
+    if not results:
+        return json_error(request.url.path, 503, "no healthy worker to flush")
+    if bad:
+        return json_error(request.url.path, 400, "Cache not flushed on every worker: "
+                                                 + "; ".join(bad))
+    return PlainTextResponse("Cache flushed.")
+
+
+async def _abort(request: Request) -> Response:
+    # The rid's worker is not tracked: every worker gets the abort; unknown rids are no-ops.
+    await _broadcast(request, "POST", "/abort_request")
+    return PlainTextResponse("OK")
+
+
+async def _idle_integrity(request: Request) -> Response:
+    results, bad = await _broadcast(request, "GET", "/debug/check_idle_integrity")
+    if bad:
+        return json_error(request.url.path, 409, "idle integrity check failed: " + "; ".join(bad))
+    return JSONResponse({"ok": True, "workers": len(results)})
+
+
+async def _health(request: Request) -> Response:
+    healthy = st(request).registry.healthy()
+    if not healthy:
+        return json_error(request.url.path, 503, "no healthy worker")
+    return PlainTextResponse("OK")
+
+
+async def _metrics(request: Request) -> Response:
+    return Response(st(request).metrics.render(),
+                    media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def _list_workers(request: Request) -> Response:
+    s = st(request)
+    return JSONResponse({**s.policy.describe(), "workers": s.registry.describe()})
+
+
+async def _worker_url(request: Request) -> str:
+    """``?url=`` (as SGLang's router takes it) or a JSON body ``{"url": ...}``."""
+    url = request.query_params.get("url")
+    if url is None:
+        body = await request.body()
+        try:
+            payload = json.loads(body) if body else {}
+        except ValueError as exc:
+            raise InvalidRequestError(f"malformed JSON body: {exc}") from exc
+        url = payload.get("url") if isinstance(payload, dict) else None
+    if url is None:
+        raise InvalidRequestError("url: required (?url=http://HOST:PORT or {\"url\": ...})",
+                                  field="url")
+    return url
+
+
+async def _add_worker(request: Request) -> Response:
+    s = st(request)
+    url = await _worker_url(request)
+    url = normalize_worker_url(url)
+    if url in s.registry.workers:
+        raise InvalidRequestError(f"url: worker {url} is already registered", field="url")
+    reason = await probe(s.client, url, s.config.health_timeout_s)
+    if reason:
+        raise InvalidRequestError(f"url: worker {url} did not pass its health check: {reason}",
+                                  field="url")
+    s.registry.add(url)
+    return JSONResponse({"added": url, "workers": s.registry.describe()})
+
+
+async def _remove_worker(request: Request) -> Response:
+    s = st(request)
+    worker = s.registry.remove(await _worker_url(request))
+    # Requests in flight on it finish normally; it only gets no new ones.
+    return JSONResponse({"removed": worker.url, "in_flight": worker.load,
+                         "workers": s.registry.describe()})
+
+
+__all__ = ["create_app", "RouterState"]
