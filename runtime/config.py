@@ -17,6 +17,11 @@ class EngineConfig:
     tokenizer: str | None = None  # defaults to the model's own tokenizer files
     load_format: Literal["auto", "safetensors", "gguf", "dummy"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: fp32 CPU, bf16 GPU
+    # Weights: "fp8" quantizes a bf16 checkpoint at load (E4M3, per-output-channel scales);
+    # an fp8 checkpoint (HF quantization_config) loads as published whatever this says.
+    quantization: Literal["fp8"] | None = None
+    # KV cache storage: "auto" = the model dtype; "fp8_e4m3" halves KV bytes (per-layer scales).
+    kv_cache_dtype: Literal["auto", "fp8_e4m3"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     seed: int = 0
     context_length: int | None = None  # default: the model config's max_position_embeddings

@@ -1,13 +1,17 @@
 """KV memory: the request->token table and the token-level KV buffers.
 
 ``ReqToTokenPool.req_to_token[r, p]`` is the KV slot holding position ``p`` of the request in
-row ``r``. ``TokenKVPool`` owns one K and one V buffer per layer, ``[num_slots, kv_heads, head_dim]``.
+row ``r``. ``TokenKVPool`` owns one K and one V buffer per layer, ``[num_slots, kv_heads, head_dim]``,
+in the model dtype or in fp8 (E4M3) with one K and one V scale per layer (stored = value / scale;
+1.0 unless the checkpoint provides calibrated scales).
 Slot 0 is reserved as a dummy that padded (CUDA-graph) rows write to, so it is never handed out.
 Both allocators are O(1) amortized free lists over int tensors kept on the CPU.
 """
 from __future__ import annotations
 
 import torch
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn (it has no inf: overflow would be NaN)
 
 
 class ReqToTokenPool:
@@ -47,6 +51,9 @@ class TokenKVPool:
         shape = (num_slots + 1, num_kv_heads, head_dim)
         self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.quantized = dtype == torch.float8_e4m3fn
+        self.k_scale = [1.0] * num_layers
+        self.v_scale = [1.0] * num_layers
         self._free = torch.arange(1, num_slots + 1, dtype=torch.int64)
         self._num_free = num_slots
 
@@ -75,11 +82,50 @@ class TokenKVPool:
         self._free[self._num_free:end] = slots.to("cpu", torch.int64)
         self._num_free = end
 
+    def set_scales(self, scales: dict[int, tuple[float, float]]) -> None:
+        """Per-layer (k_scale, v_scale) of an fp8 cache (e.g. from the checkpoint); a cache in
+        the model dtype stores values as they are, so its scales stay 1."""
+        for layer, (k, v) in scales.items():
+            if not (k > 0 and v > 0):
+                raise ValueError(f"layer {layer}: KV scales must be positive, got {k}, {v}")
+            if self.quantized:
+                self.k_scale[layer], self.v_scale[layer] = float(k), float(v)
+
+    def store(self, layer_id: int, which: str, x: torch.Tensor) -> torch.Tensor:
+        """``x`` as stored in the cache: the dtype, and for fp8 divided by the layer's scale."""
+        if not self.quantized:
+            return x.to(self.dtype)
+        scale = (self.k_scale if which == "k" else self.v_scale)[layer_id]
+        return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(self.dtype)
+
+    def load(self, layer_id: int, which: str, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Stored cache values back in ``dtype`` (the inverse of ``store``)."""
+        if not self.quantized:
+            return x.to(dtype)
+        scale = (self.k_scale if which == "k" else self.v_scale)[layer_id]
+        return (x.float() * scale).to(dtype)
+
+    def write(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store the new tokens' k/v ``[n, kv_heads, head_dim]`` at slots ``loc``."""
+        for buf, x, which in ((self.k_buffer, k, "k"), (self.v_buffer, v, "v")):
+            _raw(buf[layer_id]).index_copy_(0, loc, _raw(self.store(layer_id, which, x)))
+
+    def read(self, layer_id: int, slots: torch.Tensor, dtype: torch.dtype
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """k/v at ``slots`` (any shape of slot ids, flattened) in ``dtype``."""
+        k = _raw(self.k_buffer[layer_id]).index_select(0, slots).view(self.dtype)
+        v = _raw(self.v_buffer[layer_id]).index_select(0, slots).view(self.dtype)
+        return self.load(layer_id, "k", k, dtype), self.load(layer_id, "v", v, dtype)
+
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k_buffer[layer_id][loc] = k.to(self.dtype)
-        self.v_buffer[layer_id][loc] = v.to(self.dtype)
+        self.write(layer_id, loc, k, v)
 
     def check_integrity(self) -> None:
         free = self._free[: self._num_free]
         assert free.unique().numel() == self._num_free, "duplicate slot in KV free list"
         assert bool(((free >= 1) & (free <= self.size)).all()), "slot out of range in free list"
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """fp8 tensors as bytes: CPU index_copy_/index_select have no fp8 kernels."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t

@@ -8,6 +8,9 @@ head of one KV head (padded to 16 rows for ``tl.dot``), so each K/V row is read 
 All launch shapes depend only on the batch size and ``max_kv_splits``, and the per-request split
 count is a device tensor, so both stages can be captured in a CUDA graph.
 
+An fp8 (E4M3) pool is widened in registers: the K scale is folded into ``sm_scale`` by the
+launcher, the V scale multiplies each split's output (``v_scale``).
+
 Shared prefixes (cascade): with ``starts``, stage 1 covers only tokens ``[start, seq_len)`` of
 each request; ``prefix_decode_attention`` writes the partials of the shared ``[0, start)`` part
 into further split slots, and stage 2 merges them all (``decode_merge`` with more splits).
@@ -24,7 +27,7 @@ _MIN_BLOCK_H = 16  # tl.dot needs at least 16 rows
 @triton.jit
 def _decode_stage1(
     Q, K_Buf, V_Buf, Req_to_token, Req_idx, Seq_lens, Starts, Num_splits, Mid_o, Mid_lse,
-    sm_scale,
+    sm_scale, v_scale,
     stride_qb, stride_qh, stride_kbs, stride_kh, stride_vbs, stride_vh, stride_rt,
     stride_mob, stride_moh, stride_mos, stride_lb, stride_lh,
     q_head_num,
@@ -73,12 +76,13 @@ def _decode_stage1(
         p = tl.exp(qk - m_safe[:, None])
         v = tl.load(V_Buf + slots[:, None] * stride_vbs + cur_kv_head * stride_vh + offs_d[None, :],
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype),
+                                            input_precision=PRECISION)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
 
     has = l_i > 0
-    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    out = acc / tl.where(has, l_i, 1.0)[:, None] * v_scale
     lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
     tl.store(Mid_o + cur_batch * stride_mob + offs_h[:, None] * stride_moh + split_id * stride_mos
              + offs_d[None, :], out, mask=mask_h[:, None] & mask_d[None, :])
@@ -132,7 +136,8 @@ def decode_attention_fwd(
     q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, out: torch.Tensor,
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     num_kv_splits: torch.Tensor, mid_o: torch.Tensor, mid_lse: torch.Tensor,
-    sm_scale: float, max_kv_splits: int | None = None,
+    sm_scale: float, max_kv_splits: int | None = None, k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """out[b, h] = softmax(q[b, h] . K[seq b]) V[seq b] over the request's whole paged sequence.
 
@@ -141,7 +146,7 @@ def decode_attention_fwd(
     num_kv_splits and sets the launch grid, so small values cost no empty programs."""
     max_kv_splits = max_kv_splits or mid_lse.shape[2]
     decode_stage1(q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, num_kv_splits,
-                  mid_o, mid_lse, sm_scale, max_kv_splits)
+                  mid_o, mid_lse, sm_scale, max_kv_splits, k_scale=k_scale, v_scale=v_scale)
     return decode_merge(mid_o, mid_lse, out, max_kv_splits)
 
 
@@ -150,6 +155,7 @@ def decode_stage1(
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     num_kv_splits: torch.Tensor, mid_o: torch.Tensor, mid_lse: torch.Tensor,
     sm_scale: float, max_kv_splits: int, starts: torch.Tensor | None = None,
+    k_scale: float = 1.0, v_scale: float = 1.0,
 ) -> None:
     """Split partials into ``mid_o``/``mid_lse[..., :max_kv_splits]``; with ``starts`` ([bs]
     int64) only over tokens ``[starts[b], seq_lens[b])``."""
@@ -167,7 +173,7 @@ def decode_stage1(
     _decode_stage1[(bs, kv_heads, max_kv_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens,
         starts if starts is not None else seq_lens, num_kv_splits, mid_o, mid_lse,
-        sm_scale,
+        sm_scale * k_scale, v_scale,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0),
         v_buf.stride(1), req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),

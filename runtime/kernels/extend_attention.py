@@ -4,6 +4,8 @@ from the contiguous k/v of this forward.
 
 One program per (request, query head, block of BLOCK_M new tokens); the online softmax runs
 first over the prefix (no mask but length), then over the new tokens up to the block's last row.
+An fp8 pool's prefix is widened in registers and scaled (``k_scale``, ``v_scale``); the new
+tokens come from this forward's k/v at full precision.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import triton.language as tl
 @triton.jit
 def _extend_kernel(
     Q, K_new, V_new, O, K_Buf, V_Buf, Req_to_token, Req_idx, Prefix_lens, Extend_lens,
-    Start_loc, sm_scale,
+    Start_loc, sm_scale, k_scale, v_scale,
     stride_qt, stride_qh, stride_knt, stride_knh, stride_vnt, stride_vnh, stride_ot, stride_oh,
     stride_kbs, stride_kbh, stride_vbs, stride_vbh, stride_rt,
     KV_GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -52,12 +54,13 @@ def _extend_kernel(
                     mask=mask_n[None, :] & mask_d[:, None], other=0.0)
         v = tl.load(V_Buf + slots[:, None] * stride_vbs + kv_head * stride_vbh + offs_d[None, :],
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-        qk = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * sm_scale
+        qk = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * (sm_scale * k_scale)
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(qk - m_new[:, None])
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v.to(q.dtype), input_precision=PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype),
+                                            input_precision=PRECISION) * v_scale
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
 
@@ -79,7 +82,7 @@ def _extend_kernel(
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m_i - m_safe)
         p = tl.exp(qk - m_safe[:, None])
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v.to(q.dtype), input_precision=PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
 
@@ -93,6 +96,7 @@ def extend_attention_fwd(
     k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
     extend_start_loc: torch.Tensor, max_extend_len: int, sm_scale: float,
+    k_scale: float = 1.0, v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of the new tokens q [T, H, D] (ragged, request i at
     extend_start_loc[i]) over prefix (pool) + new k/v [T, KVH, D]. Writes and returns out."""
@@ -111,7 +115,7 @@ def extend_attention_fwd(
     grid = (bs, num_heads, triton.cdiv(max_extend_len, block_m))
     _extend_kernel[grid](
         q, k, v, out, k_buf, v_buf, req_to_token, req_pool_indices, prefix_lens, extend_lens,
-        extend_start_loc, sm_scale,
+        extend_start_loc, sm_scale, k_scale, v_scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0),
         v_buf.stride(1), req_to_token.stride(0),

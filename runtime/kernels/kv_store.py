@@ -1,5 +1,6 @@
 """KV store: write the new tokens' k and v into the token pool at their slots, one launch
-for both buffers (instead of two index_put kernels per layer)."""
+for both buffers (instead of two index_put kernels per layer). An fp8 (E4M3) pool stores
+``value / scale`` clamped to the format's range (it has no inf; an overflow would be NaN)."""
 from __future__ import annotations
 
 import torch
@@ -9,20 +10,25 @@ import triton.language as tl
 
 @triton.jit
 def _kv_store_kernel(K, V, K_Buf, V_Buf, Loc, stride_kt, stride_vt, stride_kbs, stride_vbs,
-                     row_elems, BLOCK: tl.constexpr):
+                     row_elems, inv_k_scale, inv_v_scale, BLOCK: tl.constexpr,
+                     QUANT: tl.constexpr):
     tok = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < row_elems
     slot = tl.load(Loc + tok).to(tl.int64)
     k = tl.load(K + tok * stride_kt + offs, mask=mask)
     v = tl.load(V + tok * stride_vt + offs, mask=mask)
+    if QUANT:
+        k = tl.clamp(k.to(tl.float32) * inv_k_scale, -448.0, 448.0)
+        v = tl.clamp(v.to(tl.float32) * inv_v_scale, -448.0, 448.0)
     tl.store(K_Buf + slot * stride_kbs + offs, k.to(K_Buf.dtype.element_ty), mask=mask)
     tl.store(V_Buf + slot * stride_vbs + offs, v.to(V_Buf.dtype.element_ty), mask=mask)
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
-             loc: torch.Tensor) -> None:
-    """k_buf[loc[t]] = k[t]; v_buf[loc[t]] = v[t] for k/v [T, KVH, D], buffers [slots, KVH, D]."""
+             loc: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """k_buf[loc[t]] = k[t]; v_buf[loc[t]] = v[t] for k/v [T, KVH, D], buffers [slots, KVH, D]
+    (fp8 buffers: divided by the scales)."""
     assert k.dim() == 3 and v.shape == k.shape and k_buf.shape[1:] == k.shape[1:]
     assert v_buf.shape == k_buf.shape and loc.shape == (k.shape[0],)
     # One token's heads must be one contiguous run in every tensor.
@@ -34,4 +40,5 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch
     block = min(triton.next_power_of_2(row), 1024)
     _kv_store_kernel[(k.shape[0], triton.cdiv(row, block))](
         k, v, k_buf, v_buf, loc, k.stride(0), v.stride(0), k_buf.stride(0), v_buf.stride(0),
-        row, BLOCK=block, num_warps=4)
+        row, 1.0 / k_scale, 1.0 / v_scale, BLOCK=block,
+        QUANT=k_buf.dtype == torch.float8_e4m3fn, num_warps=4)

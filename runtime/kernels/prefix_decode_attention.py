@@ -32,7 +32,7 @@ def prefix_block_members(num_heads: int, kv_heads: int) -> int:
 @triton.jit
 def _prefix_stage1(
     Q, K_Buf, V_Buf, Req_to_token, Tile_rows, Tile_lens, Tile_members, Mid_o, Mid_lse,
-    sm_scale,
+    sm_scale, v_scale,
     stride_qb, stride_qh, stride_kbs, stride_kh, stride_vbs, stride_vh, stride_rt,
     stride_mob, stride_moh, stride_mos, stride_lb, stride_lh, split_offset,
     KV_GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -77,12 +77,13 @@ def _prefix_stage1(
         p = tl.exp(qk - m_safe[:, None])
         v = tl.load(V_Buf + slots[:, None] * stride_vbs + kv_head * stride_vh + offs_d[None, :],
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype),
+                                            input_precision=PRECISION)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
 
     has = l_i > 0
-    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    out = acc / tl.where(has, l_i, 1.0)[:, None] * v_scale
     lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
     split = split_offset + split_id
     tl.store(Mid_o + member[:, None] * stride_mob + head[:, None] * stride_moh
@@ -94,7 +95,7 @@ def prefix_decode_attention(
     q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,
     tile_rows: torch.Tensor, tile_lens: torch.Tensor, tile_members: torch.Tensor,
     mid_o: torch.Tensor, mid_lse: torch.Tensor, sm_scale: float, split_offset: int,
-    num_splits: int,
+    num_splits: int, k_scale: float = 1.0, v_scale: float = 1.0,
 ) -> None:
     """Partials of every tile member's attention over its group's shared prefix.
 
@@ -115,7 +116,7 @@ def prefix_decode_attention(
         return
     _prefix_stage1[(tiles, kv_heads, num_splits)](
         q, k_buf, v_buf, req_to_token, tile_rows, tile_lens, tile_members, mid_o, mid_lse,
-        sm_scale,
+        sm_scale * k_scale, v_scale,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0),
         v_buf.stride(1), req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),

@@ -63,6 +63,7 @@ class LinearBase(nn.Module):
             param.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: str | None = None) -> None:
+        loaded = self.quant_method.adapt_checkpoint_tensor(self, param, loaded, self.output_size)
         for dim, split in ((getattr(param, "output_dim", None), self.split_output),
                            (getattr(param, "input_dim", None), self.split_input)):
             if split and dim is not None:
@@ -162,10 +163,16 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         if dim is None:  # not split over rows (a per-tensor scale): whole
             copy_checked(param.data, loaded, f"shard {shard_id}")
             return
-        row, size = self.offsets[shard_id]
-        first, rows = self.shard_slices[shard_id]
-        full = self.full_sizes[shard_id]
+        loaded = self.quant_method.adapt_checkpoint_tensor(self, param, loaded,
+                                                           self.full_sizes[shard_id])
+        # block-wise quantization scales: one row per ``row_block`` weight rows
+        unit = getattr(param, "row_block", 1)
+        row, size = self.offsets[shard_id][0] // unit, -(-self.offsets[shard_id][1] // unit)
+        first, rows = self.shard_slices[shard_id][0] // unit, -(-self.shard_slices[shard_id][1] // unit)
+        full = -(-self.full_sizes[shard_id] // unit)
         name = f"shard {shard_id}.{_param_name(self, param)}"
+        if unit > 1 and self.offsets[shard_id][0] % unit:
+            raise ModelLoadError(f"{name}: shard rows are not aligned to the {unit}-row blocks")
         if shape_of(loaded)[dim] != full:
             raise ModelLoadError(f"{name}: checkpoint shape {shape_of(loaded)} does not fit "
                                  f"rows {row}:{row + size} of packed {tuple(param.shape)}")

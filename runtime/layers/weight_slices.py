@@ -26,7 +26,7 @@ def narrow(t: Any, dim: int, start: int, size: int) -> Any:
 
 
 def materialize(t: Any) -> torch.Tensor:
-    return t[:] if is_lazy(t) else t
+    return t[...] if is_lazy(t) else t  # NOTE: [...] also reads 0-d tensors (scalar scales)
 
 
 def copy_checked(dst: torch.Tensor, src: Any, what: str) -> None:

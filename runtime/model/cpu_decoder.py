@@ -204,6 +204,8 @@ def _bmm(x: torch.Tensor, _x_ptr: int, w: SplitWeight, out: torch.Tensor, _out_p
 def _fits(layer: Any) -> bool:
     """Split-layout (``optimize_for_cpu``) weights, and a bias only on qkv (Qwen2)."""
     attn, mlp = layer.self_attn, layer.mlp
+    if not hasattr(mlp, "gate_up_proj"):
+        return False  # routed experts (MoE): the module path
     mats = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     return (all(m.weight.dim() == 3 for m in mats)
             and all(m.bias is None for m in mats[1:]))

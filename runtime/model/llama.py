@@ -10,6 +10,7 @@ sees only its heads. At tp_size 1 all of it is the plain single-device computati
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -23,15 +24,16 @@ from ..layers.activation import SiluAndMul
 from ..layers.attention.base import AttentionBackend
 from ..layers.linear import (LinearBase, MergedColumnParallelLinear, QKVParallelLinear,
                              RowParallelLinear, cpu_layout, split_matmul, split_matvec)
-from ..layers.quantization.base import QuantConfig
+from ..layers.quantization.base import QuantConfig, UnquantizedLinearMethod
 from ..layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding, gather_logits
-from ..layers.weight_slices import copy_checked
+from ..layers.weight_slices import copy_checked, materialize
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .forward_batch import ForwardBatch
 from .model_config import ModelConfig
 
 Rope = tuple[torch.Tensor, torch.Tensor]
+_KV_SCALE = re.compile(r"^model\.layers\.(\d+)\.self_attn\.(?:attn\.)?([kv])_scale$")
 # checkpoint name fragment -> (our packed module fragment, shard)
 _PACKED = {".q_proj.": (".qkv_proj.", "q"), ".k_proj.": (".qkv_proj.", "k"),
            ".v_proj.": (".qkv_proj.", "v"), ".gate_proj.": (".gate_up_proj.", "gate"),
@@ -95,7 +97,7 @@ class LlamaDecoderLayer(nn.Module):
                  quant: QuantConfig | None = None) -> None:
         super().__init__()
         self.self_attn = self.attention_cls(cfg, layer_id, dtype, device, quant)
-        self.mlp = LlamaMLP(cfg, dtype, device, quant)
+        self.mlp = self.make_mlp(cfg, layer_id, dtype, device, quant)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype,
                                                 device=device)
@@ -109,6 +111,11 @@ class LlamaDecoderLayer(nn.Module):
         h = self.self_attn(h, rope, batch, attn)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
+
+    def make_mlp(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: str,
+                 quant: QuantConfig | None) -> nn.Module:
+        """The layer's feed-forward block (MoE models override this)."""
+        return LlamaMLP(cfg, dtype, device, quant)
 
 
 class LlamaModel(nn.Module):
@@ -142,10 +149,14 @@ class LlamaForCausalLM(nn.Module):
                  device: torch.device | str = "cpu", quant: QuantConfig | None = None) -> None:
         super().__init__()
         self.config = cfg
+        self.quant = quant
         self.model = self.model_cls(cfg, dtype, str(device), quant)
+        # NOTE: the embedding and the head stay in the model dtype (fp8 checkpoints keep them).
         self.lm_head = (None if cfg.tie_word_embeddings else
                         ParallelLMHead(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device))
         self.attn_backend: AttentionBackend | None = None  # set by the runner
+        # layer -> (k_scale, v_scale) of an fp8 KV cache, when the checkpoint carries them
+        self.kv_cache_scales: dict[int, tuple[float, float]] = {}
         # The logits matrix in the CPU matmul layout, and the C kernels for single rows (fp32,
         # where ``matvec_preferred``; None: MKL), both set by optimize_for_cpu.
         self._logits_weight: torch.Tensor | None = None
@@ -175,7 +186,7 @@ class LlamaForCausalLM(nn.Module):
         (see ``Linear.use_cpu_layout``). A tied embedding keeps its row-major copy for the
         token lookup, so tied models hold the vocab matrix twice on CPU."""
         for module in self.modules():
-            if isinstance(module, LinearBase):  # includes an untied lm_head
+            if isinstance(module, LinearBase) and _unquantized(module):  # incl. an untied lm_head
                 module.use_cpu_layout(splits)
         if self.lm_head is None:
             self._logits_weight = cpu_layout(self.model.embed_tokens.weight.data, splits)
@@ -194,19 +205,31 @@ class LlamaForCausalLM(nn.Module):
         for name, tensor in weights:
             if "rotary_emb." in name or (self.lm_head is None and name.startswith("lm_head.")):
                 continue  # derived buffers; a tied head shares the embedding
-            target = _packed_target(name)
-            if target is not None:
-                ours, shard = target
-                if ours not in params:
-                    raise ModelLoadError(f"weight {name}: the model has no {ours}")
-                params[ours].weight_loader(params[ours], tensor, shard)
-                loaded.add(f"{ours}:{shard}")
-                continue
-            if name not in params:
-                continue  # e.g. extra heads some checkpoints carry; not ours to use
-            load_param(params[name], tensor, name)
-            loaded.add(name)
+            loaded |= self.load_one(name, tensor, params)
         return loaded
+
+    def load_one(self, name: str, tensor: Any, params: dict[str, nn.Parameter]) -> set[str]:
+        """Load one checkpoint tensor; the names it filled (``param[:shard]``)."""
+        kv = _KV_SCALE.match(name)
+        if kv is not None:  # calibrated fp8 KV-cache scales (used with kv_cache_dtype=fp8_e4m3)
+            layer, which = int(kv.group(1)), kv.group(2)
+            k, v = self.kv_cache_scales.get(layer, (1.0, 1.0))
+            value = float(materialize(tensor).float().reshape(-1)[0])
+            self.kv_cache_scales[layer] = (value, v) if which == "k" else (k, value)
+            return {name}
+        if name.endswith(".input_scale"):
+            return set()  # static activation scales: activations are quantized per token
+        target = _packed_target(name)
+        if target is not None:
+            ours, shard = target
+            if ours not in params:
+                raise ModelLoadError(f"weight {name}: the model has no {ours}")
+            params[ours].weight_loader(params[ours], tensor, shard)
+            return {f"{ours}:{shard}"}
+        if name not in params:
+            return set()  # e.g. extra heads some checkpoints carry; not ours to use
+        load_param(params[name], tensor, name)
+        return {name}
 
     def missing_weights(self, loaded: set[str]) -> list[str]:
         """Parameters (or packed shards) that ``load_weights`` never filled."""
@@ -235,3 +258,7 @@ def load_param(param: nn.Parameter, tensor: Any, name: str) -> None:
         loader(param, tensor)
     else:
         copy_checked(param.data, tensor, f"weight {name}")
+
+
+def _unquantized(module: nn.Module) -> bool:
+    return isinstance(module.quant_method, UnquantizedLinearMethod)

@@ -20,6 +20,8 @@ from ..config import EngineConfig
 from ..distributed.state import get_tp_group
 from ..layers.linear import LinearBase
 from ..errors import ModelLoadError
+from ..layers.quantization.base import QuantConfig
+from ..layers.quantization.fp8_utils import FP8_DTYPE
 from .embedded import cache_root, convert_gguf, embedded_model_path
 from .llama import load_param
 from .model_config import ModelConfig
@@ -121,14 +123,18 @@ def load_model(config: EngineConfig, device: torch.device | str,
                dtype: torch.dtype) -> tuple[nn.Module, ModelConfig]:
     """Build and fill the model for ``config`` on ``device``; returns (model, ModelConfig)."""
     model_dir = resolve_model_dir(config)
-    return load_model_from_dir(model_dir, device, dtype, config.load_format, config.seed)
+    return load_model_from_dir(model_dir, device, dtype, config.load_format, config.seed,
+                               config.quantization)
 
 
 def load_model_from_dir(model_dir: Path, device: torch.device | str, dtype: torch.dtype,
-                        load_format: str = "auto", seed: int = 0) -> tuple[nn.Module, ModelConfig]:
+                        load_format: str = "auto", seed: int = 0,
+                        quantization: str | None = None) -> tuple[nn.Module, ModelConfig]:
     model_config = ModelConfig.from_dir(model_dir)
     files = [] if load_format == "dummy" else safetensors_files(model_dir)
-    model = get_model_class(model_config.architecture)(model_config, dtype=dtype, device=device)
+    quant = QuantConfig.resolve(quantization, model_config.quantization_config)
+    cls = get_model_class(model_config.architecture)
+    model = cls(model_config, dtype=dtype, device=device, quant=quant)
     if load_format == "dummy":
         fill_dummy_weights(model, seed)
     else:
@@ -150,7 +156,8 @@ def load_model_from_dir(model_dir: Path, device: torch.device | str, dtype: torc
 @torch.no_grad()
 def fill_dummy_weights(model: nn.Module, seed: int = 0) -> None:
     """Random weights at the model's real shapes: norms 1, everything else normal(0, 0.02).
-    Generated on the parameter's own device (fast on GPU, no host copy).
+    Generated on the parameter's own device (fast on GPU, no host copy). fp8 weights get
+    normal(0, 1) values and scales of 0.02 (the same distribution once dequantized).
 
     Under tensor parallelism each rank draws every FULL parameter (``param.full_shape``) from
     the same seeded stream, in the same order, and keeps its slice through the parameter's
@@ -164,9 +171,26 @@ def fill_dummy_weights(model: nn.Module, seed: int = 0) -> None:
     for name, param in model.named_parameters():
         if name.endswith("norm.weight"):
             param.fill_(1.0)
+        elif "_scale" in name.rsplit(".", 1)[-1]:
+            param.fill_(DUMMY_STD)
+        elif param.dtype == FP8_DTYPE:
+            _fill_fp8(param, generator)  # NOTE: per rank (an fp8 tensor cannot be drawn whole)
         elif not sharded:
-            param.normal_(0.0, 0.02, generator=generator)
+            param.normal_(0.0, DUMMY_STD, generator=generator)
         else:
             full = torch.empty(getattr(param, "full_shape", param.shape), dtype=param.dtype,
-                               device=param.device).normal_(0.0, 0.02, generator=generator)
+                               device=param.device).normal_(0.0, DUMMY_STD, generator=generator)
             load_param(param, full, name)
+
+
+DUMMY_STD = 0.02
+
+
+def _fill_fp8(param: torch.Tensor, generator: torch.Generator) -> None:
+    """normal(0, 1) in fp8, a slice at a time (an expert tensor in fp32 would be GBs)."""
+    rows = param.view(-1, param.shape[-1])
+    step = max(1, (64 << 20) // (4 * rows.shape[1]))
+    for start in range(0, rows.shape[0], step):
+        part = rows[start:start + step]
+        tmp = torch.empty(part.shape, dtype=torch.float32, device=part.device)
+        part.copy_(tmp.normal_(0.0, 1.0, generator=generator).to(FP8_DTYPE))

@@ -7,7 +7,7 @@ model code never touches transformers objects.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +20,12 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "MixtralForCausalLM": "mixtral",
 }
 _MODEL_TYPE_TO_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                       "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+                       "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                       "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM"}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -58,6 +61,15 @@ class ModelConfig:
     max_context_len: int
     hidden_act: str = "silu"
     torch_dtype: str | None = None  # dtype the checkpoint was saved in, informational
+    # Mixture of experts (0 experts: dense). moe_layers: indices of the layers whose MLP is
+    # the routed experts; the others use a dense MLP of intermediate_size.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True  # renormalize the top-k routing weights to sum to 1
+    moe_layers: tuple[int, ...] = ()
+    # The checkpoint's HF quantization_config (e.g. quant_method fp8), None: not quantized.
+    quantization_config: dict[str, Any] | None = field(default=None, compare=False)
 
     @property
     def q_size(self) -> int:
@@ -103,12 +115,40 @@ class ModelConfig:
             intermediate_size=hf.intermediate_size, vocab_size=hf.vocab_size,
             rms_norm_eps=float(hf.rms_norm_eps), rope_theta=theta, rope_scaling=scaling,
             tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
-            attention_bias=bias, qk_norm=family == "qwen3",
+            attention_bias=bias, qk_norm=family in ("qwen3", "qwen3_moe"),
             eos_token_ids=_eos_ids(getattr(hf, "eos_token_id", None)),
             max_context_len=_context_len(hf),
             hidden_act=getattr(hf, "hidden_act", "silu"),
             torch_dtype=str(dtype).replace("torch.", "") if dtype is not None else None,
+            quantization_config=_quant_config(hf),
+            **_moe_fields(hf, family),
         )
+
+
+def _moe_fields(hf: Any, family: str) -> dict[str, Any]:
+    """Expert counts and which layers are sparse (Qwen3-MoE: every ``decoder_sparse_step``-th
+    layer not in ``mlp_only_layers``; Mixtral: all, always renormalized)."""
+    if family not in ("qwen3_moe", "mixtral"):
+        return {}
+    experts = int(getattr(hf, "num_experts", None) or getattr(hf, "num_local_experts", 0) or 0)
+    layers = range(hf.num_hidden_layers)
+    if family == "mixtral":
+        return dict(num_experts=experts, num_experts_per_tok=int(hf.num_experts_per_tok),
+                    moe_intermediate_size=int(hf.intermediate_size), norm_topk_prob=True,
+                    moe_layers=tuple(layers))
+    step = int(getattr(hf, "decoder_sparse_step", 1) or 1)
+    dense = set(getattr(hf, "mlp_only_layers", None) or ())
+    sparse = tuple(i for i in layers if experts > 0 and i not in dense and (i + 1) % step == 0)
+    return dict(num_experts=experts, num_experts_per_tok=int(hf.num_experts_per_tok),
+                moe_intermediate_size=int(hf.moe_intermediate_size),
+                norm_topk_prob=bool(getattr(hf, "norm_topk_prob", False)), moe_layers=sparse)
+
+
+def _quant_config(hf: Any) -> dict[str, Any] | None:
+    q = getattr(hf, "quantization_config", None)
+    if q is None:
+        return None
+    return dict(q) if isinstance(q, dict) else q.to_dict()
 
 
 def _architecture(raw: dict[str, Any], where: object) -> str:

@@ -45,6 +45,15 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
+def resolve_kv_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
+    """KV cache storage: the model dtype, or fp8 E4M3 (``fp8_e4m3``)."""
+    if name == "auto":
+        return dtype
+    if name == "fp8_e4m3":
+        return torch.float8_e4m3fn
+    raise ModelLoadError(f"kv_cache_dtype={name!r} is not supported; supported: auto, fp8_e4m3")
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -58,9 +67,11 @@ class ModelRunner:
         torch.manual_seed(config.seed)
         self.model_dir = resolve_model_dir(config)
         self.model, self.model_config = load_model_from_dir(
-            self.model_dir, self.device, self.dtype, config.load_format, config.seed)
+            self.model_dir, self.device, self.dtype, config.load_format, config.seed,
+            config.quantization)
         self.num_local_heads, self.num_local_kv_heads = local_heads(
             self.model_config.num_heads, self.model_config.num_kv_heads, self.tp_size)
+        self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype)
         self.context_len = self._context_len()
         self.max_total_tokens = self._kv_capacity()
         self.req_to_token_pool = ReqToTokenPool(config.max_running_requests + EXTRA_REQ_ROWS,
@@ -68,8 +79,10 @@ class ModelRunner:
         mc = self.model_config
         # each rank's KV pool holds only its kv heads
         self.token_kv_pool = TokenKVPool(self.max_total_tokens, mc.num_layers,
-                                         self.num_local_kv_heads, mc.head_dim, self.dtype,
+                                         self.num_local_kv_heads, mc.head_dim, self.kv_dtype,
                                          self.device)
+        if self.token_kv_pool.quantized:
+            self.token_kv_pool.set_scales(getattr(self.model, "kv_cache_scales", {}))
         self.attention_backend_name = resolve_backend_name(config.attention_backend, self.device)
         self.attn_backend = create_attention_backend(self.attention_backend_name, self)
         self.model.attn_backend = self.attn_backend
@@ -97,7 +110,7 @@ class ModelRunner:
         requests could fill with full contexts."""
         mc = self.model_config
         per_token = TokenKVPool.bytes_per_token(mc.num_layers, self.num_local_kv_heads,
-                                                mc.head_dim, self.dtype)
+                                                mc.head_dim, self.kv_dtype)
         if self.config.max_total_tokens is not None:
             slots = self.config.max_total_tokens
         elif self.device.type == "cuda":

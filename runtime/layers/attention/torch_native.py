@@ -93,11 +93,14 @@ class TorchNativeAttnBackend(AttentionBackend):
                 batch: ForwardBatch, scaling: float) -> torch.Tensor:
         # NOTE: index_copy_ / index_select rather than advanced indexing: on CPU the latter
         # goes through a generic parallel kernel that costs ~10x more for these tiny copies.
-        loc, dtype = batch.out_cache_loc, self.kv_pool.dtype
-        if k.dtype != dtype:
-            k, v = k.to(dtype), v.to(dtype)
-        self.kv_pool.k_buffer[layer_id].index_copy_(0, loc, k)
-        self.kv_pool.v_buffer[layer_id].index_copy_(0, loc, v)
+        pool = self.kv_pool
+        if pool.quantized:
+            pool.write(layer_id, batch.out_cache_loc, k, v)
+        else:
+            if k.dtype != pool.dtype:
+                k, v = k.to(pool.dtype), v.to(pool.dtype)
+            pool.k_buffer[layer_id].index_copy_(0, batch.out_cache_loc, k)
+            pool.v_buffer[layer_id].index_copy_(0, batch.out_cache_loc, v)
         meta = batch.attn_metadata
         with self._sdpa_scope():
             if isinstance(meta, DecodeMetadata):
@@ -107,11 +110,14 @@ class TorchNativeAttnBackend(AttentionBackend):
     def _decode(self, q: torch.Tensor, layer_id: int, meta: DecodeMetadata,
                 scaling: float) -> torch.Tensor:
         bs, num_heads, head_dim = q.shape
-        k_buf, v_buf = self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
-        kv_heads = k_buf.shape[1]
+        pool = self.kv_pool
+        kv_heads = pool.k_buffer[layer_id].shape[1]
         shape = (bs, meta.slots.shape[1], kv_heads, head_dim)
-        k_cache = k_buf.index_select(0, meta.flat_slots).view(shape)  # [bs, L, kv, d]
-        v_cache = v_buf.index_select(0, meta.flat_slots).view(shape)
+        if pool.quantized:
+            k_cache, v_cache = (t.view(shape) for t in pool.read(layer_id, meta.flat_slots, q.dtype))
+        else:
+            k_cache = pool.k_buffer[layer_id].index_select(0, meta.flat_slots).view(shape)
+            v_cache = pool.v_buffer[layer_id].index_select(0, meta.flat_slots).view(shape)
         qg = q.view(bs, kv_heads, num_heads // kv_heads, head_dim)
         if k_cache.dtype != q.dtype:
             k_cache, v_cache = k_cache.to(q.dtype), v_cache.to(q.dtype)
@@ -128,8 +134,7 @@ class TorchNativeAttnBackend(AttentionBackend):
                 ks = k[seg.start: seg.start + seg.length]
                 vs = v[seg.start: seg.start + seg.length]
             else:
-                ks = self.kv_pool.k_buffer[layer_id].index_select(0, seg.slots).to(q.dtype)
-                vs = self.kv_pool.v_buffer[layer_id].index_select(0, seg.slots).to(q.dtype)
+                ks, vs = self.kv_pool.read(layer_id, seg.slots, q.dtype)
             out = F.scaled_dot_product_attention(
                 qs, ks.transpose(0, 1), vs.transpose(0, 1), attn_mask=seg.mask,
                 is_causal=seg.mask is None, scale=scaling, enable_gqa=True)

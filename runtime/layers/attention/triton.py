@@ -117,32 +117,35 @@ class TritonAttnBackend(AttentionBackend):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
                 batch: ForwardBatch, scaling: float) -> torch.Tensor:
-        k_buf = self.kv_pool.k_buffer[layer_id]
-        v_buf = self.kv_pool.v_buffer[layer_id]
-        store_kv(k, v, k_buf, v_buf, batch.out_cache_loc)
+        pool = self.kv_pool
+        k_buf, v_buf = pool.k_buffer[layer_id], pool.v_buffer[layer_id]
+        # fp8 cache: per-layer scales (1.0 for a cache in the model dtype)
+        scales = dict(k_scale=pool.k_scale[layer_id], v_scale=pool.v_scale[layer_id])
+        store_kv(k, v, k_buf, v_buf, batch.out_cache_loc, **scales)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         meta = batch.attn_metadata
         if isinstance(meta, TritonDecodeMetadata) and meta.shared is not None:
-            return self._cascade_decode(q, k_buf, v_buf, out, batch, meta, scaling)
+            return self._cascade_decode(q, k_buf, v_buf, out, batch, meta, scaling, scales)
         if isinstance(meta, TritonDecodeMetadata):
             return decode_attention_fwd(
                 q, k_buf, v_buf, out, self.req_to_token, batch.req_pool_indices,
                 batch.seq_lens, meta.num_kv_splits, meta.mid_o, meta.mid_lse, scaling,
-                meta.max_kv_splits)
+                meta.max_kv_splits, **scales)
         return extend_attention_fwd(
             q, k, v, out, k_buf, v_buf, self.req_to_token, batch.req_pool_indices,
             batch.extend_prefix_lens, batch.extend_seq_lens, batch.extend_start_loc,
-            meta.max_extend_len, scaling)
+            meta.max_extend_len, scaling, **scales)
 
     def _cascade_decode(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
                         out: torch.Tensor, batch: ForwardBatch, meta: TritonDecodeMetadata,
-                        scaling: float) -> torch.Tensor:
+                        scaling: float, scales: dict[str, float]) -> torch.Tensor:
         """Each request's own suffix split-K, each group's shared prefix once per tile, one
         merge of both sets of partials."""
         s, cap = meta.shared, meta.max_kv_splits
         decode_stage1(q, k_buf, v_buf, self.req_to_token, batch.req_pool_indices,
                       batch.seq_lens, meta.num_kv_splits, meta.mid_o, meta.mid_lse, scaling,
-                      cap, starts=s.prefix_lens)
+                      cap, starts=s.prefix_lens, **scales)
         prefix_decode_attention(q, k_buf, v_buf, self.req_to_token, s.tile_rows, s.tile_lens,
-                                s.tile_members, meta.mid_o, meta.mid_lse, scaling, cap, cap)
+                                s.tile_members, meta.mid_o, meta.mid_lse, scaling, cap, cap,
+                                **scales)
         return decode_merge(meta.mid_o, meta.mid_lse, out, 2 * cap)

@@ -1,9 +1,12 @@
 """TritonAttnBackend vs TorchNativeAttnBackend on the same pool contents: an extend batch with a
-cached prefix and a fresh request, then a decode step, must give the same outputs and KV."""
+cached prefix and a fresh request, then a decode step, must give the same outputs and KV; also
+with an fp8 (E4M3) pool with per-layer scales (GPU only: Triton's interpreter converts fp8
+inexactly)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from sgdsl.runtime.cache.pool import ReqToTokenPool, TokenKVPool
@@ -11,14 +14,15 @@ from sgdsl.runtime.layers.attention.torch_native import TorchNativeAttnBackend
 from sgdsl.runtime.layers.attention.triton import TritonAttnBackend
 from sgdsl.runtime.model.forward_batch import ForwardBatch, ForwardMode
 
-from .conftest import rel_err, tol
+from .conftest import ON_GPU, rel_err, tol
 
 H, KVH, D = 6, 2, 24
 
 
-def _runner(device, dtype, gen):
+def _runner(device, dtype, gen, kv_dtype=None):
     r2t = ReqToTokenPool(4, 64, device)
-    kv = TokenKVPool(50, 1, KVH, D, dtype, device)
+    kv = TokenKVPool(50, 1, KVH, D, kv_dtype or dtype, device)
+    kv.set_scales({0: (0.5, 2.0)})  # used only by an fp8 pool
     kv.k_buffer[0].copy_(torch.randn(51, KVH, D, generator=gen))
     kv.v_buffer[0].copy_(torch.randn(51, KVH, D, generator=gen))
     return SimpleNamespace(device=torch.device(device), req_to_token_pool=r2t, token_kv_pool=kv,
@@ -47,9 +51,11 @@ def _step(backends, batch, gen, device, dtype):
     return outs
 
 
-def test_extend_then_decode_matches_torch_native(device, dtype):
+@pytest.mark.parametrize("kv_dtype", [None, pytest.param(
+    torch.float8_e4m3fn, marks=[pytest.mark.gpu, pytest.mark.skipif(not ON_GPU, reason="CUDA")])])
+def test_extend_then_decode_matches_torch_native(device, dtype, kv_dtype):
     gen = torch.Generator().manual_seed(0)
-    runners = [_runner(device, dtype, gen) for _ in range(2)]
+    runners = [_runner(device, dtype, gen, kv_dtype) for _ in range(2)]
     runners[1].token_kv_pool.k_buffer[0].copy_(runners[0].token_kv_pool.k_buffer[0])
     runners[1].token_kv_pool.v_buffer[0].copy_(runners[0].token_kv_pool.v_buffer[0])
     # request row 2 has a cached 5-token prefix at slots 40..44; row 0 is fresh.
@@ -69,5 +75,6 @@ def test_extend_then_decode_matches_torch_native(device, dtype):
     ours, ref = _step(backends, dec, gen, device, dtype)
     assert rel_err(ours, ref) < tol(dtype)
     for name in ("k_buffer", "v_buffer"):
-        assert torch.equal(getattr(runners[0].token_kv_pool, name)[0],
-                           getattr(runners[1].token_kv_pool, name)[0])
+        ours_kv, ref_kv = (getattr(r.token_kv_pool, name)[0] for r in runners)
+        assert torch.equal(ours_kv.view(torch.uint8) if kv_dtype else ours_kv,
+                           ref_kv.view(torch.uint8) if kv_dtype else ref_kv)

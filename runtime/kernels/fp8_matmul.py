@@ -1,0 +1,119 @@
+"""FP8 linear-layer kernels: a weight-only fp8 GEMM (fp8 weights widened to the activation
+dtype in registers, scales per output channel or per 128x128 block) and the dynamic per-token
+activation quantizer that feeds ``torch._scaled_mm``.
+
+Why weight-only for small batches: a decode step is bound by reading the weights; an fp8 weight
+is half the bytes of bf16 whatever the activation format, and skipping the activation quantizer
+saves a launch per linear layer. Large batches are compute-bound and go through the fp8 tensor
+cores (``_scaled_mm``) instead; block-scaled weights use this kernel at every size.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+FP8_MAX = 448.0
+
+
+def _configs() -> list[triton.Config]:
+    out = []
+    for bm, bn, bk, warps, stages in [(16, 32, 256, 4, 4), (16, 64, 128, 4, 4),
+                                      (16, 32, 128, 4, 6), (16, 16, 256, 4, 4),
+                                      (32, 64, 128, 4, 4), (64, 128, 128, 8, 3),
+                                      (128, 128, 128, 8, 3)]:
+        out.append(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk},
+                                 num_warps=warps, num_stages=stages))
+    return out
+
+
+def _prune(configs, named_args, **kwargs):
+    """Row blocks no taller than the batch needs; block scales need BLOCK_K | GROUP_K."""
+    m_bucket, group_k = named_args["m_bucket"], kwargs.get("GROUP_K", 0)
+    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= max(16, m_bucket)
+            and (group_k == 0 or group_k % c.kwargs["BLOCK_K"] == 0)]
+    return kept or configs[:1]
+
+
+@triton.autotune(configs=_configs(), key=["m_bucket", "N", "K", "GROUP_K"],
+                 prune_configs_by={"early_config_prune": _prune})
+@triton.jit
+def _w8a16_kernel(X, W, S, Out, M, N, K, m_bucket, stride_xm, stride_wn, stride_om,
+                  stride_sn, stride_sk, GROUP_N: tl.constexpr, GROUP_K: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m = tl.program_id(1)
+    pid_n = tl.program_id(0)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    x_ptrs = X + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
+    w_ptrs = W + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        mask_k = offs_k < K - k0
+        x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0).to(x.dtype)
+        if GROUP_K > 0:  # block scales: one per (GROUP_N rows, GROUP_K cols) of W
+            s = tl.load(S + (offs_n // GROUP_N) * stride_sn + (k0 // GROUP_K) * stride_sk,
+                        mask=mask_n, other=0.0)
+            acc += tl.dot(x, w) * s[None, :]
+        else:
+            acc += tl.dot(x, w)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if GROUP_K == 0:
+        acc = acc * tl.load(S + offs_n * stride_sn, mask=mask_n, other=0.0)[None, :]
+    o_ptrs = Out + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+def w8a16_matmul(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
+                 block: tuple[int, int] | None = None) -> torch.Tensor:
+    """``x [M, K]`` (bf16/fp16) times fp8 ``w [N, K]``^T -> ``[M, N]`` in x's dtype; ``scale``
+    is ``[N]`` (per channel) or ``[ceil(N/bn), ceil(K/bk)]`` with ``block=(bn, bk)``."""
+    m, k = x.shape
+    n = w.shape[0]
+    assert w.shape[1] == k and x.stride(1) == 1 and w.stride(1) == 1
+    assert scale.dtype == torch.float32
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    group_n, group_k = block if block is not None else (1, 0)
+    if block is None:
+        assert scale.shape == (n,), "per-channel scale must be [N]"
+        strides = (scale.stride(0), 0)
+    else:
+        assert scale.shape == (triton.cdiv(n, group_n), triton.cdiv(k, group_k))
+        strides = (scale.stride(0), scale.stride(1))
+    m_bucket = min(triton.next_power_of_2(m), 256)
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, meta["BLOCK_M"]))  # noqa: E731
+    _w8a16_kernel[grid](x, w, scale, out, m, n, k, m_bucket, x.stride(0), w.stride(0),
+                        out.stride(0), *strides, GROUP_N=group_n, GROUP_K=group_k)
+    return out
+
+
+@triton.jit
+def _per_token_quant_kernel(X, Q, S, K, stride_x, stride_q, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < K
+    x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(x), 0) / FP8_MAX, 1e-12)
+    q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
+    tl.store(Q + row * stride_q + offs, q.to(Q.dtype.element_ty), mask=mask)
+    tl.store(S + row, scale)
+
+
+def per_token_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [M, K]`` -> ``(q [M, K] fp8 e4m3, scale [M, 1] fp32)`` with ``x ~= q * scale``."""
+    m, k = x.shape
+    assert x.stride(1) == 1
+    q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty(m, 1, dtype=torch.float32, device=x.device)
+    if m:
+        block = triton.next_power_of_2(k)
+        _per_token_quant_kernel[(m,)](x, q, s, k, x.stride(0), q.stride(0), BLOCK=block,
+                                      num_warps=8 if block >= 4096 else 4)
+    return q, s

@@ -1,0 +1,16 @@
+"""Top-k routing as Qwen3-MoE and Mixtral define it: softmax over all experts in fp32, the k
+largest, optionally renormalized to sum to 1 (Mixtral always; Qwen3-MoE when
+``norm_topk_prob``)."""
+from __future__ import annotations
+
+import torch
+
+
+def select_experts(router_logits: torch.Tensor, top_k: int,
+                   renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``router_logits [T, E]`` -> ``(weights [T, k] fp32, ids [T, k] int32)``."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids.to(torch.int32)
