@@ -7,32 +7,43 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..function_call import ToolCall, ToolCallFormat
 from .errors import APIError
 from .tools import Tool, ToolPlan, plan_tools
 
 
 class ContentBlock(BaseModel):
-    """A content block; text, tool_use and tool_result are understood, others refused."""
+    """A content block: text, tool_use, tool_result and thinking are understood (earlier
+    thinking is not shown to the model again), others refused."""
 
     model_config = ConfigDict(extra="allow")
 
     type: str
     text: Optional[str] = None
+    id: Optional[str] = None
     name: Optional[str] = None
     input: Any = None
+    tool_use_id: Optional[str] = None
     content: Any = None
 
     def as_text(self) -> str:
         if self.type == "text":
             return self.text or ""
-        if self.type == "tool_use":
-            return json.dumps({"name": self.name, "input": self.input})
-        if self.type == "tool_result":
-            if isinstance(self.content, list):
-                return "".join(b.get("text", "") for b in self.content if isinstance(b, dict))
-            return str(self.content or "")
-        raise APIError(400, f"content block type '{self.type}' is not supported",
+        if self.type in ("thinking", "redacted_thinking"):
+            return ""
+        raise APIError(400, f"content block type '{self.type}' is not supported here",
                        param="messages")
+
+    def result_text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(b.get("text", "") for b in self.content if isinstance(b, dict))
+        return str(self.content or "")
+
+    def as_call(self) -> ToolCall:
+        if not self.name or not isinstance(self.input, dict):
+            raise APIError(400, "tool_use blocks need a name and an input object",
+                           param="messages")
+        return ToolCall(self.name, json.dumps(self.input), self.id or "")
 
 
 class Message(BaseModel):
@@ -41,10 +52,20 @@ class Message(BaseModel):
     role: Literal["user", "assistant"]
     content: Union[str, list[ContentBlock]]
 
-    def text(self) -> str:
+    def template_messages(self) -> list[dict[str, Any]]:
+        """Template dicts: tool results as ``tool`` turns first, calls on the assistant turn."""
         if isinstance(self.content, str):
-            return self.content
-        return "".join(block.as_text() for block in self.content)
+            return [{"role": self.role, "content": self.content}]
+        out: list[dict[str, Any]] = [
+            {"role": "tool", "content": b.result_text(), "tool_call_id": b.tool_use_id or ""}
+            for b in self.content if b.type == "tool_result"]
+        calls = [b.as_call() for b in self.content if b.type == "tool_use"]
+        text = "".join(b.as_text() for b in self.content
+                       if b.type not in ("tool_result", "tool_use"))
+        if text or calls or not out:
+            out.append({"role": self.role, "content": text, **({"tool_calls": calls} if calls
+                                                              else {})})
+        return out
 
 
 class MessagesRequest(BaseModel):
@@ -65,16 +86,22 @@ class MessagesRequest(BaseModel):
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[dict[str, Any]] = None
     service_tier: Optional[str] = None
+    thinking: Optional[dict[str, Any]] = None  # {"type": "disabled"} turns separation off
 
-    def chat_messages(self) -> list[dict[str, str]]:
+    def chat_messages(self) -> list[dict[str, Any]]:
         """OpenAI-style role/content dicts for the chat template, system first."""
-        out = []
+        out: list[dict[str, Any]] = []
         if self.system:
             system = self.system if isinstance(self.system, str) else "".join(
                 block.as_text() for block in self.system)
             out.append({"role": "system", "content": system})
-        out.extend({"role": m.role, "content": m.text()} for m in self.messages)
+        for m in self.messages:
+            out.extend(m.template_messages())
         return out
+
+    @property
+    def wants_thinking(self) -> bool:
+        return (self.thinking or {}).get("type") != "disabled"
 
     @property
     def prefilled(self) -> bool:
@@ -85,15 +112,18 @@ class MessagesRequest(BaseModel):
         return {"max_new_tokens": self.max_tokens, "temperature": self.temperature,
                 "top_p": self.top_p, "top_k": self.top_k, "stop": self.stop_sequences}
 
-    def tool_plan(self) -> ToolPlan | None:
+    def tool_plan(self, fmt: ToolCallFormat) -> ToolPlan | None:
         tools = []
         for t in self.tools or []:
             if "name" not in t or not isinstance(t.get("input_schema", {}), dict):
                 raise APIError(400, "tools need a name and an input_schema object",
                                param="tools")
-            tools.append(Tool(t["name"], t.get("input_schema") or {"type": "object"}))
+            tools.append(Tool(t["name"], t.get("input_schema") or {"type": "object"},
+                              t.get("description") or ""))
         choice = self.tool_choice or {"type": "auto"}
         mode = choice.get("type")
-        if mode not in ("auto", "any", "tool", "none"):
+        modes = {"auto": "auto", "any": "required", "tool": "named", "none": "none"}
+        if mode not in modes:
             raise APIError(400, f"invalid tool_choice type '{mode}'", param="tool_choice")
-        return plan_tools(tools, mode, choice.get("name"))
+        return plan_tools(tools, modes[mode], fmt, choice.get("name"),
+                          parallel=not choice.get("disable_parallel_tool_use", False))

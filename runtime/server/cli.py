@@ -16,7 +16,8 @@ from ..config import EngineConfig
 from .args import ServerArgs
 
 _SERVER_FLAGS = {"host", "port", "api_key", "cors_origins", "graceful_timeout_s",
-                 "max_body_bytes", "log_level", "dp_size", "router_policy"}
+                 "max_body_bytes", "log_level", "dp_size", "router_policy", "tool_call_parser",
+                 "reasoning_parser"}
 
 
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -70,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--router-policy", default=ServerArgs.router_policy,
                         choices=("cache_aware", "round_robin", "random", "power_of_two",
                                  "prefix_hash"), help="how --dp-size replicas are chosen")
+    parser.add_argument("--tool-call-parser", default=None,
+                        choices=["hermes", "qwen", "qwen25", "qwen3", "llama3", "mistral"],
+                        help="tool-call format of the model (default: from its chat template)")
+    parser.add_argument("--reasoning-parser", default=None, choices=["qwen3", "deepseek-r1"],
+                        help="separate the model's <think> section as reasoning_content")
     _add_engine_options(parser)
     return parser
 

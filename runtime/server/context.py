@@ -8,12 +8,14 @@ from typing import Any
 
 from fastapi import Request
 
+from ..function_call import ToolCallFormat, detect_format, get_format, template_supports_tools
 from ..sampling_params import SamplingParams
 from .args import ServerArgs
 from .chat import ChatTemplate
 from .engine_client import EngineClient
 from .errors import APIError
 from .metrics import ServerMetrics
+from .reasoning import ReasoningFormat, get_reasoning_format
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,8 @@ class ServerContext:
     context_length: int
     vocab_size: int | None
     created: int
+    tool_format: ToolCallFormat
+    reasoning: ReasoningFormat | None = None
 
     @classmethod
     def build(cls, engine: Any, args: ServerArgs) -> "ServerContext":
@@ -37,11 +41,14 @@ class ServerContext:
         path = str(info.get("model_path") or "")
         name = info.get("served_model_name") or os.path.basename(path.rstrip("/")) or "default"
         metrics = ServerMetrics(engine.stats)
+        template = ChatTemplate.for_engine(engine)
         return cls(engine=engine, args=args, metrics=metrics,
                    client=EngineClient(engine, metrics),
-                   chat_template=ChatTemplate.for_engine(engine), model_name=name,
+                   chat_template=template, model_name=name,
                    model_path=path, context_length=int(info.get("context_length") or 0),
-                   vocab_size=info.get("vocab_size"), created=int(time.time()))
+                   vocab_size=info.get("vocab_size"), created=int(time.time()),
+                   tool_format=_tool_format(args, template.source),
+                   reasoning=get_reasoning_format(args.reasoning_parser))
 
     def check_model(self, model: str | None) -> None:
         """Unknown model names are a 404, as with the hosted APIs. ``default`` (SGLang's
@@ -64,6 +71,16 @@ class ServerContext:
     def encode_chat(self, text: str) -> list[int]:
         """Token ids of a rendered chat prompt: its special tokens are already in the text."""
         return list(self.engine.tokenizer.encode(text, add_special_tokens=False))
+
+
+def _tool_format(args: ServerArgs, template_source: str) -> ToolCallFormat:
+    """``--tool-call-parser``, else the template's family; a template without tool support
+    gets the fallback prompt, whose format is Hermes (see tools.py)."""
+    if args.tool_call_parser:
+        return get_format(args.tool_call_parser)
+    if template_supports_tools(template_source):
+        return detect_format(template_source)
+    return get_format("hermes")
 
 
 def ctx(request: Request) -> ServerContext:

@@ -1,7 +1,6 @@
 """OpenAI-compatible routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``."""
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import Any, AsyncIterator
@@ -11,12 +10,12 @@ from fastapi.responses import JSONResponse, Response
 
 from .context import ServerContext, ctx
 from .engine_client import GenBatch
-from .errors import APIError
 from .openai_format import (LogprobCursor, chat_logprobs, completion_logprobs, finish_reason,
                             usage)
 from .openai_protocol import ChatCompletionRequest, CompletionRequest
 from .sse import DONE, SSEResponse, guarded, prefetch, sse_data
-from .tools import ToolPlan
+from .openai_turn import chat_turn
+from .tools import render_prompt
 
 router = APIRouter()
 
@@ -118,56 +117,42 @@ async def _completion_events(req: CompletionRequest, batch: GenBatch, echoes: li
 async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
     c = ctx(request)
     c.check_model(req.model)
-    plan = req.tool_plan()
-    text = c.chat_template.render([m.as_template_message() for m in req.messages])
+    plan = req.tool_plan(c.tool_format)
+    reasoning = c.reasoning if req.separate_reasoning else None
+    text = render_prompt(c.chat_template, [m.as_template_message() for m in req.messages], plan)
     ids = c.encode_chat(text)
     limit = req.token_limit()
     if limit is None:  # OpenAI's default: whatever room the context leaves
         limit = max(c.context_length - len(ids), 1) if c.context_length else 256
     raw = req.sampling(limit)
-    if plan is not None:
-        if raw.get("json_schema") or raw.get("regex") or raw.get("ebnf"):
-            raise APIError(400, "tools cannot be combined with another output constraint",
-                           param="tools")
-        raw["json_schema"] = plan.json_schema
-    batch = GenBatch.fan_out([ids], c.sampling(raw), n=req.n, return_logprob=req.logprobs,
-                             top_logprobs_num=req.top_logprobs or 0)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": c.model_name}
+    if (plan is not None and plan.active) or reasoning is not None:
+        return await chat_turn(req, c, request, text, c.sampling(raw), plan, reasoning, head)
+    batch = GenBatch.fan_out([ids], c.sampling(raw), n=req.n, return_logprob=req.logprobs,
+                             top_logprobs_num=req.top_logprobs or 0)
     if req.stream:
-        events = await prefetch(_chat_events(req, batch, head, c, plan))
+        events = await prefetch(_chat_events(req, batch, head, c))
         return SSEResponse(guarded(events, "openai"))
     outputs = await c.client.run(batch, request)
-    choices = [_chat_choice(req, i, out, plan) for i, out in enumerate(outputs)]
+    choices = [_chat_choice(req, i, out) for i, out in enumerate(outputs)]
     return JSONResponse({**head, "object": "chat.completion", "choices": choices,
                          "usage": usage(outputs, req.n)})
 
 
-def _tool_calls(plan: ToolPlan, text: str, index: int = 0) -> list[dict[str, Any]]:
-    name, args = plan.parse(text)
-    arguments = args if isinstance(args, str) else json.dumps(args)
-    return [{"index": index, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-             "function": {"name": name, "arguments": arguments}}]
-
-
-def _chat_choice(req: ChatCompletionRequest, index: int, out: dict[str, Any],
-                 plan: ToolPlan | None) -> dict[str, Any]:
+def _chat_choice(req: ChatCompletionRequest, index: int, out: dict[str, Any]) -> dict[str, Any]:
     meta = out["meta_info"]
     message: dict[str, Any] = {"role": "assistant", "content": out["text"]}
-    reason = finish_reason(meta)
-    if plan is not None:
-        message = {"role": "assistant", "content": None,
-                   "tool_calls": _tool_calls(plan, out["text"])}
-        reason = "tool_calls" if reason == "stop" else reason
     logprobs = None
     if req.logprobs:
         logprobs = chat_logprobs(meta.get("output_token_logprobs") or [],
                                  meta.get("output_top_logprobs"))
-    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason}
+    return {"index": index, "message": message, "logprobs": logprobs,
+            "finish_reason": finish_reason(meta)}
 
 
 async def _chat_events(req: ChatCompletionRequest, batch: GenBatch, head: dict[str, Any],
-                       c: ServerContext, plan: ToolPlan | None) -> AsyncIterator[bytes]:
+                       c: ServerContext) -> AsyncIterator[bytes]:
     k = len(batch.items)
     texts, started = [""] * k, [False] * k
     finals: dict[int, dict[str, Any]] = {}
@@ -180,12 +165,8 @@ async def _chat_events(req: ChatCompletionRequest, batch: GenBatch, head: dict[s
         if not started[i]:
             delta, started[i] = {"role": "assistant", "content": ""}, True
         reason = finish_reason(meta)
-        if plan is None and new_text:
+        if new_text:
             delta["content"] = new_text
-        elif plan is not None and reason is not None:
-            # NOTE: a tool's name is only known once its JSON is complete; send the call whole.
-            delta = {**delta, "content": None, "tool_calls": _tool_calls(plan, texts[i])}
-            reason = "tool_calls" if reason == "stop" else reason
         logprobs = None
         if req.logprobs:
             logprobs = chat_logprobs(*cursor.take(i, meta))

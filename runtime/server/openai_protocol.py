@@ -13,6 +13,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import APIError
+from ..function_call import ToolCall, ToolCallFormat
 from .tools import Tool, ToolPlan, plan_tools
 
 
@@ -156,9 +157,32 @@ class ChatMessage(BaseModel):
             content = "".join(texts)
         else:
             content = self.content or ""
-        if self.tool_calls and not content:
-            content = json.dumps([c.get("function", c) for c in self.tool_calls])
-        return {"role": role, "content": content}
+        out: dict[str, Any] = {"role": role, "content": content}
+        if self.tool_calls:
+            out["tool_calls"] = [_history_call(c) for c in self.tool_calls]
+        if self.role == "tool":
+            out["tool_call_id"] = self.tool_call_id or ""
+            if self.name:
+                out["name"] = self.name
+        return out
+
+
+def _history_call(call: dict[str, Any]) -> ToolCall:
+    """An assistant's earlier call, as sent back in the history."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise APIError(400, "tool_calls entries must be {'type': 'function', 'function': "
+                            "{'name': ..., 'arguments': ...}}", param="messages")
+    args = fn.get("arguments", "{}")
+    if not isinstance(args, str):
+        args = json.dumps(args)
+    try:
+        if not isinstance(json.loads(args or "{}"), dict):
+            raise ValueError
+    except ValueError:
+        raise APIError(400, f"arguments of the earlier call to '{fn['name']}' are not a JSON "
+                            "object", param="messages") from None
+    return ToolCall(fn["name"], args or "{}", str(call.get("id") or ""))
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -172,23 +196,29 @@ class ChatCompletionRequest(_SamplingFields):
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Union[str, dict[str, Any], None] = None
     parallel_tool_calls: Optional[bool] = None
+    separate_reasoning: bool = True  # SGLang extension: reasoning_content apart (with a parser)
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None \
             else self.max_tokens
 
-    def tool_plan(self) -> ToolPlan | None:
+    def tool_plan(self, fmt: ToolCallFormat) -> ToolPlan | None:
         tools = []
         for t in self.tools or []:
             fn = t.get("function") if isinstance(t, dict) else None
             if t.get("type") != "function" or not isinstance(fn, dict) or "name" not in fn:
                 raise APIError(400, "tools must be {'type': 'function', 'function': {...}}",
                                param="tools")
-            tools.append(Tool(fn["name"], fn.get("parameters") or {"type": "object"}))
+            params = fn.get("parameters") or {"type": "object"}
+            if not isinstance(params, dict):
+                raise APIError(400, f"parameters of tool '{fn['name']}' must be a JSON schema "
+                                    "object", param="tools")
+            tools.append(Tool(fn["name"], params, fn.get("description") or ""))
         choice = self.tool_choice if self.tool_choice is not None else "auto"
+        parallel = self.parallel_tool_calls is not False
         if isinstance(choice, dict):
             name = (choice.get("function") or {}).get("name")
-            return plan_tools(tools, "tool", name)
+            return plan_tools(tools, "named", fmt, name, parallel)
         if choice not in ("none", "auto", "required"):
             raise APIError(400, f"invalid tool_choice '{choice}'", param="tool_choice")
-        return plan_tools(tools, "any" if choice == "required" else choice)
+        return plan_tools(tools, choice, fmt, parallel=parallel)

@@ -1,70 +1,132 @@
-"""Tool calls as constrained generation: the model must emit JSON that matches a tool's input
-schema, enforced by the engine's ``json_schema`` grammar. Shared by the OpenAI and Anthropic
-protocols, which only differ in how tools and tool choices are spelled."""
+"""Tool calling, shared by the OpenAI and Anthropic protocols (which only differ in how tools,
+choices, calls and results are spelled): the request's tools and choice as a ``ToolPlan``, and
+the prompt with the tools in it.
+
+The prompt uses the model's own chat template with its ``tools`` support. A template without
+it (the embedded SmolLM2's, plain ChatML) gets the documented fallback: a system message that
+lists the tools' JSON schemas and asks for Hermes-style ``<tool_call>`` blocks, assistant calls
+in the history written as such blocks, and tool results as ``<tool_response>`` user turns.
+
+How the answer is generated from a plan is ``tool_turn.py``'s job.
+"""
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ..function_call import ToolCall, ToolCallFormat, template_supports_tools
+from .chat import ChatTemplate
 from .errors import APIError
+
+FALLBACK_SYSTEM = (
+    "You may call one or more functions to assist with the user query. The function "
+    "signatures are inside <tools></tools>:\n<tools>\n{tools}\n</tools>\n\nTo call a function, "
+    "answer with a JSON object with the function name and arguments inside <tool_call></tool_call>:"
+    '\n<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>')
 
 
 @dataclass(frozen=True)
 class Tool:
     name: str
-    schema: dict[str, Any]
+    parameters: dict[str, Any]
+    description: str = ""
+
+    def as_openai(self) -> dict[str, Any]:
+        """The shape chat templates (and OpenAI) take in ``tools``."""
+        return {"type": "function", "function": {"name": self.name,
+                                                 "description": self.description,
+                                                 "parameters": self.parameters}}
 
 
 @dataclass(frozen=True)
 class ToolPlan:
-    """How a request uses its tools: ``json_schema`` to constrain the output with, and
-    whether the output names the tool (several candidates) or is the forced tool's input."""
+    """``mode``: "none" (tools ignored), "auto" (the model decides; a call it opens is then
+    grammar-constrained), "required" (a call to one of ``allowed`` is forced from the start)."""
 
     tools: tuple[Tool, ...]
-    forced: str | None  # the one tool the output is the input of; None: {"name", "input"}
+    mode: str
+    fmt: ToolCallFormat
+    allowed: tuple[str, ...] = ()  # the tools a call may name (all, or the named one)
+    parallel: bool = True
 
     @property
-    def json_schema(self) -> str:
-        if self.forced is not None:
-            return json.dumps(self._tool(self.forced).schema)
-        options = [{"type": "object",
-                    "properties": {"name": {"const": t.name}, "input": t.schema},
-                    "required": ["name", "input"], "additionalProperties": False}
-                   for t in self.tools]
-        return json.dumps(options[0] if len(options) == 1 else {"anyOf": options})
+    def active(self) -> bool:
+        return self.mode != "none" and bool(self.tools)
 
-    def parse(self, text: str) -> tuple[str, Any]:
-        """(tool name, parsed input) from the generated text; 500-free: text that is not
-        valid JSON (e.g. cut by max_tokens) is returned as the raw string."""
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError:
-            return (self.forced or self.tools[0].name), text
-        if self.forced is not None:
-            return self.forced, value
-        if isinstance(value, dict) and "name" in value:
-            return str(value["name"]), value.get("input", {})
-        return self.tools[0].name, value
-
-    def _tool(self, name: str) -> Tool:
-        for tool in self.tools:
-            if tool.name == name:
-                return tool
-        raise APIError(400, f"tool_choice names an unknown tool '{name}'", param="tool_choice")
+    def call_schema(self) -> str:
+        """JSON schema of one call (name first, then the tool's own arguments schema)."""
+        by_name = {t.name: t for t in self.tools}
+        return json.dumps(self.fmt.call_schema(
+            [(n, by_name[n].parameters) for n in self.allowed]))
 
 
-def plan_tools(tools: Sequence[Tool], mode: str, forced: str | None = None) -> ToolPlan | None:
-    """``mode``: "none" (ignore tools), "auto", "any" (must call one), "tool" (must call
-    ``forced``). "auto" cannot be honoured by a constraint (the model may or may not call a
-    tool), so it is refused rather than silently turned into either."""
-    if not tools or mode == "none":
+def plan_tools(tools: Sequence[Tool], mode: str, fmt: ToolCallFormat, forced: str | None = None,
+               parallel: bool = True) -> ToolPlan | None:
+    """``mode``: "none", "auto", "required" (any tool), "named" (``forced``). None when the
+    request has no tools; a choice that needs tools without any is a 400."""
+    names = [t.name for t in tools]
+    if len(set(names)) != len(names):
+        raise APIError(400, "tool names must be unique", param="tools")
+    if not tools:
+        if mode in ("required", "named"):
+            raise APIError(400, "tool_choice requires tools", param="tool_choice")
         return None
-    if mode == "auto":
-        raise APIError(400, "tool_choice 'auto' is not supported; force a tool "
-                            "(a named tool, or 'any'/'required')", param="tool_choice")
-    if mode == "tool":
-        plan = ToolPlan(tuple(tools), forced)
-        plan._tool(forced or "")
-        return plan
-    return ToolPlan(tuple(tools), tools[0].name if len(tools) == 1 else None)
+    if mode == "named":
+        if forced not in names:
+            raise APIError(400, f"tool_choice names an unknown tool '{forced}'",
+                           param="tool_choice")
+        return ToolPlan(tuple(tools), "required", fmt, (forced,), parallel)
+    return ToolPlan(tuple(tools), mode, fmt, tuple(names), parallel)
+
+
+def render_prompt(template: ChatTemplate, messages: list[dict[str, Any]],
+                  plan: ToolPlan | None) -> str:
+    """The prompt for ``messages`` (template dicts: ``tool_calls`` as ToolCall lists on
+    assistant turns, ``tool`` role for results) with the plan's tools offered."""
+    fmt = plan.fmt if plan is not None else None
+    tools = [t.as_openai() for t in plan.tools] if plan is not None and plan.active else None
+    if template_supports_tools(template.source):
+        return template.render([_hf_message(m) for m in messages],
+                               **({"tools": tools} if tools else {}))
+    return template.render(_fallback_messages(messages, tools, fmt))
+
+
+def _hf_message(m: dict[str, Any]) -> dict[str, Any]:
+    """Hugging Face's message shape: tool_calls with dict arguments."""
+    calls: list[ToolCall] = m.get("tool_calls") or []
+    if not calls:
+        return m
+    return {**m, "tool_calls": [{"type": "function", "id": c.id,
+                                 "function": {"name": c.name, "arguments": c.input}}
+                                for c in calls]}
+
+
+def _fallback_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                       fmt: ToolCallFormat | None) -> list[dict[str, Any]]:
+    from ..function_call import get_format
+
+    fmt = fmt or get_format("hermes")
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m["role"] == "tool":
+            block = f"<tool_response>\n{m['content']}\n</tool_response>"
+            if out and out[-1].get("_tool"):  # consecutive results: one user turn
+                out[-1]["content"] += "\n" + block
+            else:
+                out.append({"role": "user", "content": block, "_tool": True})
+        elif m.get("tool_calls"):
+            text = (m.get("content") or "")
+            calls = fmt.render_calls(m["tool_calls"])
+            out.append({"role": "assistant", "content": f"{text}\n{calls}" if text else calls})
+        else:
+            out.append({"role": m["role"], "content": m.get("content") or ""})
+    out = [{k: v for k, v in m.items() if k != "_tool"} for m in out]
+    if tools:
+        listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        system = FALLBACK_SYSTEM.format(tools=listing)
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + system}
+        else:
+            out.insert(0, {"role": "system", "content": system})
+    return out

@@ -8,9 +8,12 @@ from typing import Any, AsyncIterator
 
 from sgdsl.runtime.errors import ContextLengthError
 from sgdsl.runtime.sampling_params import SamplingParams
+from sgdsl.runtime.tokenizer.stop import StopStringTrimmer
 
 CONTEXT = 512
 EOS = 3
+ASSISTANT = "<|im_start|>assistant\n"
+EMPTY_THINK = "<think>\n\n</think>\n\n"
 
 
 class CharTokenizer:
@@ -25,10 +28,13 @@ class CharTokenizer:
 
 
 class FakeEngine:
-    def __init__(self, step_s: float = 0.002) -> None:
+    def __init__(self, step_s: float = 0.002, script: str | None = None,
+                 context: int = CONTEXT) -> None:
+        self.script = script
+        self.context = context
         self.tokenizer = CharTokenizer()
         self.model_info = {"model_path": "/fake/FakeModel", "served_model_name": "fake-model",
-                           "context_length": CONTEXT, "vocab_size": 256, "eos_token_ids": [EOS],
+                           "context_length": context, "vocab_size": 256, "eos_token_ids": [EOS],
                            "chat_template": None, "is_generation": True}
         self.step_s = step_s
         self.running: set[str] = set()
@@ -65,7 +71,7 @@ class FakeEngine:
                              rid: str | None = None) -> Any:
         params = SamplingParams.from_dict(sampling_params)
         ids = input_ids if input_ids is not None else self.tokenizer.encode(prompt or "")
-        if len(ids) + params.max_new_tokens > CONTEXT:
+        if len(ids) + params.max_new_tokens > self.context:
             raise ContextLengthError("prompt too long", field="max_new_tokens")
         gen = self._run(list(ids), params, rid or "r", return_logprob, top_logprobs_num)
         if stream:
@@ -79,7 +85,8 @@ class FakeEngine:
                    top_n: int) -> AsyncIterator[dict[str, Any]]:
         self.running.add(rid)
         out: list[int] = []
-        source = list(reversed(ids)) or [ord("x")]
+        source = self._source(ids)
+        trimmer = StopStringTrimmer(params.stop, params.no_stop_trim)
         finish: dict[str, Any] | None = None
         prev = ""
         try:
@@ -90,15 +97,21 @@ class FakeEngine:
                 if len(out) >= params.max_new_tokens:
                     finish = {"type": "length", "length": len(out)}
                     break
+                if self.script is not None and len(out) >= len(source):
+                    finish = {"type": "stop", "matched": EOS}
+                    break
                 await asyncio.sleep(self.step_s)
                 out.append(source[len(out) % len(source)])
                 text = self.tokenizer.decode(out)
                 for s in params.stop:
                     if s in text:
-                        text, finish = text[:text.index(s)], {"type": "stop", "matched": s}
+                        finish = {"type": "stop", "matched": s}
+                # NOTE: streamed text holds back a possible stop string, as the runtime's does.
+                trimmer.push(text[len(trimmer._buf):])
+                text = trimmer.text if finish is not None else trimmer.emitted
                 yield self._chunk(rid, ids, out, text, prev, finish, logprob, top_n)
                 prev = text
-            if finish["type"] != "stop":
+            if finish["type"] != "stop" or finish["matched"] == EOS:
                 yield self._chunk(rid, ids, out, prev, prev, finish, logprob, top_n)
             self.finish_types[rid] = finish["type"]
         finally:
@@ -107,6 +120,17 @@ class FakeEngine:
             self.running.discard(rid)
             self.aborted.discard(rid)
             self.finished.append(rid)
+
+    def _source(self, ids: list[int]) -> list[int]:
+        """What the "model" writes: the prompt reversed (cycled), or with a ``script`` the
+        rest of the scripted assistant answer after what the prompt's assistant turn holds."""
+        if self.script is None:
+            return list(reversed(ids)) or [ord("x")]
+        turn = self.tokenizer.decode(ids).rsplit(ASSISTANT, 1)[-1]
+        if turn.startswith(EMPTY_THINK) and not self.script.startswith(EMPTY_THINK):
+            turn = turn[len(EMPTY_THINK):]  # the server closed a section the script skips
+        assert self.script.startswith(turn), (turn, self.script)
+        return self.tokenizer.encode(self.script[len(turn):])
 
     def _chunk(self, rid: str, ids: list[int], out: list[int], text: str, prev: str,
                finish: dict[str, Any] | None, logprob: bool, top_n: int) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from sgdsl.runtime.server.engine_client import GenBatch
 from sgdsl.runtime.server.errors import APIError
 from sgdsl.runtime.server.openai_format import LogprobCursor, completion_logprobs, usage
 from sgdsl.runtime.server.openai_protocol import ChatCompletionRequest
+from sgdsl.runtime.function_call import get_format
 from sgdsl.runtime.server.tools import Tool, plan_tools
 
 TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
@@ -39,17 +40,19 @@ def test_default_template_is_chatml() -> None:
 def test_tool_plans() -> None:
     tools = [Tool("add", {"type": "object", "properties": {"a": {"type": "integer"}}}),
              Tool("neg", {"type": "object"})]
-    forced = plan_tools(tools, "tool", "add")
-    assert json.loads(forced.json_schema) == tools[0].schema
-    assert forced.parse('{"a": 1}') == ("add", {"a": 1})
-    anyof = plan_tools(tools, "any")
-    assert len(json.loads(anyof.json_schema)["anyOf"]) == 2
-    assert anyof.parse('{"name": "neg", "input": {}}') == ("neg", {})
-    assert plan_tools(tools, "none") is None
-    with pytest.raises(APIError):
-        plan_tools(tools, "auto")
-    with pytest.raises(APIError):
-        plan_tools(tools, "tool", "missing")
+    fmt = get_format("hermes")
+    forced = plan_tools(tools, "named", fmt, "add")
+    assert forced.mode == "required" and forced.allowed == ("add",)
+    assert json.loads(forced.call_schema())["properties"] == {
+        "name": {"const": "add"}, "arguments": tools[0].parameters}
+    anyof = plan_tools(tools, "required", fmt)
+    assert len(json.loads(anyof.call_schema())["anyOf"]) == 2
+    assert plan_tools(tools, "none", fmt).active is False
+    assert plan_tools([], "auto", fmt) is None
+    with pytest.raises(APIError, match="unknown tool"):
+        plan_tools(tools, "named", fmt, "missing")
+    with pytest.raises(APIError, match="requires tools"):
+        plan_tools([], "required", fmt)
 
 
 def test_response_format_becomes_json_schema() -> None:
@@ -109,3 +112,30 @@ def test_metrics_export_engine_stats() -> None:
     assert "sgdsl_engine_requests_total 5.0" in text
     assert "sgdsl_engine_grammar_compiles 3.0" in text
     assert "flag" not in text and "sgdsl_engine_name" not in text
+
+
+TOOL_TEMPLATE = (  # the shape of Qwen2.5's template: tools listed in the system turn
+    "{% if tools %}<sys>{% for t in tools %}{{ t.function.name }};{% endfor %}</sys>{% endif %}"
+    "{% for m in messages %}[{{ m.role }}]{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}<call>{{ c.function.name }}:{{ c.function.arguments | tojson }}"
+    "</call>{% endfor %}{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}")
+
+
+def test_prompt_with_tools_uses_the_template_or_the_fallback() -> None:
+    from sgdsl.runtime.function_call import ToolCall
+    from sgdsl.runtime.server.tools import render_prompt
+
+    plan = plan_tools([Tool("add", {"type": "object"})], "auto", get_format("hermes"))
+    history = [{"role": "user", "content": "1+2?"},
+               {"role": "assistant", "content": "", "tool_calls": [ToolCall("add", '{"a": 1}')]},
+               {"role": "tool", "content": "3", "tool_call_id": "c1"}]
+    text = render_prompt(ChatTemplate(TOOL_TEMPLATE), history, plan)
+    assert text == ('<sys>add;</sys>[user]1+2?[assistant]<call>add:{"a": 1}</call>[tool]3'
+                    "[assistant]")
+    fallback = render_prompt(ChatTemplate(TEMPLATE), history, plan)
+    assert fallback.startswith("[system]You may call one or more functions")
+    assert '"name": "add"' in fallback and "<tools>" in fallback
+    assert '[assistant]<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>' in fallback
+    assert fallback.endswith("[user]<tool_response>\n3\n</tool_response>[assistant]")
+    none = plan_tools([Tool("add", {"type": "object"})], "none", get_format("hermes"))
+    assert "<tools>" not in render_prompt(ChatTemplate(TEMPLATE), history[:1], none)
