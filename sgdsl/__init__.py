@@ -10,8 +10,8 @@ from typing import Any
 
 from sgdsl.api import (assistant, assistant_begin, assistant_end, commit_lazy, entrypoint,
                        flush_cache, function, gen, gen_int, gen_string, get_server_info, image,
-                       select, set_default_backend, system, system_begin, system_end, user,
-                       user_begin, user_end)
+                       select, separate_reasoning, set_default_backend, system, system_begin,
+                       system_end, user, user_begin, user_end)
 from sgdsl.choices import (greedy_token_selection, token_length_normalized,
                            unconditional_likelihood_normalized)
 from sgdsl.errors import (BackendConfigError, BackendError, ConstraintViolationError,
@@ -29,7 +29,7 @@ __all__ = [
     "RuntimeEndpoint", "SgdslError", "SglFunction", "UnsupportedError", "assistant",
     "assistant_begin", "assistant_end", "commit_lazy", "entrypoint", "flush_cache", "function",
     "gen", "gen_int", "gen_string", "get_server_info", "greedy_token_selection", "image",
-    "select", "set_default_backend", "system", "system_begin", "system_end",
+    "select", "separate_reasoning", "set_default_backend", "system", "system_begin", "system_end",
     "token_length_normalized", "unconditional_likelihood_normalized", "user", "user_begin",
     "user_end",
 ]

@@ -1,6 +1,7 @@
 """The public functions of the language (SGLang-compatible names and signatures)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, Callable, Sequence
 
@@ -109,6 +110,22 @@ def _schema_constraint(schema: Any) -> ir.Constraint:
         json.loads(schema)  # fail here, at the program line, on a malformed schema
         return ir.Constraint("json_schema", schema)
     raise TypeError(f"json_schema must be a str, dict or pydantic model, not {type(schema).__name__}")
+
+
+def separate_reasoning(expr: Any = None, model_type: str | None = None) -> ir.Node:
+    """SGLang's ``separate_reasoning``: each ``gen("x")`` in ``expr`` puts its answer in
+    ``x`` (and in the text) and its think section in ``x_reasoning_content``, also while
+    streaming. ``model_type``: the reasoning format (default ``deepseek-r1``, as in SGLang)."""
+    from sgdsl.reasoning import check_model_type
+
+    kind = check_model_type(model_type)
+    if expr is None:
+        return ir.Sequence(())
+    node = ir.as_node(expr)
+    items = node.items if isinstance(node, ir.Sequence) else (node,)
+    out = tuple(dataclasses.replace(n, reasoning=kind) if isinstance(n, ir.Gen) else n
+                for n in items)
+    return ir.Sequence(out)
 
 
 def _role(role: str, expr: Any = None) -> ir.Node:

@@ -136,6 +136,13 @@ class Gen(Node):
     name: str | None
     params: SamplingParams = SamplingParams()
     constraint: Constraint | None = None
+    # ``separate_reasoning``: the model_type whose think section goes to <name>_reasoning_content
+    reasoning: str | None = None
+
+    @property
+    def reasoning_name(self) -> str | None:
+        return None if self.reasoning is None or self.name is None else \
+            f"{self.name}_reasoning_content"
 
 
 @dataclass(frozen=True)

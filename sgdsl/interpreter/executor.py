@@ -110,6 +110,8 @@ def declared_vars(node: ir.Node) -> tuple[str, ...]:
     """Variables a node will set (so ``s["x"]`` knows to wait for them)."""
     if isinstance(node, ir.Sequence):
         return tuple(n for item in node.items for n in declared_vars(item))
+    if isinstance(node, ir.Gen) and node.reasoning_name is not None:
+        return (node.name, node.reasoning_name)
     if isinstance(node, (ir.Gen, ir.Select)) and node.name is not None:
         return (node.name,)
     if isinstance(node, ir.VarScopeEnd):

@@ -22,6 +22,11 @@ async def run_gen(ex: "StateExecutor", node: ir.Gen) -> None:
     params = resolve_params(ex, node.params)
     plan = plan_constraint(ex.backend, node.constraint)  # raises before any token is generated
     check_open_turn(ex)
+    if node.reasoning is not None:
+        from sgdsl.interpreter.reasoning import run_reasoning_gen
+
+        await run_reasoning_gen(ex, node, params, plan)
+        return
     n = params.resolved("n")
     caps = ex.backend.capabilities
     emulate_stop_regex = bool(params.resolved("stop_regex")) and not caps.stop_regex
