@@ -1,0 +1,267 @@
+"""JSON-constrained decoding vs unconstrained on one GPU, in-process (issue 15, item 5).
+
+One ``ModelRunner`` (Llama-3.1-8B config, dummy bf16 weights, CUDA graphs up to batch 256)
+serves a fresh ``Scheduler`` per mode, so every mode runs on the same weights and graphs in one
+process: ``unconstrained`` (ignore_eos), ``mask-only`` (xgrammar, jump-forward off) and
+``jump-forward`` (xgrammar, jump-forward on), overlap scheduling on, at batch 1, 32 and 256.
+256-token random prompts, max_new_tokens 96, greedy, a fixed 5-field person schema.
+
+Per mode and batch: tokens/s from submission to the last finish (output tokens / wall) and
+over the decode-only steps, the ratio to unconstrained, valid JSON outputs, and a per-step
+breakdown (``--breakdown``): wall time inside the scheduler's hot functions per decode step.
+``--compile`` adds compile time p50/p99 over tests/data/schemas/json (cold, one at a time).
+
+    python benchmarks/gpu/bench_structured_decode.py --batches 1 32 256 --breakdown --compile
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import device_line, model_dir, print_table, random_prompts  # noqa: E402
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "city": {"type": "string", "maxLength": 20},
+        "occupation": {"enum": ["engineer", "teacher", "doctor", "artist", "farmer", "other"]},
+        "is_employed": {"type": "boolean"},
+    },
+    "required": ["name", "age", "city", "occupation", "is_employed"],
+    "additionalProperties": False,
+}
+EOS: list[int] = []  # the model config's eos_token_id (Llama-3.1: 128001, 128008, 128009)
+SUITE = Path(__file__).resolve().parents[2] / "tests" / "data" / "schemas" / "json"
+
+# (owner path, attribute) of the functions timed for the breakdown; missing ones are skipped,
+# so the same script profiles older and newer code.
+HOT = [
+    ("sgdsl.runtime.scheduler.scheduler:Scheduler", "step"),
+    ("sgdsl.runtime.scheduler.scheduler:Scheduler", "_schedule_prefill"),
+    ("sgdsl.runtime.scheduler.stepping:Stepping", "_launch_extend"),
+    ("sgdsl.runtime.scheduler.stepping:Stepping", "_launch_decode"),
+    ("sgdsl.runtime.scheduler.stepping:Stepping", "_read"),
+    ("sgdsl.runtime.scheduler.stepping:Stepping", "_sample"),
+    ("sgdsl.runtime.scheduler.inflight:HostIds", "tolist"),
+    ("sgdsl.runtime.scheduler.sample_step:BatchSampler", "sample_ids"),
+    ("sgdsl.runtime.grammar.manager:GrammarManager", "fill_bitmask"),
+    ("sgdsl.runtime.grammar.manager:GrammarManager", "_fill"),
+    ("sgdsl.runtime.grammar.manager:GrammarManager", "after_sample"),
+    ("sgdsl.runtime.grammar.manager:GrammarManager", "_jump"),
+    ("sgdsl.runtime.grammar.manager:GrammarManager", "upload_mask"),
+    ("sgdsl.runtime.grammar.jump_forward:", "only_stop_allowed"),
+    ("sgdsl.runtime.model.runner:ModelRunner", "forward"),
+    ("concurrent.futures:Future", "result"),
+]
+TIMES: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+
+
+def instrument() -> None:
+    """Wrap the HOT functions with wall-clock accumulators (thread-safe enough: += on floats
+    from the helper thread only races with itself)."""
+    import importlib
+
+    for owner, attr in HOT:
+        mod_name, _, cls_name = owner.partition(":")
+        mod = importlib.import_module(mod_name)
+        obj = getattr(mod, cls_name) if cls_name else mod
+        fn = getattr(obj, attr, None)
+        if fn is None:
+            continue
+        key = f"{cls_name or mod_name.rsplit('.', 1)[-1]}.{attr}"
+
+        def wrapped(*a, __fn=fn, __key=key, **kw):
+            t0 = time.perf_counter()
+            try:
+                return __fn(*a, **kw)
+            finally:
+                acc = TIMES[__key]
+                acc[0] += time.perf_counter() - t0
+                acc[1] += 1
+        setattr(obj, attr, wrapped)
+        if not cls_name and attr == "only_stop_allowed":  # imported by name into manager
+            import sgdsl.runtime.grammar.manager as mgr
+            if hasattr(mgr, attr):
+                setattr(mgr, attr, wrapped)
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def build_runner(model: str, max_bs: int):
+    from sgdsl.runtime.config import EngineConfig
+    from sgdsl.runtime.model.runner import ModelRunner
+
+    config = EngineConfig(model=model_dir(model), load_format="dummy",
+                          context_length=1024, max_running_requests=max_bs,
+                          cuda_graph_max_bs=max_bs, chunked_prefill_size=8192,
+                          grammar_backend="xgrammar")
+    return config, ModelRunner(config)
+
+
+def make_scheduler(runner, config, tokenizer, backend, jump: bool | None):
+    from sgdsl.runtime.grammar.manager import GrammarManager
+    from sgdsl.runtime.scheduler.scheduler import Scheduler
+
+    grammar = None if jump is None else GrammarManager(
+        backend, tokenizer, int(runner.model_config.vocab_size), EOS, jump_forward=jump)
+    return Scheduler(runner, config, EOS, None, lambda msg: None, grammar=grammar)
+
+
+def run_mode(sched, prompts: list[list[int]], constrained: bool, max_new: int) -> dict:
+    """Submit all prompts at once and step to the end; wall times and the finished Reqs."""
+    from sgdsl.runtime.ipc import messages as m
+    from sgdsl.runtime.sampling_params import SamplingParams
+
+    finished: dict[str, dict] = {}
+
+    def collect(msg) -> None:
+        for o in getattr(msg, "outs", []):
+            rec = finished.setdefault(o.rid, {"output_ids": [], "finish": None})
+            rec["output_ids"] += o.new_ids
+            rec["finish"] = o.finish_reason
+
+    orig_send = sched.send
+    sched.send = collect
+    kw = dict(max_new_tokens=max_new, temperature=0.0)
+    params = (SamplingParams(json_schema=json.dumps(SCHEMA), **kw) if constrained
+              else SamplingParams(ignore_eos=True, **kw))
+    TIMES.clear()
+    sync()
+    t0 = time.perf_counter()
+    for i, ids in enumerate(prompts):
+        sched.handle(m.TokenizedGenerateReq(f"r{i}", ids, params))
+    t_dec, n_dec, steps = 0.0, 0, 0
+    while True:
+        decoding = not sched.waiting and sched.chunked is None and not (
+            sched.grammar and sched.grammar.pending)
+        t1 = time.perf_counter()
+        if not sched.step():
+            break
+        if decoding:
+            t_dec += time.perf_counter() - t1
+            n_dec += 1
+        steps += 1
+    sync()
+    wall = time.perf_counter() - t0
+    sched.send = orig_send
+    prof = {k: tuple(v) for k, v in TIMES.items()}
+    return {"wall": wall, "t_dec": t_dec, "n_dec": n_dec, "steps": steps,
+            "outs": list(finished.values()),
+            "prof": prof}
+
+
+def summarize(res: dict, tokenizer) -> dict:
+    outs = res["outs"]
+    tokens = sum(len(o["output_ids"]) for o in outs)
+    valid = 0
+    for o in outs:
+        try:
+            obj = json.loads(tokenizer.decode(o["output_ids"], skip_special_tokens=True))
+            valid += isinstance(obj, dict) and set(obj) == set(SCHEMA["properties"])
+        except ValueError:
+            pass
+    reasons: dict[str, int] = defaultdict(int)
+    for o in outs:
+        reasons[(o["finish"] or {}).get("type", "none")] += 1
+        if (o["finish"] or {}).get("type") == "abort":
+            print("aborted:", o["finish"], tokenizer.decode(o["output_ids"])[:200])
+    print("finish reasons:", dict(reasons))
+    return {"tokens": tokens, "tok_s": tokens / res["wall"], "valid": valid, "n": len(outs),
+            "dec_ms": 1e3 * res["t_dec"] / max(res["n_dec"], 1), "steps": res["steps"]}
+
+
+def print_breakdown(title: str, res: dict) -> None:
+    steps = max(res["steps"], 1)
+    rows = [[k, f"{1e3 * t / steps:.3f}", n, f"{1e6 * t / max(n, 1):.1f}"]
+            for k, (t, n) in sorted(res["prof"].items(), key=lambda kv: -kv[1][0])]
+    print_table(f"breakdown {title}: ms per step (all {steps} steps)",
+                ["function", "ms/step", "calls", "us/call"], rows)
+
+
+def compile_times(tokenizer, vocab: int) -> list[float]:
+    """Cold compile time of each suite schema through the backend (no cache)."""
+    from sgdsl.runtime.errors import InvalidRequestError
+    from sgdsl.runtime.grammar import GrammarKey, create_grammar_backend
+
+    backend = create_grammar_backend("xgrammar", tokenizer, vocab, EOS)
+    times, rejected = [], 0
+    for path in sorted(SUITE.glob("*.json")):
+        key = GrammarKey.from_constraint("json_schema", path.read_text())
+        t0 = time.perf_counter()
+        try:
+            backend.compile(key)
+        except InvalidRequestError:
+            rejected += 1
+            continue
+        times.append(time.perf_counter() - t0)
+    print(f"compile suite: {len(times)} compiled, {rejected} rejected")
+    return sorted(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 32, 256])
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--max-new", type=int, default=96)
+    ap.add_argument("--modes", nargs="+", default=["unconstrained", "mask-only", "jump-forward"])
+    ap.add_argument("--model", default="llama-3.1-8b")
+    ap.add_argument("--breakdown", action="store_true")
+    ap.add_argument("--compile", action="store_true")
+    a = ap.parse_args()
+    from transformers import AutoTokenizer
+
+    from sgdsl.runtime.grammar import create_grammar_backend
+
+    print(device_line())
+    tok = AutoTokenizer.from_pretrained(model_dir(a.model))
+    eos = json.loads(Path(model_dir(a.model), "config.json").read_text())["eos_token_id"]
+    EOS.extend(eos if isinstance(eos, list) else [eos])
+    config, runner = build_runner(a.model, max(a.batches))
+    vocab = int(runner.model_config.vocab_size)
+    backend = create_grammar_backend("xgrammar", tok, vocab, EOS)
+    if a.breakdown:
+        instrument()
+    jump_of = {"unconstrained": None, "mask-only": False, "jump-forward": True}
+    rows = []
+    for bs in a.batches:
+        prompts = random_prompts(bs, a.prompt_len, seed=bs, vocab=min(vocab, 120000))
+        base = None
+        for mode in a.modes:
+            sched = make_scheduler(runner, config, tok, backend, jump_of[mode])
+            run_mode(sched, prompts[:2], mode != "unconstrained", 8)  # warm-up (compile)
+            sched.memory.flush()
+            res = run_mode(sched, prompts, mode != "unconstrained", a.max_new)
+            s = summarize(res, tok)
+            base = base or s["tok_s"]
+            rows.append([bs, mode, s["tokens"], f"{res['wall']:.2f}", f"{s['tok_s']:.0f}",
+                         f"{s['tok_s'] / base:.2f}x", s["steps"], f"{s['dec_ms']:.2f}",
+                         f"{s['valid']}/{s['n']}" if mode != "unconstrained" else "-"])
+            print(rows[-1], flush=True)
+            if a.breakdown and bs >= 32:
+                print_breakdown(f"bs={bs} {mode}", res)
+            if sched.grammar:
+                sched.grammar.shutdown()
+    print_table("structured decode (Llama-3.1-8B dummy, xgrammar, graphs + overlap)",
+                ["batch", "mode", "out tokens", "wall s", "tok/s", "vs unconstr.", "steps",
+                 "ms/decode step", "valid JSON"], rows)
+    if a.compile:
+        t = compile_times(tok, vocab)
+        p = lambda q: 1e3 * t[min(len(t) - 1, int(q * len(t)))]  # noqa: E731
+        print(f"compile p50 {p(0.5):.1f} ms, p99 {p(0.99):.1f} ms, max {1e3 * t[-1]:.1f} ms "
+              f"over {len(t)} schemas")
+
+
+if __name__ == "__main__":
+    main()
