@@ -80,9 +80,11 @@ def bitmask_width(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 
 
-def allocate_bitmask(batch_size: int, vocab_size: int) -> torch.Tensor:
-    """A CPU int32 bitmask with every token allowed (-1 = all 32 bits set)."""
-    return torch.full((batch_size, bitmask_width(vocab_size)), -1, dtype=torch.int32)
+def allocate_bitmask(batch_size: int, vocab_size: int, pin: bool = False) -> torch.Tensor:
+    """A CPU int32 bitmask with every token allowed (-1 = all 32 bits set); ``pin``: in
+    page-locked memory, for a non-blocking copy to the GPU."""
+    return torch.full((batch_size, bitmask_width(vocab_size)), -1, dtype=torch.int32,
+                      pin_memory=pin)
 
 
 class Grammar(ABC):
@@ -104,6 +106,21 @@ class Grammar(ABC):
     @abstractmethod
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the allowed-next-token set into ``bitmask[row]`` (CPU int32)."""
+
+    # NOTE: the batch hooks take same-class grammars; a backend with native batch calls
+    # (xgrammar: a thread pool filling many matchers) overrides them, others loop.
+    @classmethod
+    def fill_bitmask_batch(cls, grammars: Sequence["Grammar"], bitmask: torch.Tensor,
+                           rows: Sequence[int]) -> None:
+        """``grammars[i].fill_bitmask(bitmask, rows[i])`` for every i."""
+        for grammar, row in zip(grammars, rows):
+            grammar.fill_bitmask(bitmask, row)
+
+    @classmethod
+    def accept_token_batch(cls, grammars: Sequence["Grammar"],
+                           token_ids: Sequence[int]) -> list[bool]:
+        """``grammars[i].accept_token(token_ids[i])`` for every i."""
+        return [g.accept_token(t) for g, t in zip(grammars, token_ids)]
 
     @abstractmethod
     def jump_forward_string(self) -> str:

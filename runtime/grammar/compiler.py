@@ -11,6 +11,7 @@ so queued compiles do not wait behind it; the stuck thread finishes on its own a
 """
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import OrderedDict
@@ -21,6 +22,7 @@ from typing import Any
 from ..errors import InvalidRequestError
 from .base import Grammar, GrammarBackend, GrammarKey
 from .limits import GrammarLimits
+from .schema_support import check_schema_support
 
 
 @dataclass
@@ -96,7 +98,9 @@ class GrammarCompiler:
             raise InvalidRequestError(
                 f"the {self.backend.name} grammar backend does not support {key.kind}",
                 field=key.field)
-        self.limits.check(key)  # json_schema keywords are checked by backend.compile (normalizer)
+        self.limits.check(key)
+        if key.kind == "json_schema":  # valid JSON here: limits.check parsed it
+            check_schema_support(self.backend.name, json.loads(key.text))
         with self._lock:
             if key in self._too_slow:
                 raise InvalidRequestError(

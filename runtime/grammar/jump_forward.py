@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import torch
-
 from .base import Grammar, allocate_bitmask
 
 
@@ -59,14 +57,21 @@ def _encode(tokenizer: Any, text: str, limit: int) -> tuple[int, ...]:
 
 def only_stop_allowed(grammar: Grammar, vocab_size: int, stop_ids: Sequence[int]) -> bool:
     """True when nothing but a stop token may follow, so the request can finish without
-    spending a decode step on sampling the stop token."""
+    spending a decode step on sampling the stop token. Cheap: only a completed match fills a
+    row, and the check clears the stop tokens' bits and looks for any bit left (no unpacking
+    of the vocabulary)."""
     if grammar.is_terminated():
         return True
     if not grammar.is_completed():
         return False
     row = allocate_bitmask(1, vocab_size)
     grammar.fill_bitmask(row, 0)
-    shifts = torch.arange(32, dtype=torch.int32)
-    bits = ((row[0].unsqueeze(-1) >> shifts) & 1).flatten()[:vocab_size]
-    allowed = torch.nonzero(bits).flatten().tolist()
-    return all(t in stop_ids for t in allowed)
+    words = row[0]
+    for t in stop_ids:
+        if 0 <= t < vocab_size:
+            words[t // 32] &= ~(1 << (t % 32)) if t % 32 != 31 else 0x7FFFFFFF
+    # NOTE: bits past vocab_size in the last word are padding, never allowed tokens.
+    tail = vocab_size % 32
+    if tail:
+        words[-1] &= (1 << tail) - 1
+    return not bool(words.any())

@@ -4,8 +4,8 @@ The scheduler calls, in order: ``admit`` when a request arrives (compilation sta
 compiler's threads; the request waits in ``pending``, the "grammar pending" state, without
 blocking the loop), ``poll`` each step (requests whose grammar is ready move on to the waiting
 queue; failures come back with their ``InvalidRequestError``), ``fill_bitmask`` before sampling
-(one packed bitmask for the batch, filled in a helper thread while the forward runs), and
-``after_sample`` once tokens are appended: it advances each matcher, finishes requests whose
+(one packed bitmask for the batch, filled by the backend's batch call while the forward runs
+on the device), and ``after_sample`` once tokens are appended (one batch accept call): it advances each matcher, finishes requests whose
 grammar terminated or admits only a stop token, and applies jump-forward (forced text appended
 without sampling; those requests return to the queue so their forced tokens get KV in the next
 extend, the prefix before them coming back from the radix cache). A request that returns
@@ -50,7 +50,9 @@ class GrammarManager:
         self.jump_forward = jump_forward
         self.pending: list[Any] = []
         self.stats = GrammarStats()
-        self._filler = cf.ThreadPoolExecutor(1, thread_name_prefix="sgdsl-mask")
+        # Bitmasks go to the device with a non-blocking copy, which needs pinned host memory
+        # (the scheduler sets this on CUDA; torch's caching host allocator recycles them).
+        self.pin_memory = False
 
     # -- admission ------------------------------------------------------------------------------
     def admit(self, req: Any) -> bool:
@@ -94,34 +96,46 @@ class GrammarManager:
         return None
 
     # -- per step -------------------------------------------------------------------------------
-    def fill_bitmask(self, reqs: Sequence[Any]) -> "cf.Future[torch.Tensor | None]":
-        """Start filling the batch bitmask (rows aligned with ``reqs``) in the helper thread, so
-        it overlaps the forward; ``.result()`` is None when no row is constrained."""
-        rows = [(i, r.grammar) for i, r in enumerate(reqs) if r.grammar is not None]
-        if not rows:
-            done: cf.Future = cf.Future()
-            done.set_result(None)
-            return done
-        return self._filler.submit(self._fill, len(reqs), rows)
+    def fill_bitmask(self, reqs: Sequence[Any],
+                     skip: Sequence[bool] | None = None) -> torch.Tensor | None:
+        """The batch bitmask (rows aligned with ``reqs``; unconstrained rows allow every
+        token), or None when no row is constrained. ``skip[i]``: row i's result will be
+        dropped (its request finished or left since the step launched), leave it open.
 
-    def _fill(self, batch_size: int, rows: list[tuple[int, Any]]) -> torch.Tensor:
+        Rows are filled per grammar class in one native batch call (xgrammar: its own thread
+        pool); the caller overlaps this with the forward already queued on the device."""
+        groups: dict[type, tuple[list, list[int]]] = {}
+        for i, req in enumerate(reqs):
+            grammar = req.grammar
+            if grammar is None or req.finished or (skip is not None and skip[i]):
+                continue
+            gs, rows = groups.setdefault(type(grammar), ([], []))
+            gs.append(grammar)
+            rows.append(i)
+        if not groups:
+            return None
         t0 = time.perf_counter()
-        bitmask = allocate_bitmask(batch_size, self.vocab_size)
-        for i, grammar in rows:
-            grammar.fill_bitmask(bitmask, i)
-        self.stats.mask_fill_s.append((time.perf_counter() - t0) / len(rows))
+        bitmask = allocate_bitmask(len(reqs), self.vocab_size, pin=self.pin_memory)
+        n = 0
+        for cls, (gs, rows) in groups.items():
+            cls.fill_bitmask_batch(gs, bitmask, rows)
+            n += len(rows)
+        self.stats.mask_fill_s.append((time.perf_counter() - t0) / n)
+        del self.stats.mask_fill_s[:-1024]  # a window, not a leak
         return bitmask
 
     def after_sample(self, reqs: Sequence[Any], checker: Any) -> list[Any]:
-        """Advance matchers by each request's newest token; returns the requests that took a
-        jump-forward and must go back to the queue for an extend."""
+        """Advance matchers by each request's newest token (one batch call per grammar class);
+        returns the requests that took a jump-forward and must go back to the queue for an
+        extend."""
+        live = [r for r in reqs if r.grammar is not None and not (
+            r.finished and r.finish_reason.get("type") == "abort")]
+        accepted = self._accept_batch(live)
+        self.stats.sampled_tokens += len(live)
         requeue = []
-        for req in reqs:
+        for req, ok in zip(live, accepted):
             grammar = req.grammar
-            if grammar is None or req.finished and req.finish_reason.get("type") == "abort":
-                continue
-            self.stats.sampled_tokens += 1
-            if not grammar.accept_token(req.output_ids[-1]):
+            if not ok:
                 if not req.finished:  # a length-finished last token needs no acceptance
                     req.finish_reason = {"type": "abort", "message":
                                          "the sampled token does not fit the grammar"}
@@ -136,6 +150,19 @@ class GrammarManager:
             elif self._jump(req, grammar, checker):
                 requeue.append(req)
         return requeue
+
+    @staticmethod
+    def _accept_batch(reqs: Sequence[Any]) -> list[bool]:
+        groups: dict[type, list[int]] = {}
+        for i, req in enumerate(reqs):
+            groups.setdefault(type(req.grammar), []).append(i)
+        accepted = [False] * len(reqs)
+        for cls, idx in groups.items():
+            oks = cls.accept_token_batch([reqs[i].grammar for i in idx],
+                                         [reqs[i].output_ids[-1] for i in idx])
+            for i, ok in zip(idx, oks):
+                accepted[i] = ok
+        return accepted
 
     def _finish_with_stop(self, req: Any, grammar: Any) -> None:
         """The grammar admits nothing but a stop token: append it instead of a decode step."""
@@ -155,6 +182,9 @@ class GrammarManager:
         if plan.rollback:
             del req.output_ids[-plan.rollback:]
         req.output_ids.extend(plan.token_ids)
+        # Tokens before the forced run keep their KV; with overlap scheduling the replaced
+        # token's KV may already be in flight and is dropped at requeue (scheduler).
+        req.jump_kv_valid = req.seq_len - len(plan.token_ids)
         req.finish_reason = checker.check(req)
         if req.return_logprob:
             if req.finished:  # no extend would follow to score the forced tokens: sample them
@@ -186,7 +216,6 @@ class GrammarManager:
 
     def shutdown(self) -> None:
         self.compiler.shutdown()
-        self._filler.shutdown(wait=False, cancel_futures=True)
 
 
 def create_grammar_manager(config: Any, tokenizer: Any, vocab_size: int,

@@ -14,11 +14,13 @@ import torch
 
 from ..errors import InvalidRequestError
 from .base import Grammar, GrammarBackend, GrammarKey, choices_regex
-from .schema import normalize_schema
 
 
 class XGrammarGrammar(Grammar):
     """One request's xgrammar matcher."""
+
+    # xgrammar.BatchGrammarMatcher: fills many rows with its own threads (made on first use).
+    _batch: Any = None
 
     def __init__(self, matcher: Any, compiled: "XGrammarCompiled", accepted: int = 0) -> None:
         self._matcher = matcher
@@ -34,6 +36,40 @@ class XGrammarGrammar(Grammar):
         self._matcher.fill_next_token_bitmask(bitmask, row)
         if self._compiled.json_safe is not None:
             bitmask[row] &= self._compiled.json_safe
+
+    @classmethod
+    def fill_bitmask_batch(cls, grammars: Sequence[Grammar], bitmask: torch.Tensor,
+                           rows: Sequence[int]) -> None:
+        """All rows in xgrammar's thread pool (native code, no per-row Python); the JSON
+        control-character filter then runs once over the rows that need it."""
+        import xgrammar as xgr
+
+        if cls._batch is None:
+            cls._batch = xgr.BatchGrammarMatcher(_fill_threads())
+        rows = list(rows)
+        cls._batch.batch_fill_next_token_bitmask([g._matcher for g in grammars], bitmask, rows)
+        safe = [(r, g._compiled.json_safe) for g, r in zip(grammars, rows)
+                if g._compiled.json_safe is not None]
+        if not safe:
+            return
+        row_ids = [r for r, _ in safe]
+        if len(safe) == bitmask.shape[0] and row_ids == list(range(len(row_ids))):
+            bitmask &= safe[0][1]  # one filter row per backend: every JSON row shares it
+            return
+        for filt in {id(f): f for _, f in safe}.values():
+            idx = torch.tensor([r for r, f in safe if f is filt], dtype=torch.int64)
+            bitmask[idx] &= filt
+
+    @classmethod
+    def accept_token_batch(cls, grammars: Sequence[Grammar],
+                           token_ids: Sequence[int]) -> list[bool]:
+        import xgrammar as xgr
+
+        oks = xgr.BatchGrammarMatcher.batch_accept_token(
+            [g._matcher for g in grammars], [int(t) for t in token_ids])
+        for g, ok in zip(grammars, oks):
+            g._accepted += ok
+        return oks
 
     def jump_forward_string(self) -> str:
         return self._matcher.find_jump_forward_string()
@@ -95,8 +131,7 @@ class XGrammarBackend(GrammarBackend):
         c = self._compiler
         try:
             if key.kind == "json_schema":
-                schema = normalize_schema(json.loads(key.text), self.name)
-                return c.compile_json_schema(json.dumps(schema), any_whitespace=False)
+                return c.compile_json_schema(key.text, any_whitespace=False)
             if key.kind == "json_object":
                 # Any JSON object, any keys: strict_mode off allows unlisted properties.
                 return c.compile_json_schema('{"type": "object"}', any_whitespace=False,
@@ -117,6 +152,15 @@ class XGrammarBackend(GrammarBackend):
         matcher = self._xgr.GrammarMatcher(compiled.grammar,
                                            override_stop_tokens=list(self.eos_token_ids))
         return XGrammarGrammar(matcher, compiled)
+
+
+def _fill_threads() -> int:
+    """Threads of the batch filler: half the cores (the scheduler, tokenizer and compile
+    workers keep the rest), at least 1; SGDSL_GRAMMAR_FILL_THREADS overrides."""
+    import os
+
+    env = os.environ.get("SGDSL_GRAMMAR_FILL_THREADS")
+    return max(1, int(env) if env else (os.cpu_count() or 2) // 2)
 
 
 def _first_line(e: BaseException) -> str:

@@ -7,8 +7,11 @@ the whole batch is filled with one ``masked_fill_``.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
+logger = logging.getLogger(__name__)
 _SHIFTS: dict[torch.device, torch.Tensor] = {}
 
 
@@ -63,3 +66,26 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor,
         sub.masked_fill_(~unpack_bitmask(bitmask, logits.shape[-1]), float("-inf"))
         logits.index_copy_(0, rows, sub)
     return logits
+
+
+_FUSED_FAILED = False
+
+
+def apply_packed_fused_(logits: torch.Tensor, bitmask: torch.Tensor) -> bool:
+    """On CUDA: ``-inf`` where the packed int32 ``bitmask`` (same device, covering every logit
+    column) has a 0 bit, in place, with xgrammar's fused Triton kernel (one pass over the
+    logits, no unpacked [rows, vocab] temporaries). False if the kernel is unavailable, and
+    the caller unpacks with torch ops instead."""
+    global _FUSED_FAILED
+    if _FUSED_FAILED or not logits.is_cuda or bitmask.shape[-1] * 32 < logits.shape[-1]:
+        return False
+    try:
+        import xgrammar as xgr
+
+        xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=logits.shape[-1],
+                                        backend="triton")
+        return True
+    except Exception as e:  # noqa: BLE001 - no xgrammar/triton here: the torch path works
+        _FUSED_FAILED = True
+        logger.warning("fused bitmask kernel unavailable (%s); unpacking with torch", e)
+        return False

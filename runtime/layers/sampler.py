@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 
 from ..sampling_params import SamplingParams
-from .bitmask import fit_vocab, unpack_bitmask
+from .bitmask import apply_packed_fused_, fit_vocab, unpack_bitmask
 from .penalties import Penalties, PenaltyContext
 
 _MASK64 = (1 << 64) - 1
@@ -140,8 +140,14 @@ def apply_vocab_mask(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     grammar: a mask narrower than the logits (an lm_head padded past the tokenizer's vocabulary)
     disallows the ids it does not cover; a wider one is cut to the logits."""
     vocab = logits.shape[-1]
-    mask = mask.to(logits.device)  # the packed form is 32x smaller: move it before unpacking
+    # The packed form is 32x smaller: move it before unpacking (the scheduler already sent it
+    # from pinned memory without blocking).
+    mask = mask.to(logits.device, non_blocking=True)
     if mask.dtype != torch.bool:
+        if logits.is_cuda:
+            out = logits.clone()  # NOTE: never modify the caller's logits (logprobs read them)
+            if apply_packed_fused_(out, mask.to(torch.int32)):
+                return out
         mask = unpack_bitmask(mask.to(torch.int32), vocab)
     elif mask.shape[-1] != vocab:
         mask = fit_vocab(mask, vocab)

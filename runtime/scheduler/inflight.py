@@ -46,13 +46,13 @@ class InflightStep:
     sampled: list[Req] = field(default_factory=list)  # rows of ``ids``, a sub-list of reqs
     ids: HostIds | None = None
     info: Any = None  # extend: the SamplingBatchInfo of ``sampled`` (joins the running batch)
-    # Only for steps read right after launch (logprobs, grammar): the logits are views into
-    # buffers the next forward overwrites.
+    # Only for steps read right after launch (logprobs): the logits are views into buffers
+    # the next forward overwrites.
     sync: bool = True
     logits: torch.Tensor | None = None  # rows of ``sampled`` (decode: of reqs)
     extend_logits: torch.Tensor | None = None  # every logits row of an extend (prompt logprobs)
     layout: Any = None
-    vocab_mask: Any = None
+    vocab_mask: Any = None  # grammar: the step's bitmask (set: its rows advance matchers)
 
     @classmethod
     def launched(cls, mode: ForwardMode, reqs: list[Req], sync: bool) -> "InflightStep":

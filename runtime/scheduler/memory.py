@@ -118,6 +118,15 @@ class KVMemory:
         self.req_pool.free(row)
         req.reset_kv_state()
 
+    def truncate(self, req: Req, kv_len: int) -> None:
+        """Drop the KV of positions ``kv_len`` on (decode slots not yet in the tree), e.g. a
+        token replaced by jump-forward after an overlapped step computed its KV."""
+        if req.req_pool_idx is None or kv_len >= req.kv_len:
+            return
+        assert kv_len >= req.prefix_len, "cannot truncate into the cached prefix"
+        self.kv_pool.free(self.host_table[req.req_pool_idx, kv_len:req.kv_len].clone())
+        req.kv_len = kv_len
+
     # -- maintenance ----------------------------------------------------------------------------
     def flush(self) -> bool:
         return self.tree.reset()

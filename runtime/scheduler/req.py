@@ -63,6 +63,9 @@ class Req:
         # grammar: trailing output tokens appended by jump-forward whose logprobs are still
         # owed; the next extend recomputes the rows that score them (output.py records them).
         self.forced_logprobs_owed = 0
+        # grammar: KV positions still valid after a jump-forward (the replaced last token's
+        # KV, computed by an overlapped step, is not); the requeue trims to it.
+        self.jump_kv_valid = 0
         # Logprob accumulators; "sent" counters mark what already went to the main process.
         self.input_token_logprobs: list | None = None
         self.input_top_logprobs: list | None = None

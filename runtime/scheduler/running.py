@@ -32,9 +32,14 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def needs_sync(req: Req) -> bool:
-    """Its steps must be read before the next launch: logprobs need that step's logits, a
-    grammar mask needs the matcher advanced by the previous token."""
-    return req.return_logprob or req.grammar is not None
+    """Its steps must be read before the next launch: logprobs need that step's logits.
+    (A grammar row does not: its step's mask is filled after the forward was queued, once the
+    previous step was read; stepping.py ``_decode_mask``.)"""
+    return req.return_logprob
+
+
+def has_grammar(req: Req) -> bool:
+    return req.grammar is not None
 
 
 class RunningBatch:
@@ -50,6 +55,7 @@ class RunningBatch:
         self.reqs: list[Req] = []
         self.info: Any = None  # SamplingBatchInfo, rows aligned with reqs
         self.sync_rows = 0  # requests whose steps must be read before the next launch
+        self.grammar_rows = 0  # requests decoding under a grammar (their steps need a mask)
         i64 = dict(dtype=torch.int64)
         self.rows_host = torch.empty(0, **i64)
         self.pos_host = torch.empty(0, **i64)
@@ -84,6 +90,7 @@ class RunningBatch:
         self.reqs = keep
         self._shared_stale = True
         self.sync_rows = sum(map(needs_sync, keep)) if self.sync_rows else 0
+        self.grammar_rows = sum(map(has_grammar, keep)) if self.grammar_rows else 0
 
     def merge(self, reqs: list[Req], info: Any) -> None:
         """Append requests that just sampled their first token (after a prefill)."""
@@ -100,9 +107,10 @@ class RunningBatch:
         self.reqs = self.reqs + reqs
         self._shared_stale = True
         self.sync_rows += sum(map(needs_sync, reqs))
+        self.grammar_rows += sum(map(has_grammar, reqs))
 
     def _clear(self) -> None:
-        self.reqs, self.info, self.sync_rows = [], None, 0
+        self.reqs, self.info, self.sync_rows, self.grammar_rows = [], None, 0, 0
         self.rows_host, self.pos_host = self.rows_host[:0], self.pos_host[:0]
         self.rows, self.pos = self.rows[:0], self.pos[:0]
 

@@ -157,7 +157,9 @@ class Scheduler(Stepping):
             if self.grammar and self.grammar.pending:
                 self.grammar.wait_pending(0.005)  # grammar: only compiles in flight; do not spin
                 return True
-            return False
+            # NOTE: reading the last step may have sent requests back to the queue (grammar:
+            # jump-forward), which the next step runs.
+            return bool(self.waiting)
         self.counters["forward_steps"] += 1
         if launched.sync:
             self._read(launched)
@@ -258,6 +260,7 @@ class Scheduler(Stepping):
                 req.jumped = False
                 if req.finished:
                     continue
+                self.memory.truncate(req, req.jump_kv_valid)  # an overlapped step's KV
                 self.memory.release(req)
                 req.state = ReqState.WAITING
                 self.waiting.append(req)

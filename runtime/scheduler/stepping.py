@@ -36,8 +36,9 @@ class Stepping:
         idx = [i for i, r in enumerate(reqs)
                if r.kv_len + r.extend_len >= r.seq_len and not r.is_prefill_only]
         step.sampled = [reqs[i] for i in idx]
-        mask = self.grammar.fill_bitmask(step.sampled) if self.grammar else None  # grammar
         logits = self.runner.forward(batch)
+        # grammar: filled while the device runs the forward
+        mask = self.grammar.fill_bitmask(step.sampled) if self.grammar else None
         for req in reqs:
             req.kv_len += req.extend_len
             req.extend_len, req.extend_slots = 0, _EMPTY
@@ -68,23 +69,53 @@ class Stepping:
         assert slots is not None, "decode KV reservation failed after retraction"
         step = InflightStep.launched(ForwardMode.DECODE, reqs, self._must_sync(reqs))
         step.sampled = reqs
-        mask = self.grammar.fill_bitmask(reqs) if self.grammar else None  # grammar
         logits = self.runner.forward(self.running.forward_batch(slots))
-        self._sample(step, logits, self.running.info, mask, self.running.rows)
         self.running.advance()
+        mask = self._decode_mask(step) if self.grammar else None  # grammar
+        self._sample(step, logits, self.running.info, mask, self.running.rows)
+        self._apply_batch_changes()
         self.ratio = max(self.ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
         return step
 
-    def _sample(self, step: InflightStep, logits: torch.Tensor, info: Any, mask: Any,
-                table_rows: torch.Tensor) -> None:
+    def _decode_mask(self, step: InflightStep) -> torch.Tensor | None:
+        """grammar: the bitmask of a decode step whose forward is already queued. With
+        overlap, the previous step is read first (its tokens advance the matchers) while the
+        device runs this forward; changes to the running batch wait until this step sampled,
+        and rows whose request left meanwhile stay open (their tokens are dropped)."""
+        if not self.running.grammar_rows:
+            return None
+        if self.pending is not None:
+            self._batch_changes = []
+            self._read(self.pending)
+        skip = [r.epoch != e for r, e in zip(step.reqs, step.epochs)]
+        return self.grammar.fill_bitmask(step.reqs, skip)
+
+    def _apply_batch_changes(self) -> None:
+        changes, self._batch_changes = getattr(self, "_batch_changes", None), None
+        for change in changes or ():
+            change()
+
+    def _change_batch(self, change: Any) -> None:
+        """Run ``change`` (a running-batch update) now, or after the sampling launch in flight
+        when a read happens between a decode forward and its sampling (``_decode_mask``)."""
+        deferred = getattr(self, "_batch_changes", None)
+        if deferred is None:
+            change()
+        else:
+            deferred.append(change)
+
+    def _sample(self, step: InflightStep, logits: torch.Tensor, info: Any,
+                vocab_mask: torch.Tensor | None, table_rows: torch.Tensor) -> None:
         """Sample on the device; the ids become the next decode inputs (by request row) and
-        start their copy to the host."""
-        vocab_mask = mask.result() if mask is not None else None  # grammar: filled meanwhile
+        start their copy to the host. grammar: ``vocab_mask`` goes up without blocking."""
+        if vocab_mask is not None:
+            vocab_mask = to_device(vocab_mask, self.device)
         ids = self.sampler.sample_ids(logits, info, vocab_mask)
         self.running.record_tokens(table_rows, ids)
         step.ids = HostIds(ids)
+        step.vocab_mask = vocab_mask  # grammar: its rows advance their matchers when read
         if step.sync:
-            step.logits, step.vocab_mask = logits, vocab_mask
+            step.logits = logits
 
     # -- reading a step's tokens ----------------------------------------------------------------
     def _read(self, step: InflightStep) -> None:
@@ -117,15 +148,16 @@ class Stepping:
             for req in self.grammar.after_sample(reqs, self.checker):
                 req.jumped = True
         if step.mode is ForwardMode.EXTEND:
-            self._join_running(step, keep)
+            joined = [i for i in keep if not step.sampled[i].finished
+                      and not step.sampled[i].jumped]
+            if joined:
+                self._change_batch(lambda: self._join_running(step, joined))
         elif any(r.finished or r.jumped for r in reqs):
-            self.running.filter([r for r in self.running.reqs if not r.finished and not r.jumped])
+            stay = [r for r in self.running.reqs if not r.finished and not r.jumped]
+            self._change_batch(lambda: self.running.filter(stay))
         self._requeue_jumped(reqs)
 
-    def _join_running(self, step: InflightStep, keep: list[int]) -> None:
-        joined = [i for i in keep if not step.sampled[i].finished and not step.sampled[i].jumped]
-        if not joined:
-            return
+    def _join_running(self, step: InflightStep, joined: list[int]) -> None:
         if len(joined) != len(step.sampled):
             step.info.filter(joined)
         reqs = [step.sampled[i] for i in joined]

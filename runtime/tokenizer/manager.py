@@ -16,7 +16,6 @@ from typing import Any, AsyncIterator
 
 from ..config import EngineConfig
 from ..errors import EngineDeadError, ModelLoadError
-from ..grammar.schema.validator import OutputValidator
 from ..ipc import messages as m
 from ..ipc.channel import AsyncChannel, IpcPaths
 from .req_state import ReqState
@@ -40,7 +39,6 @@ class TokenizerManager:
         self._call_ids = itertools.count(1)
         self.dead: EngineDeadError | None = None
         self._tasks: list[asyncio.Task] = []
-        self.output_validator = OutputValidator()  # the backstop for json_schema outputs
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> m.Ready:
@@ -137,7 +135,7 @@ class TokenizerManager:
     # -- requests -------------------------------------------------------------------------------
     def _send_req(self, req: m.TokenizedGenerateReq, spec: GenerateSpec, stream: bool) -> ReqState:
         state = ReqState(req.rid, req.sampling_params, self.tokenizer, req.return_logprob,
-                         spec.return_text_in_logprobs, stream, validator=self.output_validator)
+                         spec.return_text_in_logprobs, stream)
         self.states[req.rid] = state
         self.chan.send_nowait(req)
         return state
