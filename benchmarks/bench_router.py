@@ -1,0 +1,249 @@
+"""Router benchmark: cache_aware vs round_robin (or any policies) over the same replicas, on
+SGLang's generated-shared-prefix workload, in one run.
+
+The workload: ``--groups`` groups of ``--prompts-per-group`` prompts; every prompt of a group
+starts with the group's long system prompt (``--system-prompt-len`` tokens) and ends with its
+own question (``--question-len`` tokens); each answer is ``--output-len`` tokens (ignore_eos).
+Prompts arrive shuffled, at most ``--concurrency`` in flight. For each policy a fresh router
+(an ``sgdsl router`` process) fronts the same replicas, whose prefix caches are flushed first. Reported:
+total and output token throughput, and the prefix-cache hit rate summed over the replicas
+(hit tokens / prompt tokens, from the replicas' /metrics counters); ``--baseline`` adds the
+same workload on one replica alone (its hit rate is the ceiling routing can reach).
+
+    # CPU, tiny random model, 2 replicas started here:
+    python benchmarks/bench_router.py --tiny --dp 2 --groups 8 --prompts-per-group 8 \
+        --system-prompt-len 192 --question-len 16 --output-len 8 --concurrency 8
+    # GPU, 2 replicas of a Llama-3.1-8B shape (one per GPU), SGLang's shape:
+    python benchmarks/bench_router.py --dp 2 --model CONFIG_DIR --load-format dummy \
+        --groups 64 --prompts-per-group 16 --system-prompt-len 2048 --question-len 128 \
+        --output-len 256 --concurrency 256 --baseline
+    # Or replicas already running anywhere:
+    python benchmarks/bench_router.py --worker-urls http://h1:30000 http://h2:30000
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from sgdsl.runtime.router.dp import gpu_slices, start_replicas, stop_replicas
+
+TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 49152,
+        "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu"}
+
+
+def make_workload(tokenizer: Any, args: argparse.Namespace) -> list[str]:
+    """Prompts of exact token lengths: random token ids decoded to text, as SGLang's
+    generated-shared-prefix dataset does."""
+    rng = random.Random(args.seed)
+    vocab = [i for i in range(1000, min(tokenizer.vocab_size, 30000))]
+
+    def text(n: int) -> str:
+        return tokenizer.decode([rng.choice(vocab) for _ in range(n)])
+
+    prompts = []
+    for _ in range(args.groups):
+        system = text(args.system_prompt_len)
+        prompts += [system + text(args.question_len) for _ in range(args.prompts_per_group)]
+    rng.shuffle(prompts)
+    return prompts
+
+
+async def run_workload(url: str, prompts: list[str], args: argparse.Namespace,
+                       headers: dict[str, str]) -> dict[str, float]:
+    sem = asyncio.Semaphore(args.concurrency)
+    totals = {"prompt_tokens": 0, "completion_tokens": 0, "failed": 0}
+    limits = httpx.Limits(max_connections=args.concurrency + 8)
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=None,
+                                 limits=limits) as client:
+        async def one(prompt: str) -> None:
+            async with sem:
+                r = await client.post("/generate", json={"text": prompt, "sampling_params": {
+                    "max_new_tokens": args.output_len, "temperature": 0, "ignore_eos": True}})
+            if r.status_code != 200:
+                totals["failed"] += 1
+                return
+            meta = r.json()["meta_info"]
+            totals["prompt_tokens"] += meta["prompt_tokens"]
+            totals["completion_tokens"] += meta["completion_tokens"]
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one(p) for p in prompts))
+        totals["seconds"] = time.perf_counter() - started
+    return totals
+
+
+def cache_counters(workers: list[str], headers: dict[str, str]) -> tuple[float, float]:
+    """(hit tokens, prompt tokens) summed over the replicas' /metrics."""
+    hit = prompt = 0.0
+    for url in workers:
+        for line in httpx.get(f"{url}/metrics", headers=headers, timeout=30).text.splitlines():
+            name, _, value = line.partition(" ")
+            if name == "sgdsl_engine_cache_hit_tokens_total":
+                hit += float(value)
+            elif name == "sgdsl_engine_prompt_tokens_total":
+                prompt += float(value)
+    return hit, prompt
+
+
+def measure(label: str, url: str, workers: list[str], prompts: list[str],
+            args: argparse.Namespace, headers: dict[str, str]) -> dict[str, Any]:
+    for w in workers:
+        httpx.post(f"{w}/flush_cache", headers=headers, timeout=60).raise_for_status()
+    hit0, prompt0 = cache_counters(workers, headers)
+    t = asyncio.run(run_workload(url, prompts, args, headers))
+    hit1, prompt1 = cache_counters(workers, headers)
+    tokens = t["prompt_tokens"] + t["completion_tokens"]
+    return {"label": label, "seconds": t["seconds"], "failed": int(t["failed"]),
+            "total_tok_s": tokens / t["seconds"],
+            "output_tok_s": t["completion_tokens"] / t["seconds"],
+            "hit_rate": (hit1 - hit0) / max(1.0, prompt1 - prompt0)}
+
+
+def with_router(policy: str, workers: list[str], args: argparse.Namespace,
+                prompts: list[str], headers: dict[str, str]) -> dict[str, Any]:
+    """A fresh ``sgdsl router`` process (as deployed: its own interpreter, not this one's)."""
+    cmd = [sys.executable, "-m", "sgdsl.runtime.router", "--worker-urls", *workers,
+           "--policy", policy, "--host", "127.0.0.1", "--port", "0",
+           *(["--worker-api-key", args.api_key, "--api-key", args.api_key]
+             if args.api_key else [])]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = ""
+        for line in proc.stdout:
+            if "listening on " in line:
+                url = line.split("listening on ")[1].split()[0]
+                break
+        if not url:
+            raise RuntimeError(f"router ({policy}) did not start")
+        threading.Thread(target=proc.stdout.read, daemon=True).start()
+        return measure(policy, url, workers, prompts, args, headers)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+def launch(args: argparse.Namespace) -> tuple[list, list[str]]:
+    model, load_format = args.model, args.load_format
+    if args.tiny:
+        model, load_format = _tiny_model_dir(), "dummy"
+    argv = [*(["--model", model] if model else []), "--load-format", load_format,
+            *args.server_args.split()]
+    replicas = start_replicas(args.dp, argv, gpu_slices(args.dp, args.tp, args.device))
+    return replicas, [r.url for r in replicas]
+
+
+def _tiny_model_dir() -> str:
+    from sgdsl.runtime.model.embedded import embedded_model_path
+
+    folder = Path(tempfile.mkdtemp(prefix="tiny-llama-"))
+    (folder / "config.json").write_text(json.dumps(TINY))
+    src = embedded_model_path()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (src / name).exists():
+            shutil.copy(src / name, folder / name)
+    return str(folder)
+
+
+def tokenizer_for(workers: list[str], headers: dict[str, str], args: argparse.Namespace) -> Any:
+    from transformers import AutoTokenizer
+
+    if args.tokenizer:
+        return AutoTokenizer.from_pretrained(args.tokenizer)
+    info = httpx.get(f"{workers[0]}/get_model_info", headers=headers, timeout=30).json()
+    return AutoTokenizer.from_pretrained(info.get("tokenizer_path") or info["model_path"])
+
+
+def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median throughput (its hit rate with it)."""
+    runs = sorted(runs, key=lambda r: r["total_tok_s"])
+    row = dict(runs[len(runs) // 2])
+    row["rounds"] = [round(r["total_tok_s"], 1) for r in runs]
+    row["hit_rate_spread"] = statistics.pstdev([r["hit_rate"] for r in runs])
+    return row
+
+
+def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    print(f"\nshared-prefix workload: {args.groups} groups x {args.prompts_per_group} prompts, "
+          f"system {args.system_prompt_len} + question {args.question_len} tokens, "
+          f"output {args.output_len}, concurrency {args.concurrency}, replicas {args.dp_used}")
+    print(f"{'run':<14}{'seconds':>9}{'total tok/s':>13}{'out tok/s':>11}{'hit rate':>10}"
+          f"{'failed':>8}")
+    for r in rows:
+        print(f"{r['label']:<14}{r['seconds']:>9.2f}{r['total_tok_s']:>13.1f}"
+              f"{r['output_tok_s']:>11.1f}{r['hit_rate']:>10.1%}{r['failed']:>8}")
+    by = {r["label"]: r for r in rows}
+    if "cache_aware" in by and "round_robin" in by:
+        ca, rr = by["cache_aware"], by["round_robin"]
+        print(f"cache_aware / round_robin throughput: {ca['total_tok_s'] / rr['total_tok_s']:.2f}x"
+              f"; hit rate {ca['hit_rate']:.1%} vs {rr['hit_rate']:.1%}")
+    print(json.dumps(rows))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--worker-urls", nargs="*", default=[], help="running replicas to use")
+    p.add_argument("--dp", type=int, default=2, help="replicas to start (without --worker-urls)")
+    p.add_argument("--tp", type=int, default=1, help="GPUs per replica (their --tp-size)")
+    p.add_argument("--model", default=None, help="model for started replicas")
+    p.add_argument("--load-format", default="auto")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--tiny", action="store_true", help="a tiny random Llama (CPU runs)")
+    p.add_argument("--server-args", default="", help="more flags for started replicas")
+    p.add_argument("--tokenizer", default=None, help="default: the replicas' own")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--policies", default="cache_aware,round_robin")
+    p.add_argument("--baseline", action="store_true", help="also run on one replica alone")
+    p.add_argument("--groups", type=int, default=64)
+    p.add_argument("--prompts-per-group", type=int, default=16)
+    p.add_argument("--system-prompt-len", type=int, default=2048)
+    p.add_argument("--question-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--concurrency", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=1, help="runs per policy (median reported)")
+    p.add_argument("--warmup", type=int, default=4, help="requests per replica before measuring")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    replicas, workers = ([], list(args.worker_urls)) if args.worker_urls else launch(args)
+    args.dp_used = len(workers)
+    try:
+        prompts = make_workload(tokenizer_for(workers, headers, args), args)
+        warm = argparse.Namespace(**{**vars(args), "concurrency": args.warmup})
+        for w in workers:
+            asyncio.run(run_workload(w, prompts[:args.warmup], warm, headers))
+        policies = args.policies.split(",")
+        runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
+        for k in range(args.rounds):  # alternate the order so neither policy always goes first
+            for policy in (policies if k % 2 == 0 else policies[::-1]):
+                runs[policy].append(with_router(policy, workers, args, prompts, headers))
+        rows = [_median(r) for r in runs.values()]
+        if args.baseline:
+            rows.append(measure("one replica", workers[0], workers[:1], prompts, args, headers))
+        report(rows, args)
+    finally:
+        stop_replicas(replicas)
+
+
+if __name__ == "__main__":
+    main()
