@@ -32,6 +32,14 @@ class RequestTooLargeError(InvalidRequestError):
     status = 413
 
 
+class ConstraintViolationError(RuntimeErrorBase):
+    """A constrained generation finished with an output its constraint rejects (the runtime's
+    check of every finished json_schema output): reported instead of a silent success."""
+
+    status = 500
+    kind = "constraint_violation"
+
+
 class ModelLoadError(RuntimeErrorBase):
     """Unknown architecture, missing files, bad config: raised at engine start."""
 

@@ -11,7 +11,6 @@ so queued compiles do not wait behind it; the stuck thread finishes on its own a
 """
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import OrderedDict
@@ -22,7 +21,6 @@ from typing import Any
 from ..errors import InvalidRequestError
 from .base import Grammar, GrammarBackend, GrammarKey
 from .limits import GrammarLimits
-from .schema_support import check_schema_support
 
 
 @dataclass
@@ -98,9 +96,7 @@ class GrammarCompiler:
             raise InvalidRequestError(
                 f"the {self.backend.name} grammar backend does not support {key.kind}",
                 field=key.field)
-        self.limits.check(key)
-        if key.kind == "json_schema":  # valid JSON here: limits.check parsed it
-            check_schema_support(self.backend.name, json.loads(key.text))
+        self.limits.check(key)  # json_schema keywords are checked by backend.compile (normalizer)
         with self._lock:
             if key in self._too_slow:
                 raise InvalidRequestError(

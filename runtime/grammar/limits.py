@@ -26,7 +26,10 @@ class GrammarLimits:
 
     max_text_bytes: int = 64 * 1024
     max_json_depth: int = 24  # nesting of the schema document itself
-    max_repetition: int = 1024  # any {n,m} bound, minItems/maxLength...
+    max_repetition: int = 1024  # any {n,m} bound in a regex/EBNF/pattern
+    # NOTE: xgrammar compiles any JSON-schema length/count bound in ~1-4 s (maxLength 100000:
+    # 4 s); outlines-core's limit is lower and checked in schema_support.
+    max_schema_bound: int = 100_000  # minItems/maxLength... in a json_schema
     max_choices: int = 4096
 
     def check(self, key: GrammarKey) -> None:
@@ -63,8 +66,8 @@ class GrammarLimits:
             _fail(key, f"json_schema nesting depth exceeds the limit of {self.max_json_depth}")
         if isinstance(node, dict):
             for k, v in node.items():
-                if k in _BOUND_KEYS and isinstance(v, (int, float)) and v > self.max_repetition:
-                    _fail(key, f"json_schema {k}={v} exceeds the limit of {self.max_repetition}")
+                if k in _BOUND_KEYS and isinstance(v, (int, float)) and v > self.max_schema_bound:
+                    _fail(key, f"json_schema {k}={v} exceeds the limit of {self.max_schema_bound}")
                 if k == "pattern" and isinstance(v, str):
                     self._check_repetition(key, v)
                 self._walk(key, v, depth + 1)
@@ -79,8 +82,10 @@ def _check_meta_schema(key: GrammarKey, schema: Any) -> None:
         import jsonschema
     except ImportError:  # optional: the backends still reject what they cannot parse
         return
+    from .schema.validator import validator_class
+
     try:
-        jsonschema.Draft202012Validator.check_schema(schema)
+        validator_class(schema).check_schema(schema)
     except jsonschema.SchemaError as e:
         where = "/".join(str(p) for p in e.absolute_path) or "(root)"
         _fail(key, f"json_schema is not a valid JSON Schema at {where}: {e.message}")

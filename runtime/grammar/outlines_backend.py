@@ -22,6 +22,7 @@ import torch
 from ..errors import InvalidRequestError
 from .base import Grammar, GrammarBackend, GrammarKey, bitmask_width, choices_regex
 from .any_value import ANY_OBJECT, bound_untyped_values
+from .schema import normalize_schema
 from .schema_unroll import unroll_schema_text
 from .vocab import decode_prefix, token_bytes
 
@@ -167,7 +168,8 @@ class OutlinesBackend(GrammarBackend):
         if key.kind == "json_object":
             return schema_to_regex(json.dumps(ANY_OBJECT), _WHITESPACE)
         if key.kind == "json_schema":
-            regex = schema_to_regex(prepare_schema(key.text), _WHITESPACE)
+            normalized = json.dumps(normalize_schema(json.loads(key.text), self.name))
+            regex = schema_to_regex(prepare_schema(normalized), _WHITESPACE)
             # NOTE: with the escaped quote allowed, indexing a length-bounded string grows
             # exponentially with the bound (maxLength 20: ~80 s, 40: hours); without it, 40 takes
             # 0.4 s. Dropping one escape from bounded strings keeps every output valid.

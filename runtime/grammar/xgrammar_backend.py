@@ -14,6 +14,7 @@ import torch
 
 from ..errors import InvalidRequestError
 from .base import Grammar, GrammarBackend, GrammarKey, choices_regex
+from .schema import normalize_schema
 
 
 class XGrammarGrammar(Grammar):
@@ -131,7 +132,8 @@ class XGrammarBackend(GrammarBackend):
         c = self._compiler
         try:
             if key.kind == "json_schema":
-                return c.compile_json_schema(key.text, any_whitespace=False)
+                schema = normalize_schema(json.loads(key.text), self.name)
+                return c.compile_json_schema(json.dumps(schema), any_whitespace=False)
             if key.kind == "json_object":
                 # Any JSON object, any keys: strict_mode off allows unlisted properties.
                 return c.compile_json_schema('{"type": "object"}', any_whitespace=False,

@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator
 
 from ..config import EngineConfig
 from ..errors import EngineDeadError, ModelLoadError
+from ..grammar.schema.validator import OutputValidator
 from ..ipc import messages as m
 from ..ipc.channel import AsyncChannel, IpcPaths
 from .req_state import ReqState
@@ -39,6 +40,7 @@ class TokenizerManager:
         self._call_ids = itertools.count(1)
         self.dead: EngineDeadError | None = None
         self._tasks: list[asyncio.Task] = []
+        self.output_validator = OutputValidator()  # the backstop for json_schema outputs
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> m.Ready:
@@ -135,7 +137,7 @@ class TokenizerManager:
     # -- requests -------------------------------------------------------------------------------
     def _send_req(self, req: m.TokenizedGenerateReq, spec: GenerateSpec, stream: bool) -> ReqState:
         state = ReqState(req.rid, req.sampling_params, self.tokenizer, req.return_logprob,
-                         spec.return_text_in_logprobs, stream)
+                         spec.return_text_in_logprobs, stream, validator=self.output_validator)
         self.states[req.rid] = state
         self.chan.send_nowait(req)
         return state

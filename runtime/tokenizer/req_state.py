@@ -39,6 +39,8 @@ class ReqState:
     _detok: Any = None  # streams only: IncrementalDetokenizer + StopStringTrimmer
     _trimmer: Any = None
     _fed: int = 0
+    validator: Any = None  # grammar.schema.OutputValidator: checks finished json_schema outputs
+    _final: str | None = None
 
     def apply(self, out: ReqOut) -> None:
         self.output_ids.extend(out.new_ids)
@@ -56,8 +58,26 @@ class ReqState:
 
                 self.error = InvalidRequestError(out.finish_reason["message"],
                                                  field=out.finish_reason.get("field"))
+            elif self.validator is not None and self.params.json_schema is not None:
+                self._check_output()
             self.done.set()
         self.updated.set()
+
+    def _check_output(self) -> None:
+        """The backstop: a json_schema output the grammar ended (stop token) must validate
+        against the request's original schema; a violation fails the request with the reason.
+        Outputs cut by max_new_tokens or a user stop string stay what they are (length/stop)."""
+        fr = self.finish_reason or {}
+        if fr.get("type") != "stop" or isinstance(fr.get("matched"), str):
+            return
+        from ..grammar.base import GrammarKey
+
+        key = GrammarKey.from_constraint("json_schema", self.params.json_schema)
+        why = self.validator.violation(key.text, self.final_text())
+        if why is not None:
+            from ..errors import ConstraintViolationError
+
+            self.error = ConstraintViolationError(f"request {self.rid}: {why}")
 
     def fail(self, error: BaseException) -> None:
         self.error = error
@@ -72,6 +92,8 @@ class ReqState:
 
     def final_text(self) -> str:
         """All output text, with a matched stop (string or token) trimmed unless no_stop_trim."""
+        if self._final is not None:
+            return self._final
         ids = self.output_ids
         matched = (self.finish_reason or {}).get("matched")
         trim = not self.params.no_stop_trim
@@ -80,6 +102,8 @@ class ReqState:
         text = self._decode(ids)
         if isinstance(matched, str):
             text = trim_at_stop(text, matched, not trim, self.params.stop_regex)
+        if self.finish_reason is not None:
+            self._final = text  # finished: the ids no longer change
         return text
 
     # -- output dicts ---------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from sgdsl.runtime.errors import InvalidRequestError
+from sgdsl.runtime.grammar.schema import normalize_schema
 from sgdsl.runtime.grammar.schema_support import check_schema_support, walk_schema
 
 NESTED = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True,
@@ -25,6 +26,9 @@ def test_unenforced_keyword_is_rejected_with_its_path(backend):
     with pytest.raises(InvalidRequestError, match=r"'uniqueItems' \(at #/properties/tags\)") as e:
         check_schema_support(backend, NESTED)
     assert e.value.field == "json_schema"
+    # the normalizer names it too (string items: no finite domain to expand)
+    with pytest.raises(InvalidRequestError, match=r"'uniqueItems' at #/properties/tags"):
+        normalize_schema(NESTED, backend)
 
 
 def test_backends_differ_on_numeric_bounds_and_allof():
@@ -32,7 +36,11 @@ def test_backends_differ_on_numeric_bounds_and_allof():
     check_schema_support("xgrammar", bounded)
     with pytest.raises(InvalidRequestError, match="minimum"):
         check_schema_support("outlines", bounded)
-    check_schema_support("xgrammar", {"allOf": [bounded]})
+    # allOf is merged by the normalizer; none may reach a backend
+    assert normalize_schema({"allOf": [bounded, {"type": "integer", "maximum": 5}]}) == \
+        {"type": "integer", "minimum": 0, "maximum": 5}
     with pytest.raises(InvalidRequestError, match="allOf"):
         check_schema_support("xgrammar", {"allOf": [bounded, {"type": "integer"}]})
+    with pytest.raises(InvalidRequestError, match="'not'"):
+        check_schema_support("xgrammar", {"not": bounded})  # xgrammar ignores it
     check_schema_support("outlines", {"type": "object", "title": "t", "description": "d"})

@@ -1,0 +1,71 @@
+"""The last pass: the normal form spelled for the backends. A property schema ``false``
+("this key must not occur") is dropped from ``properties``, which forbids the key because the
+backends never emit unlisted keys unless ``additionalProperties``/``patternProperties`` allow
+them (``additionalProperties: false`` is then written out); where those do, the branch holding
+the forbidden key is dropped instead (a subset)."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .rejection import Impossible
+
+_NAMED = ("properties", "patternProperties", "$defs")
+_SINGLE = ("additionalProperties", "items", "propertyNames")
+
+
+def emit(node: Any, path: str) -> Any:
+    if not isinstance(node, dict):
+        return node
+    if "anyOf" in node:
+        branches = []
+        for i, b in enumerate(node["anyOf"]):
+            try:
+                branches.append(emit(b, f"{path}/anyOf/{i}"))
+            except Impossible:
+                continue
+        if not branches:
+            raise Impossible(path, "no anyOf branch is satisfiable")
+        return branches[0] if len(branches) == 1 else {"anyOf": branches}
+    out = dict(node)
+    for key in _NAMED:
+        if isinstance(node.get(key), dict):
+            out[key] = {n: _child(s, f"{path}/{key}/{n}") for n, s in node[key].items()}
+    for key in _SINGLE:
+        if key in node:
+            out[key] = _child(node[key], f"{path}/{key}")
+    if "prefixItems" in node:
+        out["prefixItems"] = [emit(s, f"{path}/prefixItems/{i}")
+                              for i, s in enumerate(node["prefixItems"])]
+    _drop_forbidden(out, path)
+    return out
+
+
+def _child(node: Any, path: str) -> Any:
+    """An optional position: impossible means forbidden (``False``)."""
+    try:
+        return emit(node, path)
+    except Impossible:
+        return False
+
+
+def _drop_forbidden(node: dict, path: str) -> None:
+    props = node.get("properties")
+    if not isinstance(props, dict):
+        return
+    banned = [n for n, s in props.items() if s is False]
+    if not banned:
+        return
+    extra = node.get("additionalProperties", False) is not False
+    patterns = list((node.get("patternProperties") or {}).keys())
+    for name in banned:
+        if name in node.get("required", []):
+            raise Impossible(path, f"required property {name!r} is not allowed")
+        if extra or any(re.search(p, name) for p in patterns):
+            raise Impossible(path, f"property {name!r} must not occur, but unlisted keys may")
+        del props[name]
+    # NOTE: the backends emit no unlisted key anyway; saying so keeps the emitted schema a
+    # subset of the original under JSON Schema's own reading too.
+    node["additionalProperties"] = False
+    if not props:
+        del node["properties"]

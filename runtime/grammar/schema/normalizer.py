@@ -1,0 +1,205 @@
+"""``normalize_schema``: a JSON Schema (draft-04..2020-12) rewritten into the plain subset the
+grammar backends enforce exactly (see the package doc), or rejected naming keyword and path.
+
+The normal form: a schema is a *plain* object (no ``$ref`` except to a recursive definition, no
+``allOf``/``if``/``not``/``dependent*``), or ``{"anyOf": [plain, ...]}``, or ``false`` where a
+keyword allows it. Each node is normalized bottom-up: its children first, then its ``$ref`` and
+``allOf`` merged in, then every alternative list (``anyOf``, ``oneOf``, conditionals,
+dependencies) multiplied out against the rest of the node, and each resulting branch checked
+(``finalize``). The rewrites only ever narrow: every instance of the result is one of the
+original (unit-tested with jsonschema, both ways where exact).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+from .drafts import to_2020_12
+from .emit import emit
+from .finalize import finalize
+from .merge import merge_plain
+from .conditional import dependencies, if_then_else, negate
+from .oneof import make_exclusive
+from .refs import RefTable
+from ..schema_support import check_schema_support
+from .rejection import Impossible, reject
+
+MAX_NODES = 20_000  # subschemas visited (inlined references repeat theirs)
+MAX_BRANCHES = 64  # anyOf branches one node may multiply out to
+_COMBINATORS = ("allOf", "anyOf", "oneOf", "if", "then", "else", "not", "dependentRequired",
+                "dependentSchemas", "$ref", "$defs", "definitions")
+_NAMED = ("properties", "patternProperties")
+_SINGLE = ("additionalProperties", "items", "propertyNames", "contains")
+
+
+def normalize_schema(schema: Any, backend_name: str = "xgrammar") -> dict:
+    """The normal form of ``schema`` (a dict, ready to dump for ``backend_name``).
+
+    Raises ``InvalidRequestError(field="json_schema")`` naming the keyword and JSON path of
+    what cannot be enforced, or saying the schema has no valid instance."""
+    norm = _Normalizer(schema)
+    try:
+        out = norm.schema(schema, "#")
+        defs = {name: emit(d, f"#/$defs/{name}") for name, d in norm.defs.items()}
+        out = emit(out, "#")
+    except Impossible as e:
+        raise reject("(schema)", e.path, f"no instance can satisfy it: {e.why}") from None
+    if out is False:
+        raise reject("(schema)", "#", "no instance can satisfy it")
+    if defs:
+        out = {**out, "$defs": defs}
+    check_schema_support(backend_name, out)
+    return out
+
+
+class _Normalizer:
+    def __init__(self, root: Any) -> None:
+        self.refs = RefTable(root)
+        self.defs: dict[str, Any] = {}
+        self.nodes = 0
+
+    # -- one node -------------------------------------------------------------------------------
+    def schema(self, node: Any, path: str) -> Any:
+        """The normal form of ``node`` (raises Impossible if it has no instance)."""
+        if node is True:
+            return {}
+        if node is False:
+            raise Impossible(path, "the schema is false")
+        if not isinstance(node, dict):
+            raise reject("(schema)", path, "a schema must be an object or a boolean")
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            raise reject("$ref", path, f"the schema has over {MAX_NODES} subschemas once its "
+                                       "references are inlined")
+        node = to_2020_12(node)
+        own = self._children({k: v for k, v in node.items() if k not in _COMBINATORS}, path)
+        out = finalize(own, path, self.sub)
+        if "$ref" in node:
+            out = self.sub(self._ref(node["$ref"], path), out, path)
+        for i, branch in enumerate(node.get("allOf") or []):
+            out = self.sub(out, self.schema(branch, f"{path}/allOf/{i}"), path)
+        return self._alternatives(node, out, path)
+
+    def _children(self, node: dict, path: str) -> dict:
+        out = dict(node)
+        for key in _NAMED:
+            if isinstance(node.get(key), dict):
+                out[key] = {name: self.optional(sub, f"{path}/{key}/{name}")
+                            for name, sub in node[key].items()}
+        for key in _SINGLE:
+            if key in node:
+                out[key] = self.optional(node[key], f"{path}/{key}")
+        if isinstance(node.get("prefixItems"), list):
+            out["prefixItems"] = [self.optional(s, f"{path}/prefixItems/{i}")
+                                  for i, s in enumerate(node["prefixItems"])]
+        return out
+
+    def optional(self, node: Any, path: str) -> Any:
+        """A child that may be impossible: ``False`` then (the parent decides what that means)."""
+        try:
+            return self.schema(node, path)
+        except Impossible:
+            return False
+
+    def _ref(self, ref: Any, path: str) -> Any:
+        if not isinstance(ref, str):
+            raise reject("$ref", path, "$ref must be a string")
+        target = self.refs.resolve(ref, path)
+        if not self.refs.is_recursive(ref, path):
+            return self.schema(target, ref)
+        name = self.refs.def_name(ref)
+        if name not in self.defs:
+            self.defs[name] = {}  # placeholder: the definition references itself
+            self.defs[name] = self.schema(target, ref)
+        return {"$ref": f"#/$defs/{name}"}
+
+    # -- alternatives ---------------------------------------------------------------------------
+    def _alternatives(self, node: dict, out: Any, path: str) -> Any:
+        lists: list[tuple[str, list]] = []
+        for key in ("anyOf", "oneOf"):
+            if isinstance(node.get(key), list):
+                lists.append((key, [self.optional(b, f"{path}/{key}/{i}")
+                                    for i, b in enumerate(node[key])]))
+        if "if" in node:
+            cond = self.optional(node["if"], f"{path}/if")
+            then = self.optional(node["then"], f"{path}/then") if "then" in node else None
+            other = self.optional(node["else"], f"{path}/else") if "else" in node else None
+            if then is not None or other is not None:
+                lists.append(("if", if_then_else(cond, then, other, _plain(out))))
+        if "not" in node:
+            negated = negate(self.optional(node["not"], f"{path}/not"), _plain(out))
+            if negated is None:
+                raise reject("not", path, "only a type, an enum, or properties/required can "
+                                          "be negated")
+            lists.append(("not", negated))
+        deps: dict = {}
+        if isinstance(node.get("dependentRequired"), dict):
+            deps["dependentRequired"] = node["dependentRequired"]
+        if isinstance(node.get("dependentSchemas"), dict):
+            deps["dependentSchemas"] = {
+                name: self.optional(s, f"{path}/dependentSchemas/{name}")
+                for name, s in node["dependentSchemas"].items()}
+        lists += dependencies(deps)
+        for key, alts in lists:
+            out = self._distribute(out, key, alts, path)
+        return out
+
+    def _distribute(self, out: Any, key: str, alts: list, path: str) -> Any:
+        """``out`` and one of ``alts`` (an anyOf of each pair that has instances)."""
+        branches = []
+        for left, right in itertools.product(_branches(out), alts):
+            try:
+                branches.extend(_branches(self.sub(left, self._lazy(right, path), path)))
+            except Impossible:
+                continue
+        if len(branches) > MAX_BRANCHES:
+            raise reject(key, path, f"it multiplies out to over {MAX_BRANCHES} alternatives")
+        if key == "oneOf":
+            branches, _ = make_exclusive(branches)
+        branches = _dedupe(branches)
+        if not branches:
+            raise Impossible(path, f"no {key} alternative is satisfiable with its siblings")
+        return branches[0] if len(branches) == 1 else {"anyOf": branches}
+
+    def _lazy(self, alt: Any, path: str) -> Any:
+        """Resolve the conditional module's ("allOf", a, b) pairs by merging."""
+        if isinstance(alt, tuple):
+            return self.sub(self._lazy(alt[1], path), self._lazy(alt[2], path), path)
+        return alt
+
+    # -- merging ----------------------------------------------------------------------------------
+    def sub(self, a: Any, b: Any, path: str) -> Any:
+        """The intersection of two normal forms (False when one is)."""
+        if a is False or b is False:
+            return False
+        if a == {}:
+            return b
+        if b == {}:
+            return a
+        if "anyOf" in a or "anyOf" in b:
+            return self._distribute(a, "anyOf", _branches(b), path)
+        if "$ref" in a or "$ref" in b:
+            raise reject("$ref", path, "a recursive $ref combined with other keywords "
+                                       "(allOf, siblings or anyOf branches)")
+        return finalize(merge_plain(a, b, path, self.sub), path, self.sub)
+
+
+def _branches(node: Any) -> list:
+    return list(node["anyOf"]) if isinstance(node, dict) and "anyOf" in node else [node]
+
+
+def _plain(node: Any) -> dict:
+    return node if isinstance(node, dict) and "anyOf" not in node else {}
+
+
+def _dedupe(branches: list) -> list:
+    seen, out = set(), []
+    for b in branches:
+        key = json.dumps(b, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            out.append(b)
+    return out
+
+
