@@ -14,7 +14,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 import httpx
 from starlette.requests import Request
@@ -50,6 +50,10 @@ class Upstream:
 
 class AttemptFailed(Exception):
     """The worker failed before the client got a byte: retry elsewhere."""
+
+
+class WorkerDown(Exception):
+    """The health checker found the worker down while a request waited on it."""
 
 
 def json_error(path: str, status: int, message: str, param: str | None = None) -> Response:
@@ -147,23 +151,24 @@ class Proxy:
         req = self.client.build_request(up.method, url, content=up.body or None,
                                         headers=up.headers)
         try:
-            resp = await self.client.send(req, stream=True)
-        except httpx.HTTPError as exc:
+            resp = await _unless_down(worker, self.client.send(req, stream=True))
+        except (httpx.HTTPError, WorkerDown) as exc:
             raise self._failed(worker, "connect", f"{type(exc).__name__}: {exc}") from exc
         if resp.status_code in RETRYABLE_STATUS:
             text = (await _read_quietly(resp))[:300]
             raise self._failed(worker, f"status_{resp.status_code}",
                                f"worker answered {resp.status_code}: {text}")
+        worker.open_responses.add(resp)
         return resp
 
     async def _first_chunk(self, worker: Worker, resp: httpx.Response,
                            chunks: AsyncIterator[bytes]) -> bytes:
         try:
-            first = await chunks.__anext__()
+            first = await _unless_down(worker, chunks.__anext__())
         except StopAsyncIteration:
             first = b""
-        except httpx.HTTPError as exc:
-            await resp.aclose()
+        except Exception as exc:  # noqa: BLE001 - a read error, or closed by the health checker
+            await _close(worker, resp)
             raise self._failed(worker, "stream_start", f"{type(exc).__name__}: {exc}") from exc
         worker.breaker.on_success()
         return first
@@ -172,20 +177,25 @@ class Proxy:
                         up: Upstream) -> Response:
         started = time.monotonic()
         reader = asyncio.ensure_future(resp.aread())
+        down = worker.down_signal()
         try:
             while not reader.done():
-                await asyncio.wait({reader}, timeout=0.5)
+                await asyncio.wait({reader, down}, timeout=0.5,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if down.done() and not reader.done():
+                    raise WorkerDown("the worker was found down while answering")
                 if not reader.done() and await request.is_disconnected():
                     # NOTE: closing the upstream connection makes the worker abort the request.
                     reader.cancel()
                     self.metrics.failed.labels(route=up.path, reason="client_gone").inc()
                     return Response(status_code=499)
             body = reader.result()
-        except httpx.HTTPError as exc:
+        except Exception as exc:  # noqa: BLE001 - a read error, or closed by the health checker
             raise self._failed(worker, "read", f"{type(exc).__name__}: {exc}") from exc
         finally:
             reader.cancel()
-            await resp.aclose()
+            down.cancel()
+            await _close(worker, resp)
         worker.breaker.on_success()
         worker.served += 1
         self.metrics.requests.labels(route=up.path, worker=worker.url,
@@ -213,7 +223,7 @@ class Proxy:
             # An event cut in half is closed first, so the error event parses on its own.
             yield (b"" if tail == b"\n\n" else b"\n\n") + sse_error(protocol_of(up.path), message)
         finally:
-            await resp.aclose()
+            await _close(worker, resp)
             worker.load -= 1
             worker.served += 1
             self.metrics.requests.labels(route=up.path, worker=worker.url, status=status).inc()
@@ -239,6 +249,27 @@ class Proxy:
                 return w, 0, f"{type(exc).__name__}: {exc}"
 
         return list(await asyncio.gather(*(one(w) for w in workers)))
+
+
+async def _unless_down(worker: Worker, awaitable: Any) -> Any:
+    """Await ``awaitable`` unless the worker is found down first (then WorkerDown)."""
+    task = asyncio.ensure_future(awaitable)
+    down = worker.down_signal()
+    try:
+        await asyncio.wait({task, down}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        down.cancel()
+        if not task.done():  # found down, or our caller was cancelled (client gone)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        raise WorkerDown("the worker was found down before it answered")
+    return task.result()
+
+
+async def _close(worker: Worker, resp: httpx.Response) -> None:
+    worker.open_responses.discard(resp)
+    await resp.aclose()
 
 
 async def _read_quietly(resp: httpx.Response) -> str:

@@ -90,6 +90,17 @@ class HealthChecker:
             if was != worker.healthy:
                 logger.warning("worker %s is %s%s", worker.url,
                                "up" if worker.healthy else "down", f": {reason}" if reason else "")
+            if not worker.healthy:
+                await self._cut_off(worker)
+
+    @staticmethod
+    async def _cut_off(worker: Worker) -> None:
+        """Fail what still waits on a worker found down, at once instead of at the read
+        timeout (retried elsewhere if the client got nothing yet)."""
+        worker.wake_waiters()
+        responses = list(worker.open_responses)
+        worker.open_responses.clear()
+        await asyncio.gather(*(r.aclose() for r in responses), return_exceptions=True)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop())

@@ -1,6 +1,7 @@
 """One upstream server as the router sees it: URL, requests in flight, health, breaker."""
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,23 @@ class Worker:
     health_successes: int = 0
     last_error: str = ""
     served: int = 0  # requests answered (any status) since it was added
+    # Waits on this worker (for an answer's headers or body) and answers being streamed: when
+    # the worker is found down they are woken or closed, so that requests on a silent (hung,
+    # unplugged) worker fail over at once instead of at the read timeout.
+    down_waiters: set[asyncio.Future] = field(default_factory=set)
+    open_responses: set[Any] = field(default_factory=set)
+
+    def down_signal(self) -> asyncio.Future:
+        """A future that completes when this worker is found down."""
+        future = asyncio.get_running_loop().create_future()
+        self.down_waiters.add(future)
+        future.add_done_callback(self.down_waiters.discard)
+        return future
+
+    def wake_waiters(self) -> None:
+        for future in list(self.down_waiters):
+            if not future.done():
+                future.set_result(None)
 
     @property
     def available(self) -> bool:
@@ -25,6 +43,8 @@ class Worker:
 
     def record_health(self, ok: bool, failure_threshold: int, success_threshold: int,
                       error: str = "") -> None:
+        """Count a health check; the worker goes down after ``failure_threshold`` failed ones
+        in a row and comes back after ``success_threshold`` good ones."""
         if ok:
             self.health_failures, self.health_successes = 0, self.health_successes + 1
             if not self.healthy and self.health_successes >= success_threshold:

@@ -17,7 +17,7 @@ class Drop(Exception):
 
 @dataclass
 class Script:
-    mode: str = "ok"  # ok | 503 | drop | die_mid_stream | hang
+    mode: str = "ok"  # ok | 503 | drop | die_mid_stream | hang | stall_mid_stream
     healthy: bool = True
     name: str = "w"
     seen: list[dict] = field(default_factory=list)  # bodies of the requests served
@@ -61,6 +61,8 @@ def make_app(script: Script) -> FastAPI:
             return JSONResponse({"text": script.name, "meta_info": {"worker": script.name}})
         events = _events(script.name, 4)
         die_at = 2 if script.mode == "die_mid_stream" else -1
+        if script.mode == "stall_mid_stream":
+            return StreamingResponse(_stall(events[:2], script), media_type="text/event-stream")
         return StreamingResponse(_stream(events, die_at),
                                  media_type="text/event-stream")
 
@@ -77,3 +79,10 @@ async def _stream(events: list[bytes], die_at: int):
         yield event
         await asyncio.sleep(0.01)
     yield b"data: [DONE]\n\n"
+
+
+async def _stall(events: list[bytes], script: Script):
+    for event in events:
+        yield event
+    while script.mode == "stall_mid_stream":
+        await asyncio.sleep(0.05)

@@ -243,3 +243,39 @@ def test_runtime_endpoint_works_against_the_router_unchanged(fake_engines):
     state = prog.run(backend=backend, stream=True)
     assert "".join(state.text_iter()).endswith(" :yaS")
     assert backend.flush_cache() is True
+
+
+def test_requests_on_a_worker_found_down_fail_over_before_the_read_timeout():
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = Pool(2, policy="round_robin", read_timeout_s=600, health_interval_s=0.1,
+                health_failure_threshold=1)
+    try:
+        pool.scripts[0].mode = "hang"
+        with ThreadPoolExecutor(2) as ex:
+            plain = ex.submit(gen, pool.client)  # round robin: the first goes to a
+            deadline = time.monotonic() + 10
+            while pool.workers()[0]["load"] == 0 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert pool.workers()[0]["load"] == 1  # waiting on the hung worker
+            pool.scripts[0].healthy = False  # now its health checks fail
+            # Cut off once a is found down; without that it would wait for the 600 s read
+            # timeout, past the client's own 30 s.
+            assert plain.result().json()["text"] == "b"
+        assert pool.workers()[0]["load"] == 0 and not pool.workers()[0]["healthy"]
+        # A stream that already sent output is cut off with an error event, not left hanging.
+        pool.scripts[0].mode, pool.scripts[0].healthy = "stall_mid_stream", True
+        while not pool.workers()[0]["healthy"] and time.monotonic() < deadline + 10:
+            time.sleep(0.02)
+        with ThreadPoolExecutor(2) as ex:
+            # Round robin over two available workers: one of the two streams lands on a.
+            streams = [ex.submit(gen, pool.client, True) for _ in range(2)]
+            while pool.workers()[0]["load"] == 0 and time.monotonic() < deadline + 20:
+                time.sleep(0.02)
+            pool.scripts[0].healthy = False
+            texts = [f.result().text for f in streams]
+        broken = [t for t in texts if '"error"' in t]
+        assert len(broken) == 1 and "after the stream started" in broken[0]
+    finally:
+        pool.scripts[0].mode = "ok"
+        pool.close()
