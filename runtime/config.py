@@ -38,6 +38,12 @@ class EngineConfig:
     grammar_backend: Literal["xgrammar", "outlines", "none"] = "xgrammar"
     grammar_compile_timeout_s: float = 10.0
     disable_jump_forward: bool = False  # grammar: sample forced text instead of appending it
+    # grammar: end every constrained output with a complete value when the budget allows
+    # (docs/structured_output.md): force it within this many tokens of the budget; stop
+    # runaway repetition (one pattern over this many tokens; 0 = off).
+    grammar_force_completion: bool = True
+    grammar_completion_slack: int = 4
+    grammar_repetition_window: int = 32
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 160
     disable_overlap_schedule: bool = False

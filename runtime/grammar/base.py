@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Hashable, Literal, NamedTuple, Sequence
 
 import torch
 
@@ -87,8 +87,20 @@ def allocate_bitmask(batch_size: int, vocab_size: int, pin: bool = False) -> tor
                       pin_memory=pin)
 
 
+class StateKey(NamedTuple):
+    """A matcher state as far as a backend can tell cheaply. ``local``: the newest parse step
+    alone (equal for the states a digit run passes through); ``full``: all the backend knows,
+    which identifies the state exactly when ``Grammar.exact_state_key``."""
+
+    local: Hashable
+    full: Hashable
+
+
 class Grammar(ABC):
     """Per-request matcher state. Not thread-safe: owned by the scheduler loop."""
+
+    # True when ``state_key().full`` identifies the whole state (equal keys: equal futures).
+    exact_state_key: bool = False
 
     @abstractmethod
     def accept_token(self, token_id: int) -> bool:
@@ -137,6 +149,11 @@ class Grammar(ABC):
     @abstractmethod
     def rollback(self, num_tokens: int) -> None:
         """Undo the last ``num_tokens`` accepted tokens."""
+
+    def state_key(self) -> StateKey | None:
+        """A summary of the matcher state; None when the backend has none. Used only to prune
+        the shortest-completion search (shortest.py), never for soundness."""
+        return None
 
     @abstractmethod
     def copy(self) -> "Grammar":

@@ -34,20 +34,30 @@ def jump_forward(grammar: Grammar, tokenizer: Any, output_ids: Sequence[int],
     forced = grammar.jump_forward_string()
     if not forced or grammar.is_terminated() or budget <= 0:
         return None
+    return force_text(grammar, tokenizer, output_ids, forced, budget)
+
+
+def force_text(grammar: Grammar, tokenizer: Any, output_ids: Sequence[int], text: str,
+               budget: int) -> JumpForward | None:
+    """Append ``text`` (which the grammar must accept) as tokens: retokenized together with
+    the last output token where that token is a whole character, cut to ``budget`` new tokens.
+    Returns None (grammar untouched) when the grammar rejects it or nothing fits."""
+    if budget <= 0:
+        return None
     if output_ids and grammar.num_accepted > 0:
         last = int(output_ids[-1])
         last_text = tokenizer.decode([last])
-        if "\ufffd" not in last_text:  # a whole character: safe to merge with the forced text
-            ids = _encode(tokenizer, last_text + forced, budget + 1)
+        if "\ufffd" not in last_text:  # a whole character: safe to merge with the text
+            ids = _encode(tokenizer, last_text + text, budget + 1)
             grammar.rollback(1)
             if ids and grammar.accept_tokens(ids):
                 if ids[0] != last:
-                    return JumpForward(1, ids, forced)
-                return JumpForward(0, ids[1:], forced) if len(ids) > 1 else None
+                    return JumpForward(1, ids, text)
+                return JumpForward(0, ids[1:], text) if len(ids) > 1 else None
             grammar.accept_token(last)  # restore the state we rolled back
-    ids = _encode(tokenizer, forced, budget)
+    ids = _encode(tokenizer, text, budget)
     if ids and grammar.accept_tokens(ids):
-        return JumpForward(0, ids, forced)
+        return JumpForward(0, ids, text)
     return None
 
 

@@ -27,6 +27,7 @@ import torch
 from ..errors import InvalidRequestError
 from .base import GrammarBackend, GrammarKey, allocate_bitmask
 from .compiler import GrammarCompiler
+from .completion import COMPLETED, CompletionConfig, CompletionTracker
 from .jump_forward import jump_forward, only_stop_allowed
 
 
@@ -42,7 +43,8 @@ class GrammarStats:
 class GrammarManager:
     def __init__(self, backend: GrammarBackend, tokenizer: Any, vocab_size: int,
                  eos_token_ids: Sequence[int], *, timeout_s: float = 10.0,
-                 jump_forward: bool = True) -> None:
+                 jump_forward: bool = True,
+                 completion: CompletionConfig | None = CompletionConfig()) -> None:
         self.compiler = GrammarCompiler(backend, timeout_s=timeout_s)
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -53,6 +55,9 @@ class GrammarManager:
         # Bitmasks go to the device with a non-blocking copy, which needs pinned host memory
         # (the scheduler sets this on CUDA; torch's caching host allocator recycles them).
         self.pin_memory = False
+        # complete: forced completion within the budget (completion.py); None when disabled.
+        self.completion = (CompletionTracker(tokenizer, vocab_size, self.eos, completion)
+                           if completion is not None and completion.enabled else None)
 
     # -- admission ------------------------------------------------------------------------------
     def admit(self, req: Any) -> bool:
@@ -140,6 +145,10 @@ class GrammarManager:
                     req.finish_reason = {"type": "abort", "message":
                                          "the sampled token does not fit the grammar"}
                 continue
+            if req.completion is not None and req.completion.finishing and (  # complete
+                    req.output_ids[-1] not in self.eos):
+                self._end_completed(req, grammar)
+                continue
             if req.finished:
                 continue
             # NOTE: a request returning logprobs samples its stop token (it needs its logprob)
@@ -147,6 +156,10 @@ class GrammarManager:
             if grammar.is_terminated() or not req.return_logprob and only_stop_allowed(
                     grammar, self.vocab_size, self.eos):
                 self._finish_with_stop(req, grammar)
+            elif self.completion and self.completion.due(req) and (  # complete: see completion.py
+                    plan := self.completion.plan(req, grammar)) is not None:
+                if self._force(req, grammar, plan, checker, final=True):
+                    requeue.append(req)
             elif self._jump(req, grammar, checker):
                 requeue.append(req)
         return requeue
@@ -175,10 +188,15 @@ class GrammarManager:
         if not self.jump_forward:
             return False
         budget = req.sampling_params.max_new_tokens - len(req.output_ids)
-        last = req.output_ids[-1] if req.output_ids else None
         plan = jump_forward(grammar, self.tokenizer, req.output_ids, budget)
-        if plan is None:
-            return False
+        return plan is not None and self._force(req, grammar, plan, checker)
+
+    def _force(self, req: Any, grammar: Any, plan: Any, checker: Any, final: bool = False) -> bool:
+        """Append a plan already applied to ``grammar``; True if the request must go back to
+        the queue for an extend. ``final`` (a forced completion): the value is complete, so a
+        request without logprobs finishes with its stop token right away (its forced tokens
+        need no KV); one with logprobs gets them scored by that extend, then samples its stop."""
+        last = req.output_ids[-1] if req.output_ids else None
         if plan.rollback:
             del req.output_ids[-plan.rollback:]
         req.output_ids.extend(plan.token_ids)
@@ -186,7 +204,11 @@ class GrammarManager:
         # token's KV may already be in flight and is dropped at requeue (scheduler).
         req.jump_kv_valid = req.seq_len - len(plan.token_ids)
         req.finish_reason = checker.check(req)
-        if req.return_logprob:
+        if final and not req.finished and not req.return_logprob:
+            self._finish_with_stop(req, grammar)
+        elif final and not req.finished and not plan.token_ids:  # complete as it stands
+            req.finish_reason = dict(COMPLETED)
+        if req.return_logprob and plan.token_ids:
             if req.finished:  # no extend would follow to score the forced tokens: sample them
                 self._undo_jump(req, grammar, plan, last)
                 return False
@@ -196,7 +218,18 @@ class GrammarManager:
             del req.output_top_logprobs[len(req.output_top_logprobs) - plan.rollback:]
             req.forced_logprobs_owed = len(plan.token_ids)
         self.stats.jump_forward_tokens += len(plan.token_ids) - plan.rollback
-        return not req.finished
+        return not req.finished and bool(plan.token_ids)
+
+    @staticmethod
+    def _end_completed(req: Any, grammar: Any) -> None:
+        """A logprob request whose forced completion was scored by an extend sampled one more
+        token: the value was already complete, so that token is dropped (no KV yet) and the
+        request finishes as complete."""
+        grammar.rollback(1)
+        req.output_ids.pop()
+        del req.output_token_logprobs[len(req.output_ids):]
+        del req.output_top_logprobs[len(req.output_ids):]
+        req.finish_reason = dict(COMPLETED)
 
     @staticmethod
     def _undo_jump(req: Any, grammar: Any, plan: Any, last: int | None) -> None:
@@ -212,7 +245,9 @@ class GrammarManager:
         return {"grammar_pending_reqs": len(self.pending),
                 "grammar_sampled_tokens": self.stats.sampled_tokens,
                 "grammar_jump_forward_tokens": self.stats.jump_forward_tokens,
-                "grammar_compile_timeouts": self.compiler.stats.timeouts}
+                "grammar_compile_timeouts": self.compiler.stats.timeouts,
+                "grammar_forced_completions": self.completion.forced if self.completion else 0,
+                "grammar_repetition_stops": self.completion.repetitions if self.completion else 0}
 
     def shutdown(self) -> None:
         self.compiler.shutdown()
@@ -227,6 +262,10 @@ def create_grammar_manager(config: Any, tokenizer: Any, vocab_size: int,
                                      list(eos_token_ids) or None)
     if backend is None:
         return None
+    completion = CompletionConfig(enabled=config.grammar_force_completion,
+                                  slack_tokens=config.grammar_completion_slack,
+                                  repetition_window=config.grammar_repetition_window)
     return GrammarManager(backend, tokenizer, vocab_size, eos_token_ids,
                           timeout_s=config.grammar_compile_timeout_s,
-                          jump_forward=not getattr(config, "disable_jump_forward", False))
+                          jump_forward=not getattr(config, "disable_jump_forward", False),
+                          completion=completion)

@@ -20,7 +20,8 @@ from typing import Any, Sequence
 import torch
 
 from ..errors import InvalidRequestError
-from .base import Grammar, GrammarBackend, GrammarKey, bitmask_width, choices_regex
+from .base import (Grammar, GrammarBackend, GrammarKey, StateKey, bitmask_width,
+                   choices_regex)
 from .any_value import ANY_OBJECT, bound_untyped_values
 from .schema import normalize_schema
 from .schema_unroll import unroll_schema_text
@@ -45,6 +46,8 @@ class OutlinesCompiled:
 class OutlinesGrammar(Grammar):
     """One request's walk over an outlines-core index (a Guide plus a terminated flag, because
     a Guide cannot advance past the stop token)."""
+
+    exact_state_key = True  # the DFA state is the whole state
 
     def __init__(self, backend: "OutlinesBackend", compiled: OutlinesCompiled) -> None:
         import outlines_core as oc
@@ -111,6 +114,10 @@ class OutlinesGrammar(Grammar):
         if num_tokens:
             self._guide.rollback_state(num_tokens)
             del self._tokens[-num_tokens:]
+
+    def state_key(self) -> StateKey:
+        state = (self._guide.get_state(), self._terminated)
+        return StateKey(state, state)
 
     def copy(self) -> "OutlinesGrammar":
         # NOTE: a pickled Guide loses its rollback depth, so a copy replays the tokens instead.

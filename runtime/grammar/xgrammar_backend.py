@@ -7,14 +7,18 @@ bitmask row in native code and finds jump-forward strings itself. JSON is compil
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 
 from ..errors import InvalidRequestError
-from .base import Grammar, GrammarBackend, GrammarKey, choices_regex
+from .base import Grammar, GrammarBackend, GrammarKey, StateKey, choices_regex
 from .schema import normalize_schema
+
+_STEPS = re.compile(r"There are (\d+) steps")
+_START = re.compile(r"(?<=rule_start_pos=)(\d+)")  # -1 (the root rule) stays as it is
 
 
 class XGrammarGrammar(Grammar):
@@ -22,6 +26,7 @@ class XGrammarGrammar(Grammar):
 
     # xgrammar.BatchGrammarMatcher: fills many rows with its own threads (made on first use).
     _batch: Any = None
+    exact_state_key = False
 
     def __init__(self, matcher: Any, compiled: "XGrammarCompiled", accepted: int = 0) -> None:
         self._matcher = matcher
@@ -85,6 +90,18 @@ class XGrammarGrammar(Grammar):
         if num_tokens > 0:
             self._matcher.rollback(num_tokens)
             self._accepted -= num_tokens
+
+    def state_key(self) -> StateKey:
+        # NOTE: from the parser's newest Earley state set: ``local`` drops the rules' start
+        # positions, ``full`` keeps them relative to now (repetition counts live there). The
+        # older chart is left out, so neither is exact (``exact_state_key = False``).
+        text = self._matcher._debug_print_internal_state()
+        head, _, states = text.partition("Last step:")
+        steps = _STEPS.search(head)
+        now = int(steps.group(1)) if steps else 0
+        done = self._matcher.is_completed()
+        full = _START.sub(lambda m: str(now - int(m.group(1))), states)
+        return StateKey((done, _START.sub("", states)), (done, full))
 
     def copy(self) -> "XGrammarGrammar":
         return XGrammarGrammar(self._matcher.fork(), self._compiled, self._accepted)

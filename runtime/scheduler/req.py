@@ -66,6 +66,8 @@ class Req:
         # grammar: KV positions still valid after a jump-forward (the replaced last token's
         # KV, computed by an overlapped step, is not); the requeue trims to it.
         self.jump_kv_valid = 0
+        # grammar: budget tracking of the forced completion (grammar/completion.py).
+        self.completion: Any = None
         # Logprob accumulators; "sent" counters mark what already went to the main process.
         self.input_token_logprobs: list | None = None
         self.input_top_logprobs: list | None = None

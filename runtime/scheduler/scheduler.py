@@ -270,6 +270,9 @@ class Scheduler(Stepping):
         for req in reqs:
             if req.finished:
                 req.state = ReqState.FINISHED
+                # grammar: a completed request may have dropped a token an overlapped step
+                # already computed KV for; only KV under its own ids goes to the cache.
+                self.memory.truncate(req, req.seq_len)
                 self.memory.release(req)
                 self.counters["generated_tokens_total"] += len(req.output_ids)
             if req.finished or (req.stream and req.output_ids[req.sent_ids:]):

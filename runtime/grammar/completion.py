@@ -1,0 +1,162 @@
+"""Forced completion: a constrained generation ends with a complete value whenever its budget
+allows one.
+
+Per constrained request the tracker keeps ``need``, the tokens the shortest completion found
+from the request's state takes (``shortest.py``), plus the stop token. When the remaining budget
+(``max_new_tokens`` minus the output so far) comes within ``slack_tokens`` of ``need``, the
+completion is appended as forced tokens (retokenized at the boundary, as jump-forward does) and
+the request finishes with its stop token; the manager applies it (``GrammarManager._complete``).
+
+Cheap per step: ``due`` is one comparison. A measurement runs at the first sampled token and
+then at geometrically shrinking intervals (a third of the slack left), so a request measures
+about ``log(max_new_tokens)`` times before it nears its budget and every step only in the last
+``slack_tokens + need`` tokens; a plan still ahead of the output (the model sampled its next
+token) is reused without searching.
+
+The repetition guard ends runaway output early: when the last ``repetition_window`` tokens
+repeat one pattern of at most ``_MAX_PERIOD`` tokens (a string of one repeated token, digits
+forever), the value is completed right away. It is checked every ``repetition_window // 2``
+tokens, not per token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ..errors import InvalidRequestError
+from .base import Grammar
+from .jump_forward import JumpForward, force_text
+from .shortest import CompletionSearch
+
+_MAX_PERIOD = 4
+# Finish reason of a request that ends at a complete value without sampling its stop token
+# (one returning logprobs: a stop token it did not sample would have none).
+COMPLETED = {"type": "stop", "matched": None}
+
+
+@dataclass(frozen=True)
+class CompletionConfig:
+    """Forced-completion knobs (``EngineConfig.grammar_*`` fields feed them)."""
+
+    enabled: bool = True
+    # Force when remaining <= need + slack: room for a sampled token that raises ``need``.
+    slack_tokens: int = 4
+    repetition_window: int = 32  # 0 turns the repetition guard off
+    max_expansions: int = 256  # search work per measurement
+
+    def __post_init__(self) -> None:
+        for name in ("slack_tokens", "repetition_window", "max_expansions"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                field = {"slack_tokens": "grammar_completion_slack",
+                         "repetition_window": "grammar_repetition_window"}.get(name, name)
+                raise InvalidRequestError(f"{field} must be an integer >= 0, got {value!r}",
+                                          field=field)
+
+
+@dataclass
+class _Budget:
+    """One request's tracking state (``req.completion``)."""
+
+    check_at: int = 0  # output length of the next measurement
+    search_at: int = 0  # output length of the next search (the rest only check repetition)
+    plan: str | None = None  # text of the last completion found
+    plan_at: int = 0  # output length when it was found
+    need: int = 0  # tokens it takes, stop token included
+    finishing: bool = False  # forced and applied; a logprob request awaits their scoring
+
+
+class CompletionTracker:
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: Sequence[int],
+                 config: CompletionConfig = CompletionConfig()) -> None:
+        self.tokenizer = tokenizer
+        self.config = config
+        self.search = CompletionSearch(tokenizer, vocab_size, stop_ids,
+                                       max_expansions=config.max_expansions)
+        self.forced = 0  # requests completed by force
+        self.repetitions = 0  # of those, ended by the repetition guard
+
+    @staticmethod
+    def due(req: Any) -> bool:
+        budget = req.completion
+        return budget is None or len(req.output_ids) >= budget.check_at
+
+    def plan(self, req: Any, grammar: Grammar) -> JumpForward | None:
+        """Measure ``req``; if it must finish now, apply the completion to ``grammar`` and
+        return it (tokens to append, stop token not included), else None."""
+        budget = req.completion = req.completion or _Budget()
+        n = len(req.output_ids)
+        repeating = self._repeating(req.output_ids)
+        if n >= budget.search_at or repeating:
+            self._measure(req, grammar, budget)
+        slack = req.sampling_params.max_new_tokens - n - budget.need - self.config.slack_tokens
+        if budget.plan is not None and (slack <= 0 or repeating) and budget.plan_at != n:
+            self._measure(req, grammar, budget)  # about to force: from the current state
+        if budget.plan is None:
+            budget.check_at = min(budget.search_at, self._next_repetition_check(n))
+            return None
+        if slack > 0 and not repeating:
+            budget.search_at = min(budget.search_at, n + max(1, slack // 3))
+            budget.check_at = min(budget.search_at, self._next_repetition_check(n))
+            return None
+        plan = self._apply(req, grammar, budget.plan, req.sampling_params.max_new_tokens - n)
+        if plan is None:  # does not fit (any more): measure again next step
+            budget.search_at = budget.check_at = n + 1
+            return None
+        self.forced += 1
+        self.repetitions += int(repeating)
+        budget.finishing = True
+        return plan
+
+    def _measure(self, req: Any, grammar: Grammar, budget: _Budget) -> None:
+        n = len(req.output_ids)
+        ahead = self._plan_ahead(req, budget)
+        if ahead is None:
+            found = self.search.search(grammar)
+            ahead = None if found is None else found.text
+        budget.plan, budget.plan_at = ahead, n
+        if ahead is None:  # nothing found within the search bound: try again later
+            budget.need, budget.search_at = 0, n + 8
+            return
+        budget.need = len(self.tokenizer.encode(ahead, add_special_tokens=False)) + 1
+        budget.search_at = 1 << 62  # plan() sets the next search from the slack
+
+    def _plan_ahead(self, req: Any, budget: _Budget) -> str | None:
+        """The rest of the previous plan if the tokens sampled since spell its beginning."""
+        if budget.plan is None or not budget.plan_at:
+            return None
+        new = self.tokenizer.decode(req.output_ids[budget.plan_at:])
+        if new and budget.plan.startswith(new) and "\ufffd" not in new:
+            rest = budget.plan[len(new):]
+            return rest if rest else None
+        return None
+
+    def _apply(self, req: Any, grammar: Grammar, text: str, remaining: int) -> JumpForward | None:
+        """Force ``text`` (leaving one token for the stop); None if it does not fit or does not
+        complete the value (grammar untouched then)."""
+        if not text:
+            return JumpForward(0, (), "") if grammar.is_completed() else None
+        # NOTE: a request that finishes now keeps its last token (no merge at the boundary):
+        # with overlap scheduling that token's KV may be computed already, and a finished
+        # request's KV goes to the radix cache under its ids.
+        history = req.output_ids if req.return_logprob else ()
+        plan = force_text(grammar, self.tokenizer, history, text, remaining - 1)
+        if plan is None:
+            return None
+        if grammar.is_completed() and len(plan.token_ids) - plan.rollback < remaining:
+            return plan
+        grammar.rollback(len(plan.token_ids))
+        if plan.rollback:
+            grammar.accept_token(req.output_ids[-1])
+        return None
+
+    def _repeating(self, output_ids: list[int]) -> bool:
+        window = self.config.repetition_window
+        if not window or len(output_ids) < window + _MAX_PERIOD:
+            return False
+        tail = output_ids[-window - _MAX_PERIOD:]
+        return any(tail[p:] == tail[:-p] for p in range(1, _MAX_PERIOD + 1))
+
+    def _next_repetition_check(self, n: int) -> int:
+        window = self.config.repetition_window
+        return n + max(1, window // 2) if window else 1 << 30

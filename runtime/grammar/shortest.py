@@ -1,0 +1,253 @@
+"""Shortest completion: a short token path from where a matcher stands to a complete match (a
+state in which a stop token is accepted).
+
+Neither xgrammar nor outlines-core exposes the distance to acceptance, so it is searched: a
+uniform-cost search over matcher states, moving by accept/rollback, the cost of a path being
+its length in characters. The moves out of a state, in order:
+
+1. the jump-forward string, when the grammar forces text (then it is the only move);
+2. else the single-character tokens the state's bitmask allows, in an order that finishes JSON
+   and everyday regexes fast: closing quote/brace/bracket/paren, separators, ``0``-``9``,
+   ``a``-``z``, ``A``-``Z``, the rest of printable ASCII;
+3. where none of those is allowed (non-ASCII text), the shortest allowed token.
+
+States are merged by ``Grammar.state_key()`` (all the letters inside a JSON string lead to one
+state), which keeps the search to a few expansions per token of the answer. The work is
+bounded (``max_expansions``); the answer is the cheapest complete path found, and since every
+move was accepted by the matcher itself, any answer is a valid continuation.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import string
+from dataclasses import dataclass
+from typing import Any, Hashable, Iterator, Sequence
+
+import torch
+
+from .base import Grammar, StateKey, allocate_bitmask
+
+# NOTE: order matters twice: it breaks ties between equally short paths, and it decides which
+# characters are tried first when a state allows many (at most ``max_tries``): one digit and
+# one letter of each case come before the punctuation, the other digits and letters after it.
+PRIORITY = ('"}])' + ",:" + "0a" + "A1" + " -._@/+#$%&'*;<=>?[\\^`{|~!(" + string.digits[2:]
+            + string.ascii_lowercase[1:] + string.ascii_uppercase[1:] + "\n\t")
+
+
+_MAX_DEPTH = 256  # moves on one depth-first path
+
+
+@dataclass(frozen=True)
+class Completion:
+    """``token_ids`` take the matcher to a complete state; ``text`` is what they spell."""
+
+    token_ids: tuple[int, ...]
+    text: str
+
+
+class CompletionSearch:
+    """Built once per engine (tokenizer facts); ``search`` runs per request state."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: Sequence[int], *,
+                 max_expansions: int = 256, max_tries: int = 64) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.stop_ids = frozenset(stop_ids)
+        self.max_expansions = max_expansions
+        self.max_tries = max_tries  # single-character moves tried per state
+        ids = [_single_token(tokenizer, c) for c in PRIORITY]
+        self._alphabet = [(c, i) for c, i in zip(PRIORITY, ids) if i is not None and i < vocab_size]
+        alpha = torch.tensor([i for _, i in self._alphabet], dtype=torch.int64)
+        self._words, self._shifts = alpha // 32, (alpha % 32).to(torch.int32)
+        self._lengths: torch.Tensor | None = None  # token lengths, built on first need
+
+    def search(self, grammar: Grammar) -> Completion | None:
+        """A short completion from ``grammar``'s state (empty if it is complete); None if the
+        bounded search finds none. ``grammar`` is left as it was."""
+        if grammar.is_terminated():
+            return None
+        walker = _Walker(grammar)
+        try:
+            if grammar.exact_state_key:
+                path = self._uniform_cost(grammar, walker)
+            else:
+                path = self._depth_first(grammar, walker)
+        finally:
+            walker.goto(())
+        if path is None:
+            return None
+        return Completion(path, self.tokenizer.decode(list(path)))
+
+    def _uniform_cost(self, grammar: Grammar, walker: "_Walker") -> tuple[int, ...] | None:
+        """Exact keys: the cheapest path in tokens (over the moves above), each state once."""
+        order = itertools.count()
+        heap: list[tuple[int, int, tuple[int, ...]]] = [(0, next(order), ())]
+        root = grammar.state_key()
+        best: dict[Hashable, int] = {} if root is None else {root.full: 0}
+        for _ in range(self.max_expansions):
+            if not heap:
+                return None
+            cost, _, path = heapq.heappop(heap)
+            if not walker.goto(path):
+                continue
+            if grammar.is_completed():
+                return path
+            for ids, step, key in self._moves(grammar, set()):
+                if key is not None:
+                    if best.get(key.full, cost + step + 1) <= cost + step:
+                        continue
+                    best[key.full] = cost + step
+                heapq.heappush(heap, (cost + step, next(order), path + ids))
+        return None
+
+    def _depth_first(self, grammar: Grammar, walker: "_Walker") -> tuple[int, ...] | None:
+        """Inexact keys (xgrammar): a depth-first walk taking moves in priority order, moves
+        back into a state already on the path (another digit, another letter: a loop) last.
+        Globally merging states would be unsound here (an inexact key can hide a repetition
+        count), and breadth-first without merging grows exponentially, so the first complete
+        path is the answer."""
+        stack: list[tuple[tuple[int, ...], Iterator, Hashable]] = []
+        node: tuple[int, ...] = ()
+        on_path: list[Hashable] = []
+        for _ in range(self.max_expansions):
+            if grammar.is_completed():
+                return node
+            if len(stack) < _MAX_DEPTH:
+                here = grammar.state_key()
+                local = None if here is None else here.local
+                on_path.append(local)
+                stack.append((node, iter(self._moves(grammar, set(on_path))), local))
+            while stack:
+                node, moves, _ = stack[-1]
+                walker.goto(node)
+                move = next(moves, None)
+                if move is not None and walker.goto(node + move[0]):
+                    node = walker.path
+                    break
+                if move is None:
+                    stack.pop()
+                    on_path.pop()
+            else:
+                return None
+        return None
+
+    def _moves(self, grammar: Grammar, loops: set) -> Iterator[tuple[tuple[int, ...], int, StateKey | None]]:
+        """(token ids, cost in tokens, state key after them) for each move out of here, lazily
+        (a depth-first walk usually needs the first). Moves into a state of equal ``full`` key
+        are one move; moves whose ``local`` key is in ``loops`` come after all others."""
+        forced = grammar.jump_forward_string()
+        if forced:
+            ids = tuple(self.tokenizer.encode(forced, add_special_tokens=False))
+            key = _try(grammar, ids)
+            if key is not None:
+                yield ids, len(ids), None if key is _NO_KEY else key
+                return
+        row = allocate_bitmask(1, self.vocab_size)
+        grammar.fill_bitmask(row, 0)
+        allowed = ((row[0][self._words] >> self._shifts) & 1).tolist()
+        candidates = [tid for (_, tid), ok in zip(self._alphabet, allowed) if ok]
+        done = self._completing(grammar, candidates[:self.max_tries])
+        if done is not None:  # one character finishes the value: nothing is shorter
+            yield done
+            return
+        seen: set = set()
+        later = []
+        tries = 0
+        for (_, tid), ok in zip(self._alphabet, allowed):
+            if not ok or tries >= self.max_tries:
+                continue
+            tries += 1
+            key = _try(grammar, (tid,))
+            if key is None or key is not _NO_KEY and key.full in seen:
+                continue
+            if key is _NO_KEY:
+                yield (tid,), 1, None
+                continue
+            seen.add(key.full)
+            if key.local in loops:
+                later.append(((tid,), 1, key))
+            else:
+                yield (tid,), 1, key
+        if not seen and not later and not tries:
+            tid = self._shortest_allowed(row)
+            key = None if tid is None else _try(grammar, (tid,))
+            if key is not None:
+                yield (tid,), 1, None if key is _NO_KEY else key
+        yield from later[:1]
+
+    @staticmethod
+    def _completing(grammar: Grammar, candidates: list[int]) -> tuple | None:
+        """The first single-token move after which the value is complete, if any."""
+        for tid in candidates:
+            if grammar.accept_token(tid):
+                done = grammar.is_completed()
+                key = grammar.state_key() if done else None
+                grammar.rollback(1)
+                if done:
+                    return (tid,), 1, key
+        return None
+
+    def _shortest_allowed(self, row: torch.Tensor) -> int | None:
+        from ..layers.bitmask import unpack_bitmask
+
+        allowed = unpack_bitmask(row, self.vocab_size)[0]
+        for t in self.stop_ids:
+            if t < self.vocab_size:
+                allowed[t] = False
+        if not bool(allowed.any()):
+            return None
+        lengths = torch.where(allowed, self._token_lengths(), torch.iinfo(torch.int32).max)
+        return int(torch.argmin(lengths))
+
+    def _token_lengths(self) -> torch.Tensor:
+        if self._lengths is None:
+            from .vocab import token_bytes
+
+            big = 1 << 20  # special tokens: never the shortest
+            self._lengths = torch.tensor([len(b) if b else big for b in
+                                          token_bytes(self.tokenizer, self.vocab_size)],
+                                         dtype=torch.int32)
+        return self._lengths
+
+
+_NO_KEY = object()  # accepted, but the backend gives no state key
+
+
+def _try(grammar: Grammar, ids: tuple[int, ...]) -> Hashable | None:
+    """Accept ``ids``, read the state key, roll back: the key (``_NO_KEY`` if the backend has
+    none), or None if the grammar rejects them."""
+    if not ids or not grammar.accept_tokens(ids):
+        return None
+    key = grammar.state_key()
+    grammar.rollback(len(ids))
+    return _NO_KEY if key is None else key
+
+
+class _Walker:
+    """Moves one matcher between search paths by rolling back to the common prefix."""
+
+    def __init__(self, grammar: Grammar) -> None:
+        self.grammar = grammar
+        self.path: tuple[int, ...] = ()
+
+    def goto(self, path: tuple[int, ...]) -> bool:
+        common = 0
+        for a, b in zip(self.path, path):
+            if a != b:
+                break
+            common += 1
+        self.grammar.rollback(len(self.path) - common)
+        self.path = self.path[:common]
+        if self.grammar.accept_tokens(path[common:]):
+            self.path = path
+            return True
+        return False
+
+
+def _single_token(tokenizer: Any, char: str) -> int | None:
+    """The id of the one token spelling exactly ``char``, if the vocabulary has it."""
+    ids = tokenizer.encode(char, add_special_tokens=False)
+    if len(ids) == 1 and tokenizer.decode(ids) == char:
+        return int(ids[0])
+    return None

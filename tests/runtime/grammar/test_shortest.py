@@ -1,0 +1,122 @@
+"""The shortest-completion search (runtime/grammar/shortest.py) on both backends: tiny grammars
+with a known answer, completions from mid-value states, and a property test: from random
+prefixes of valid outputs of the schema suite, the completion is accepted, completes the value,
+and is no longer (in tokens) than the rest of that valid output is in characters."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from sgdsl.runtime.grammar import GrammarKey
+from sgdsl.runtime.grammar.shortest import CompletionSearch
+
+from .helpers import EOS, VOCAB
+
+DATA = Path(__file__).parents[2] / "data" / "schemas" / "json"
+PERSON = {"type": "object", "required": ["a", "b"],
+          "properties": {"a": {"type": "integer"},
+                         "b": {"type": "array", "items": {"type": "string"}, "minItems": 2}}}
+
+
+@pytest.fixture(scope="module")
+def search(tokenizer):
+    return CompletionSearch(tokenizer, VOCAB, [EOS])
+
+
+def _grammar(backend, kind: str, text):
+    key = GrammarKey.choices(text) if kind == "choices" else GrammarKey.from_constraint(kind, text)
+    return backend.new_grammar(backend.compile(key))
+
+
+def _complete(search, grammar) -> str:
+    """Search, then check the answer on the matcher itself; returns its text."""
+    before = grammar.num_accepted
+    found = search.search(grammar)
+    assert found is not None
+    assert grammar.num_accepted == before  # the search leaves the matcher where it was
+    assert grammar.accept_tokens(found.token_ids) and grammar.is_completed()
+    assert grammar.accept_token(EOS)
+    return found.text
+
+
+@pytest.mark.parametrize("kind,text,expected", [
+    ("regex", r"(ab)*c", "c"),
+    ("regex", r"[0-9]+", "0"),
+    ("regex", r"\d{4}-\d{2}-\d{2}", "0000-00-00"),
+    ("regex", r"[a-z]+@[a-z]+\.com", "a@a.com"),
+    ("regex", "héllo|wörld+", "héllo"),  # non-ASCII: forced text and shortest tokens
+    ("choices", ["apple", "banana"], "apple"),
+    ("json_object", "", "{}"),
+])
+def test_known_shortest(backend, search, kind, text, expected):
+    assert _complete(search, _grammar(backend, kind, text)) == expected
+
+
+def test_schema_needs_required_keys_and_min_items(backend, search):
+    text = _complete(search, _grammar(backend, "json_schema", json.dumps(PERSON)))
+    assert json.loads(text) == {"a": 0, "b": ["", ""]}
+
+
+@pytest.mark.parametrize("fmt", ["date-time", "date", "email", "uuid"])
+def test_string_formats(backend, search, fmt):
+    schema = {"type": "string", "format": fmt}
+    assert isinstance(json.loads(_complete(search, _grammar(backend, "json_schema",
+                                                            json.dumps(schema)))), str)
+
+
+def test_recursive_ebnf(backends, search):
+    grammar = _grammar(backends["xgrammar"], "ebnf", 'root ::= "(" root ")" | "x"')
+    assert grammar.accept_tokens([search.tokenizer.convert_tokens_to_ids("(")] * 3)
+    assert _complete(search, grammar) == "x)))"
+
+
+def test_from_mid_value(backend, search, tokenizer):
+    grammar = _grammar(backend, "json_schema", json.dumps(PERSON))
+    sep = " " if backend.name == "xgrammar" else ""
+    prefix = '{"a":' + sep + '12,' + sep + '"b":' + sep + '["xy'
+    assert grammar.accept_tokens(tokenizer.encode(prefix, add_special_tokens=False))
+    rest = _complete(search, grammar)
+    assert json.loads(prefix + rest) == {"a": 12, "b": ["xy", ""]}
+
+
+def test_terminated_has_none(backend, search):
+    grammar = _grammar(backend, "regex", "a")
+    assert grammar.accept_tokens([search.tokenizer.convert_tokens_to_ids("a"), EOS])
+    assert search.search(grammar) is None
+
+
+def _suite(n: int) -> list[dict]:
+    schemas = [json.loads(p.read_text()) for p in sorted(DATA.glob("*.json"))]
+    return random.Random(7).sample(schemas, n)
+
+
+def test_property_random_prefixes(backend, search, walker, tokenizer):
+    """Random walks give valid outputs; from random cut points the search must complete them
+    within the length of the rest of the walk (ASCII rests: one token per character exists)."""
+    rng = random.Random(11)
+    checked = 0
+    for schema in _suite(4):
+        try:
+            compiled = backend.compile(GrammarKey.from_constraint("json_schema", json.dumps(schema)))
+        except Exception:  # noqa: BLE001 - schemas the backend rejects are other tests' business
+            continue
+        walk = backend.new_grammar(compiled)
+        text, done = walker.walk(walk, rng, max_steps=80)
+        if not done:
+            continue
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        for cut in sorted(rng.sample(range(len(ids)), min(3, len(ids)))):
+            grammar = backend.new_grammar(compiled)
+            if not grammar.accept_tokens(ids[:cut]):
+                continue  # the retokenized walk split differently: skip this cut
+            rest = text[len(tokenizer.decode(ids[:cut])):]
+            found = search.search(grammar)
+            assert found is not None, (schema.get("title"), text, cut)
+            assert grammar.accept_tokens(found.token_ids) and grammar.is_completed()
+            if rest.isascii():
+                assert len(found.token_ids) <= max(len(rest), 1), (found.text, rest)
+            checked += 1
+    assert checked >= 4
