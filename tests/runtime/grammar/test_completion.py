@@ -22,12 +22,13 @@ from sgdsl.runtime.sampling_params import SamplingParams
 from sgdsl.runtime.scheduler.scheduler import Scheduler
 
 from .helpers import EOS, VOCAB
-from .test_jump_logprobs import HashRunner
+from .test_jump_logprobs import HashRunner, _check_logprobs
 
 PERSON = {"type": "object", "required": ["name", "age", "tags"],
           "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                          "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1}}}
 SENTENCE = r"[a-z]+( [a-z]+)*\."
+PROMPT = [19161, 357, 42, 216]  # "Write it: "
 # (constraint, budget): budgets a few tokens above each shortest completion.
 REQUESTS = [({"json_schema": json.dumps(PERSON)}, 26), ({"json_schema": json.dumps(PERSON)}, 40),
             ({"regex": SENTENCE}, 6), ({"regex": r"-?[0-9]+(\.[0-9]+)?"}, 5),
@@ -42,14 +43,14 @@ def _run(backend, tokenizer, completion: CompletionConfig, reqs, logprob: bool =
 
     def send(msg) -> None:
         for o in msg.outs:
-            rec = outs.setdefault(o.rid, {"ids": [], "lps": 0, "finish": None})
+            rec = outs.setdefault(o.rid, {"ids": [], "lps": [], "finish": None})
             rec["ids"] += o.new_ids
-            rec["lps"] += len(o.output_token_logprobs or [])
+            rec["lps"] += o.output_token_logprobs or []
             rec["finish"] = o.finish_reason or rec["finish"]
     sched = Scheduler(runner or HashRunner(num_slots=4096, max_reqs=16), EngineConfig(
         max_running_requests=16), [EOS], lambda ids: tokenizer.decode(ids), send,
         grammar=manager)
-    prompt = tokenizer.encode("Write it: ", add_special_tokens=False)
+    prompt = PROMPT
     for i, (constraint, budget) in enumerate(reqs):
         params = SamplingParams(temperature=1.0, seed=i, max_new_tokens=budget, **constraint)
         sched.handle(m.TokenizedGenerateReq(f"r{i}", prompt, params, return_logprob=logprob))
@@ -79,8 +80,8 @@ def test_random_model_always_completes(backend, tokenizer, logprob):
         ended = res["ids"][-1] == EOS
         assert ended or logprob and res["finish"]["matched"] is None
         _check_value(constraint, tokenizer.decode(res["ids"][:-1] if ended else res["ids"]))
-        if logprob:  # forced tokens were scored too: one logprob per output token
-            assert res["lps"] == len(res["ids"])
+        if logprob:  # forced tokens were scored too, each as a plain forward scores it
+            _check_logprobs(PROMPT, res["ids"], res["lps"])
     assert manager.completion.forced >= len(REQUESTS) // 2
 
 
