@@ -37,6 +37,11 @@ class CircuitBreaker:
         if self.state == HALF_OPEN:
             self.trial_in_flight = True
 
+    def release(self) -> None:
+        """The request ended without telling whether the worker is fine (the client left):
+        free the trial slot so the next request can be the trial."""
+        self.trial_in_flight = False
+
     def on_success(self) -> None:
         if self.state == HALF_OPEN:
             self.trial_in_flight = False

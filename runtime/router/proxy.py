@@ -145,6 +145,7 @@ class Proxy:
         finally:
             if not handed_off:
                 worker.load -= 1
+                worker.breaker.release()  # a no-op unless this half-open trial ended unjudged
 
     async def _send(self, worker: Worker, up: Upstream) -> httpx.Response:
         url = worker.url + up.path + (f"?{up.query}" if up.query else "")

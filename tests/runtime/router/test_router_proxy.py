@@ -194,7 +194,7 @@ def test_api_key_and_metrics_per_worker_and_policy():
 
 
 @pytest.fixture(scope="module")
-def fake_engines() -> Iterator[tuple[str, list]]:
+def fake_engines() -> Iterator[tuple[str, list, list]]:
     """Two real server apps over the fake engine, behind a cache_aware router."""
     sys.path.insert(0, os.path.join(HERE, "..", "server"))
     from fake_engine import FakeEngine
@@ -205,14 +205,14 @@ def fake_engines() -> Iterator[tuple[str, list]]:
     servers = [ThreadServer(server_app(e)) for e in engines]
     urls = [s.start() for s in servers]
     router = ThreadServer(create_app(RouterConfig(worker_urls=tuple(urls), **FAST)))
-    yield router.start(), urls
+    yield router.start(), urls, engines
     router.stop()
     for s in servers:
         s.stop()
 
 
 def test_openai_and_anthropic_routes_through_the_router(fake_engines):
-    url, workers = fake_engines
+    url, workers, _ = fake_engines
     with httpx.Client(base_url=url, timeout=30) as c:
         chat = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
                 "max_tokens": 3}
@@ -231,7 +231,7 @@ def test_runtime_endpoint_works_against_the_router_unchanged(fake_engines):
     import sgdsl as sgl
     from sgdsl.backends.runtime_endpoint import RuntimeEndpoint
 
-    url, _ = fake_engines
+    url, _, _ = fake_engines
 
     @sgl.function
     def prog(s):
@@ -279,3 +279,29 @@ def test_requests_on_a_worker_found_down_fail_over_before_the_read_timeout():
     finally:
         pool.scripts[0].mode = "ok"
         pool.close()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_leaving_aborts_the_request_on_the_worker(fake_engines, stream):
+    url, _, engines = fake_engines
+    rid = f"leaver-{stream}"
+    body = {"text": "hi", "rid": rid, "stream": stream,
+            "sampling_params": {"max_new_tokens": 400}}  # 400 steps of 20 ms: 8 s if not cut
+    for e in engines:
+        e.step_s = 0.02
+    try:
+        with httpx.Client(base_url=url, timeout=0.5) as c:
+            if stream:
+                with c.stream("POST", "/generate", json=body) as r:
+                    next(r.iter_lines())  # one event, then leave
+            else:
+                with pytest.raises(httpx.ReadTimeout):
+                    c.post("/generate", json=body)
+        deadline = time.monotonic() + 30
+        while not any(rid in e.finish_types for e in engines) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        finish = [e.finish_types[rid] for e in engines if rid in e.finish_types]
+        assert finish and finish[0] != "length", finish
+    finally:
+        for e in engines:
+            e.step_s = 0.001

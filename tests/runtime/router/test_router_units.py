@@ -58,6 +58,18 @@ def test_breaker_opens_half_opens_and_closes():
     assert b.state == CLOSED
 
 
+def test_breaker_trial_slot_is_freed_when_a_trial_ends_unjudged():
+    clock = Clock()
+    b = CircuitBreaker(failure_threshold=1, success_threshold=1, cooldown_s=1, clock=clock)
+    b.on_failure()
+    clock.now = 1.0
+    assert b.allows()
+    b.on_attempt()
+    assert not b.allows()
+    b.release()  # e.g. the client of the trial request went away
+    assert b.allows() and b.state == HALF_OPEN
+
+
 def test_breaker_reopens_on_a_failed_trial():
     clock = Clock()
     b = CircuitBreaker(failure_threshold=1, success_threshold=1, cooldown_s=5, clock=clock)
