@@ -7,11 +7,13 @@ import asyncio
 import json
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import AsyncIterator, Callable
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import InvalidRequestError
 from .config import RouterConfig, normalize_worker_url
@@ -86,7 +88,7 @@ def create_app(config: RouterConfig, on_shutdown: Callable[[], None] | None = No
     app.add_api_route("/list_workers", _list_workers, methods=["GET"])
     app.add_api_route("/add_worker", _add_worker, methods=["POST"])
     app.add_api_route("/remove_worker", _remove_worker, methods=["POST"])
-    app.middleware("http")(_guard)
+    app.add_middleware(Guard, config=config)
     app.add_exception_handler(InvalidRequestError, _invalid)
     return app
 
@@ -95,20 +97,37 @@ def st(request: Request) -> RouterState:
     return request.app.state.router
 
 
-async def _guard(request: Request, call_next: Any) -> Response:
-    """API key (when configured) and body size, answered in the route's protocol shape."""
-    c = st(request).config
-    path = request.url.path
-    if c.api_key and path not in OPEN_PATHS:
-        auth = request.headers.get("authorization", "")
-        given = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
-        if given != c.api_key:
-            return json_error(path, 401, "invalid or missing API key")
-    size = request.headers.get("content-length")
-    if size and size.isdigit() and int(size) > c.max_body_bytes:
-        return json_error(path, 413, f"request body of {size} bytes exceeds the limit of "
-                                     f"{c.max_body_bytes} bytes")
-    return await call_next(request)
+class Guard:
+    """API key (when configured) and body size, answered in the route's protocol shape.
+    NOTE: plain ASGI, not BaseHTTPMiddleware, which would copy every streamed chunk through a
+    memory channel."""
+
+    def __init__(self, app: ASGIApp, config: RouterConfig) -> None:
+        self.app = app
+        self.config = config
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        denial = self._deny(scope["path"], Headers(scope=scope))
+        if denial is not None:
+            await denial(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _deny(self, path: str, headers: Headers) -> Response | None:
+        c = self.config
+        if c.api_key and path not in OPEN_PATHS:
+            auth = headers.get("authorization", "")
+            given = auth[7:] if auth.lower().startswith("bearer ") else headers.get("x-api-key")
+            if given != c.api_key:
+                return json_error(path, 401, "invalid or missing API key")
+        size = headers.get("content-length")
+        if size and size.isdigit() and int(size) > c.max_body_bytes:
+            return json_error(path, 413, f"request body of {size} bytes exceeds the limit of "
+                                         f"{c.max_body_bytes} bytes")
+        return None
 
 
 async def _invalid(request: Request, exc: Exception) -> Response:
@@ -119,6 +138,9 @@ async def _invalid(request: Request, exc: Exception) -> Response:
 async def _routed(request: Request) -> Response:
     s, path = st(request), request.url.path
     body = await request.body()
+    if len(body) > s.config.max_body_bytes:  # a chunked upload has no content-length to check
+        return json_error(path, 413, f"request body of {len(body)} bytes exceeds the limit of "
+                                     f"{s.config.max_body_bytes} bytes")
     try:
         payload = json.loads(body)
     except ValueError as exc:

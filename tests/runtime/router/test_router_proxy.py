@@ -179,12 +179,14 @@ def test_flush_is_broadcast_and_info_comes_from_any_worker(pool2):
 
 
 def test_api_key_and_metrics_per_worker_and_policy():
-    pool = Pool(2, policy="power_of_two", api_key="sekret")
+    pool = Pool(2, policy="power_of_two", api_key="sekret", max_body_bytes=1000)
     try:
         assert gen(pool.client).status_code == 401
         assert pool.client.get("/health").status_code == 200  # open, as on the server
         auth = {"Authorization": "Bearer sekret"}
         assert pool.client.post("/generate", json={"text": "x"}, headers=auth).status_code == 200
+        big = pool.client.post("/v1/messages", json={"text": "x" * 2000}, headers=auth)
+        assert big.status_code == 413 and big.json()["error"]["type"] == "request_too_large"
         metrics = pool.client.get("/metrics", headers=auth).text
         assert 'sgdsl_router_policy_decisions_total{policy="power_of_two"' in metrics
         for url in pool.urls:
