@@ -13,6 +13,7 @@ import typing
 from typing import Any, Sequence
 
 from ..config import EngineConfig
+from ..router.config import POLICIES
 from .args import ServerArgs
 
 _SERVER_FLAGS = {"host", "port", "api_key", "cors_origins", "graceful_timeout_s",
@@ -69,8 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dp-size", type=int, default=ServerArgs.dp_size,
                         help="data parallelism: engine replicas behind a router on this port")
     parser.add_argument("--router-policy", default=ServerArgs.router_policy,
-                        choices=("cache_aware", "round_robin", "random", "power_of_two",
-                                 "prefix_hash"), help="how --dp-size replicas are chosen")
+                        choices=POLICIES, help="how --dp-size replicas are chosen")
     parser.add_argument("--tool-call-parser", default=None,
                         choices=["hermes", "qwen", "qwen25", "qwen3", "llama3", "mistral"],
                         help="tool-call format of the model (default: from its chat template)")

@@ -307,3 +307,21 @@ def test_a_client_leaving_aborts_the_request_on_the_worker(fake_engines, stream)
     finally:
         for e in engines:
             e.step_s = 0.001
+
+
+@pytest.mark.parametrize("policy", ["prefix_hash", "cache_aware"])
+def test_prefix_policies_keep_each_group_on_one_worker(policy):
+    pool = Pool(3, policy=policy, prefix_chars=16)
+    try:
+        for q in range(4):
+            for g in range(6):
+                text = f"group-{g:02d} system prompt shared by the group; question {q}"
+                assert pool.client.post("/generate", json={"text": text}).status_code == 200
+        homes = {}
+        for script in pool.scripts:
+            for body in script.seen:
+                homes.setdefault(body["text"][:8], set()).add(script.name)
+        assert len(homes) == 6 and all(len(h) == 1 for h in homes.values())
+        assert len(set.union(*homes.values())) > 1  # groups spread over the workers
+    finally:
+        pool.close()
