@@ -14,6 +14,7 @@ from ._common import (as_schema, b64, backend_error, chat_messages, choice_schem
                       finish_reason, merge_turns, parse_choice, split_extensions)
 from .base import Backend, Capabilities, Context, GenResult, SelectResult, StreamChunk, UnsupportedError
 from .loop_local import LoopLocal
+from .tool_calls import anthropic_calls, anthropic_tools
 
 _NATIVE = ("temperature", "top_p", "top_k", "stop", "max_tokens")
 _TOOL = "answer"
@@ -27,7 +28,7 @@ class Anthropic(Backend):
     min_tokens, seed... in ``extra_body`` for servers that accept them."""
 
     name = "Anthropic"
-    capabilities = Capabilities(chat_only=True, constraints=frozenset({"json_schema"}),
+    capabilities = Capabilities(chat_only=True, constraints=frozenset({"json_schema", "tools"}),
                                 images=True, partial_assistant=True)
 
     def __init__(self, model_name: str, *, base_url: str | None = None,
@@ -75,7 +76,9 @@ class Anthropic(Backend):
             req["stop_sequences"] = list(params.stop)
         if extra:
             req["extra_body"] = extra
-        if constraint is not None:
+        if constraint is not None and constraint.kind == "tools":
+            req.update(anthropic_tools(constraint.value))
+        elif constraint is not None:
             if constraint.kind != "json_schema":
                 raise UnsupportedError(f"Anthropic cannot enforce {constraint.kind!r} natively; "
                                        "validate-and-retry applies")
@@ -119,6 +122,10 @@ class Anthropic(Backend):
         req = self._request(ctx, params, constraint)
         # NOTE: no native n; the requests run concurrently and are accounted separately.
         resps = await asyncio.gather(*(self._create(dict(req)) for _ in range(params.n or 1)))
+        if constraint is not None and constraint.kind == "tools":
+            return [GenResult(text="".join(b.text for b in r.content if b.type == "text"),
+                              meta_info=_meta(r) | {"tool_calls": anthropic_calls(r)})
+                    for r in resps]
         wrapped = constraint is not None and _needs_wrap(as_schema(constraint.value))
         return [GenResult(text=_text_of(r, wrapped), meta_info=_meta(r)) for r in resps]
 

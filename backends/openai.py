@@ -18,6 +18,7 @@ from ._common import (as_schema, backend_error, chat_messages, choice_schema, da
 from .base import (Backend, Capabilities, ChoiceScores, Context, GenResult, SelectResult,
                    StreamChunk, UnsupportedError)
 from .loop_local import LoopLocal
+from .tool_calls import openai_calls, openai_tools
 
 _NATIVE = ("temperature", "top_p", "n", "stop", "seed", "frequency_penalty", "presence_penalty",
            "max_tokens")
@@ -45,7 +46,7 @@ class OpenAI(Backend):
                            if extensions is None else extensions)
         self._clients = LoopLocal(lambda: openai.AsyncOpenAI(
             base_url=base_url, api_key=api_key, **client_options))
-        native = {"json_schema"} if self.is_chat_model else set()
+        native = {"json_schema", "tools"} if self.is_chat_model else set()
         if self.extensions:  # sgdsl/SGLang/vLLM servers take regex/ebnf/json_schema fields
             native |= {"regex", "ebnf", "json_schema"}
         self.capabilities = Capabilities(
@@ -93,6 +94,9 @@ class OpenAI(Backend):
         if constraint.kind not in self.capabilities.constraints:
             raise UnsupportedError(f"OpenAI ({self.model_name}) cannot enforce {constraint.kind!r} "
                                    "natively; validate-and-retry applies")
+        if constraint.kind == "tools":
+            req.update(openai_tools(constraint.value))
+            return
         if constraint.kind == "json_schema" and self.is_chat_model:
             schema = as_schema(constraint.value)
             req["response_format"] = {"type": "json_schema", "json_schema": {
@@ -140,6 +144,8 @@ class OpenAI(Backend):
             share = usage["completion_tokens"] // n + (usage["completion_tokens"] % n if i == 0 else 0)
             meta = {**usage, "completion_tokens": share, "usage": usage, "id": resp.id,
                     "model": resp.model, "finish_reason": finish_reason(choice.finish_reason)}
+            if self.is_chat_model and getattr(choice.message, "tool_calls", None):
+                meta["tool_calls"] = openai_calls(choice.message)
             if choice.logprobs is not None:
                 meta["output_token_logprobs"] = _output_logprobs(choice.logprobs, self.is_chat_model)
             results.append(GenResult(text=text or "", meta_info=meta))

@@ -91,7 +91,7 @@ class SrtBackend(Backend):
         info = self.server_info()
         grammar = info.get("grammar_backend", "xgrammar")
         self.capabilities = Capabilities(
-            constraints=frozenset() if grammar == "none" else _NATIVE_CONSTRAINTS,
+            constraints=frozenset() if grammar == "none" else _NATIVE_CONSTRAINTS | {"tools"},
             prompt_logprobs=True, output_logprobs=True, native_n=True, partial_assistant=True,
             stop_regex=True)
         self._template: Any = None
@@ -139,6 +139,10 @@ class SrtBackend(Backend):
     async def generate(self, ctx: Context, params: SamplingParams,
                        constraint: Constraint | None = None) -> list[GenResult]:
         self._check_images(ctx)
+        if constraint is not None and constraint.kind == "tools":
+            from .srt_tools import generate_tools
+
+            return await generate_tools(self, ctx, params, constraint.value)
         request = build_request(ctx.text, params, constraint, self.name)
         out = await self._guarded(request)
         outs = out if isinstance(out, list) else [out]

@@ -19,19 +19,21 @@ from sgdsl.errors import (BackendConfigError, BackendError, ConstraintViolationE
 from sgdsl.function import SglFunction
 from sgdsl.ir import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
 from sgdsl.state import ProgramState, ProgramStateGroup
+from sgdsl.tools import ToolCall, run_tools, tool_results
 
 __version__ = "0.1.0"
 _LAZY_BACKENDS = ("OpenAI", "Anthropic", "RuntimeEndpoint", "Runtime", "Local")
 
 __all__ = [
     "Anthropic", "BackendConfigError", "BackendError", "ConstraintViolationError", "Local",
-    "OpenAI", "ProgramCancelledError", "REGEX_BOOL", "REGEX_FLOAT", "REGEX_INT", "REGEX_STR", "ProgramState", "ProgramStateGroup", "Runtime",
-    "RuntimeEndpoint", "SgdslError", "SglFunction", "UnsupportedError", "assistant",
-    "assistant_begin", "assistant_end", "commit_lazy", "entrypoint", "flush_cache", "function",
-    "gen", "gen_int", "gen_string", "get_server_info", "greedy_token_selection", "image",
-    "select", "separate_reasoning", "set_default_backend", "system", "system_begin", "system_end",
-    "token_length_normalized", "unconditional_likelihood_normalized", "user", "user_begin",
-    "user_end",
+    "OpenAI", "ProgramCancelledError", "ProgramState", "ProgramStateGroup", "REGEX_BOOL",
+    "REGEX_FLOAT", "REGEX_INT", "REGEX_STR", "Runtime", "RuntimeEndpoint", "SgdslError",
+    "SglFunction", "ToolCall", "UnsupportedError", "assistant", "assistant_begin",
+    "assistant_end", "commit_lazy", "entrypoint", "flush_cache", "function", "gen", "gen_int",
+    "gen_string", "get_server_info", "greedy_token_selection", "image", "run_tools", "select",
+    "separate_reasoning", "set_default_backend", "system", "system_begin", "system_end",
+    "token_length_normalized", "tool_results", "unconditional_likelihood_normalized", "user",
+    "user_begin", "user_end",
 ]
 
 

@@ -38,9 +38,13 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
         top_logprobs_num: int | None = None, return_text_in_logprobs: bool | None = None,
         dtype: type | str | None = None, choices: Sequence[str] | None = None,
         choices_method: Callable[..., Any] | None = None, regex: str | None = None,
-        json_schema: Any = None, ebnf: str | None = None, seed: int | None = None) -> ir.Node:
+        json_schema: Any = None, ebnf: str | None = None, seed: int | None = None,
+        tools: Sequence[Any] | None = None, tool_choice: Any = None) -> ir.Node:
     """Generate text into variable ``name``. At most one constraint (regex, json_schema — a
-    string, dict or pydantic model —, ebnf, dtype); ``choices`` makes it a ``select``."""
+    string, dict or pydantic model —, ebnf, dtype); ``choices`` makes it a ``select``;
+    ``tools`` (functions or JSON schemas, see ``sgdsl.tools``) lets the model call them
+    (``tool_choice``: "auto", "required", "none" or a tool's name), the calls in
+    ``state.tool_calls(name)``."""
     if choices is not None:
         return select(name, choices, temperature=temperature or 0.0, choices_method=choices_method)
     params = _params(max_tokens=max_tokens, min_tokens=min_tokens, n=n, stop=stop,
@@ -50,7 +54,14 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
                      return_logprob=return_logprob, logprob_start_len=logprob_start_len,
                      top_logprobs_num=top_logprobs_num,
                      return_text_in_logprobs=return_text_in_logprobs, seed=seed)
-    return ir.Gen(name, params, _constraint(regex=regex, json_schema=json_schema, ebnf=ebnf, dtype=dtype))
+    constraint = _constraint(regex=regex, json_schema=json_schema, ebnf=ebnf, dtype=dtype)
+    if tools is not None:
+        if constraint is not None:
+            raise ValueError("gen() takes tools or one constraint, not both")
+        from sgdsl.tools import tool_set
+
+        constraint = ir.Constraint("tools", tool_set(tools, tool_choice))
+    return ir.Gen(name, params, constraint)
 
 
 def gen_int(name: str | None = None, **kwargs: Any) -> ir.Node:

@@ -12,7 +12,7 @@ REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
 REGEX_BOOL = r"(True|False)"
 REGEX_STR = r"\"[\w\d\s]*\""
 
-ConstraintKind = Literal["regex", "json_schema", "ebnf", "choices", "dtype"]
+ConstraintKind = Literal["regex", "json_schema", "ebnf", "choices", "dtype", "tools"]
 
 
 @dataclass(frozen=True)

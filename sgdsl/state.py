@@ -82,6 +82,13 @@ class ProgramState(RoleMethods):
         self.get_var(name)
         return self.stream_executor.parsed.get(name)
 
+    def tool_calls(self, name: str) -> list[Any]:
+        """The tool calls of ``gen(name, tools=...)`` (``sgdsl.tools.ToolCall``; empty if the
+        model answered in text)."""
+        from sgdsl.tools import calls_of
+
+        return calls_of(self.get_meta_info(name))
+
     def get_meta_info(self, name: str) -> Any:
         self.get_var(name)
         return self.stream_executor.meta_info.get(name)

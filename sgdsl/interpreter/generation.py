@@ -27,6 +27,9 @@ async def run_gen(ex: "StateExecutor", node: ir.Gen) -> None:
 
         await run_reasoning_gen(ex, node, params, plan)
         return
+    if plan.kind == "tools":
+        await _gen_tools(ex, node.name, params, plan)
+        return
     n = params.resolved("n")
     caps = ex.backend.capabilities
     emulate_stop_regex = bool(params.resolved("stop_regex")) and not caps.stop_regex
@@ -179,6 +182,21 @@ async def _spec_gen(ex: "StateExecutor", params: ir.SamplingParams) -> tuple[str
     cut = min(stops) if stops else len(ex.speculated)
     text, ex.speculated = ex.speculated[:cut], ex.speculated[cut:]
     return text, meta
+
+
+async def _gen_tools(ex: "StateExecutor", name: str | None, params: ir.SamplingParams,
+                     plan: Plan) -> None:
+    """A gen that may call tools: its text, then its calls (also written into the transcript,
+    so that later turns see them), parsed into ``state.tool_calls(name)``."""
+    from sgdsl.tools import calls_of, render_calls
+
+    result = (await ex.backend.generate(ex.context(), params.replace(n=1), plan.native))[0]
+    meta = dict(result.meta_info)
+    ex.run.usage.add(meta)
+    calls = calls_of(meta)
+    shown = result.text + ("\n" if result.text and calls else "") + render_calls(calls)
+    ex.fill(shown, "gen", name)
+    _store(ex, name, result.text, meta, calls)
 
 
 def _store(ex: "StateExecutor", name: str | None, value: Any, meta: dict[str, Any], parsed: Any) -> None:

@@ -60,6 +60,10 @@ def plan_constraint(backend: Backend, constraint: Constraint | None) -> Plan:
         return _UNCONSTRAINED
     native = backend.capabilities.constraints
     kind = constraint.kind
+    if kind == "tools":
+        if kind not in native:
+            raise UnsupportedError(f"{type(backend).__name__} cannot call tools")
+        return Plan(constraint, _plain, False, kind)
     check = _checker(constraint)
     if kind in native:
         return Plan(constraint, check, False, kind)

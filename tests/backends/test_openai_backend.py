@@ -80,14 +80,14 @@ async def test_regex_and_unknown_params_are_refused_without_a_request():
     with pytest.raises(UnsupportedError, match="min_tokens"):
         await vendor.generate(CTX, SamplingParams(min_tokens=2))
     assert server.bodies == []
-    assert vendor.capabilities.constraints == frozenset({"json_schema"})
+    assert vendor.capabilities.constraints == frozenset({"json_schema", "tools"})
     assert OpenAI("gpt-4o", base_url="https://api.openai.com/v1", api_key="k").extensions is False
 
 
 async def test_self_hosted_servers_get_regex_and_ebnf_as_body_fields():
     server = Server(chat_reply(["555"]), chat_reply(["a"]))
     b = backend(server)
-    assert b.capabilities.constraints == frozenset({"json_schema", "regex", "ebnf"})
+    assert b.capabilities.constraints == frozenset({"json_schema", "regex", "ebnf", "tools"})
     await b.generate(CTX, SamplingParams(), Constraint("regex", "[0-9]+"))
     await b.generate(CTX, SamplingParams(), Constraint("ebnf", 'root ::= "a"'))
     assert server.bodies[0]["regex"] == "[0-9]+" and "response_format" not in server.bodies[0]
