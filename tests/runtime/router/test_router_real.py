@@ -122,17 +122,31 @@ def shared_prefix_prompts(groups: int, per_group: int, seed: int) -> list[str]:
     return prompts
 
 
-def summed_hit_rate(url: str, prompts: list[str], headers: dict | None = None) -> float:
-    hit = total = 0
-    with httpx.Client(base_url=url, headers=headers, timeout=120) as c:
-        assert c.post("/flush_cache").status_code == 200
+def cache_counters(workers: list[str]) -> tuple[float, float]:
+    """(hit tokens, prompt tokens) summed over the workers' Prometheus counters."""
+    hit = prompt = 0.0
+    for url in workers:
+        for line in httpx.get(f"{url}/metrics", headers=AUTH).text.splitlines():
+            name, _, value = line.partition(" ")
+            if name == "sgdsl_engine_cache_hit_tokens_total":
+                hit += float(value)
+            elif name == "sgdsl_engine_prompt_tokens_total":
+                prompt += float(value)
+    return hit, prompt
+
+
+def summed_hit_rate(url: str, workers: list[str], prompts: list[str]) -> float:
+    """The workload through the router at ``url``; hit rate from the workers' /metrics."""
+    with httpx.Client(base_url=url, timeout=120) as c:
+        assert c.post("/flush_cache").status_code == 200  # broadcast to every worker
+        hit0, prompt0 = cache_counters(workers)
         for prompt in prompts:
             r = c.post("/generate", json={"text": prompt, "sampling_params": {
                 "max_new_tokens": 1, "temperature": 0}})
             assert r.status_code == 200, r.text
-            meta = r.json()["meta_info"]
-            hit, total = hit + meta["cached_tokens"], total + meta["prompt_tokens"]
-    return hit / total
+    hit1, prompt1 = cache_counters(workers)
+    assert prompt1 > prompt0
+    return (hit1 - hit0) / (prompt1 - prompt0)
 
 
 def test_dp_serve_answers_every_protocol_and_the_runtime_endpoint(dp):
@@ -154,9 +168,9 @@ def test_dp_serve_answers_every_protocol_and_the_runtime_endpoint(dp):
     assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 3
 
 
-def test_cache_aware_hits_more_than_round_robin_on_shared_prefixes(routers):
-    rr = summed_hit_rate(routers["round_robin"], shared_prefix_prompts(6, 4, seed=1))
-    ca = summed_hit_rate(routers["cache_aware"], shared_prefix_prompts(6, 4, seed=2))
+def test_cache_aware_hits_more_than_round_robin_on_shared_prefixes(routers, dp):
+    rr = summed_hit_rate(routers["round_robin"], dp.workers, shared_prefix_prompts(6, 4, seed=1))
+    ca = summed_hit_rate(routers["cache_aware"], dp.workers, shared_prefix_prompts(6, 4, seed=2))
     # Each group's prefix is computed once under cache_aware, about twice under round_robin.
     print(f"summed hit rate: cache_aware {ca:.3f}, round_robin {rr:.3f}")
     assert ca > rr + 0.1, (ca, rr)
