@@ -127,10 +127,11 @@ def serve_dp(argv: Sequence[str], engine_config: Any, server_args: Any) -> int:
     if dp < 1:
         print(f"sgdsl serve: error: dp_size: must be >= 1, got {dp}", file=sys.stderr)
         return 2
-    if getattr(engine_config, "nnodes", 1) > 1:
-        print("sgdsl serve: error: dp_size: --dp-size with --nnodes > 1 is not supported; run "
-              "each multi-node replica with `sgdsl serve` and put `sgdsl router` in front",
-              file=sys.stderr)
+    if getattr(engine_config, "nnodes", 1) > 1 or getattr(engine_config, "dist_init_addr", None):
+        # Every replica would meet at the same rendezvous; each picks a free port by itself.
+        print("sgdsl serve: error: dp_size: --dp-size does not take --nnodes > 1 or "
+              "--dist-init-addr; run each multi-node replica with `sgdsl serve` and put "
+              "`sgdsl router` in front", file=sys.stderr)
         return 2
     gpus = gpu_slices(dp, getattr(engine_config, "tp_size", 1), engine_config.device)
     replicas = start_replicas(dp, argv, gpus)
