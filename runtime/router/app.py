@@ -13,6 +13,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import InvalidRequestError
@@ -90,6 +91,7 @@ def create_app(config: RouterConfig, on_shutdown: Callable[[], None] | None = No
     app.add_api_route("/remove_worker", _remove_worker, methods=["POST"])
     app.add_middleware(Guard, config=config)
     app.add_exception_handler(InvalidRequestError, _invalid)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     return app
 
 
@@ -128,6 +130,13 @@ class Guard:
             return json_error(path, 413, f"request body of {size} bytes exceeds the limit of "
                                          f"{c.max_body_bytes} bytes")
         return None
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Unknown routes and methods, in the route's protocol shape like every other error."""
+    assert isinstance(exc, StarletteHTTPException)
+    return json_error(request.url.path, exc.status_code, f"{request.method} "
+                      f"{request.url.path}: {exc.detail}")
 
 
 async def _invalid(request: Request, exc: Exception) -> Response:

@@ -163,6 +163,8 @@ def test_add_and_remove_workers_at_run_time(pool2):
      "no worker"),
     (("post", "/generate", {"content": b"[1, 2"}), 400, None, "malformed JSON"),
     (("post", "/v1/chat/completions", {"json": [1]}), 400, None, "JSON object"),
+    (("get", "/v1/nothing", {}), 404, None, "Not Found"),
+    (("get", "/generate", {}), 405, None, "Method Not Allowed"),
 ])
 def test_bad_input_gets_a_clear_error(pool2, call, status, field, words):
     method, path, kw = call
