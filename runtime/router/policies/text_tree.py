@@ -18,16 +18,20 @@ class _Node:
 
 
 def _common_len(key: str, text: str, start: int) -> int:
-    """Length of the common prefix of ``key`` and ``text[start:]``."""
+    """Length of the common prefix of ``key`` and ``text[start:]``.
+    NOTE: a binary search over slice comparisons (done in C), not a character loop: keys of
+    long system prompts are thousands of characters."""
     seg = text[start:start + len(key)]
     if seg == key:
         return len(key)
-    n = 0
-    for a, b in zip(key, seg):
-        if a != b:
-            break
-        n += 1
-    return n
+    low, high = 0, min(len(key), len(seg))  # key[:low] == seg[:low]; the first high differ
+    while low < high:
+        mid = (low + high + 1) // 2
+        if key[low:mid] == seg[low:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 class TextTree:

@@ -133,3 +133,19 @@ def test_gpu_slices_leave_cpu_replicas_alone():
     from sgdsl.runtime.router.dp import gpu_slices
 
     assert gpu_slices(3, 2, "cpu") == [None, None, None]
+
+
+def test_text_tree_common_prefix_length_matches_a_character_walk():
+    import random
+
+    from sgdsl.runtime.router.policies.text_tree import _common_len
+
+    rng = random.Random(1)
+    for _ in range(5000):
+        key = "".join(rng.choice("ab") for _ in range(rng.randint(0, 12)))
+        text = "".join(rng.choice("ab") for _ in range(rng.randint(0, 16)))
+        start = rng.randint(0, 3)
+        seg, n = text[start:start + len(key)], 0
+        while n < min(len(key), len(seg)) and key[n] == seg[n]:
+            n += 1
+        assert _common_len(key, text, start) == n
