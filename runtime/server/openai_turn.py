@@ -73,9 +73,12 @@ async def _chunks(req: ChatCompletionRequest, events: AsyncIterator[Any], head: 
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
         return sse_data({**head, "object": "chat.completion.chunk", "choices": [choice]})
 
-    yield chunk({"role": "assistant", "content": ""})
     started: set[int] = set()
+    first = True
     async for event in events:
+        if first:  # NOTE: after the first event, so that a failed admission is still a 400
+            first = False
+            yield chunk({"role": "assistant", "content": ""})
         if isinstance(event, ReasoningDelta):
             yield chunk({"reasoning_content": event.text})
         elif isinstance(event, TextDelta):

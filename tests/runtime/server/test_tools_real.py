@@ -85,6 +85,12 @@ def test_openai_multi_turn_with_tool_results(oai, real_server):
     with pytest.raises(openai.BadRequestError, match="unknown tool"):
         _create(oai, real_server, messages=ASK,
                 tool_choice={"type": "function", "function": {"name": "nope"}})
+    bad_tool = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "no-such-type"}}}}}]
+    for stream in (False, True):  # the grammar's failure is a 400, also for a stream
+        with pytest.raises(openai.BadRequestError):
+            oai.chat.completions.create(model=real_server.model, max_tokens=8, messages=ASK,
+                                        tools=bad_tool, tool_choice="required", stream=stream)
 
 
 ANTHROPIC_TOOLS = [{"name": "get_weather", "description": "Current weather",
