@@ -32,8 +32,11 @@ def all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     import torch.distributed as dist
 
     x = x.contiguous()
-    out = torch.empty((g.size, *x.shape), dtype=x.dtype, device=x.device)
-    dist.all_gather_into_tensor(out, x, group=g.group)
+    flat = torch.empty((g.size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+    # NOTE: newer torch renamed all_gather_into_tensor (and warns on the old name)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(flat, x, group=g.group)
+    out = flat.view(g.size, *x.shape)
     dim = dim % x.dim()
     # [size, ..., d, ...] -> [..., size * d, ...]
     return out.movedim(0, dim).reshape(*x.shape[:dim], g.size * x.shape[dim], *x.shape[dim + 1:])
@@ -72,3 +75,26 @@ def gather_object(obj: Any, dst: int = 0) -> list[Any] | None:
     out = [None] * g.size if g.rank == dst else None
     dist.gather_object(obj, out, dst=dst, group=g.cpu_group)
     return out
+
+
+def barrier() -> None:
+    """Wait until every rank got here (host side)."""
+    g = get_tp_group()
+    if g.size == 1 or g.cpu_group is None:
+        return
+    import torch.distributed as dist
+
+    dist.barrier(group=g.cpu_group)
+
+
+def min_over_ranks(value: int) -> int:
+    """The smallest of every rank's ``value`` (host side), e.g. KV slots sized from each
+    device's free memory: every rank must size its pools the same to schedule the same."""
+    g = get_tp_group()
+    if g.size == 1 or g.cpu_group is None:
+        return value
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=g.cpu_group)
+    return int(t.item())

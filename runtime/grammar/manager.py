@@ -86,6 +86,26 @@ class GrammarManager:
         self.pending = still
         return ready, failed
 
+    def take(self, outcomes: list[tuple[str, InvalidRequestError | None]]
+             ) -> tuple[list[Any], list[tuple[Any, InvalidRequestError]]]:
+        """``poll`` with the outcomes decided elsewhere (tensor-parallel rank 0, see
+        ``scheduler/tp_sync.py``): those requests leave ``pending``, waiting for their compile
+        without a deadline when it succeeded there; a failure there fails here too."""
+        decided = dict(outcomes)
+        ready, failed, still = [], [], []
+        for req in self.pending:
+            if req.rid not in decided:
+                still.append(req)
+            elif decided[req.rid] is not None:
+                failed.append((req, decided[req.rid]))
+            else:
+                req.grammar = self.compiler.backend.new_grammar(req.grammar_pending.future().result())
+                ready.append(req)
+            if req.rid in decided:
+                req.grammar_pending = None
+        self.pending = still
+        return ready, failed
+
     def wait_pending(self, timeout_s: float) -> None:
         """Block up to ``timeout_s`` for a pending compile (only when nothing else can run)."""
         futures = [r.grammar_pending.future() for r in self.pending]

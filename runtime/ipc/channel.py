@@ -35,12 +35,15 @@ class IpcPaths:
 
 
 class SyncChannel:
-    """The scheduler process's side: blocking sockets, with a non-blocking drain."""
+    """The scheduler process's side: blocking sockets, with a non-blocking drain.
+    ``receive=False``: send only (a tensor-parallel follower rank reports its errors here but
+    must not take requests: PUSH would deal them out round-robin over connected peers)."""
 
-    def __init__(self, paths: IpcPaths) -> None:
+    def __init__(self, paths: IpcPaths, receive: bool = True) -> None:
         self.ctx = zmq.Context(1)
         self.recv_sock = self.ctx.socket(zmq.PULL)
-        self.recv_sock.connect(paths.to_scheduler)
+        if receive:
+            self.recv_sock.connect(paths.to_scheduler)
         self.send_sock = self.ctx.socket(zmq.PUSH)
         # NOTE: linger bounds how long close() waits for undelivered output at exit.
         self.send_sock.setsockopt(zmq.LINGER, 2000)

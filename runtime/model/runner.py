@@ -13,6 +13,7 @@ import torch
 
 from ..cache.pool import ReqToTokenPool, TokenKVPool
 from ..config import EngineConfig
+from ..distributed.collectives import all_reduce, min_over_ranks
 from ..distributed.state import get_tp_group
 from ..errors import ModelLoadError
 from ..layers.linear import local_heads
@@ -119,6 +120,8 @@ class ModelRunner:
         else:
             slots = self.config.kv_cache_bytes // per_token
         slots = min(slots, self.context_len * self.config.max_running_requests)
+        # every TP rank schedules the same batches over the same slot numbers
+        slots = min_over_ranks(slots)
         if slots < MIN_KV_TOKENS:
             raise ModelLoadError(f"KV cache too small: {slots} token slots ({per_token} bytes "
                                  f"each); raise kv_cache_bytes / mem_fraction_static / max_total_tokens")
@@ -132,6 +135,12 @@ class ModelRunner:
         from .cuda_graph_runner import CudaGraphRunner
 
         max_bs = min(self.config.cuda_graph_max_bs, self.config.max_running_requests)
+        if self.tp_size > 1:
+            # NOTE: NCCL creates its communicator on the first collective, which cannot happen
+            # inside a graph capture: do one before capturing (the graphs then hold the
+            # all-reduces and the logits all-gather).
+            all_reduce(torch.zeros(1, device=self.device))
+            torch.cuda.synchronize(self.device)
         graphs = CudaGraphRunner(self, max_bs)
         graphs.capture()
         return graphs

@@ -4,6 +4,14 @@
 The loop drains incoming messages without blocking while there is work, and blocks on the socket
 when idle, so the hot path has no sleeps. The process exits on ``Shutdown``, or when its parent
 dies (checked about once a second), so no orphan is left behind.
+
+Tensor parallelism (``runtime/distributed``): one such process per rank. Every rank runs the
+same scheduler over the same messages: rank 0 drains the socket and broadcasts what it got at
+the top of each iteration, so all ranks admit, batch, retract, cache and free identically (each
+rank's radix cache and allocator are the same, over a KV pool holding only its heads). The
+logits are all-gathered and sampled on every rank, then rank 0's ids are broadcast
+(``sample_step.py``); grammar compiles finish when rank 0 says so (``tp_sync.py``). Only rank 0
+answers the main process; a follower's socket carries nothing but its own startup error.
 """
 from __future__ import annotations
 
@@ -22,25 +30,54 @@ PARENT_CHECK_S = 1.0
 IDLE_WAIT_MS = 500
 
 
-def run_scheduler_process(config: EngineConfig, paths: IpcPaths, parent_pid: int) -> None:
-    chan = SyncChannel(paths)
+def run_scheduler_process(config: EngineConfig, paths: IpcPaths | None, parent_pid: int,
+                          spec: Any = None) -> None:
+    """``spec``: this process's ``distributed.launch.RankSpec`` (None: the only rank).
+    ``paths`` is None on the ranks of another node (nothing to report to but the log)."""
+    rank, size = (spec.rank, spec.size) if spec is not None else (0, 1)
+    leader = rank == 0
+    chan = SyncChannel(paths, receive=leader) if paths is not None else None
+    where = f"tensor-parallel rank {rank}/{size}: " if size > 1 else ""
     try:
-        scheduler, ready = _build(config, chan)
+        if size > 1:
+            from ..distributed.state import init_tp_group
+
+            init_tp_group(rank, size, spec.device(config), spec.init_method)
+        scheduler, ready = _build(config, chan.send if leader else _drop)
+        if size > 1:
+            from ..distributed.collectives import barrier
+
+            barrier()  # Ready means every rank loaded
     except BaseException as exc:  # noqa: BLE001 - every startup failure must reach the parent
-        chan.send(m.StartupError(f"{type(exc).__name__}: {exc}", traceback.format_exc(),
-                                 getattr(exc, "kind", "model_load_error")))
-        chan.close()
+        _report(chan, m.StartupError(f"{where}{type(exc).__name__}: {exc}",
+                                     traceback.format_exc(), getattr(exc, "kind", "model_load_error")))
         return
     if not config.disable_gc_freeze:
         freeze_startup_objects()
-    chan.send(ready)
+    if leader:
+        chan.send(ready)
     try:
-        _loop(scheduler, chan, parent_pid)
+        _loop(scheduler, chan if leader else None, parent_pid, size > 1)
     except BaseException as exc:  # noqa: BLE001
-        chan.send(m.StartupError(f"scheduler crashed: {type(exc).__name__}: {exc}",
-                                 traceback.format_exc(), "engine_dead"))
-    finally:
-        chan.close()
+        _report(chan, m.StartupError(f"{where}scheduler crashed: {type(exc).__name__}: {exc}",
+                                     traceback.format_exc(), "engine_dead"))
+    else:
+        if chan is not None:
+            chan.close()
+
+
+def _drop(msg: Any) -> None:
+    """A follower rank's scheduler output: rank 0 sends the same."""
+
+
+def _report(chan: SyncChannel | None, err: m.StartupError) -> None:
+    if chan is None:  # a rank on another node: its log is all it has
+        import sys
+
+        print(f"{err.message}\n{err.traceback}", file=sys.stderr, flush=True)
+        return
+    chan.send(err)
+    chan.close()
 
 
 _UNFREEZE_AT_EXIT = False
@@ -59,7 +96,7 @@ def freeze_startup_objects() -> None:
         atexit.register(gc.unfreeze)
 
 
-def _build(config: EngineConfig, chan: SyncChannel) -> tuple[Any, m.Ready]:
+def _build(config: EngineConfig, send: Any) -> tuple[Any, m.Ready]:
     import torch
 
     if config.num_threads:
@@ -71,7 +108,7 @@ def _build(config: EngineConfig, chan: SyncChannel) -> tuple[Any, m.Ready]:
     eos = _eos_ids(runner)
     decode = _load_decoder(config, runner.model_dir)
     grammar = _grammar_manager(config, runner, eos)  # grammar: None when constraints are off
-    scheduler = Scheduler(runner, config, eos, decode, chan.send, grammar=grammar)
+    scheduler = Scheduler(runner, config, eos, decode, send, grammar=grammar)
     ready = m.Ready(model_dir=str(runner.model_dir), context_len=int(runner.context_len),
                     vocab_size=int(runner.model_config.vocab_size),
                     kv_total_slots=int(runner.token_kv_pool.size),
@@ -107,15 +144,22 @@ def _grammar_manager(config: EngineConfig, runner: Any, eos: list[int]) -> Any:
     return create_grammar_manager(config, tok, int(runner.model_config.vocab_size), eos)
 
 
-def _loop(scheduler: Any, chan: SyncChannel, parent_pid: int) -> None:
+def _loop(scheduler: Any, chan: SyncChannel | None, parent_pid: int, parallel: bool) -> None:
+    """``chan`` None: a follower rank, which takes rank 0's messages (and waits in that
+    broadcast while rank 0 idles)."""
+    from ..distributed.collectives import broadcast_object
+
     next_check = time.monotonic() + PARENT_CHECK_S
     while True:
-        for msg in chan.recv_all():
+        msgs = chan.recv_all() if chan is not None else None
+        if parallel:
+            msgs = broadcast_object(msgs)
+        for msg in msgs:
             if isinstance(msg, m.Shutdown):
                 return
             scheduler.handle(msg)
         busy = scheduler.step()
-        if not busy:
+        if not busy and chan is not None:
             chan.wait(IDLE_WAIT_MS)
         now = time.monotonic()
         if now >= next_check:

@@ -8,6 +8,7 @@ from typing import Sequence
 
 import torch
 
+from ..distributed.collectives import broadcast
 from ..layers.sampler import Sampler, SamplingBatchInfo
 from .req import Req
 
@@ -31,6 +32,10 @@ class BatchSampler:
         """Next ids on the logits' device (no host sync); ``info`` advances one step.
         ``vocab_mask``: the grammar's packed int32 bitmask, rows aligned with the batch."""
         ids = self.sampler.sample(logits, info, vocab_mask)
+        # NOTE: under tensor parallelism every rank samples the same all-gathered logits with
+        # the same seeds; rank 0's ids are then broadcast (on the device, no host sync), so no
+        # rounding or kernel nondeterminism can ever make the ranks' batches drift apart.
+        ids = broadcast(ids, src=0)
         info.update(ids)
         return ids
 

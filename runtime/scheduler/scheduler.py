@@ -27,6 +27,7 @@ from .req import Req, ReqState
 from .running import RunningBatch, needs_sync
 from .sample_step import BatchSampler
 from .stepping import Stepping
+from . import tp_sync
 
 # NOTE: share of a running request's remaining tokens that admission keeps free for its decode.
 # Starts cautious, decays as decode proceeds without trouble (stepping.py), jumps back up after
@@ -81,8 +82,8 @@ class Scheduler(Stepping):
             self.send(m.RpcResp(msg.call_id, ok=True, value=bool(ok)))
         elif isinstance(msg, m.StatsReq):
             self.send(m.RpcResp(msg.call_id, ok=True, value=self.stats()))
-        elif isinstance(msg, m.CheckIntegrityReq):
-            self.send(self._integrity_resp(msg.call_id))
+        elif isinstance(msg, m.CheckIntegrityReq):  # every TP rank checks, rank 0 answers
+            self.send(tp_sync.integrity_resp(msg.call_id, self._integrity_resp(msg.call_id)))
         else:
             raise TypeError(f"scheduler got an unknown message {type(msg).__name__}")
 
@@ -240,7 +241,7 @@ class Scheduler(Stepping):
     def _poll_grammars(self) -> None:
         if not (self.grammar and self.grammar.pending):
             return
-        ready, failed = self.grammar.poll()
+        ready, failed = tp_sync.poll_grammars(self.grammar)
         self.waiting.extend(ready)
         for req, err in failed:
             self._fail_invalid(req, err)

@@ -95,6 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = argv[1:]
     engine_config, server_args = parse_args(argv)
     logging.basicConfig(level=server_args.log_level.upper())
+    if engine_config.node_rank > 0:  # a further node of a multi-node TP group: no HTTP
+        from ..distributed.node import run_node
+
+        return run_node(engine_config)
     if server_args.dp_size != 1:
         from ..router.dp import serve_dp  # N replica servers behind the router
 

@@ -31,7 +31,8 @@ class TokenizerManager:
         self.config = config
         self.paths = IpcPaths.create()
         self.chan = AsyncChannel(self.paths)
-        self.proc: Any = None
+        self.proc: Any = None  # rank 0's scheduler process
+        self.procs: list[Any] = []  # every rank's process on this node (rank order)
         self.ready: m.Ready | None = None
         self.tokenizer: Any = None
         self.states: dict[str, ReqState] = {}
@@ -44,13 +45,28 @@ class TokenizerManager:
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> m.Ready:
-        from ..scheduler.process import run_scheduler_process
+        from ..distributed import launch
 
-        ctx = mp.get_context("spawn")
-        self.proc = ctx.Process(target=run_scheduler_process, name="sgdsl-scheduler", daemon=True,
-                                args=(self.config, self.paths, _pid()))
-        _start_without_main(self.proc)
-        self.ready = await self._await_ready()
+        if self.config.tp_size == 1:
+            from ..scheduler.process import run_scheduler_process
+
+            ctx = mp.get_context("spawn")
+            self.proc = ctx.Process(target=run_scheduler_process, name="sgdsl-scheduler",
+                                    daemon=True, args=(self.config, self.paths, _pid()))
+            _start_without_main(self.proc)
+            self.procs = [self.proc]
+        else:  # one process per tensor-parallel rank of this node
+            launch.check_devices(self.config)
+            await asyncio.to_thread(launch.check_model, self.config)
+            specs = launch.node_ranks(self.config, launch.init_method(self.config))
+            self.procs = launch.start_ranks(self.config, specs, self.paths, _pid(),
+                                            _start_without_main)
+            self.proc = self.procs[0]
+        try:
+            self.ready = await self._await_ready()
+        except BaseException:
+            launch.stop_processes(self.procs, 0.0)  # no orphan rank after a failed start
+            raise
         from .loader import load_tokenizer
 
         self.tokenizer = await asyncio.to_thread(load_tokenizer, self.config, self.ready.model_dir)
@@ -70,23 +86,25 @@ class TokenizerManager:
                 err = ModelLoadError(f"engine startup failed: {msg.message}")
                 err.child_traceback = msg.traceback  # type: ignore[attr-defined]
                 raise err
-            if msg is None and not self.proc.is_alive():
-                raise EngineDeadError(f"scheduler process exited during startup "
-                                      f"(exit code {self.proc.exitcode})")
+            dead = self._dead_rank()
+            if msg is None and dead is not None:
+                raise EngineDeadError(f"{dead[0]} exited during startup (exit code {dead[1]})")
         raise EngineDeadError(f"scheduler process not ready after {STARTUP_TIMEOUT_S:.0f} s")
 
     async def shutdown(self) -> None:
         for task in self._tasks:
             task.cancel()
-        if self.proc is not None and self.proc.is_alive():
+        if any(p.is_alive() for p in self.procs):
             try:
-                self.chan.send_nowait(m.Shutdown())
+                self.chan.send_nowait(m.Shutdown())  # rank 0 passes it to every rank
             except Exception:  # noqa: BLE001 - the socket may already be gone
                 pass
-            await _wait_exit(self.proc, 10.0)
-            if self.proc.is_alive():
-                self.proc.kill()
-                await _wait_exit(self.proc, 5.0)
+            for proc in self.procs:
+                await _wait_exit(proc, 10.0)
+            for proc in self.procs:
+                if proc.is_alive():
+                    proc.kill()
+                    await _wait_exit(proc, 5.0)
         self._fail_all(EngineDeadError("engine shut down"))
         self.chan.close()
         self.paths.cleanup()
@@ -107,14 +125,42 @@ class TokenizerManager:
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
             elif isinstance(msg, m.StartupError):
-                self._die(f"{msg.message}\n{msg.traceback}")
+                self._die(await self._crash_text(msg))
                 return
 
     async def _watchdog(self) -> None:
-        while self.proc.is_alive():
+        while (dead := self._dead_rank()) is None:
             await asyncio.sleep(WATCHDOG_S)
         await asyncio.sleep(0.2)  # let a crash report sent just before exit arrive first
-        self._die(f"scheduler process exited unexpectedly (exit code {self.proc.exitcode})")
+        self._die(f"{dead[0]} exited unexpectedly (exit code {dead[1]})")
+        # NOTE: the other ranks would wait on the dead one (a collective): stop them, so a
+        # dead rank leaves no orphan and no GPU memory held.
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.kill()
+        for proc in self.procs:
+            await _wait_exit(proc, 5.0)
+
+    async def _crash_text(self, msg: m.StartupError) -> str:
+        """A crash report; under TP, rank 0 usually crashes because another rank died (its
+        collective failed): name that rank first."""
+        text = f"{msg.message}\n{msg.traceback}"
+        if len(self.procs) > 1:
+            await asyncio.sleep(2 * WATCHDOG_S)  # a killed rank is reaped by then
+            dead = next(((r, p) for r, p in enumerate(self.procs) if r and not p.is_alive()), None)
+            if dead is not None:
+                text = (f"tensor-parallel rank {dead[0]} (pid {dead[1].pid}) exited unexpectedly "
+                        f"(exit code {dead[1].exitcode}); rank 0 then failed: {text}")
+        return text
+
+    def _dead_rank(self) -> tuple[str, int | None] | None:
+        """(which worker process, its exit code) for the first that exited; None: all alive."""
+        for rank, proc in enumerate(self.procs):
+            if not proc.is_alive():
+                what = ("scheduler process" if len(self.procs) == 1 else
+                        f"tensor-parallel rank {rank} (pid {proc.pid})")
+                return what, proc.exitcode
+        return None
 
     def _die(self, text: str) -> None:
         if self.dead is None:

@@ -1,0 +1,89 @@
+"""Tensor parallelism (issue 10): batch-1 decode of Llama-3.1-8B at TP=1 vs TP=2, and
+Llama-3.1-70B (does not fit one GPU) at TP=2: batch-1 decode and offline 256 x 1024 in / 256 out.
+All dummy bf16 weights (each rank draws its own shard of the same seeded model), through the
+Engine (one process per rank, NCCL, CUDA graphs with the all-reduces captured), greedy.
+
+Batch-1 decode tok/s = (out - 1) / (t(out tokens) - t(1 token)): prefill and request overhead
+cancel. Floors printed next to the results: decode reads every weight once per token, so
+tok/s <= HBM bandwidth / weight bytes per GPU; offline needs 2 * params FLOPs per token.
+Targets: 8B TP=2 >= 1.5x TP=1; 70B TP=2 batch-1 >= 45 tok/s.
+
+Needs 2 GPUs (the device tool's nvidia-h200-x2 kind):
+  python bench_tp.py --runs 8b-tp1,8b-tp2,70b-tp2,70b-offline
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from common import model_dir, print_table, random_prompts, run_engine
+
+HBM_TB_S = 4.3  # per GPU, as issue 10 states the floor (H200 spec sheet: 4.8)
+BF16_TFLOPS = 989.0  # dense bf16 per H100/H200 SXM
+PARAMS = {"llama-3.1-8b": 8.03e9, "llama-3.1-70b": 70.6e9}
+
+
+def decode_tok_s(model: str, tp: int, prompt_len: int, out_len: int) -> float:
+    from sgdsl.runtime import Engine
+
+    ids = random_prompts(1, prompt_len, seed=0)[0]
+    params = lambda n: {"max_new_tokens": n, "ignore_eos": True, "temperature": 0.0}  # noqa: E731
+    with Engine(model=model_dir(model), load_format="dummy", tp_size=tp, max_running_requests=4,
+                cuda_graph_max_bs=4, context_length=4096, grammar_backend="none") as engine:
+        engine.generate(input_ids=ids, sampling_params=params(out_len))  # warm-up
+        times = {}
+        for n in (1, out_len):
+            engine.flush_cache()  # both runs prefill the whole prompt
+            t0 = time.perf_counter()
+            out = engine.generate(input_ids=ids, sampling_params=params(n))
+            times[n] = time.perf_counter() - t0
+            assert len(out["output_ids"]) == n
+    return (out_len - 1) / (times[out_len] - times[1])
+
+
+def decode_row(model: str, tp: int, a: argparse.Namespace) -> list:
+    tok_s = decode_tok_s(model, tp, a.prompt_len, a.out_len)
+    floor = HBM_TB_S * 1e12 / (2 * PARAMS[model] / tp)  # bf16: 2 bytes per weight
+    return [f"{model} TP={tp} batch-1 decode", tok_s, floor, tok_s / floor]
+
+
+def offline_row(a: argparse.Namespace) -> list:
+    model, tp = "llama-3.1-70b", 2
+    prompts = random_prompts(a.num, 1024, seed=1)
+    r = run_engine(model, prompts, 256, tp_size=tp, max_running_requests=a.num,
+                   cuda_graph_max_bs=a.num, chunked_prefill_size=8192,
+                   max_prefill_tokens=16384, context_length=4096)
+    total = (r["in_tokens"] + r["out_tokens"]) / r["wall_s"]
+    compute_floor = tp * BF16_TFLOPS * 1e12 / (2 * PARAMS[model])  # tok/s if compute-bound
+    # decode steps each read all weights once: 256 steps at the bandwidth floor, + prefill
+    decode_s = 256 * (2 * PARAMS[model] / tp) / (HBM_TB_S * 1e12)
+    prefill_s = r["in_tokens"] / compute_floor
+    bw_floor = (r["in_tokens"] + r["out_tokens"]) / (decode_s + prefill_s)
+    return [f"{model} TP=2 offline {a.num}x1024/256 total", total, min(compute_floor, bw_floor),
+            total / min(compute_floor, bw_floor)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", default="8b-tp1,8b-tp2,70b-tp2,70b-offline")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--out-len", type=int, default=256)
+    ap.add_argument("--num", type=int, default=256)
+    a = ap.parse_args()
+    assert torch.cuda.device_count() >= 2 or a.runs == "8b-tp1", "needs 2 GPUs"
+    rows = []
+    for run in a.runs.split(","):
+        if run == "70b-offline":
+            rows.append(offline_row(a))
+        else:
+            size, tp = run.split("-tp")
+            rows.append(decode_row(f"llama-3.1-{size}", int(tp), a))
+        print(rows[-1], flush=True)
+    print_table("Tensor parallelism (dummy bf16, CUDA graphs, overlap on)",
+                ["run", "tok/s", "floor tok/s", "of floor"], rows)
+
+
+if __name__ == "__main__":
+    main()

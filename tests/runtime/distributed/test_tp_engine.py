@@ -1,0 +1,152 @@
+"""Acceptance of tensor parallelism on CPU (gloo): TP engines give the TP=1 greedy outputs token
+for token and logprobs within 1e-4, for a mixed batch with chunked prefill (16-token budget),
+a KV pool small enough to force retraction, and cache hits on the second pass; every rank
+passes the idle invariant; two "nodes" on loopback equal one node; a killed rank gives a clear
+error and leaves no process behind.
+
+The tiny random model (4 heads, 2 kv heads) runs at TP=2; the embedded SmolLM2 (9 heads, 3 kv
+heads) cannot split over 2 ranks (a clear startup error) and runs at TP=3.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sgdsl.runtime import Engine
+from sgdsl.runtime.errors import EngineDeadError, ModelLoadError
+
+PROMPTS = [
+    "Hi",
+    "The capital of France is",
+    "Write a haiku about the sea and the wind over the rocks at dawn.",
+    "<|im_start|>user\nWhat is 12 times 7? Answer with a number.<|im_end|>\n<|im_start|>assistant\n",
+    "List three colors of the rainbow, separated by commas, and then explain which of them "
+    "is your favourite and why, in one short sentence that a child could understand.",
+    "def fibonacci(n):\n    ",
+]
+MAX_NEW = 12
+GREEDY = {"temperature": 0, "max_new_tokens": MAX_NEW}
+# chunked prefill on (16-token budget) and a pool small enough to force retraction
+SMALL = dict(chunked_prefill_size=16, max_total_tokens=72, num_threads=1)
+TINY = dict(load_format="dummy", **SMALL)
+
+
+def run_mixed(engine: Engine) -> dict:
+    """Two passes (the second hits the cache, with logprobs); returns what TP must equal."""
+    stats0 = engine.stats()
+    first = engine.generate(PROMPTS, GREEDY)
+    second = engine.generate(PROMPTS, GREEDY, return_logprob=True, top_logprobs_num=3)
+    # grammar (compiled on every rank, rank 0 decides when) and seeded sampling
+    extra = engine.generate(PROMPTS[:3], [
+        {"temperature": 0, "max_new_tokens": MAX_NEW, "regex": "(yes|no)[0-9]{2,5}!"},
+        {"temperature": 0.9, "seed": 7, "max_new_tokens": MAX_NEW},
+        {"temperature": 0, "max_new_tokens": MAX_NEW,
+         "json_schema": '{"type": "object", "properties": {"a": {"type": "integer"}}}'}])
+    stats = engine.stats()
+    engine.check_idle_integrity()  # at TP > 1: every rank's pools
+    return {"extra": [r["text"] for r in extra],"first": [r["output_ids"] for r in first],
+            "second": [r["output_ids"] for r in second],
+            "cached": sum(r["meta_info"]["cached_tokens"] for r in second),
+            "logprobs": [r["meta_info"]["output_token_logprobs"] for r in second],
+            "top": [r["meta_info"]["output_top_logprobs"] for r in second],
+            "retractions": stats["retractions_total"] - stats0["retractions_total"]}
+
+
+def assert_same(tp: dict, ref: dict) -> None:
+    assert tp["first"] == ref["first"] and tp["second"] == ref["second"]
+    assert tp["first"] == tp["second"]
+    assert tp["extra"] == ref["extra"]
+    assert tp["retractions"] > 0 and tp["cached"] > 0  # the paths under test did run
+    for got, want in zip(tp["logprobs"], ref["logprobs"]):
+        assert [t[1] for t in got] == [t[1] for t in want]
+        assert max(abs(g[0] - w[0]) for g, w in zip(got, want)) < 1e-4
+    for got, want in zip(tp["top"], ref["top"]):
+        for g_row, w_row in zip(got, want):
+            assert [t[1] for t in g_row] == [t[1] for t in w_row]
+            assert max(abs(g[0] - w[0]) for g, w in zip(g_row, w_row)) < 1e-4
+
+
+@pytest.fixture(scope="module")
+def tiny_ref(tiny_model_dir):
+    with Engine(str(tiny_model_dir), **TINY) as engine:
+        return run_mixed(engine)
+
+
+@pytest.fixture(scope="module")
+def tiny_tp2(tiny_model_dir):
+    engine = Engine(str(tiny_model_dir), tp_size=2, **TINY)
+    yield engine
+    engine.shutdown()
+
+
+def test_tiny_tp2_equals_tp1(tiny_tp2, tiny_ref):
+    assert_same(run_mixed(tiny_tp2), tiny_ref)
+    assert len(tiny_tp2._tm.procs) == 2
+
+
+def test_smollm2_tp2_is_refused_clearly():
+    """Checked before any rank starts. NOTE: uneven head splits are not supported (SGLang
+    does not either): a 9-head model runs at TP 1, 3 or 9."""
+    with pytest.raises(ModelLoadError, match=r"tp_size=2 does not divide the model's 9 "
+                                             r"attention heads"):
+        Engine(tp_size=2, **SMALL)
+
+
+def test_smollm2_tp3_equals_tp1(embedded_engine):
+    """TP=1 reference: the suite's shared embedded engine (greedy tokens do not depend on
+    chunking or retraction; the TP=3 engine has both on)."""
+    ref = run_mixed(embedded_engine)
+    with Engine(tp_size=3, **SMALL) as engine:
+        assert_same(run_mixed(engine), ref)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_on_loopback_equal_one_node(tiny_model_dir, tiny_ref):
+    addr = f"127.0.0.1:{_free_port()}"
+    node1 = subprocess.Popen(
+        [sys.executable, "-m", "sgdsl.runtime.server", "--model", str(tiny_model_dir),
+         "--load-format", "dummy", "--chunked-prefill-size", "16", "--max-total-tokens", "72",
+         "--num-threads", "1", "--tp-size", "2", "--nnodes", "2", "--node-rank", "1",
+         "--dist-init-addr", addr])
+    try:
+        with Engine(str(tiny_model_dir), tp_size=2, nnodes=2, node_rank=0,
+                    dist_init_addr=addr, **TINY) as engine:
+            assert len(engine._tm.procs) == 1  # this node runs rank 0 only
+            assert_same(run_mixed(engine), tiny_ref)
+        assert node1.wait(timeout=60) == 0  # node 0's shutdown ended node 1's rank
+    finally:
+        if node1.poll() is None:
+            node1.kill()
+            node1.wait()
+
+
+def test_killed_rank_fails_clearly_without_orphans(tiny_tp2):
+    """Last user of ``tiny_tp2``: kill rank 1 while a generation streams. (Should the stream
+    win the race and finish, the next request meets the dead rank instead.)"""
+    procs = list(tiny_tp2._tm.procs)
+    stream = tiny_tp2.generate("Hi", {"max_new_tokens": 60, "ignore_eos": True,
+                                      "temperature": 0}, stream=True)
+    next(stream)
+    os.kill(procs[1].pid, 9)
+    with pytest.raises(EngineDeadError, match=r"tensor-parallel rank 1 \(pid \d+\) exited "
+                                              r"unexpectedly \(exit code -9\)"):
+        for _ in stream:
+            pass
+        time.sleep(3)  # the watchdog's period, twice
+        tiny_tp2.generate("Hi", GREEDY)
+    deadline = time.monotonic() + 30
+    while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(p.is_alive() for p in procs)  # rank 0 stopped too: no orphan
+    with pytest.raises(EngineDeadError, match="tensor-parallel rank 1"):
+        tiny_tp2.stats()  # what /health answers 503 with

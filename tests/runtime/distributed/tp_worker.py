@@ -1,0 +1,54 @@
+"""One rank of a model-level TP test (spawned by test_tp_models.py): joins a gloo group, builds
+a ModelRunner per model directory and returns rank 0's logits (every rank: its KV pool shape)."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+DECODE_STEPS = 2
+
+
+def model_test_module(name: str):
+    """A helper module of tests/runtime/model (not importable from this package)."""
+    path = Path(__file__).resolve().parents[1] / "model" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"tp_test_{name}", path)
+    if spec.name in sys.modules:
+        return sys.modules[spec.name]
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while defining
+    spec.loader.exec_module(module)
+    return module
+
+
+def logits_of(runner, prompts: list[list[int]]) -> list[torch.Tensor]:
+    """Extend logits of every prompt's last token, then greedy decode steps."""
+    d = model_test_module("driver").RunnerDriver(runner)
+    reqs = [d.new_request() for _ in prompts]
+    out = [d.extend(list(zip(reqs, prompts)))]
+    for _ in range(DECODE_STEPS):
+        nxt = out[-1].argmax(-1).tolist()
+        out.append(d.decode(list(zip(reqs, nxt))))
+    return [t.clone() for t in out]
+
+
+def run_rank(rank: int, size: int, init_method: str, dirs: list[str],
+             prompts: list[list[int]], results) -> None:
+    from sgdsl.runtime.config import EngineConfig
+    from sgdsl.runtime.distributed.state import destroy_tp_group, init_tp_group
+    from sgdsl.runtime.model.runner import ModelRunner
+
+    torch.set_num_threads(1)
+    init_tp_group(rank, size, torch.device("cpu"), init_method, timeout_s=120)
+    try:
+        for model_dir in dirs:
+            runner = ModelRunner(EngineConfig(model=model_dir, device="cpu", max_total_tokens=256,
+                                              max_running_requests=4, tp_size=size))
+            logits = logits_of(runner, prompts)
+            kv = tuple(runner.token_kv_pool.k_buffer[0].shape)
+            # numpy: a torch tensor would travel as shared memory that dies with this process
+            results.put((rank, model_dir, kv, [t.numpy() for t in logits] if rank == 0 else None))
+    finally:
+        destroy_tp_group()
