@@ -65,6 +65,27 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
+def broadcast_list(items: list[Any] | None, src: int = 0) -> list[Any]:
+    """Rank ``src``'s list of picklable items on every rank. An empty list costs one small
+    broadcast (the common case: the scheduler's loop broadcasts its new messages every step)."""
+    g = get_tp_group()
+    if g.size == 1 or g.cpu_group is None:
+        return list(items or [])
+    import pickle
+
+    import torch.distributed as dist
+
+    payload = pickle.dumps(items) if g.rank == src and items else b""
+    size = torch.tensor([len(payload)], dtype=torch.int64)
+    dist.broadcast(size, src=src, group=g.cpu_group)
+    if size.item() == 0:
+        return []
+    buf = (torch.frombuffer(bytearray(payload), dtype=torch.uint8) if g.rank == src
+           else torch.empty(int(size.item()), dtype=torch.uint8))
+    dist.broadcast(buf, src=src, group=g.cpu_group)
+    return items if g.rank == src else pickle.loads(buf.numpy().tobytes())
+
+
 def gather_object(obj: Any, dst: int = 0) -> list[Any] | None:
     """Every rank's ``obj`` in rank order on ``dst``; None on the other ranks."""
     g = get_tp_group()

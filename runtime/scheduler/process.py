@@ -51,7 +51,7 @@ def run_scheduler_process(config: EngineConfig, paths: IpcPaths | None, parent_p
     except BaseException as exc:  # noqa: BLE001 - every startup failure must reach the parent
         _report(chan, m.StartupError(f"{where}{type(exc).__name__}: {exc}",
                                      traceback.format_exc(), getattr(exc, "kind", "model_load_error")))
-        return
+        raise SystemExit(1) from None  # a failed rank's exit code says so (distributed/node.py)
     if not config.disable_gc_freeze:
         freeze_startup_objects()
     if leader:
@@ -61,6 +61,7 @@ def run_scheduler_process(config: EngineConfig, paths: IpcPaths | None, parent_p
     except BaseException as exc:  # noqa: BLE001
         _report(chan, m.StartupError(f"{where}scheduler crashed: {type(exc).__name__}: {exc}",
                                      traceback.format_exc(), "engine_dead"))
+        raise SystemExit(1) from None
     else:
         if chan is not None:
             chan.close()
@@ -147,13 +148,13 @@ def _grammar_manager(config: EngineConfig, runner: Any, eos: list[int]) -> Any:
 def _loop(scheduler: Any, chan: SyncChannel | None, parent_pid: int, parallel: bool) -> None:
     """``chan`` None: a follower rank, which takes rank 0's messages (and waits in that
     broadcast while rank 0 idles)."""
-    from ..distributed.collectives import broadcast_object
+    from ..distributed.collectives import broadcast_list
 
     next_check = time.monotonic() + PARENT_CHECK_S
     while True:
         msgs = chan.recv_all() if chan is not None else None
         if parallel:
-            msgs = broadcast_object(msgs)
+            msgs = broadcast_list(msgs)
         for msg in msgs:
             if isinstance(msg, m.Shutdown):
                 return

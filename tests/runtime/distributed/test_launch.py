@@ -1,0 +1,43 @@
+"""TP layout checks before any process starts: config fields, devices per node, rank placement."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sgdsl.runtime.config import EngineConfig
+from sgdsl.runtime.distributed import launch
+from sgdsl.runtime.errors import InvalidRequestError, ModelLoadError
+
+
+@pytest.mark.parametrize("kwargs,field,text", [
+    (dict(tp_size=0), "tp_size", "must be >= 1"),
+    (dict(tp_size=3, nnodes=2, dist_init_addr="h:1"), "tp_size", "multiple of nnodes=2"),
+    (dict(tp_size=2, nnodes=2, node_rank=2, dist_init_addr="h:1"), "node_rank", r"\[0, 1\]"),
+    (dict(tp_size=2, nnodes=2), "dist_init_addr", "required with nnodes > 1"),
+    (dict(dist_init_addr="nohost"), "dist_init_addr", "HOST:PORT"),
+])
+def test_bad_layouts_name_the_field(kwargs, field, text):
+    with pytest.raises(InvalidRequestError, match=text) as info:
+        EngineConfig(**kwargs)
+    assert info.value.field == field
+
+
+def test_more_ranks_than_gpus_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ModelLoadError, match="tp_size=2 over nnodes=1 needs 2 GPUs on this "
+                                             "node, found 1"):
+        launch.check_devices(EngineConfig(tp_size=2, device="cuda"))
+    launch.check_devices(EngineConfig(tp_size=4, nnodes=4, dist_init_addr="h:1", device="cuda"))
+    launch.check_devices(EngineConfig(tp_size=2, device="cpu"))
+
+
+def test_ranks_are_spread_over_nodes():
+    cfg = EngineConfig(tp_size=4, nnodes=2, node_rank=1, dist_init_addr="10.0.0.1:29500")
+    method = launch.init_method(cfg)
+    assert method == "tcp://10.0.0.1:29500"
+    specs = launch.node_ranks(cfg, method)
+    assert [(s.rank, s.local_rank, s.size) for s in specs] == [(2, 0, 4), (3, 1, 4)]
+    assert specs[1].device(cfg.replace(device="cuda")) == torch.device("cuda", 1)
+    assert specs[1].device(cfg.replace(device="cpu")) == torch.device("cpu")
+    assert launch.init_method(EngineConfig(tp_size=2)).startswith("tcp://127.0.0.1:")
