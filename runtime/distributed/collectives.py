@@ -6,6 +6,7 @@ shard in one process: it combines the partial results itself).
 """
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -98,14 +99,19 @@ def gather_object(obj: Any, dst: int = 0) -> list[Any] | None:
     return out
 
 
-def barrier() -> None:
-    """Wait until every rank got here (host side)."""
+def barrier(timeout_s: float | None = None) -> None:
+    """Wait until every rank got here (host side). With ``timeout_s``, rank 0 raises after that
+    long naming the ranks that did not arrive (gloo's monitored barrier)."""
     g = get_tp_group()
     if g.size == 1 or g.cpu_group is None:
         return
     import torch.distributed as dist
 
-    dist.barrier(group=g.cpu_group)
+    if timeout_s is None:
+        dist.barrier(group=g.cpu_group)
+    else:
+        dist.monitored_barrier(group=g.cpu_group, timeout=timedelta(seconds=timeout_s),
+                               wait_all_ranks=True)
 
 
 def min_over_ranks(value: int) -> int:

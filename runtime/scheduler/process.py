@@ -28,6 +28,8 @@ from ..ipc.channel import IpcPaths, SyncChannel
 
 PARENT_CHECK_S = 1.0
 IDLE_WAIT_MS = 500
+# NOTE: below the main process's startup timeout (600 s), so a hung rank is named first.
+RANK_STARTUP_SKEW_S = 300.0
 
 
 def run_scheduler_process(config: EngineConfig, paths: IpcPaths | None, parent_pid: int,
@@ -47,7 +49,9 @@ def run_scheduler_process(config: EngineConfig, paths: IpcPaths | None, parent_p
         if size > 1:
             from ..distributed.collectives import barrier
 
-            barrier()  # Ready means every rank loaded
+            # Ready means every rank loaded; a rank still loading this long after rank 0 is
+            # taken for hung, and rank 0's error names it
+            barrier(RANK_STARTUP_SKEW_S)
     except BaseException as exc:  # noqa: BLE001 - every startup failure must reach the parent
         _report(chan, m.StartupError(f"{where}{type(exc).__name__}: {exc}",
                                      traceback.format_exc(), getattr(exc, "kind", "model_load_error")))

@@ -41,3 +41,29 @@ def test_ranks_are_spread_over_nodes():
     assert specs[1].device(cfg.replace(device="cuda")) == torch.device("cuda", 1)
     assert specs[1].device(cfg.replace(device="cpu")) == torch.device("cpu")
     assert launch.init_method(EngineConfig(tp_size=2)).startswith("tcp://127.0.0.1:")
+
+
+def test_a_rank_hung_at_startup_is_named():
+    """The startup barrier (scheduler/process.py) names the rank that never arrived."""
+    import multiprocessing as mp
+    import socket
+
+    from .tp_worker import barrier_probe
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        method = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=barrier_probe, args=(r, 2, method, results), daemon=True)
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        message = results.get(timeout=120)
+    finally:
+        for p in procs:
+            p.join(20)
+            if p.is_alive():
+                p.kill()
+    assert "Ranks 1 failed to pass monitoredBarrier" in message, message

@@ -52,3 +52,21 @@ def run_rank(rank: int, size: int, init_method: str, dirs: list[str],
             results.put((rank, model_dir, kv, [t.numpy() for t in logits] if rank == 0 else None))
     finally:
         destroy_tp_group()
+
+
+def barrier_probe(rank: int, size: int, init_method: str, results) -> None:
+    """Rank 1 'hangs' (never reaches the barrier); rank 0 reports what its barrier raised."""
+    import time
+
+    from sgdsl.runtime.distributed.collectives import barrier
+    from sgdsl.runtime.distributed.state import init_tp_group
+
+    init_tp_group(rank, size, torch.device("cpu"), init_method, timeout_s=60)
+    if rank == 1:
+        time.sleep(8)
+        return
+    try:
+        barrier(timeout_s=1.0)
+        results.put("no error")
+    except Exception as e:  # noqa: BLE001 - the message is the result
+        results.put(str(e))
