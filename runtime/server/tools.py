@@ -16,14 +16,9 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..function_call import ToolCall, ToolCallFormat, template_supports_tools
+from ..function_call.prompt import tool_system_prompt
 from .chat import ChatTemplate
 from .errors import APIError
-
-FALLBACK_SYSTEM = (
-    "You may call one or more functions to assist with the user query. The function "
-    "signatures are inside <tools></tools>:\n<tools>\n{tools}\n</tools>\n\nTo call a function, "
-    "answer with a JSON object with the function name and arguments inside <tool_call></tool_call>:"
-    '\n<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>')
 
 
 @dataclass(frozen=True)
@@ -123,8 +118,7 @@ def _fallback_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any
             out.append({"role": m["role"], "content": m.get("content") or ""})
     out = [{k: v for k, v in m.items() if k != "_tool"} for m in out]
     if tools:
-        listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-        system = FALLBACK_SYSTEM.format(tools=listing)
+        system = tool_system_prompt(tools)
         if out and out[0]["role"] == "system":
             out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + system}
         else:
