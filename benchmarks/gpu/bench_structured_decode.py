@@ -59,6 +59,8 @@ HOT = [
     ("sgdsl.runtime.grammar.manager:GrammarManager", "_jump"),
     ("sgdsl.runtime.grammar.manager:GrammarManager", "upload_mask"),
     ("sgdsl.runtime.grammar.jump_forward:", "only_stop_allowed"),
+    ("sgdsl.runtime.grammar.xgrammar_backend:XGrammarGrammar", "fill_bitmask_batch"),
+    ("sgdsl.runtime.grammar.xgrammar_backend:XGrammarGrammar", "accept_token_batch"),
     ("sgdsl.runtime.model.runner:ModelRunner", "forward"),
     ("concurrent.futures:Future", "result"),
 ]
@@ -240,7 +242,9 @@ def main() -> None:
         base = None
         for mode in a.modes:
             sched = make_scheduler(runner, config, tok, backend, jump_of[mode])
-            run_mode(sched, prompts[:2], mode != "unconstrained", 8)  # warm-up (compile)
+            # warm-up at the measured batch size: grammar compile, the mask kernel's
+            # specializations (Triton specializes on the row count), allocator sizes
+            run_mode(sched, prompts, mode != "unconstrained", 4)
             sched.memory.flush()
             res = run_mode(sched, prompts, mode != "unconstrained", a.max_new)
             s = summarize(res, tok)

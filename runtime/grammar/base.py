@@ -83,8 +83,12 @@ def bitmask_width(vocab_size: int) -> int:
 def allocate_bitmask(batch_size: int, vocab_size: int, pin: bool = False) -> torch.Tensor:
     """A CPU int32 bitmask with every token allowed (-1 = all 32 bits set); ``pin``: in
     page-locked memory, for a non-blocking copy to the GPU."""
-    return torch.full((batch_size, bitmask_width(vocab_size)), -1, dtype=torch.int32,
-                      pin_memory=pin)
+    bitmask = torch.empty((batch_size, bitmask_width(vocab_size)), dtype=torch.int32,
+                          pin_memory=pin)
+    # NOTE: filled through numpy (one thread): a torch fill this size wakes the intra-op
+    # OpenMP pool, whose spinning threads then slow the grammar's own fill threads.
+    bitmask.numpy().fill(-1)
+    return bitmask
 
 
 class StateKey(NamedTuple):

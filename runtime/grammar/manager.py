@@ -43,13 +43,18 @@ class GrammarStats:
 class GrammarManager:
     def __init__(self, backend: GrammarBackend, tokenizer: Any, vocab_size: int,
                  eos_token_ids: Sequence[int], *, timeout_s: float = 10.0,
-                 jump_forward: bool = True,
+                 jump_forward: bool = True, jump_max_batch: int = 8,
                  completion: CompletionConfig | None = CompletionConfig()) -> None:
         self.compiler = GrammarCompiler(backend, timeout_s=timeout_s)
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos = tuple(eos_token_ids)
         self.jump_forward = jump_forward
+        # NOTE: a jump sends the request back for an extend of its own, which the whole decode
+        # batch waits for. Measured (H100, Llama-3.1-8B, benchmarks/RESULTS.md): that pays at
+        # batch 1 (1.03x vs 0.97x mask-only) and loses from batch 32 on (0.25x vs 0.45x), so
+        # above this decode batch size forced text is sampled token by token instead.
+        self.jump_max_batch = jump_max_batch
         self.pending: list[Any] = []
         self.stats = GrammarStats()
         # Bitmasks go to the device with a non-blocking copy, which needs pinned host memory
@@ -149,10 +154,13 @@ class GrammarManager:
         del self.stats.mask_fill_s[:-1024]  # a window, not a leak
         return bitmask
 
-    def after_sample(self, reqs: Sequence[Any], checker: Any) -> list[Any]:
+    def after_sample(self, reqs: Sequence[Any], checker: Any,
+                     batch_size: int = 1) -> list[Any]:
         """Advance matchers by each request's newest token (one batch call per grammar class);
         returns the requests that took a jump-forward and must go back to the queue for an
-        extend."""
+        extend. ``batch_size``: requests decoding now (jump-forward only up to
+        ``jump_max_batch``)."""
+        jump = self.jump_forward and batch_size <= self.jump_max_batch
         live = [r for r in reqs if r.grammar is not None and not (
             r.finished and r.finish_reason.get("type") == "abort")]
         accepted = self._accept_batch(live)
@@ -180,7 +188,7 @@ class GrammarManager:
                     plan := self.completion.plan(req, grammar)) is not None:
                 if self._force(req, grammar, plan, checker, final=True):
                     requeue.append(req)
-            elif self._jump(req, grammar, checker):
+            elif jump and self._jump(req, grammar, checker):
                 requeue.append(req)
         return requeue
 
@@ -205,8 +213,6 @@ class GrammarManager:
         req.finish_reason = {"type": "stop", "matched": req.output_ids[-1]}
 
     def _jump(self, req: Any, grammar: Any, checker: Any) -> bool:
-        if not self.jump_forward:
-            return False
         budget = req.sampling_params.max_new_tokens - len(req.output_ids)
         plan = jump_forward(grammar, self.tokenizer, req.output_ids, budget)
         return plan is not None and self._force(req, grammar, plan, checker)
@@ -220,9 +226,9 @@ class GrammarManager:
         if plan.rollback:
             del req.output_ids[-plan.rollback:]
         req.output_ids.extend(plan.token_ids)
-        # Tokens before the forced run keep their KV; with overlap scheduling the replaced
-        # token's KV may already be in flight and is dropped at requeue (scheduler).
-        req.jump_kv_valid = req.seq_len - len(plan.token_ids)
+        # NOTE: with overlap scheduling the replaced token's KV may already be computed (in
+        # flight); the release that follows (requeue or finish) drops it (memory.py).
+        req.jump_kv_valid = req.seq_len - len(plan.token_ids) if plan.rollback else 0
         req.finish_reason = checker.check(req)
         if final and not req.finished and not req.return_logprob:
             self._finish_with_stop(req, grammar)
@@ -253,6 +259,7 @@ class GrammarManager:
 
     @staticmethod
     def _undo_jump(req: Any, grammar: Any, plan: Any, last: int | None) -> None:
+        req.jump_kv_valid = 0
         grammar.rollback(len(plan.token_ids))
         del req.output_ids[len(req.output_ids) - len(plan.token_ids):]
         if plan.rollback:

@@ -58,21 +58,30 @@ class XGrammarGrammar(Grammar):
                 if g._compiled.json_safe is not None]
         if not safe:
             return
-        row_ids = [r for r, _ in safe]
-        if len(safe) == bitmask.shape[0] and row_ids == list(range(len(row_ids))):
-            bitmask &= safe[0][1]  # one filter row per backend: every JSON row shares it
-            return
+        # NOTE: numpy, not torch: one thread (see base.allocate_bitmask); one filter row per
+        # backend, so the rows sharing it are and-ed in one call.
+        words = bitmask.numpy()
         for filt in {id(f): f for _, f in safe}.values():
-            idx = torch.tensor([r for r, f in safe if f is filt], dtype=torch.int64)
-            bitmask[idx] &= filt
+            idx = [r for r, f in safe if f is filt]
+            if len(idx) == words.shape[0]:
+                words &= filt.numpy()
+            else:
+                words[idx] &= filt.numpy()
 
     @classmethod
     def accept_token_batch(cls, grammars: Sequence[Grammar],
                            token_ids: Sequence[int]) -> list[bool]:
         import xgrammar as xgr
 
-        oks = xgr.BatchGrammarMatcher.batch_accept_token(
-            [g._matcher for g in grammars], [int(t) for t in token_ids])
+        matchers, tokens = [g._matcher for g in grammars], [int(t) for t in token_ids]
+        chunk = -(-len(matchers) // _fill_threads())
+        if len(matchers) < 2 * _MIN_ACCEPT_CHUNK or chunk < _MIN_ACCEPT_CHUNK:
+            oks = xgr.BatchGrammarMatcher.batch_accept_token(matchers, tokens)
+        else:  # NOTE: xgrammar releases the GIL in native calls: chunks run in parallel
+            spans = [(i, i + chunk) for i in range(0, len(matchers), chunk)]
+            oks = [ok for part in _accept_pool().map(
+                lambda s: xgr.BatchGrammarMatcher.batch_accept_token(
+                    matchers[s[0]:s[1]], tokens[s[0]:s[1]]), spans) for ok in part]
         for g, ok in zip(grammars, oks):
             g._accepted += ok
         return oks
@@ -171,6 +180,19 @@ class XGrammarBackend(GrammarBackend):
         matcher = self._xgr.GrammarMatcher(compiled.grammar,
                                            override_stop_tokens=list(self.eos_token_ids))
         return XGrammarGrammar(matcher, compiled)
+
+
+_MIN_ACCEPT_CHUNK = 16  # rows per accept task: below this a thread hop costs more than it saves
+_ACCEPT_POOL: Any = None
+
+
+def _accept_pool() -> Any:
+    global _ACCEPT_POOL
+    if _ACCEPT_POOL is None:
+        import concurrent.futures as cf
+
+        _ACCEPT_POOL = cf.ThreadPoolExecutor(_fill_threads(), thread_name_prefix="sgdsl-accept")
+    return _ACCEPT_POOL
 
 
 def _fill_threads() -> int:

@@ -110,6 +110,9 @@ class KVMemory:
         is returned and the prefix unlocked. The request forgets its KV state."""
         if req.req_pool_idx is None:
             return
+        if req.jump_kv_valid:  # grammar: a token replaced after an overlapped step computed it
+            self.truncate(req, req.jump_kv_valid)
+            req.jump_kv_valid = 0
         row, kv_len = req.req_pool_idx, req.kv_len
         kv = self.host_table[row, :kv_len].clone()
         self.tree.cache_finished_req(req.all_ids[:kv_len], kv, req.last_node)

@@ -63,8 +63,9 @@ class Req:
         # grammar: trailing output tokens appended by jump-forward whose logprobs are still
         # owed; the next extend recomputes the rows that score them (output.py records them).
         self.forced_logprobs_owed = 0
-        # grammar: KV positions still valid after a jump-forward (the replaced last token's
-        # KV, computed by an overlapped step, is not); the requeue trims to it.
+        # grammar: after a jump-forward that replaced the last token, the KV positions still
+        # valid (an overlapped step may have computed the replaced token's); 0: all valid.
+        # The next release trims to it.
         self.jump_kv_valid = 0
         # grammar: budget tracking of the forced completion (grammar/completion.py).
         self.completion: Any = None

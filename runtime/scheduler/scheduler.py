@@ -60,6 +60,8 @@ class Scheduler(Stepping):
         self.overlap = not config.disable_overlap_schedule
         self.pending: InflightStep | None = None  # launched, tokens not read yet (overlap)
         self.grammar = grammar  # grammar: runtime.grammar.GrammarManager or None (constraints off)
+        if grammar is not None:  # grammar: masks go to the GPU from pinned memory, unblocked
+            grammar.pin_memory = self.device.type == "cuda"
         self._arrivals = 0
         self.counters = dict(requests_total=0, prompt_tokens_total=0, generated_tokens_total=0,
                              cache_hit_tokens=0, cache_query_tokens=0, retractions_total=0,
@@ -261,7 +263,6 @@ class Scheduler(Stepping):
                 req.jumped = False
                 if req.finished:
                     continue
-                self.memory.truncate(req, req.jump_kv_valid)  # an overlapped step's KV
                 self.memory.release(req)
                 req.state = ReqState.WAITING
                 self.waiting.append(req)

@@ -145,7 +145,8 @@ class Stepping:
             rows = step.logits if len(keep) == len(ids) else step.logits[keep]
             record_output_logprobs(reqs, rows, next_ids)
         if step.vocab_mask is not None:  # grammar: advance matchers, finish, jump forward
-            for req in self.grammar.after_sample(reqs, self.checker):
+            batch = max(len(self.running), len(reqs))
+            for req in self.grammar.after_sample(reqs, self.checker, batch):
                 req.jumped = True
         if step.mode is ForwardMode.EXTEND:
             joined = [i for i in keep if not step.sampled[i].finished

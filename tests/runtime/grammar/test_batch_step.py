@@ -57,6 +57,17 @@ def test_batch_accept_matches_single_accept(backends, tokenizer):
     assert [g.num_accepted for g in gs] == [1, 0, 1]
 
 
+def test_parallel_batch_accept_keeps_row_order(backends, tokenizer, monkeypatch):
+    monkeypatch.setenv("SGDSL_GRAMMAR_FILL_THREADS", "2")  # 2 chunks of 20 rows, in threads
+    gs = _grammars(backends["xgrammar"], 40)
+    good = tokenizer.encode('{"', add_special_tokens=False)[0]
+    bad = tokenizer.encode("x", add_special_tokens=False)[0]
+    tokens = [bad if i % 7 == 3 else good for i in range(40)]
+    oks = type(gs[0]).accept_token_batch(gs, tokens)
+    assert oks == [i % 7 != 3 for i in range(40)]
+    assert [g.num_accepted for g in gs] == [int(ok) for ok in oks]
+
+
 def test_only_stop_allowed_without_unpacking(backends, tokenizer):
     g = _grammars(backends["xgrammar"], 1)[0]
     assert feed_text(g, tokenizer, '{"name": "a", "age": 3, "job": "doctor", "ok": true')
@@ -66,8 +77,8 @@ def test_only_stop_allowed_without_unpacking(backends, tokenizer):
     assert not only_stop_allowed(g, VOCAB, [])  # the stop token itself is a continuation
 
 
-def _run(backend, tokenizer, overlap: bool, jump: bool, n: int = 6) -> dict:
-    manager = GrammarManager(backend, tokenizer, VOCAB, [EOS], jump_forward=jump)
+def _run(backend, tokenizer, overlap: bool, jump: bool, n: int = 5, **kw) -> dict:
+    manager = GrammarManager(backend, tokenizer, VOCAB, [EOS], jump_forward=jump, **kw)
     outs: dict = {}
 
     def send(msg) -> None:
@@ -81,13 +92,14 @@ def _run(backend, tokenizer, overlap: bool, jump: bool, n: int = 6) -> dict:
         prompt = tokenizer.encode(f"Person {i} as JSON: ", add_special_tokens=False)
         sampled = dict(temperature=0.9, seed=i) if i % 2 else dict(temperature=0.0)
         extra = {} if i in (2, 5) else {"json_schema": json.dumps(SCHEMA)}  # mixed batch
-        params = SamplingParams(max_new_tokens=64, **sampled, **extra)
+        params = SamplingParams(max_new_tokens=48, **sampled, **extra)
         sched.handle(m.TokenizedGenerateReq(f"r{i}", prompt, params, stream=i == 3))
     for _ in range(1000):
         if not sched.step():
             break
     manager.shutdown()
     assert sched._integrity_resp(0).ok  # every request done, every slot free or cached
+    outs["jumped"] = manager.stats.jump_forward_tokens
     return outs
 
 
@@ -96,7 +108,8 @@ def test_overlap_matches_sync_under_grammar(backends, tokenizer, jump):
     backend = backends["xgrammar"]
     sync = _run(backend, tokenizer, overlap=False, jump=jump)
     overlapped = _run(backend, tokenizer, overlap=True, jump=jump)
-    assert sorted(sync) == [f"r{i}" for i in range(6)]
+    assert sync.pop("jumped") == overlapped.pop("jumped")
+    assert sorted(sync) == [f"r{i}" for i in range(5)]
     assert overlapped == sync
     stopped = [rec for rid, rec in sync.items() if rid not in ("r2", "r5")
                and rec["finish"]["type"] == "stop"]
@@ -113,3 +126,12 @@ def test_lone_request_jumping_on_the_last_read_still_finishes(backends, tokenize
     assert outs["r0"]["finish"]["type"] == "stop"
     value = json.loads(tokenizer.decode([t for t in outs["r0"]["ids"] if t != EOS]))
     assert set(value) == set(SCHEMA["properties"])
+
+
+def test_no_jump_forward_above_the_batch_limit(backends, tokenizer):
+    """Above ``jump_max_batch`` decoding requests, forced text is sampled, not jumped."""
+    capped = _run(backends["xgrammar"], tokenizer, overlap=True, jump=True, jump_max_batch=0)
+    assert capped.pop("jumped") == 0
+    free = _run(backends["xgrammar"], tokenizer, overlap=True, jump=True)
+    assert free.pop("jumped") > 0
+    assert sorted(capped) == sorted(free) == [f"r{i}" for i in range(5)]
