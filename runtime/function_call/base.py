@@ -45,6 +45,7 @@ class ToolCallFormat(ABC):
     opener: str = ""
     forced_prefix: str = ""
     args_key: str = "arguments"
+    closer: str = ""  # what ends one call before the next (formats with one block per call)
 
     @abstractmethod
     def parse(self, text: str) -> ParseResult:

@@ -13,6 +13,7 @@ class HermesFormat(ToolCallFormat):
     name = "hermes"
     opener = OPEN
     forced_prefix = OPEN + "\n"
+    closer = "\n" + CLOSE + "\n"
 
     def parse(self, text: str) -> ParseResult:
         normal: list[str] = []

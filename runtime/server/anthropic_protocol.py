@@ -126,4 +126,4 @@ class MessagesRequest(BaseModel):
         if mode not in modes:
             raise APIError(400, f"invalid tool_choice type '{mode}'", param="tool_choice")
         return plan_tools(tools, modes[mode], fmt, choice.get("name"),
-                          parallel=not choice.get("disable_parallel_tool_use", False))
+                          parallel=choice.get("disable_parallel_tool_use") is False)

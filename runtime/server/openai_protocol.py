@@ -215,7 +215,7 @@ class ChatCompletionRequest(_SamplingFields):
                                     "object", param="tools")
             tools.append(Tool(fn["name"], params, fn.get("description") or ""))
         choice = self.tool_choice if self.tool_choice is not None else "auto"
-        parallel = self.parallel_tool_calls is not False
+        parallel = self.parallel_tool_calls is True
         if isinstance(choice, dict):
             name = (choice.get("function") or {}).get("name")
             return plan_tools(tools, "named", fmt, name, parallel)

@@ -16,6 +16,7 @@ bare JSON) is parsed from the finished text instead, unconstrained, and streamed
 """
 from __future__ import annotations
 
+import re
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
@@ -89,7 +90,8 @@ class _Turn:
     async def phase(self, text: str, internal_stream: bool = False,
                     **changes: Any) -> AsyncIterator[tuple[str, bool]]:
         """Run one phase on prompt+``text``: (text delta, finished) pairs."""
-        sampling = {**self.sampling, **changes, "max_new_tokens": self.remaining}
+        limit = min(changes.pop("max_new_tokens", self.remaining), self.remaining)
+        sampling = {**self.sampling, **changes, "max_new_tokens": limit}
         sampling = {k: v for k, v in sampling.items() if v is not None}
         batch = GenBatch.fan_out([self.c.encode_chat(self.prompt + text)], self.c.sampling(sampling))
         if not (self.stream or internal_stream):
@@ -221,32 +223,67 @@ async def _answer_phase(turn: _Turn, so_far: str, thought: str | None,
 
 async def _call_phase(turn: _Turn, so_far: str, text: str,
                       thought: str | None) -> AsyncIterator[Any]:
-    plan = turn.plan
-    assert plan is not None
+    """One constrained call, then (``plan.parallel``, formats with a closer) as many more as
+    the model opens, each asked with a grammar that allows only the opener or the end."""
+    fmt = turn.plan.fmt  # type: ignore[union-attr]
+    calls: list[ToolCall] = []
+    context = so_far + fmt.forced_prefix
+    while True:
+        box: dict[str, Any] = {}
+        async for event in _one_call(turn, context, len(calls), box):
+            yield event
+        if "call" not in box:  # cut short (max tokens): the partial call is reported as it is
+            partial = box.get("partial")
+            calls += [ToolCall(*partial)] if partial else []
+            shown = text if calls else text + fmt.forced_prefix + box["raw"]
+            yield turn.end("length", shown, thought, tuple(calls))
+            return
+        calls.append(box["call"])
+        context += box["raw"] + fmt.closer
+        if not (turn.plan.parallel and fmt.closer) or not await _opens_another(turn, context):
+            break
+        context += fmt.forced_prefix
+    reason = "length" if turn.finish.get("type") == "length" else "tool_calls"
+    yield turn.end(reason, text, thought, tuple(calls))
+
+
+async def _one_call(turn: _Turn, context: str, index: int,
+                    box: dict[str, Any]) -> AsyncIterator[Any]:
+    """Generate call ``index`` after ``context``; ``box`` gets its raw text and the call (or
+    the partial call when cut short)."""
     streamer, raw = CallStreamer(), ""
-    constraint = {k: None for k in _CONSTRAINTS} | {"json_schema": plan.call_schema()}
-    async for delta, done in turn.phase(so_far + plan.fmt.forced_prefix, stop=None,
-                                        stop_regex=None, **constraint):
+    constraint = {k: None for k in _CONSTRAINTS} | {"json_schema": turn.plan.call_schema()}
+    async for delta, _ in turn.phase(context, stop=None, stop_regex=None, **constraint):
         raw += delta
         had_name = streamer.name is not None
         piece = streamer.push(raw)
         if streamer.name is not None and not had_name:
-            yield CallStart(0, streamer.name)
+            yield CallStart(index, streamer.name)
         if piece:
-            yield ArgsDelta(0, piece)
+            yield ArgsDelta(index, piece)
+    box["raw"] = raw
     parsed = arguments_text(raw)
-    if parsed is None:  # cut short (max tokens): the partial call is reported as it is
-        partial = partial_arguments(raw)
-        if partial is None:
-            yield turn.end("length", text + plan.fmt.forced_prefix + raw, thought)
-        else:
-            yield turn.end("length", text, thought, (ToolCall(*partial),))
+    if parsed is None:
+        box["partial"] = partial_arguments(raw)
         return
     tail = streamer.finish(raw)
     if tail:
-        yield ArgsDelta(0, tail)
-    reason = "tool_calls" if turn.finish.get("type") != "length" else "length"
-    yield turn.end(reason, text, thought, (ToolCall(parsed[0], parsed[1]),))
+        yield ArgsDelta(index, tail)
+    box["call"] = ToolCall(parsed[0], parsed[1])
+
+
+async def _opens_another(turn: _Turn, context: str) -> bool:
+    """Whether the model opens one more call: its only choices are the opener or the end."""
+    opener = turn.plan.fmt.opener  # type: ignore[union-attr]
+    budget = len(turn.c.engine.tokenizer.encode(opener, add_special_tokens=False)) + 1
+    if turn.remaining <= budget:
+        return False
+    constraint = {k: None for k in _CONSTRAINTS} | {"regex": f"({re.escape(opener)})?"}
+    out = ""
+    async for delta, _ in turn.phase(context, internal_stream=False, stop=None, stop_regex=None,
+                                     max_new_tokens=budget, **constraint):
+        out += delta
+    return out == opener
 
 
 def _single_token(c: ServerContext, text: str) -> int | None:

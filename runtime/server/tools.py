@@ -43,7 +43,7 @@ class ToolPlan:
     mode: str
     fmt: ToolCallFormat
     allowed: tuple[str, ...] = ()  # the tools a call may name (all, or the named one)
-    parallel: bool = True
+    parallel: bool = False  # several constrained calls in one turn (asked for explicitly)
 
     @property
     def active(self) -> bool:
@@ -57,7 +57,7 @@ class ToolPlan:
 
 
 def plan_tools(tools: Sequence[Tool], mode: str, fmt: ToolCallFormat, forced: str | None = None,
-               parallel: bool = True) -> ToolPlan | None:
+               parallel: bool = False) -> ToolPlan | None:
     """``mode``: "none", "auto", "required" (any tool), "named" (``forced``). None when the
     request has no tools; a choice that needs tools without any is a 400."""
     names = [t.name for t in tools]

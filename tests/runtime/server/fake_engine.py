@@ -4,6 +4,8 @@ answers with the prompt reversed, one character per step."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 from typing import Any, AsyncIterator
 
 from sgdsl.runtime.errors import ContextLengthError
@@ -85,7 +87,7 @@ class FakeEngine:
                    top_n: int) -> AsyncIterator[dict[str, Any]]:
         self.running.add(rid)
         out: list[int] = []
-        source = self._source(ids)
+        source = self._constrained(self._source(ids), params)
         trimmer = StopStringTrimmer(params.stop, params.no_stop_trim)
         finish: dict[str, Any] | None = None
         prev = ""
@@ -131,6 +133,21 @@ class FakeEngine:
             turn = turn[len(EMPTY_THINK):]  # the server closed a section the script skips
         assert self.script.startswith(turn), (turn, self.script)
         return self.tokenizer.encode(self.script[len(turn):])
+
+    def _constrained(self, source: list[int], params: SamplingParams) -> list[int]:
+        """A scripted answer under a grammar ends where the grammar would end it: after the
+        first JSON value (json_schema) or the longest prefix the regex matches."""
+        if self.script is None:
+            return source
+        text = self.tokenizer.decode(source)
+        if params.json_schema is not None:
+            end = json.JSONDecoder().raw_decode(text)[1]
+            return source[:end]
+        if params.regex is not None:
+            ends = [n for n in range(min(len(text), 64), -1, -1)
+                    if re.fullmatch(params.regex, text[:n])]
+            return source[:ends[0]]
+        return source
 
     def _chunk(self, rid: str, ids: list[int], out: list[int], text: str, prev: str,
                finish: dict[str, Any] | None, logprob: bool, top_n: int) -> dict[str, Any]:

@@ -141,3 +141,28 @@ def test_reasoning_through_the_openai_and_anthropic_routes() -> None:
     finally:
         server.stop()
     assert not engine.running
+
+
+CALL2 = '{"name": "get_time", "arguments": {"zone": "CET"}}'
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_calls_when_asked_for(stream) -> None:
+    script = f"<tool_call>\n{CALL}\n</tool_call>\n<tool_call>\n{CALL2}\n</tool_call>\n"
+    engine = FakeEngine(step_s=0, script=script, context=8192)
+    c = ServerContext.build(engine, ServerArgs())
+    plan = plan_tools(TOOLS, "required", get_format("hermes"), parallel=True)
+    prompt = render_prompt(c.chat_template, [{"role": "user", "content": "hi"}], plan)
+
+    async def go() -> list[Any]:
+        return [e async for e in run_turn(c, prompt, {"max_new_tokens": 300}, plan, None, stream)]
+    events = asyncio.run(go())
+    end = events[-1]
+    assert end.reason == "tool_calls" and [x.name for x in end.calls] == ["get_weather", "get_time"]
+    assert [(e.index, e.name) for e in events if isinstance(e, CallStart)] == [
+        (0, "get_weather"), (1, "get_time")]
+    for i, call in enumerate(end.calls):
+        assert "".join(e.text for e in events if isinstance(e, ArgsDelta) and e.index == i) \
+            == call.arguments
+    single = plan_tools(TOOLS, "required", get_format("hermes"))  # not asked for: one call
+    assert single.parallel is False

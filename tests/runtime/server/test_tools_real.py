@@ -123,3 +123,19 @@ def test_anthropic_tools(real_server: Served) -> None:
     done = client.messages.create(**(kw | {"messages": history, "max_tokens": 16}),
                                   tool_choice={"type": "none"})
     assert done.content[0].type == "text" and done.stop_reason in ("end_turn", "max_tokens")
+
+
+def test_openai_parallel_calls_validate_and_stream_the_same(oai, real_server):
+    kw = dict(messages=ASK, tool_choice="required", parallel_tool_calls=True)
+    out = _create(oai, real_server, **kw)
+    calls = out.choices[0].message.tool_calls
+    assert calls and out.choices[0].finish_reason in ("tool_calls", "length")
+    for call in calls if out.choices[0].finish_reason == "tool_calls" else calls[:-1]:
+        jsonschema.validate(json.loads(call.function.arguments),
+                            WEATHER if call.function.name == "get_weather" else TIME)
+    deltas = [d for c in _create(oai, real_server, stream=True, **kw)
+              for d in (c.choices[0].delta.tool_calls or [])]
+    for i, call in enumerate(calls):
+        mine = [d for d in deltas if d.index == i]
+        assert mine[0].function.name == call.function.name
+        assert "".join(d.function.arguments or "" for d in mine) == call.function.arguments
