@@ -21,11 +21,15 @@ from sgdsl.interpreter.validate import check_json
 from sgdsl.ir import Constraint
 
 MAX_ATTEMPTS = 3
+# NOTE: int, float and str are JSON's own spellings (no "+5", "007", ".5", raw control
+# characters or lone backslashes), so a program that splices them into JSON text, as SGLang's
+# ``decode_json`` does, gets parseable JSON; int and the float's integer part have at most 19
+# digits, the fraction and exponent at most 16 and 3 (docs/structured_output.md).
 DTYPE_REGEX = {
-    int: r"[-+]?[0-9]+",
-    float: r"[-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?",
+    int: r"-?(?:0|[1-9][0-9]{0,18})",
+    float: r"-?(?:0|[1-9][0-9]{0,18})(?:\.[0-9]{1,16})?(?:[eE][-+]?[0-9]{1,3})?",
     bool: r"(?:True|False|true|false)",
-    str: r'"[^"\n]*"',
+    str: r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"',
 }
 
 
