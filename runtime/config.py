@@ -61,6 +61,9 @@ class EngineConfig:
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: str | None = None
+    # A TP rank whose scheduler loop has not moved for this long is taken for hung: requests
+    # fail naming it and every rank is stopped (distributed/heartbeat.py).
+    rank_hang_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         _check_parallel(self)
@@ -87,6 +90,8 @@ def _check_parallel(config: EngineConfig) -> None:
 
     if config.tp_size < 1:
         raise bad("tp_size", "must be >= 1")
+    if not config.rank_hang_timeout_s > 0:
+        raise bad("rank_hang_timeout_s", "must be > 0")
     if config.nnodes < 1:
         raise bad("nnodes", "must be >= 1")
     if config.tp_size % config.nnodes:

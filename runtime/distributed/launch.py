@@ -19,6 +19,9 @@ from ..config import EngineConfig
 from ..errors import ModelLoadError
 
 
+SPAWN = mp.get_context("spawn")
+
+
 @dataclass(frozen=True)
 class RankSpec:
     """One worker's place in the group and where the group meets."""
@@ -72,18 +75,19 @@ def check_model(config: EngineConfig) -> None:
 
 
 def start_ranks(config: EngineConfig, specs: list[RankSpec], paths: Any,
-                parent_pid: int, start: Any) -> list[Any]:
+                parent_pid: int, start: Any, beats: Any = None) -> list[Any]:
     """One spawned worker per spec (``start(proc)`` starts it); on a failure to start one, the
-    ones already started are stopped."""
+    ones already started are stopped. ``beats``: ``heartbeat.Heartbeats`` counters (indexed by
+    local rank), or None."""
     from ..scheduler.process import run_scheduler_process
 
-    ctx = mp.get_context("spawn")
+    ctx = SPAWN
     procs: list[Any] = []
     try:
         for spec in specs:
             name = "sgdsl-scheduler" if spec.rank == 0 else f"sgdsl-tp{spec.rank}"
             proc = ctx.Process(target=run_scheduler_process, name=name, daemon=True,
-                               args=(config, paths, parent_pid, spec))
+                               args=(config, paths, parent_pid, spec, beats))
             start(proc)
             procs.append(proc)
     except BaseException:

@@ -16,6 +16,7 @@ answers the main process; a follower's socket carries nothing but its own startu
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import os
 import time
@@ -23,6 +24,7 @@ import traceback
 from typing import Any
 
 from ..config import EngineConfig
+from ..distributed.heartbeat import Heartbeats
 from ..ipc import messages as m
 from ..ipc.channel import IpcPaths, SyncChannel
 
@@ -33,9 +35,10 @@ RANK_STARTUP_SKEW_S = 300.0
 
 
 def run_scheduler_process(config: EngineConfig, paths: IpcPaths | None, parent_pid: int,
-                          spec: Any = None) -> None:
+                          spec: Any = None, beats: Any = None) -> None:
     """``spec``: this process's ``distributed.launch.RankSpec`` (None: the only rank).
-    ``paths`` is None on the ranks of another node (nothing to report to but the log)."""
+    ``paths`` is None on the ranks of another node (nothing to report to but the log).
+    ``beats``: shared loop counters the main process watches for hung ranks (or None)."""
     rank, size = (spec.rank, spec.size) if spec is not None else (0, 1)
     leader = rank == 0
     chan = SyncChannel(paths, receive=leader) if paths is not None else None
@@ -61,7 +64,9 @@ def run_scheduler_process(config: EngineConfig, paths: IpcPaths | None, parent_p
     if leader:
         chan.send(ready)
     try:
-        _loop(scheduler, chan if leader else None, parent_pid, size > 1)
+        beat = (lambda: None) if beats is None else functools.partial(
+            Heartbeats.beat, beats, spec.local_rank)
+        _loop(scheduler, chan if leader else None, parent_pid, size > 1, beat)
     except BaseException as exc:  # noqa: BLE001
         _report(chan, m.StartupError(f"{where}scheduler crashed: {type(exc).__name__}: {exc}",
                                      traceback.format_exc(), "engine_dead"))
@@ -149,13 +154,16 @@ def _grammar_manager(config: EngineConfig, runner: Any, eos: list[int]) -> Any:
     return create_grammar_manager(config, tok, int(runner.model_config.vocab_size), eos)
 
 
-def _loop(scheduler: Any, chan: SyncChannel | None, parent_pid: int, parallel: bool) -> None:
+def _loop(scheduler: Any, chan: SyncChannel | None, parent_pid: int, parallel: bool,
+          beat: Any = None) -> None:
     """``chan`` None: a follower rank, which takes rank 0's messages (and waits in that
     broadcast while rank 0 idles)."""
     from ..distributed.collectives import broadcast_list
 
     next_check = time.monotonic() + PARENT_CHECK_S
     while True:
+        if beat is not None:
+            beat()
         msgs = chan.recv_all() if chan is not None else None
         if parallel:
             msgs = broadcast_list(msgs)

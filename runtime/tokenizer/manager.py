@@ -15,6 +15,7 @@ import multiprocessing as mp
 from typing import Any, AsyncIterator
 
 from ..config import EngineConfig
+from ..distributed.heartbeat import HangMonitor, Heartbeats
 from ..errors import EngineDeadError, ModelLoadError
 from ..grammar.schema.validator import OutputValidator
 from ..ipc import messages as m
@@ -33,6 +34,7 @@ class TokenizerManager:
         self.chan = AsyncChannel(self.paths)
         self.proc: Any = None  # rank 0's scheduler process
         self.procs: list[Any] = []  # every rank's process on this node (rank order)
+        self.hang: HangMonitor | None = None  # TP: the ranks' loop counters
         self.ready: m.Ready | None = None
         self.tokenizer: Any = None
         self.states: dict[str, ReqState] = {}
@@ -59,8 +61,10 @@ class TokenizerManager:
             launch.check_devices(self.config)
             await asyncio.to_thread(launch.check_model, self.config)
             specs = launch.node_ranks(self.config, launch.init_method(self.config))
+            beats = Heartbeats(launch.SPAWN, len(specs))
             self.procs = launch.start_ranks(self.config, specs, self.paths, _pid(),
-                                            _start_without_main)
+                                            _start_without_main, beats.counts)
+            self.hang = HangMonitor(beats.counts, self.config.rank_hang_timeout_s)
             self.proc = self.procs[0]
         try:
             self.ready = await self._await_ready()
@@ -129,10 +133,18 @@ class TokenizerManager:
                 return
 
     async def _watchdog(self) -> None:
+        if self.hang is not None:
+            self.hang = HangMonitor(self.hang.counts, self.hang.timeout_s)  # from Ready on
         while (dead := self._dead_rank()) is None:
+            hung = self.hang.hung() if self.hang is not None else None
+            if hung is not None:
+                self._die(f"tensor-parallel rank(s) {', '.join(map(str, hung))} made no progress "
+                          f"for {self.hang.timeout_s:g} s (hung; stopped with the whole group)")
+                break
             await asyncio.sleep(WATCHDOG_S)
-        await asyncio.sleep(0.2)  # let a crash report sent just before exit arrive first
-        self._die(f"{dead[0]} exited unexpectedly (exit code {dead[1]})")
+        else:
+            await asyncio.sleep(0.2)  # let a crash report sent just before exit arrive first
+            self._die(f"{dead[0]} exited unexpectedly (exit code {dead[1]})")
         # NOTE: the other ranks would wait on the dead one (a collective): stop them, so a
         # dead rank leaves no orphan and no GPU memory held.
         for proc in self.procs:

@@ -67,3 +67,18 @@ def test_a_rank_hung_at_startup_is_named():
             if p.is_alive():
                 p.kill()
     assert "Ranks 1 failed to pass monitoredBarrier" in message, message
+
+
+def test_hang_monitor_blames_the_rank_furthest_behind(monkeypatch):
+    from sgdsl.runtime.distributed import heartbeat
+
+    now = [100.0]
+    monkeypatch.setattr(heartbeat.time, "monotonic", lambda: now[0])
+    counts = [5, 5, 5]
+    mon = heartbeat.HangMonitor(counts, timeout_s=10)
+    counts[0], counts[2] = 6, 6
+    now[0] = 105.0
+    assert mon.hung() is None  # rank 1 still for 5 s: not yet
+    counts[0] = counts[2] = 7
+    now[0] = 111.0
+    assert mon.hung() == [1]

@@ -10,6 +10,7 @@ heads) cannot split over 2 ranks (a clear startup error) and runs at TP=3.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -159,3 +160,22 @@ def test_killed_rank_fails_clearly_without_orphans(tiny_tp2):
     assert not any(p.is_alive() for p in procs)  # rank 0 stopped too: no orphan
     with pytest.raises(EngineDeadError, match="tensor-parallel rank 1"):
         tiny_tp2.stats()  # what /health answers 503 with
+
+
+def test_hung_rank_is_named_and_the_group_stopped(tiny_model_dir):
+    """A rank that stops moving (SIGSTOP) for rank_hang_timeout_s fails every request with
+    its name; the whole group is stopped (SIGKILL reaches a stopped process too)."""
+    engine = Engine(str(tiny_model_dir), tp_size=2, rank_hang_timeout_s=6, **TINY)
+    try:
+        procs = list(engine._tm.procs)
+        engine.generate("Hi", GREEDY)
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        with pytest.raises(EngineDeadError, match=r"tensor-parallel rank\(s\) 1 made no "
+                                                  r"progress for 6 s"):
+            engine.generate("Hi", GREEDY)
+        deadline = time.monotonic() + 30
+        while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(p.is_alive() for p in procs)
+    finally:
+        engine.shutdown()
