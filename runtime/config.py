@@ -37,6 +37,11 @@ class EngineConfig:
     attention_backend: Literal["auto", "torch_native", "triton"] = "auto"
     grammar_backend: Literal["xgrammar", "outlines", "none"] = "xgrammar"
     grammar_compile_timeout_s: float = 10.0
+    # Compiles run in killable worker processes (runtime/grammar/worker_pool.py): how many at
+    # once, how many may wait (more are rejected at once), and the memory one compile may use.
+    grammar_compile_workers: int = 2
+    grammar_compile_queue: int = 512
+    grammar_compile_memory_bytes: int = 2 << 30
     disable_jump_forward: bool = False  # grammar: sample forced text instead of appending it
     # grammar: end every constrained output with a complete value when the budget allows
     # (docs/structured_output.md): force it within this many tokens of the budget; stop

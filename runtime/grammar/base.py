@@ -4,8 +4,9 @@ Three pieces, one per lifetime:
 
 - ``GrammarKey`` — what a request asks for: ``(kind, text)``; the cache key of a compiled grammar.
 - ``GrammarBackend`` — built once per engine from the tokenizer; compiles a key into an opaque
-  compiled grammar (slow, run off the scheduler loop by ``compiler.GrammarCompiler``) and makes a
-  fresh per-request ``Grammar`` from it (fast).
+  compiled grammar (slow: run in worker processes by ``compiler.GrammarCompiler``, each holding
+  its own backend rebuilt from ``backend.spec``; the result comes back through ``serialize`` /
+  ``deserialize``) and makes a fresh per-request ``Grammar`` from it (fast).
 - ``Grammar`` — one per request: a matcher that accepts tokens, fills one row of a packed int32
   bitmask (bit ``t`` of row ``r`` set = token ``t`` allowed), reports a jump-forward string
   (text the grammar forces), termination, and rolls back.
@@ -16,9 +17,10 @@ per row, token ``t`` at word ``t // 32``, bit ``t % 32``.
 from __future__ import annotations
 
 import json
+import pickle
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Hashable, Literal, NamedTuple, Sequence
+from typing import Any, Callable, Hashable, Literal, NamedTuple, Sequence
 
 import torch
 
@@ -170,14 +172,26 @@ class Grammar(ABC):
 
 
 class GrammarBackend(ABC):
-    """Compiles keys for one tokenizer. ``compile`` may be slow and runs in worker threads, so
-    implementations must be thread-safe there; ``new_grammar`` is cheap."""
+    """Compiles keys for one tokenizer. ``compile`` may be slow and runs in a worker process (on
+    the backend ``spec()`` builds there); ``new_grammar`` and ``deserialize`` are cheap and run
+    in the engine's process."""
 
     name: str = "base"
+    # A picklable zero-argument factory that rebuilds this backend in a compile worker (e.g.
+    # ``registry.BackendSpec``); set by whoever builds the backend.
+    spec: Callable[[], "GrammarBackend"] | None = None
 
     def __init__(self, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(eos_token_ids)
+
+    def serialize(self, compiled: Any) -> bytes:
+        """``compile``'s result as bytes, in the worker (default: pickle)."""
+        return pickle.dumps(compiled, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def deserialize(self, data: bytes) -> Any:
+        """The compiled grammar back from ``serialize``'s bytes, in the engine's process."""
+        return pickle.loads(data)
 
     @abstractmethod
     def compile(self, key: GrammarKey) -> Any:

@@ -1,94 +1,139 @@
-"""Grammar compilation off the scheduler loop: a thread pool, a cache keyed by (kind, text), size
-limits checked up front and a deadline per request.
+"""Grammar compilation that cannot hurt the server: size limits checked up front, compiles in
+killable worker processes (``worker_pool.py``) with a deadline and a memory budget, and a
+bounded cache keyed by (kind, text) here in the parent.
 
 The scheduler calls ``submit(key)`` at admission (cheap: limit checks plus a cache lookup) and
 parks the request as "grammar pending"; each step it polls ``PendingGrammar.ready()`` and, once
-ready, ``result()`` gives a fresh matcher or raises ``InvalidRequestError`` naming the field.
+ready, ``result()`` gives a fresh matcher or raises ``InvalidRequestError`` naming the field and
+the limit it broke. Nothing is compiled in this process: the backend is rebuilt once per worker
+(from ``backend.spec``) and the compiled grammar comes back serialized (``backend.serialize`` /
+``deserialize``; measured in benchmarks/RESULTS.md: a few ms against tens to hundreds of ms of
+compiling, so there is no in-process fast path).
 
-Native compilers cannot be interrupted. A compile that outlives its deadline fails its requests,
-its key is remembered as too slow (a resubmission fails at once), and the worker pool is replaced
-so queued compiles do not wait behind it; the stuck thread finishes on its own and is discarded.
+A compile past its deadline is killed with its worker; its key is remembered as too slow, so a
+resubmission fails at once. A request whose compile is still queued at its deadline fails
+saying it waited for a worker. The cache holds failures too (they are cheap and deterministic),
+bounded by entry count and by the bytes of the compiled grammars it holds.
 """
 from __future__ import annotations
 
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidRequestError
 from .base import Grammar, GrammarBackend, GrammarKey
 from .limits import GrammarLimits
+from .worker import WorkerInit
+from .worker_pool import (STARTUP_TIMEOUT_S, CompileJob, CompileTimeout, CompileWorkerPool,
+                          PoolLimits)
 
 
 @dataclass
 class _Entry:
-    future: Future
-    pool: ThreadPoolExecutor
-    compile_s: float | None = None  # set by the worker when it finishes
+    job: CompileJob
+
+    @property
+    def future(self) -> Future:
+        return self.job.future
+
+    def size(self) -> int:
+        """Bytes of the compiled grammar (its serialized size); 0 while pending or failed."""
+        f = self.job.future
+        return f.result()[1] if f.done() and not f.cancelled() and not f.exception() else 0
 
 
 @dataclass
 class CompilerStats:
     hits: int = 0
     misses: int = 0
-    failures: int = 0
-    timeouts: int = 0
+    timeouts: int = 0  # requests failed at their deadline (killed or still queued)
+    rejected_busy: int = 0  # queue full at submit
     compile_s: list[float] = field(default_factory=list)
 
 
 class PendingGrammar:
-    """A request's handle on a compile in flight; its deadline counts from its own submit."""
+    """A request's handle on a compile in flight; its deadline counts from its own submit (or
+    from when the workers came up, if it arrived before)."""
 
-    def __init__(self, compiler: "GrammarCompiler", key: GrammarKey, deadline: float) -> None:
+    def __init__(self, compiler: "GrammarCompiler", key: GrammarKey, entry: _Entry,
+                 submitted: float) -> None:
         self.compiler = compiler
         self.key = key
-        self.deadline = deadline
+        self._entry = entry
+        self.submitted = submitted
+
+    @property
+    def deadline(self) -> float | None:
+        """None while the compile workers are still starting."""
+        pool = self.compiler._pool
+        return pool.deadline(self.submitted) if pool is not None else None
 
     def ready(self) -> bool:
         """True once ``result()`` will not block: compiled, failed, or past the deadline."""
-        return self.compiler._future(self.key).done() or time.monotonic() >= self.deadline
+        if self._entry.future.done():
+            return True
+        deadline = self.deadline
+        return deadline is not None and time.monotonic() >= deadline
 
     def future(self) -> Future:
         """The compile's future (shared by every request with the same key)."""
-        return self.compiler._future(self.key)
+        return self._entry.future
 
     def result(self, wait: bool = False) -> Grammar:
         """A fresh matcher; raises ``InvalidRequestError`` on failure or a missed deadline."""
-        fut = self.compiler._future(self.key)
-        if wait and not fut.done():
+        fut = self._entry.future
+        while wait and not self.ready():
+            deadline = self.deadline
+            left = STARTUP_TIMEOUT_S if deadline is None else deadline - time.monotonic()
             try:
-                fut.exception(timeout=max(0.0, self.deadline - time.monotonic()))
-            except TimeoutError:
+                fut.exception(timeout=max(0.0, left))
+            except (TimeoutError, CancelledError):
                 pass
-        if not fut.done():
-            self.compiler._expire(self.key)
-            raise InvalidRequestError(
-                f"{self.key.field} did not compile within the {self.compiler.timeout_s:g} s "
-                "deadline", field=self.key.field)
-        return self.compiler.backend.new_grammar(fut.result())
+            if deadline is None and not fut.done() and self.deadline is None:
+                break  # no worker came up at all: fail below as a deadline miss
+        if not fut.done() or fut.cancelled():
+            raise self.compiler._expire(self.key, self._entry)
+        exc = fut.exception()
+        if exc is not None:
+            if isinstance(exc, CompileTimeout):
+                self.compiler.stats.timeouts += 1
+            raise exc
+        return self.compiler.backend.new_grammar(fut.result()[0])
 
 
 class GrammarCompiler:
-    """Compiles grammar keys for one backend in worker threads, with a bounded LRU cache."""
+    """Compiles grammar keys for one backend in worker processes, with a bounded LRU cache.
+
+    ``pool`` limits are the workers' (count, queue, memory, result size); ``timeout_s`` is the
+    per-request deadline. The pool starts on the first submit (or ``start()``).
+    """
 
     def __init__(self, backend: GrammarBackend, *, limits: GrammarLimits | None = None,
-                 timeout_s: float = 10.0, max_workers: int = 2, cache_size: int = 1024) -> None:
+                 timeout_s: float = 10.0, max_workers: int = 2, cache_size: int = 1024,
+                 cache_bytes: int = 1 << 30, pool: PoolLimits | None = None) -> None:
         self.backend = backend
         self.limits = limits or GrammarLimits()
         self.timeout_s = timeout_s
-        self.max_workers = max_workers
+        self.pool_limits = pool or PoolLimits(workers=max_workers)
         self.cache_size = cache_size
+        self.cache_bytes = cache_bytes
         self.stats = CompilerStats()
         self._lock = threading.Lock()
         self._cache: OrderedDict[GrammarKey, _Entry] = OrderedDict()
-        self._too_slow: set[GrammarKey] = set()
-        self._pool = self._new_pool()
+        self._pool: CompileWorkerPool | None = None
 
-    def _new_pool(self) -> ThreadPoolExecutor:
-        return ThreadPoolExecutor(self.max_workers, thread_name_prefix="sgdsl-grammar")
+    @property
+    def pool(self) -> CompileWorkerPool:
+        with self._lock:
+            return self._pool_locked()
+
+    def start(self) -> None:
+        """Start the worker processes now instead of at the first compile."""
+        self.pool  # noqa: B018 - property with a side effect
 
     def submit(self, key: GrammarKey) -> PendingGrammar:
         """Start (or reuse) the compile of ``key``; limit violations raise here, at once."""
@@ -97,78 +142,78 @@ class GrammarCompiler:
                 f"the {self.backend.name} grammar backend does not support {key.kind}",
                 field=key.field)
         self.limits.check(key)  # json_schema keywords are checked by backend.compile (normalizer)
+        submitted = time.monotonic()
         with self._lock:
-            if key in self._too_slow:
-                raise InvalidRequestError(
-                    f"{key.field} did not compile within the {self.timeout_s:g} s deadline "
-                    "(an identical request timed out before)", field=key.field)
             entry = self._cache.get(key)
             if entry is not None:
                 self._cache.move_to_end(key)
                 self.stats.hits += 1
+                if isinstance(entry.future.done() and entry.future.exception(), CompileTimeout):
+                    raise InvalidRequestError(
+                        f"{key.field} did not compile within the {self.timeout_s:g} s deadline "
+                        "(an identical request timed out before)", field=key.field)
             else:
                 self.stats.misses += 1
-                self._cache[key] = self._start(key)
+                try:
+                    job = self._pool_locked().submit(key)
+                except InvalidRequestError:
+                    self.stats.rejected_busy += 1
+                    raise
+                entry = self._cache[key] = _Entry(job)
                 self._evict()
-        return PendingGrammar(self, key, time.monotonic() + self.timeout_s)
+        return PendingGrammar(self, key, entry, submitted)
 
     def compile(self, key: GrammarKey) -> Grammar:
         """Blocking convenience (offline use, tests): submit and wait up to the deadline."""
         return self.submit(key).result(wait=True)
 
     def compile_seconds(self, key: GrammarKey) -> float | None:
-        """Wall time the worker spent compiling ``key`` (None while running or unknown)."""
+        """Time the worker spent compiling ``key`` (None while running, failed or unknown)."""
         entry = self._cache.get(key)
-        return entry.compile_s if entry else None
+        return entry.future.result()[2] if entry and entry.size() else None
 
     def shutdown(self) -> None:
+        """Kill the workers (no process is left behind); pending requests fail."""
         with self._lock:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown()
 
-    def _start(self, key: GrammarKey) -> _Entry:
-        entry = _Entry(Future(), self._pool)
-        entry.future = self._pool.submit(self._run, key, entry)
-        return entry
+    def _pool_locked(self) -> CompileWorkerPool:
+        if self._pool is None:
+            spec = self.backend.spec
+            if spec is None:
+                raise InvalidRequestError(
+                    f"the {self.backend.name} grammar backend cannot run in a worker (no spec)",
+                    field="grammar_backend")
+            init = WorkerInit(spec, self.pool_limits.memory_bytes)
+            limits = PoolLimits(**{**self.pool_limits.__dict__, "timeout_s": self.timeout_s})
+            self._pool = CompileWorkerPool(init, self.backend.deserialize, limits)
+        return self._pool
 
-    def _run(self, key: GrammarKey, entry: _Entry) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return self.backend.compile(key)
-        except InvalidRequestError:
-            self.stats.failures += 1
-            raise
-        except Exception as e:  # never let a worker surface a bare KeyError later
-            self.stats.failures += 1
-            raise InvalidRequestError(f"{key.field} failed to compile: {e}",
-                                      field=key.field) from e
-        finally:
-            entry.compile_s = time.perf_counter() - t0
-            self.stats.compile_s.append(entry.compile_s)
-
-    def _future(self, key: GrammarKey) -> Future:
-        with self._lock:
-            entry = self._cache.get(key)
-            if entry is None:  # evicted while pending: start again (rare; cache is large)
-                entry = self._cache[key] = self._start(key)
-            return entry.future
-
-    def _expire(self, key: GrammarKey) -> None:
-        """A compile missed its deadline: remember the key and move queued work to a new pool."""
-        with self._lock:
-            entry = self._cache.pop(key, None)
-            self._too_slow.add(key)
-            self.stats.timeouts += 1
-            if entry is None or entry.pool is not self._pool or entry.future.done():
-                return
-            old, self._pool = self._pool, self._new_pool()
-            for k, e in list(self._cache.items()):
-                if e.pool is old and e.future.cancel():  # queued, not started: requeue
-                    self._cache[k] = self._start(k)
-            old.shutdown(wait=False)
+    def _expire(self, key: GrammarKey, entry: _Entry) -> InvalidRequestError:
+        """A request reached its deadline with its compile unfinished: the error to raise."""
+        self.stats.timeouts += 1
+        if entry.future.cancel() or entry.future.cancelled():  # still queued: it never ran
+            with self._lock:
+                if self._cache.get(key) is entry:
+                    del self._cache[key]
+            return InvalidRequestError(
+                f"{key.field} did not compile within the {self.timeout_s:g} s deadline "
+                f"(grammar_compile_timeout_s; it waited for one of "
+                f"{self.pool_limits.workers} compile workers)", field=key.field)
+        # Running: its worker is killed at the same deadline; the entry stays as "too slow".
+        return InvalidRequestError(
+            f"{key.field} did not compile within the {self.timeout_s:g} s deadline "
+            "(grammar_compile_timeout_s; the compile was stopped)", field=key.field)
 
     def _evict(self) -> None:
-        while len(self._cache) > self.cache_size:
-            oldest = next(iter(self._cache))
-            if not self._cache[oldest].future.done():
-                return  # never drop a compile someone may be waiting on
-            self._cache.popitem(last=False)
+        """Drop the oldest finished entries past the count or byte bound."""
+        total = sum(e.size() for e in self._cache.values())
+        for key in list(self._cache):
+            if len(self._cache) <= self.cache_size and total <= self.cache_bytes:
+                return
+            entry = self._cache[key]
+            if entry.future.done():  # never drop a compile someone may be waiting on
+                total -= entry.size()
+                del self._cache[key]

@@ -1,7 +1,7 @@
 """GrammarManager: the scheduler's one handle on constrained decoding.
 
 The scheduler calls, in order: ``admit`` when a request arrives (compilation starts in the
-compiler's threads; the request waits in ``pending``, the "grammar pending" state, without
+compiler's worker processes; the request waits in ``pending``, the "grammar pending" state, without
 blocking the loop), ``poll`` each step (requests whose grammar is ready move on to the waiting
 queue; failures come back with their ``InvalidRequestError``), ``fill_bitmask`` before sampling
 (one packed bitmask for the batch, filled by the backend's batch call while the forward runs
@@ -28,6 +28,7 @@ from ..errors import InvalidRequestError
 from .base import GrammarBackend, GrammarKey, allocate_bitmask
 from .compiler import GrammarCompiler
 from .completion import COMPLETED, CompletionConfig, CompletionTracker
+from .worker_pool import PoolLimits
 from .jump_forward import jump_forward, only_stop_allowed
 
 
@@ -44,8 +45,12 @@ class GrammarManager:
     def __init__(self, backend: GrammarBackend, tokenizer: Any, vocab_size: int,
                  eos_token_ids: Sequence[int], *, timeout_s: float = 10.0,
                  jump_forward: bool = True, jump_max_batch: int = 8,
-                 completion: CompletionConfig | None = CompletionConfig()) -> None:
-        self.compiler = GrammarCompiler(backend, timeout_s=timeout_s)
+                 completion: CompletionConfig | None = CompletionConfig(),
+                 pool: PoolLimits | None = None,
+                 compiler: GrammarCompiler | None = None) -> None:
+        # A compiler passed in (shared, e.g. by tests) is not shut down with this manager.
+        self._owns_compiler = compiler is None
+        self.compiler = compiler or GrammarCompiler(backend, timeout_s=timeout_s, pool=pool)
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos = tuple(eos_token_ids)
@@ -277,7 +282,8 @@ class GrammarManager:
                 "grammar_repetition_stops": self.completion.repetitions if self.completion else 0}
 
     def shutdown(self) -> None:
-        self.compiler.shutdown()
+        if self._owns_compiler:
+            self.compiler.shutdown()
 
 
 def create_grammar_manager(config: Any, tokenizer: Any, vocab_size: int,
@@ -292,7 +298,10 @@ def create_grammar_manager(config: Any, tokenizer: Any, vocab_size: int,
     completion = CompletionConfig(enabled=config.grammar_force_completion,
                                   slack_tokens=config.grammar_completion_slack,
                                   repetition_window=config.grammar_repetition_window)
+    pool = PoolLimits(workers=config.grammar_compile_workers,
+                      max_queued=config.grammar_compile_queue,
+                      memory_bytes=config.grammar_compile_memory_bytes)
     return GrammarManager(backend, tokenizer, vocab_size, eos_token_ids,
-                          timeout_s=config.grammar_compile_timeout_s,
+                          timeout_s=config.grammar_compile_timeout_s, pool=pool,
                           jump_forward=not getattr(config, "disable_jump_forward", False),
                           completion=completion)

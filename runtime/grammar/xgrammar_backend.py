@@ -129,7 +129,7 @@ class XGrammarCompiled:
 
 
 class XGrammarBackend(GrammarBackend):
-    """Compiles keys with one ``xgrammar.GrammarCompiler`` shared by all worker threads."""
+    """Compiles keys with one ``xgrammar.GrammarCompiler`` (one per compile worker process)."""
 
     name = "xgrammar"
 
@@ -139,7 +139,7 @@ class XGrammarBackend(GrammarBackend):
 
         super().__init__(vocab_size, eos_token_ids)
         self._xgr = xgr
-        info = xgr.TokenizerInfo.from_huggingface(
+        self._info = info = xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=list(self.eos_token_ids))
         # NOTE: our own cache (compiler.py) is keyed by the request text; xgrammar's would only
         # duplicate it without a bound, so it is off.
@@ -175,6 +175,16 @@ class XGrammarBackend(GrammarBackend):
             raise InvalidRequestError(
                 f"xgrammar cannot compile this {key.field}: {_first_line(e)}",
                 field=key.field) from e
+
+    def serialize(self, compiled: XGrammarCompiled) -> bytes:
+        # xgrammar's own format leaves the tokenizer tables out (the parent has them).
+        kind = b"j" if compiled.json_safe is not None else b"-"
+        return kind + compiled.grammar.serialize_json().encode("utf-8")
+
+    def deserialize(self, data: bytes) -> XGrammarCompiled:
+        grammar = self._xgr.CompiledGrammar.deserialize_json(data[1:].decode("utf-8"),
+                                                             self._info)
+        return XGrammarCompiled(grammar, self._json_safe if data[:1] == b"j" else None)
 
     def new_grammar(self, compiled: XGrammarCompiled) -> XGrammarGrammar:
         matcher = self._xgr.GrammarMatcher(compiled.grammar,

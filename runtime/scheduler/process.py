@@ -74,6 +74,9 @@ def run_scheduler_process(config: EngineConfig, paths: IpcPaths | None, parent_p
     else:
         if chan is not None:
             chan.close()
+    finally:
+        if scheduler.grammar is not None:
+            scheduler.grammar.shutdown()  # grammar: kill the compile worker processes
 
 
 def _drop(msg: Any) -> None:

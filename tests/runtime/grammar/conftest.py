@@ -30,13 +30,20 @@ def backend(request, backends):
     return backends[request.param]
 
 
-@pytest.fixture()
-def compiler(backend):
+@pytest.fixture(scope="session")
+def compilers(backends):
+    """One compiler (and its worker processes, ~2 s to start) per backend for the session."""
     from sgdsl.runtime.grammar import GrammarCompiler
 
-    c = GrammarCompiler(backend, timeout_s=30.0)
-    yield c
-    c.shutdown()
+    made = {name: GrammarCompiler(b, timeout_s=30.0) for name, b in backends.items()}
+    yield made
+    for c in made.values():
+        c.shutdown()
+
+
+@pytest.fixture()
+def compiler(backend, compilers):
+    return compilers[backend.name]
 
 
 @pytest.fixture(scope="session")

@@ -40,10 +40,8 @@ def test_any_value_admits_only_json_values():
 
 
 @pytest.mark.parametrize("schema", [UNTYPED_ARRAY, BOUNDED], ids=["untyped", "bounded"])
-def test_outlines_compiles_and_walks_valid(backends, tokenizer, walker, schema):
-    from sgdsl.runtime.grammar import GrammarCompiler
-
-    compiler = GrammarCompiler(backends["outlines"], timeout_s=60.0)
+def test_outlines_compiles_and_walks_valid(compilers, tokenizer, walker, schema):
+    compiler = compilers["outlines"]
     key = GrammarKey.from_constraint("json_schema", schema)
     rng = random.Random(11)
     finished = 0

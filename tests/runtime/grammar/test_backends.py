@@ -112,15 +112,13 @@ def test_regular_ebnf(compiler, tokenizer, walker):
         assert done and re.fullmatch(r"(hi|hello) [A-Z][a-z]{1,5}!", text), text
 
 
-def test_recursive_ebnf(backends, tokenizer, walker):
-    from sgdsl.runtime.grammar import GrammarCompiler
-
+def test_recursive_ebnf(compilers, tokenizer, walker):
     ebnf = 'root ::= "(" inner ")"\ninner ::= "x" | "(" inner ")"'
-    xg = GrammarCompiler(backends["xgrammar"])
-    text, done = walker.walk(xg.compile(GrammarKey("ebnf", ebnf)), random.Random(5))
+    text, done = walker.walk(compilers["xgrammar"].compile(GrammarKey("ebnf", ebnf)),
+                             random.Random(5))
     assert done and re.fullmatch(r"\(+x\)+", text) and text.count("(") == text.count(")")
     with pytest.raises(InvalidRequestError, match="recursive") as e:
-        GrammarCompiler(backends["outlines"]).compile(GrammarKey("ebnf", ebnf))
+        compilers["outlines"].compile(GrammarKey("ebnf", ebnf))
     assert e.value.field == "ebnf"
 
 

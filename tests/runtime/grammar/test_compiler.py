@@ -1,88 +1,139 @@
-"""GrammarCompiler: cache, failures, and the deadline, on a scripted backend."""
+"""GrammarCompiler on a scripted backend run in real worker processes: cache, typed failures,
+the deadline (the worker is killed), the memory budget, crashes, the queue bound, shutdown."""
 from __future__ import annotations
 
-import threading
+import os
+import time
 
 import pytest
 
 from sgdsl.runtime.errors import InvalidRequestError
-from sgdsl.runtime.grammar import GrammarBackend, GrammarCompiler, GrammarKey
+from sgdsl.runtime.grammar import GrammarCompiler, GrammarKey
+from sgdsl.runtime.grammar.worker_pool import PoolLimits
+
+from .scripted_backend import ScriptedBackend
 
 
-class ScriptedBackend(GrammarBackend):
-    """``slow`` blocks until released; ``bad`` is a compile error; ``boom`` a bug."""
-
-    name = "scripted"
-
-    def __init__(self) -> None:
-        super().__init__(64, [0])
-        self.release = threading.Event()
-        self.calls: list[str] = []
-
-    def compile(self, key: GrammarKey):
-        self.calls.append(key.text)
-        if key.text == "slow":
-            self.release.wait(30)
-        if key.text == "bad":
-            raise InvalidRequestError("bad grammar", field=key.field)
-        if key.text == "boom":
-            raise KeyError("internal")
-        return f"compiled:{key.text}"
-
-    def new_grammar(self, compiled):
-        return compiled
+def _alive(pid: int) -> bool:
+    """True if ``pid`` runs (a zombie, dead but not yet reaped, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
-@pytest.fixture()
-def scripted():
-    backend = ScriptedBackend()
-    yield backend
-    backend.release.set()
+def _compiler(**pool: int) -> GrammarCompiler:
+    c = GrammarCompiler(ScriptedBackend(), timeout_s=pool.pop("timeout_s", 60),
+                        pool=PoolLimits(**{"workers": 1, **pool}))
+    c.compile(GrammarKey("regex", "warm-up"))  # the workers' start is not part of any test
+    return c
 
 
-def test_cache_hit_compiles_once(scripted):
-    c = GrammarCompiler(scripted, timeout_s=10)
-    assert c.compile(GrammarKey("regex", "a")) == "compiled:a"
-    assert c.compile(GrammarKey("regex", "a")) == "compiled:a"
-    assert scripted.calls == ["a"] and c.stats.hits == 1 and c.stats.misses == 1
-    assert c.compile_seconds(GrammarKey("regex", "a")) is not None
+@pytest.fixture(scope="module")
+def shared():
+    c = _compiler(workers=2)
+    yield c
+    c.shutdown()
 
 
-def test_failures_are_typed_and_cached(scripted):
-    c = GrammarCompiler(scripted, timeout_s=10)
+def test_cache_hit_compiles_once(shared):
+    before = shared.pool.stats.compiles
+    assert shared.compile(GrammarKey("regex", "a")) == "compiled:a"
+    assert shared.compile(GrammarKey("regex", "a")) == "compiled:a"
+    assert shared.pool.stats.compiles == before + 1 and shared.stats.hits >= 1
+    assert shared.compile_seconds(GrammarKey("regex", "a")) is not None
+    assert shared.compile(GrammarKey("regex", "pid")) != os.getpid()  # not compiled here
+
+
+def test_failures_are_typed_and_cached(shared):
     for _ in range(2):
         with pytest.raises(InvalidRequestError, match="bad grammar") as e:
-            c.compile(GrammarKey("ebnf", "bad"))
+            shared.compile(GrammarKey("ebnf", "bad"))
         assert e.value.field == "ebnf"
-    with pytest.raises(InvalidRequestError, match="failed to compile") as e:
-        c.compile(GrammarKey("regex", "boom"))
+    with pytest.raises(InvalidRequestError, match="failed to compile: KeyError") as e:
+        shared.compile(GrammarKey("regex", "boom"))
     assert e.value.field == "regex"
-    assert scripted.calls == ["bad", "boom"]
+    with pytest.raises(InvalidRequestError, match="failed to compile") as e:  # not a bare
+        shared.compile(GrammarKey("regex", "lambda"))  # pickling error from the pipe
+    assert e.value.field == "regex"
 
 
-def test_deadline_fails_only_the_slow_request(scripted):
-    # One worker: without replacing the pool the fast compile would queue behind the stuck one.
-    c = GrammarCompiler(scripted, timeout_s=0.3, max_workers=1)
-    slow = c.submit(GrammarKey("regex", "slow"))
-    fast = c.submit(GrammarKey("regex", "fast"))
-    with pytest.raises(InvalidRequestError, match="deadline") as e:
-        slow.result(wait=True)
-    assert e.value.field == "regex" and c.stats.timeouts == 1
-    assert fast.result(wait=True) == "compiled:fast"
-    with pytest.raises(InvalidRequestError, match="timed out before"):
-        c.submit(GrammarKey("regex", "slow"))
-    assert c.compile(GrammarKey("regex", "other")) == "compiled:other"
-
-
-def test_pending_polls_without_blocking(scripted):
-    c = GrammarCompiler(scripted, timeout_s=10)
-    pending = c.submit(GrammarKey("regex", "slow"))
+def test_pending_polls_without_blocking(shared):
+    pending = shared.submit(GrammarKey("regex", "sleep:1"))
     assert not pending.ready()
-    scripted.release.set()
-    assert pending.result(wait=True) == "compiled:slow" and pending.ready()
+    assert pending.result(wait=True) == "compiled:sleep:1" and pending.ready()
 
 
-def test_unsupported_kind_is_rejected_at_submit(scripted):
-    scripted.supports = lambda kind: kind != "ebnf"
+def test_deadline_kills_the_compile_others_keep_going():
+    c = _compiler(workers=2, timeout_s=2)
+    try:
+        slow = c.submit(GrammarKey("regex", "sleep:60"))
+        fast = c.submit(GrammarKey("regex", "fast"))
+        assert fast.result(wait=True) == "compiled:fast"
+        pids = c.pool.worker_pids()
+        with pytest.raises(InvalidRequestError, match=r"within the 2 s deadline") as e:
+            slow.result(wait=True)
+        assert e.value.field == "regex" and e.value.status == 400
+        time.sleep(0.5)
+        assert sum(_alive(p) for p in pids) == 1  # the slow compile's worker was killed
+        with pytest.raises(InvalidRequestError, match="timed out before"):
+            c.submit(GrammarKey("regex", "sleep:60"))
+        assert c.compile(GrammarKey("regex", "other")) == "compiled:other"
+        assert c.pool.stats.timeouts == 1
+    finally:
+        c.shutdown()
+
+
+def test_memory_budget_and_crashes_fail_clearly_and_replace_the_worker():
+    c = _compiler(memory_bytes=256 << 20)
+    try:
+        with pytest.raises(InvalidRequestError, match=r"more than the 268435456 bytes") as e:
+            c.compile(GrammarKey("ebnf", "hog"))
+        assert "grammar_compile_memory_bytes" in str(e.value) and e.value.field == "ebnf"
+        with pytest.raises(InvalidRequestError, match="SIGABRT"):
+            c.compile(GrammarKey("regex", "abort"))
+        with pytest.raises(InvalidRequestError, match=r"crashed the grammar compiler \(SIGSEGV"):
+            c.compile(GrammarKey("regex", "segv"))
+        assert c.compile(GrammarKey("regex", "after")) == "compiled:after"
+        stats = c.pool.stats
+        assert (stats.memory_failures, stats.crashes, stats.workers_started) == (2, 1, 4)
+    finally:
+        c.shutdown()
+
+
+def test_queue_is_bounded():
+    c = _compiler(max_queued=2)
+    try:
+        running = c.submit(GrammarKey("regex", "sleep:3"))
+        while c.pool._queue.qsize():  # wait until the worker took it
+            time.sleep(0.01)
+        queued = [c.submit(GrammarKey("regex", f"q{i}")) for i in range(2)]
+        with pytest.raises(InvalidRequestError, match=r"2 queued is the limit") as e:
+            c.submit(GrammarKey("regex", "one too many"))
+        assert "grammar_compile_queue" in str(e.value) and e.value.field == "regex"
+        assert running.result(wait=True) == "compiled:sleep:3"
+        assert [q.result(wait=True) for q in queued] == ["compiled:q0", "compiled:q1"]
+    finally:
+        c.shutdown()
+
+
+def test_shutdown_leaves_no_worker_and_fails_pending():
+    c = _compiler(workers=2)
+    pending = c.submit(GrammarKey("regex", "sleep:60"))
+    for _ in range(1000):  # both spawned (one may still be importing: it is killed as well)
+        if len(pids := c.pool.worker_pids()) == 2:
+            break
+        time.sleep(0.01)
+    assert len(pids) == 2 and all(_alive(p) for p in pids)
+    c.shutdown()
+    assert not any(_alive(p) for p in pids)
+    with pytest.raises(InvalidRequestError):
+        pending.result(wait=True)
+
+
+def test_unsupported_kind_is_rejected_at_submit():
+    backend = ScriptedBackend()
+    backend.supports = lambda kind: kind != "ebnf"
     with pytest.raises(InvalidRequestError, match="does not support ebnf"):
-        GrammarCompiler(scripted).submit(GrammarKey("ebnf", "root ::= \"a\""))
+        GrammarCompiler(backend).submit(GrammarKey("ebnf", "root ::= \"a\""))

@@ -50,9 +50,10 @@ class HashRunner:
 
 
 @pytest.fixture()
-def run(backends, tokenizer):
+def run(backends, compilers, tokenizer):
     def go(prompt: str, max_new_tokens: int, overlap: bool) -> tuple:
-        manager = GrammarManager(backends["xgrammar"], tokenizer, VOCAB, [EOS])
+        manager = GrammarManager(backends["xgrammar"], tokenizer, VOCAB, [EOS],
+                                 compiler=compilers["xgrammar"])
         outs: dict = {"ids": [], "lps": [], "finish": None}
 
         def send(msg) -> None:

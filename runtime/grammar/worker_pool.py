@@ -1,0 +1,351 @@
+"""A small pool of killable compile worker processes (``worker.py``).
+
+Native grammar compilers cannot be interrupted, and a thread that missed its deadline keeps
+eating CPU and memory: 140 slow schemas once took a scheduler past 21 GB and the kernel killed
+it. So every compile runs in a worker process with a memory budget, and:
+
+- a compile past its deadline gets its worker killed (and replaced); its job fails naming the
+  deadline in seconds; the other workers keep compiling;
+- a compile over the memory budget fails naming the budget in bytes, its worker replaced; so
+  does a worker that crashes (segfault, abort);
+- at most ``workers`` compiles run at once and at most ``max_queued`` wait; beyond that
+  ``submit`` rejects at once, naming the limit;
+- the compiled grammar comes back serialized by the backend and is rebuilt here, on the slot's
+  thread (never the scheduler loop).
+
+Each slot is one thread driving one worker synchronously (send a job, wait for its reply or its
+deadline with ``select``), so the deadline is exact and needs no other timer. Workers start with
+the pool, in the background, and die with it (``shutdown``; or with their parent process).
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import queue
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import InvalidRequestError
+from .base import GrammarKey
+from .worker import _HEADER, PARENT_ENV, WorkerInit
+
+_WORKER_CMD = "from sgdsl.runtime.grammar.worker import main; main()"
+STARTUP_TIMEOUT_S = 120.0  # imports and the backend's tokenizer tables; slow on a loaded box
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    """How much compiling the pool may do (``EngineConfig.grammar_compile_*``)."""
+
+    workers: int = 2
+    max_queued: int = 512
+    memory_bytes: int = 2 << 30  # per compile, on top of the worker's own footprint
+    timeout_s: float = 10.0  # echoed in deadline errors; each job carries its own deadline
+    max_result_bytes: int = 256 << 20  # a serialized compiled grammar sent back to the parent
+
+    def __post_init__(self) -> None:
+        for name, value, least in (("grammar_compile_workers", self.workers, 1),
+                                   ("grammar_compile_queue", self.max_queued, 1),
+                                   ("grammar_compile_memory_bytes", self.memory_bytes, 0)):
+            if not isinstance(value, int) or value < least:
+                raise InvalidRequestError(f"{name} must be an integer >= {least}, not {value!r}",
+                                          field=name)
+
+
+@dataclass
+class PoolStats:
+    compiles: int = 0
+    timeouts: int = 0  # workers killed at a deadline
+    memory_failures: int = 0
+    crashes: int = 0
+    workers_started: int = 0
+    compile_s: list[float] = field(default_factory=list)  # inside the worker, per compile
+
+
+@dataclass(eq=False)
+class CompileJob:
+    """One compile; ``future``'s result is (compiled grammar, its serialized bytes, compile s)
+    or an ``InvalidRequestError``."""
+
+    key: GrammarKey
+    submitted: float  # time.monotonic(); its deadline is ``CompileWorkerPool.deadline``
+    future: Future = field(default_factory=Future)
+
+
+class WorkerStartError(Exception):
+    pass
+
+
+class CompileTimeout(InvalidRequestError):
+    """A compile stopped at its deadline (the compiler remembers its key as too slow)."""
+
+
+class _Worker:
+    """One worker process and its pipes (raw file descriptors: ``select`` must see all data)."""
+
+    def __init__(self, init: WorkerInit) -> None:
+        # NOTE: the parent's sys.path goes along so the worker unpickles the same modules
+        # (a backend defined outside the installed packages, e.g. in a test, included).
+        env = {**os.environ, PARENT_ENV: str(os.getpid()), "OMP_NUM_THREADS": "1",
+               "RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.proc = subprocess.Popen([sys.executable, "-c", _WORKER_CMD], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, bufsize=0, env=env)
+        self._in = self.proc.stdin.fileno()  # type: ignore[union-attr]
+        self._out = self.proc.stdout.fileno()  # type: ignore[union-attr]
+        self.baseline = 0  # VmData after its first compile (set by the pool)
+        self._init = init
+
+    def handshake(self) -> None:
+        """Send the init frame and wait until the backend is built; WorkerStartError if not."""
+        try:
+            self.send(self._init)
+            reply = self.recv(time.monotonic() + STARTUP_TIMEOUT_S)
+        except (EOFError, OSError):
+            reply = ("startup_error", f"the worker exited ({self._exit_text()})")
+        if reply is None or reply[0] != "ready":
+            self.kill()
+            raise WorkerStartError(reply[1] if reply else "the worker did not start in time")
+
+    def send(self, obj: Any) -> None:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        view = memoryview(_HEADER.pack(len(data)) + data)
+        while view:
+            view = view[os.write(self._in, view):]
+
+    def recv(self, deadline: float) -> Any | None:
+        """The next frame, or None once ``deadline`` passes; EOFError if the worker died."""
+        head = self._read(_HEADER.size, deadline)
+        if head is None:
+            return None
+        body = self._read(_HEADER.unpack(head)[0], deadline)
+        return None if body is None else pickle.loads(body)
+
+    def _read(self, size: int, deadline: float) -> bytes | None:
+        chunks, left = [], size
+        while left:
+            wait = deadline - time.monotonic()
+            if wait <= 0 or not select.select([self._out], [], [], wait)[0]:
+                return None
+            chunk = os.read(self._out, min(left, 1 << 20))
+            if not chunk:
+                raise EOFError
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.close()
+
+    def close(self) -> None:
+        """Close the pipes (an idle worker exits on EOF) and reap the process."""
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def _exit_text(self) -> str:
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return "still running"
+        if code < 0:
+            return signal.Signals(-code).name if -code in signal.valid_signals() else str(code)
+        return f"exit code {code}"
+
+
+class CompileWorkerPool:
+    """Runs ``CompileJob``s in worker processes; ``deserialize`` rebuilds each result here."""
+
+    def __init__(self, init: WorkerInit, deserialize: Callable[[bytes], Any],
+                 limits: PoolLimits | None = None) -> None:
+        self.init = init
+        self.deserialize = deserialize
+        self.limits = limits or PoolLimits()
+        self.stats = PoolStats()
+        self._queue: queue.Queue[CompileJob | None] = queue.Queue(self.limits.max_queued)
+        self._workers: dict[int, _Worker] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self.ready_at: float | None = None  # when the first worker became ready
+        self._ids = itertools.count()
+        self._threads = [threading.Thread(target=self._serve, args=(slot,), daemon=True,
+                                          name=f"sgdsl-grammar-{slot}")
+                         for slot in range(self.limits.workers)]
+        for t in self._threads:
+            t.start()
+
+    def deadline(self, submitted: float) -> float | None:
+        """When a compile submitted at ``submitted`` is stopped; None while no worker is ready
+        yet (the clock starts once the pool is up: a cold start is not the request's fault)."""
+        if self.ready_at is None:
+            return None
+        return max(submitted, self.ready_at) + self.limits.timeout_s
+
+    def submit(self, key: GrammarKey) -> CompileJob:
+        """Queue a compile; raises ``InvalidRequestError`` when the queue is full."""
+        job = CompileJob(key, time.monotonic())
+        if self._closed:
+            raise InvalidRequestError("the grammar compiler is shut down", field=key.field)
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            raise InvalidRequestError(
+                f"too many grammar compiles in flight: {self.limits.workers} running and "
+                f"{self.limits.max_queued} queued is the limit (grammar_compile_queue); "
+                "retry later", field=key.field) from None
+        return job
+
+    def worker_pids(self) -> list[int]:
+        with self._lock:
+            return [w.proc.pid for w in self._workers.values()]
+
+    def shutdown(self) -> None:
+        """Kill every worker and fail what is queued; no process is left behind."""
+        self._closed = True
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                self._fail(job, "the engine is shutting down")
+        for _ in self._threads:
+            self._queue.put(None)
+        with self._lock:
+            workers = list(self._workers.values())
+        for w in workers:
+            w.kill()
+        for t in self._threads:
+            t.join(timeout=10)
+
+    # -- one slot ---------------------------------------------------------------------------------
+    def _serve(self, slot: int) -> None:
+        worker = self._start(slot, None)
+        while True:
+            job = self._queue.get()
+            if job is None or self._closed:
+                break
+            if job.future.done() or not job.future.set_running_or_notify_cancel():
+                continue  # its requests gave up while it was queued
+            if worker is None:
+                try:
+                    worker = self._start(slot, job)
+                except WorkerStartError as e:
+                    self._fail(job, f"the grammar compile worker failed to start: {e}")
+                    continue
+            worker = self._run(slot, worker, job)
+        with self._lock:
+            left = self._workers.pop(slot, None)
+        if left is not None:
+            left.kill()
+
+    def _start(self, slot: int, job: CompileJob | None) -> _Worker | None:
+        """A fresh worker for ``slot``; raises WorkerStartError only when a job waits on it."""
+        try:
+            worker = _Worker(self.init)
+        except OSError as e:
+            if job is None:
+                return None  # retried when a job comes
+            raise WorkerStartError(str(e)) from e
+        with self._lock:  # registered before the handshake, so shutdown can kill it meanwhile
+            if self._closed:
+                worker.kill()
+                return None
+            self._workers[slot] = worker
+            self.stats.workers_started += 1
+        try:
+            worker.handshake()
+        except WorkerStartError:
+            self._retire(slot, worker)
+            if job is None:
+                return None
+            raise
+        with self._lock:
+            if self.ready_at is None:
+                self.ready_at = time.monotonic()
+        return worker
+
+    def _run(self, slot: int, worker: _Worker, job: CompileJob) -> _Worker | None:
+        """Compile one job; returns the worker if it may take the next one."""
+        field_name = job.key.field
+        try:
+            worker.send((next(self._ids), job.key))
+            reply = worker.recv(self.deadline(job.submitted))  # type: ignore[arg-type]
+        except (EOFError, OSError):
+            return self._lost(slot, worker, job, worker._exit_text())
+        if reply is None:
+            self.stats.timeouts += 1
+            self._retire(slot, worker)
+            job.future.set_exception(CompileTimeout(
+                f"{field_name} did not compile within the {self.limits.timeout_s:g} s deadline "
+                "(grammar_compile_timeout_s; the compile was stopped)", field=field_name))
+            return None
+        if reply[1] == "memory":
+            return self._lost(slot, worker, job, "MemoryError")
+        if reply[1] == "error":
+            self._fail(job, reply[2])
+            return worker
+        return self._deliver(slot, worker, job, *reply[2:])
+
+    def _deliver(self, slot: int, worker: _Worker, job: CompileJob, payload: bytes,
+                 compile_s: float, used: int) -> _Worker | None:
+        self.stats.compiles += 1
+        self.stats.compile_s.append(compile_s)
+        if len(payload) > self.limits.max_result_bytes:
+            self._fail(job, f"{job.key.field} compiles to {len(payload)} bytes; the limit is "
+                            f"{self.limits.max_result_bytes} bytes")
+        else:
+            try:
+                job.future.set_result((self.deserialize(payload), len(payload), compile_s))
+            except Exception as e:  # noqa: BLE001 - a version or format mismatch
+                self._fail(job, f"{job.key.field} failed to load its compiled grammar: {e}")
+        worker.baseline = worker.baseline or used
+        # NOTE: heap left over by earlier compiles counts against the budget of the next one;
+        # a worker that grew by half its budget is replaced while idle.
+        if used > worker.baseline + self.limits.memory_bytes // 2:
+            self._retire(slot, worker)
+            return None
+        return worker
+
+    def _lost(self, slot: int, worker: _Worker, job: CompileJob, how: str) -> None:
+        """The worker died or ran out of memory during ``job``: fail it, retire the worker."""
+        self._retire(slot, worker)
+        if self._closed:
+            self._fail(job, "the engine is shutting down")
+        elif how in ("MemoryError", "SIGABRT", "SIGKILL"):  # Rust and C++ abort on a failed alloc
+            self.stats.memory_failures += 1
+            self._fail(job, f"{job.key.field} needs more than the "
+                            f"{self.limits.memory_bytes} bytes of memory one grammar compile may "
+                            f"use (grammar_compile_memory_bytes; the worker stopped: {how})")
+        else:
+            self.stats.crashes += 1
+            self._fail(job, f"{job.key.field} crashed the grammar compiler ({how})")
+        return None
+
+    def _retire(self, slot: int, worker: _Worker) -> None:
+        with self._lock:
+            if self._workers.get(slot) is worker:
+                del self._workers[slot]
+        worker.kill()
+
+    @staticmethod
+    def _fail(job: CompileJob, message: str) -> None:
+        if not job.future.done():
+            job.future.set_exception(InvalidRequestError(message, field=job.key.field))

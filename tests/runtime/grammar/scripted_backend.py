@@ -1,0 +1,48 @@
+"""A grammar backend whose compile does what the key's text says, for the compiler's tests.
+It runs in the compile worker processes (the parent's sys.path goes with them), so every
+behaviour is driven by the text, not by objects shared with the test."""
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+from sgdsl.runtime.errors import InvalidRequestError
+from sgdsl.runtime.grammar import GrammarBackend, GrammarKey
+
+
+class ScriptedBackend(GrammarBackend):
+    """``sleep:S`` sleeps S s; ``bad`` is a compile error; ``boom`` a bug; ``hog`` allocates
+    until memory runs out; ``abort``/``segv`` kill the worker; ``lambda`` cannot be pickled;
+    ``pid`` returns the worker's pid; anything else compiles to ``"compiled:<text>"``."""
+
+    name = "scripted"
+
+    def __init__(self) -> None:
+        super().__init__(64, [0])
+        self.spec = ScriptedBackend
+
+    def compile(self, key: GrammarKey):
+        text = key.text
+        if text.startswith("sleep:"):
+            time.sleep(float(text.split(":")[1]))
+        elif text == "bad":
+            raise InvalidRequestError("bad grammar", field=key.field)
+        elif text == "boom":
+            raise KeyError("internal")
+        elif text == "hog":
+            hoard = []
+            while True:
+                hoard.append(bytearray(64 << 20))
+        elif text == "abort":
+            os.abort()
+        elif text == "segv":
+            ctypes.string_at(0)
+        elif text == "lambda":
+            return lambda: None
+        elif text == "pid":
+            return os.getpid()
+        return f"compiled:{text}"
+
+    def new_grammar(self, compiled):
+        return compiled
