@@ -30,7 +30,7 @@ from typing import Any, BinaryIO, Callable
 
 _HEADER = struct.Struct(">Q")
 # Compiles are background work: on a busy host the scheduler's decode steps come first.
-WORKER_NICE = 10
+WORKER_NICE = 5
 PARENT_ENV = "SGDSL_GRAMMAR_WORKER_PARENT"  # the pid that started us (see _die_with_parent)
 
 

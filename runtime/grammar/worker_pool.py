@@ -237,8 +237,10 @@ class CompileWorkerPool:
 
     # -- one slot ---------------------------------------------------------------------------------
     def _serve(self, slot: int) -> None:
-        worker = self._start(slot, None)
+        worker = None
         while True:
+            if worker is None and not self._closed:
+                worker = self._start(slot, None)  # replace a lost worker before the next job
             job = self._queue.get()
             if job is None or self._closed:
                 break

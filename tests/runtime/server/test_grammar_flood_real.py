@@ -1,0 +1,162 @@
+"""A flood of slow and memory-hungry grammars against the real server (issue 15, item 4): every
+request is answered (200, or 400 naming the deadline, memory or queue limit), the server and its
+scheduler survive, memory stays bounded, a stream running meanwhile finishes, and shutdown leaves
+no compile worker behind. Decode speed during the flood is measured by
+benchmarks/bench_grammar_flood.py, not asserted here."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from .conftest import Served, start_real_server, stop_real_server
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT_S = 3
+MEMORY_BYTES = 512 << 20
+# Regexes that take seconds to tens of seconds and hundreds of MB to compile: a long bounded
+# run of "any character but a quote" (outlines: one DFA state per position times the whole
+# vocabulary; xgrammar: likewise for its token masks). Each request gets a distinct bound so the
+# cache cannot answer it.
+SLOW = {"outlines": lambda i: '[^"]{0,%d}' % (90 + 7 * i),
+        "xgrammar": lambda i: '[^"]{0,%d}' % (700 + 13 * i)}
+FLOOD = 8
+LIMIT_WORDS = (f"within the {TIMEOUT_S} s deadline", f"more than the {MEMORY_BYTES} bytes",
+               "grammar_compile_queue")
+RSS_BOUND = 8 << 30  # the whole server tree; a safety net far above what the limits allow
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (scheduler, compile workers...)."""
+    parent_of: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                parent_of[int(entry)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        kids = [p for p, pp in parent_of.items() if pp in frontier]
+        found += kids
+        frontier = kids
+    return found
+
+
+def rss_bytes(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except OSError:
+            pass
+    return total
+
+
+class TreeWatch:
+    """Samples the server tree every 100 ms: the pids ever seen and the peak RSS."""
+
+    def __init__(self, root: int) -> None:
+        self.root, self.seen, self.peak = root, set(), 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            pids = [self.root, *descendants(self.root)]
+            self.seen.update(pids)
+            self.peak = max(self.peak, rss_bytes(pids))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _generate(served: Served, params: dict[str, Any]) -> tuple[int, dict]:
+    with served.client() as client:  # its 120 s read timeout catches a hang; no timing check
+        resp = client.post("/generate", json={"text": "Say something:", "sampling_params": params})
+    return resp.status_code, resp.json()
+
+
+def _stream(served: Served, out: dict) -> None:
+    body = {"text": "Write a long story.", "stream": True,
+            "sampling_params": {"max_new_tokens": 48, "ignore_eos": True, "temperature": 0}}
+    with served.client() as client, client.stream("POST", "/generate", json=body) as resp:
+        out["status"] = resp.status_code
+        out["events"] = [line for line in resp.iter_lines() if line.startswith("data: ")]
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "outlines"])
+def test_flood_of_slow_grammars(backend: str) -> None:
+    served = start_real_server(
+        "--grammar-backend", backend, "--grammar-compile-timeout-s", str(TIMEOUT_S),
+        "--grammar-compile-memory-bytes", str(MEMORY_BYTES), "--grammar-compile-workers", "2",
+        "--grammar-compile-queue", "4")
+    assert served.proc is not None
+    watch = TreeWatch(served.proc.pid)
+    try:
+        quick = {"regex": "(yes|no)", "max_new_tokens": 4}
+        assert _generate(served, quick)[0] == 200  # starts the workers; cached from now on
+        core = [p for p in descendants(served.proc.pid) if not _is_worker(p)]
+        stream: dict = {}
+        streamer = threading.Thread(target=_stream, args=(served, stream))
+        streamer.start()
+        floods = [{"regex": SLOW[backend](i), "max_new_tokens": 4} for i in range(FLOOD)]
+        with ThreadPoolExecutor(FLOOD + 2) as pool:
+            answers = list(pool.map(lambda p: _generate(served, p), floods + [quick, quick]))
+        streamer.join()
+        _check_answers(answers[:FLOOD])
+        assert [a[0] for a in answers[FLOOD:]] == [200, 200]  # a cached grammar is not held up
+        assert stream["status"] == 200 and stream["events"][-1] == "data: [DONE]"
+        assert served.proc.poll() is None and core  # nobody but compile workers was killed
+        assert all(_not_zombie(p) for p in core)
+        with served.client() as client:
+            assert client.get("/debug/check_idle_integrity").status_code == 200
+            assert client.get("/metrics").status_code == 200
+        assert watch.peak < RSS_BOUND, watch.peak
+    finally:
+        watch.stop()
+        code = stop_real_server(served)
+    assert code in (0, -signal.SIGTERM)  # uvicorn re-raises the SIGTERM it handled
+    deadline = time.monotonic() + 30
+    while any(map(_not_zombie, watch.seen)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = [p for p in watch.seen if _not_zombie(p)]
+    assert not alive, f"left behind: {alive}"  # compile workers included
+
+
+def _check_answers(answers: list[tuple[int, dict]]) -> None:
+    for status, body in answers:
+        assert status in (200, 400), (status, body)
+        if status == 400:
+            message = body["error"]["message"]
+            assert body["error"]["param"] == "regex", body
+            assert any(w in message for w in LIMIT_WORDS), message
+    assert any(status == 400 for status, _ in answers)  # the flood was really too slow
+
+
+def _is_worker(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"sgdsl.runtime.grammar.worker" in f.read()
+    except OSError:
+        return False
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
