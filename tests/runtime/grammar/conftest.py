@@ -33,12 +33,10 @@ def backend(request, backends):
 @pytest.fixture(scope="session")
 def compilers(backends):
     """One compiler (and its worker processes, ~2 s to start) per backend for the session."""
-    from sgdsl.runtime.grammar import GrammarCompiler
+    from .helpers import shared_compiler, shutdown_shared_compilers
 
-    made = {name: GrammarCompiler(b, timeout_s=30.0) for name, b in backends.items()}
-    yield made
-    for c in made.values():
-        c.shutdown()
+    yield {name: shared_compiler(b) for name, b in backends.items()}
+    shutdown_shared_compilers()
 
 
 @pytest.fixture()

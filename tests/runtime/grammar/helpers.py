@@ -1,16 +1,31 @@
-"""Test helpers: unpack a bitmask row, walk a grammar with random allowed tokens."""
+"""Test helpers: unpack a bitmask row, walk a grammar with random allowed tokens, share warm
+compilers."""
 from __future__ import annotations
 
 import random
 
 import torch
 
-from sgdsl.runtime.grammar import Grammar, allocate_bitmask
+from sgdsl.runtime.grammar import Grammar, GrammarCompiler, allocate_bitmask
 from sgdsl.runtime.layers.bitmask import unpack_bitmask
 
 VOCAB = 49152
 EOS = 2
 _CLOSERS = ('"', "}", "]", ",", ":")
+_SHARED: dict[int, GrammarCompiler] = {}
+
+
+def shared_compiler(backend) -> GrammarCompiler:
+    """One compiler per backend for the whole session: its worker processes take seconds to
+    start, so managers built per test share it (``GrammarManager(..., compiler=...)``)."""
+    if id(backend) not in _SHARED:
+        _SHARED[id(backend)] = GrammarCompiler(backend, timeout_s=30.0)
+    return _SHARED[id(backend)]
+
+
+def shutdown_shared_compilers() -> None:
+    while _SHARED:
+        _SHARED.popitem()[1].shutdown()
 
 
 def allowed_mask(grammar: Grammar) -> torch.Tensor:

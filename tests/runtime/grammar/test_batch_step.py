@@ -16,7 +16,7 @@ from sgdsl.runtime.ipc import messages as m
 from sgdsl.runtime.sampling_params import SamplingParams
 from sgdsl.runtime.scheduler.scheduler import Scheduler
 
-from .helpers import EOS, VOCAB, feed_text
+from .helpers import EOS, VOCAB, feed_text, shared_compiler
 from .test_jump_logprobs import HashRunner
 
 SCHEMA = {"type": "object", "properties": {
@@ -79,7 +79,8 @@ def test_only_stop_allowed_without_unpacking(backends, tokenizer):
 
 def _run(backend, tokenizer, overlap: bool, jump: bool, n: int = 5, max_new: int = 48,
          **kw) -> dict:
-    manager = GrammarManager(backend, tokenizer, VOCAB, [EOS], jump_forward=jump, **kw)
+    manager = GrammarManager(backend, tokenizer, VOCAB, [EOS], jump_forward=jump,
+                             compiler=shared_compiler(backend), **kw)
     outs: dict = {}
 
     def send(msg) -> None:

@@ -21,7 +21,7 @@ from sgdsl.runtime.ipc import messages as m
 from sgdsl.runtime.sampling_params import SamplingParams
 from sgdsl.runtime.scheduler.scheduler import Scheduler
 
-from .helpers import EOS, VOCAB
+from .helpers import EOS, VOCAB, shared_compiler
 from .test_jump_logprobs import HashRunner, _check_logprobs
 
 PERSON = {"type": "object", "required": ["name", "age", "tags"],
@@ -38,7 +38,8 @@ REQUESTS = [({"json_schema": json.dumps(PERSON)}, 26), ({"json_schema": json.dum
 
 def _run(backend, tokenizer, completion: CompletionConfig, reqs, logprob: bool = False,
          runner=None) -> tuple[list, GrammarManager]:
-    manager = GrammarManager(backend, tokenizer, VOCAB, [EOS], completion=completion)
+    manager = GrammarManager(backend, tokenizer, VOCAB, [EOS], completion=completion,
+                             compiler=shared_compiler(backend))
     outs: dict[str, dict] = {}
 
     def send(msg) -> None:
