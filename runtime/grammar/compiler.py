@@ -22,14 +22,13 @@ import time
 from collections import OrderedDict
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..errors import InvalidRequestError
 from .base import Grammar, GrammarBackend, GrammarKey
 from .limits import GrammarLimits
 from .worker import WorkerInit
-from .worker_pool import (STARTUP_TIMEOUT_S, CompileJob, CompileTimeout, CompileWorkerPool,
-                          PoolLimits)
+from .worker_handle import STARTUP_TIMEOUT_S
+from .worker_pool import CompileJob, CompileTimeout, CompileWorkerPool, PoolLimits
 
 
 @dataclass

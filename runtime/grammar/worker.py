@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable
 
-_HEADER = struct.Struct(">Q")
+FRAME_HEADER = struct.Struct(">Q")
 # Compiles are background work: on a busy host the scheduler's decode steps come first.
 WORKER_NICE = 5
 PARENT_ENV = "SGDSL_GRAMMAR_WORKER_PARENT"  # the pid that started us (see _die_with_parent)
@@ -45,16 +45,16 @@ class WorkerInit:
 
 def write_frame(stream: BinaryIO, obj: Any) -> None:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_HEADER.pack(len(data)) + data)
+    stream.write(FRAME_HEADER.pack(len(data)) + data)
     stream.flush()
 
 
 def read_frame(stream: BinaryIO) -> Any:
     """The next frame; raises EOFError when the other side is gone."""
-    head = stream.read(_HEADER.size)
-    if len(head) < _HEADER.size:
+    head = stream.read(FRAME_HEADER.size)
+    if len(head) < FRAME_HEADER.size:
         raise EOFError
-    size = _HEADER.unpack(head)[0]
+    size = FRAME_HEADER.unpack(head)[0]
     data = stream.read(size)
     if len(data) < size:
         raise EOFError

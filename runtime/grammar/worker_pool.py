@@ -20,13 +20,7 @@ the pool, in the background, and die with it (``shutdown``; or with their parent
 from __future__ import annotations
 
 import itertools
-import os
-import pickle
 import queue
-import select
-import signal
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -35,10 +29,8 @@ from typing import Any, Callable
 
 from ..errors import InvalidRequestError
 from .base import GrammarKey
-from .worker import _HEADER, PARENT_ENV, WorkerInit
-
-_WORKER_CMD = "from sgdsl.runtime.grammar.worker import main; main()"
-STARTUP_TIMEOUT_S = 120.0  # imports and the backend's tokenizer tables; slow on a loaded box
+from .worker import WorkerInit
+from .worker_handle import WorkerHandle, WorkerStartError
 
 
 @dataclass(frozen=True)
@@ -80,94 +72,8 @@ class CompileJob:
     future: Future = field(default_factory=Future)
 
 
-class WorkerStartError(Exception):
-    pass
-
-
 class CompileTimeout(InvalidRequestError):
     """A compile stopped at its deadline (the compiler remembers its key as too slow)."""
-
-
-class _Worker:
-    """One worker process and its pipes (raw file descriptors: ``select`` must see all data)."""
-
-    def __init__(self, init: WorkerInit) -> None:
-        # NOTE: the parent's sys.path goes along so the worker unpickles the same modules
-        # (a backend defined outside the installed packages, e.g. in a test, included).
-        env = {**os.environ, PARENT_ENV: str(os.getpid()), "OMP_NUM_THREADS": "1",
-               "RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self.proc = subprocess.Popen([sys.executable, "-c", _WORKER_CMD], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, bufsize=0, env=env)
-        self._in = self.proc.stdin.fileno()  # type: ignore[union-attr]
-        self._out = self.proc.stdout.fileno()  # type: ignore[union-attr]
-        self.baseline = 0  # VmData after its first compile (set by the pool)
-        self._init = init
-
-    def handshake(self) -> None:
-        """Send the init frame and wait until the backend is built; WorkerStartError if not."""
-        try:
-            self.send(self._init)
-            reply = self.recv(time.monotonic() + STARTUP_TIMEOUT_S)
-        except (EOFError, OSError):
-            reply = ("startup_error", f"the worker exited ({self._exit_text()})")
-        if reply is None or reply[0] != "ready":
-            self.kill()
-            raise WorkerStartError(reply[1] if reply else "the worker did not start in time")
-
-    def send(self, obj: Any) -> None:
-        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-        view = memoryview(_HEADER.pack(len(data)) + data)
-        while view:
-            view = view[os.write(self._in, view):]
-
-    def recv(self, deadline: float) -> Any | None:
-        """The next frame, or None once ``deadline`` passes; EOFError if the worker died."""
-        head = self._read(_HEADER.size, deadline)
-        if head is None:
-            return None
-        body = self._read(_HEADER.unpack(head)[0], deadline)
-        return None if body is None else pickle.loads(body)
-
-    def _read(self, size: int, deadline: float) -> bytes | None:
-        chunks, left = [], size
-        while left:
-            wait = deadline - time.monotonic()
-            if wait <= 0 or not select.select([self._out], [], [], wait)[0]:
-                return None
-            chunk = os.read(self._out, min(left, 1 << 20))
-            if not chunk:
-                raise EOFError
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.close()
-
-    def close(self) -> None:
-        """Close the pipes (an idle worker exits on EOF) and reap the process."""
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                stream.close()  # type: ignore[union-attr]
-            except OSError:
-                pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def _exit_text(self) -> str:
-        try:
-            code = self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            return "still running"
-        if code < 0:
-            return signal.Signals(-code).name if -code in signal.valid_signals() else str(code)
-        return f"exit code {code}"
 
 
 class CompileWorkerPool:
@@ -180,7 +86,7 @@ class CompileWorkerPool:
         self.limits = limits or PoolLimits()
         self.stats = PoolStats()
         self._queue: queue.Queue[CompileJob | None] = queue.Queue(self.limits.max_queued)
-        self._workers: dict[int, _Worker] = {}
+        self._workers: dict[int, WorkerHandle] = {}
         self._lock = threading.Lock()
         self._closed = False
         self.ready_at: float | None = None  # when the first worker became ready
@@ -258,10 +164,10 @@ class CompileWorkerPool:
         if left is not None:
             left.kill()
 
-    def _start(self, slot: int, job: CompileJob | None) -> _Worker | None:
+    def _start(self, slot: int, job: CompileJob | None) -> WorkerHandle | None:
         """A fresh worker for ``slot``; raises WorkerStartError only when a job waits on it."""
         try:
-            worker = _Worker(self.init)
+            worker = WorkerHandle(self.init)
         except OSError as e:
             if job is None:
                 return None  # retried when a job comes
@@ -284,14 +190,14 @@ class CompileWorkerPool:
                 self.ready_at = time.monotonic()
         return worker
 
-    def _run(self, slot: int, worker: _Worker, job: CompileJob) -> _Worker | None:
+    def _run(self, slot: int, worker: WorkerHandle, job: CompileJob) -> WorkerHandle | None:
         """Compile one job; returns the worker if it may take the next one."""
         field_name = job.key.field
         try:
             worker.send((next(self._ids), job.key))
             reply = worker.recv(self.deadline(job.submitted))  # type: ignore[arg-type]
         except (EOFError, OSError):
-            return self._lost(slot, worker, job, worker._exit_text())
+            return self._lost(slot, worker, job, worker.exit_text())
         if reply is None:
             self.stats.timeouts += 1
             self._retire(slot, worker)
@@ -306,8 +212,8 @@ class CompileWorkerPool:
             return worker
         return self._deliver(slot, worker, job, *reply[2:])
 
-    def _deliver(self, slot: int, worker: _Worker, job: CompileJob, payload: bytes,
-                 compile_s: float, used: int) -> _Worker | None:
+    def _deliver(self, slot: int, worker: WorkerHandle, job: CompileJob, payload: bytes,
+                 compile_s: float, used: int) -> WorkerHandle | None:
         self.stats.compiles += 1
         self.stats.compile_s.append(compile_s)
         if len(payload) > self.limits.max_result_bytes:
@@ -326,7 +232,7 @@ class CompileWorkerPool:
             return None
         return worker
 
-    def _lost(self, slot: int, worker: _Worker, job: CompileJob, how: str) -> None:
+    def _lost(self, slot: int, worker: WorkerHandle, job: CompileJob, how: str) -> None:
         """The worker died or ran out of memory during ``job``: fail it, retire the worker."""
         self._retire(slot, worker)
         if self._closed:
@@ -341,7 +247,7 @@ class CompileWorkerPool:
             self._fail(job, f"{job.key.field} crashed the grammar compiler ({how})")
         return None
 
-    def _retire(self, slot: int, worker: _Worker) -> None:
+    def _retire(self, slot: int, worker: WorkerHandle) -> None:
         with self._lock:
             if self._workers.get(slot) is worker:
                 del self._workers[slot]
