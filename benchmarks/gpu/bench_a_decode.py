@@ -1,4 +1,5 @@
-"""Workload A: batch-1 decode, Llama-3.1-8B (dummy bf16 weights), 128 prompt tokens, 256 output
+"""Workload A: batch-1 decode (default Llama-3.1-8B; ``--model`` any carried config, e.g.
+qwen3-30b-a3b, mixtral-8x7b; ``--quantization fp8``), dummy weights, 128 prompt tokens, 256 output
 tokens, greedy, every step's token read back to the host (as a server must).
 
 Runs the model runner directly (no scheduler process) in three modes: triton + CUDA graphs
@@ -20,12 +21,13 @@ from sgdsl.runtime.config import EngineConfig
 from sgdsl.runtime.model.runner import ModelRunner
 
 
-def run(backend: str, graphs: bool, prompt_len: int, out_len: int, model: str) -> list:
+def run(backend: str, graphs: bool, prompt_len: int, out_len: int, model: str,
+        **engine_kw) -> list:
     runner = ModelRunner(EngineConfig(model=model_dir(model), load_format="dummy",
                                       attention_backend=backend, disable_cuda_graph=not graphs,
                                       max_total_tokens=4 * (prompt_len + out_len),
                                       max_running_requests=4, cuda_graph_max_bs=4,
-                                      context_length=4096))
+                                      context_length=4096, **engine_kw))
     d = Driver(runner)
     gen = torch.Generator().manual_seed(0)
     # warm-up request (Triton compiles, cuBLAS heuristics), then the measured one
@@ -45,7 +47,8 @@ def run(backend: str, graphs: bool, prompt_len: int, out_len: int, model: str) -
     return [name, t_pre.s * 1e3, t_dec.s / (out_len - 1) * 1e3, tok_s]
 
 
-def run_engine_mode(overlap: bool, prompt_len: int, out_len: int, model: str) -> list:
+def run_engine_mode(overlap: bool, prompt_len: int, out_len: int, model: str,
+                    **engine_kw) -> list:
     import time
 
     from sgdsl.runtime import Engine
@@ -55,7 +58,7 @@ def run_engine_mode(overlap: bool, prompt_len: int, out_len: int, model: str) ->
     params = lambda n: {"max_new_tokens": n, "ignore_eos": True, "temperature": 0.0}  # noqa: E731
     with Engine(model=model_dir(model), load_format="dummy", max_running_requests=4,
                 cuda_graph_max_bs=4, context_length=4096, grammar_backend="none",
-                disable_overlap_schedule=not overlap) as engine:
+                disable_overlap_schedule=not overlap, **engine_kw) as engine:
         engine.generate(input_ids=ids, sampling_params=params(out_len))  # warm-up
         times = {}
         for n in (1, out_len):
@@ -75,17 +78,23 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--out-len", type=int, default=256)
     ap.add_argument("--modes", default="triton+graphs,triton,torch_native")
+    ap.add_argument("--quantization", default=None, help="fp8: quantize the weights at load")
+    ap.add_argument("--kv-cache-dtype", default="auto")
+    ap.add_argument("--mem-fraction-static", type=float, default=0.85)
     a = ap.parse_args()
+    kw = dict(quantization=a.quantization, kv_cache_dtype=a.kv_cache_dtype)
     rows = []
     for mode in a.modes.split(","):
         if mode.startswith("engine"):
-            rows.append(run_engine_mode(mode == "engine", a.prompt_len, a.out_len, a.model))
+            rows.append(run_engine_mode(mode == "engine", a.prompt_len, a.out_len, a.model,
+                                        mem_fraction_static=a.mem_fraction_static, **kw))
             print(rows[-1], flush=True)
             continue
         backend, graphs = mode.replace("+graphs", ""), mode.endswith("+graphs")
-        rows.append(run(backend, graphs, a.prompt_len, a.out_len, a.model))
+        rows.append(run(backend, graphs, a.prompt_len, a.out_len, a.model, **kw))
         print(rows[-1], flush=True)
-    print_table(f"A: batch-1 decode, {a.model}, {a.prompt_len} in / {a.out_len} out",
+    quant = f", weights {a.quantization or 'bf16'}, KV {a.kv_cache_dtype}"
+    print_table(f"A: batch-1 decode, {a.model}{quant}, {a.prompt_len} in / {a.out_len} out",
                 ["mode", "prefill ms (engine: 1-token request)", "ms/token", "decode tok/s"], rows)
 
 

@@ -1,0 +1,44 @@
+"""FP8 linear kernels on the GPU: the weight-only GEMM (per-channel and block scales, decode and
+prefill row counts) and the per-token activation quantizer + ``torch._scaled_mm``, each against
+a float64 product of the dequantized operands."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sgdsl.runtime.layers.quantization.fp8_utils import dequantize, quantize_blocks, quantize_rows
+
+from .conftest import ON_GPU, rel_err
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not ON_GPU, reason="fp8 kernels need CUDA")]
+
+
+@pytest.mark.parametrize("m", [1, 7, 300])
+@pytest.mark.parametrize("block", [None, (128, 128)])
+def test_weight_only_fp8_matmul(m, block):
+    from sgdsl.runtime.kernels.fp8_matmul import w8a16_matmul
+
+    gen = torch.Generator().manual_seed(m)
+    n, k = 384, 640  # not multiples of every tile size
+    w = torch.randn(n, k, generator=gen) * 0.05
+    q, s = quantize_rows(w) if block is None else quantize_blocks(w, block)
+    x = torch.randn(m, k, generator=gen).bfloat16().cuda()
+    out = w8a16_matmul(x, q.cuda(), s.cuda(), block)
+    ref = x.double().cpu() @ dequantize(q, s, block).double().T
+    assert out.dtype == torch.bfloat16 and rel_err(out.cpu(), ref) < 1e-2
+
+
+def test_per_token_quant_and_scaled_mm():
+    from sgdsl.runtime.kernels.fp8_matmul import per_token_quant
+
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(64, 512, generator=gen) * torch.rand(64, 1, generator=gen) * 10).cuda()
+    q, s = per_token_quant(x.bfloat16())
+    assert q.dtype == torch.float8_e4m3fn and s.shape == (64, 1)
+    assert rel_err((q.float() * s).cpu(), x.cpu()) < 4e-2
+    w = torch.randn(256, 512, generator=gen) * 0.05
+    wq, ws = quantize_rows(w)
+    out = torch._scaled_mm(q, wq.cuda().t(), scale_a=s, scale_b=ws.cuda().view(1, -1),
+                           out_dtype=torch.bfloat16)
+    ref = (q.float() * s).double().cpu() @ dequantize(wq, ws).double().T
+    assert rel_err(out.cpu(), ref) < 1e-2
