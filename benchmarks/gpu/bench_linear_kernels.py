@@ -1,7 +1,8 @@
 """Decode-shaped GEMMs and MoE layers: achieved weight bandwidth of each path at batch 1
 (and a few rows), in CUDA graphs (``do_bench_cudagraph``) so launch gaps do not count.
 
-Dense (Llama-3.1-8B shapes): bf16 ``F.linear`` (cuBLAS), fp8 weight-only Triton GEMM, fp8
+Dense (Llama-3.1-8B shapes): bf16 ``F.linear`` (cuBLAS), the same through the Triton skinny
+GEMM, fp8 weight-only Triton GEMM, fp8
 per-token activation quant + ``torch._scaled_mm``. MoE: the fused Triton MoE layer at
 Qwen3-30B-A3B (bf16) and Mixtral-8x7B (fp8) shapes, bytes = the chosen experts' weights."""
 from __future__ import annotations
@@ -33,6 +34,7 @@ def dense_rows(m: int) -> list[list]:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         q, s = quantize_rows(w)
         t_bf16 = _us(lambda: F.linear(x, w))
+        t_tri = _us(lambda: w8a16_matmul(x, w, None))
         t_w8 = _us(lambda: w8a16_matmul(x, q, s))
 
         def scaled() -> torch.Tensor:
@@ -41,8 +43,9 @@ def dense_rows(m: int) -> list[list]:
                                     out_dtype=torch.bfloat16)
 
         t_mm = _us(scaled)
-        rows.append([f"{name} [{n}x{k}] m={m}", t_bf16, 2 * n * k / t_bf16 / 1e3, t_w8,
-                     n * k / t_w8 / 1e3, t_mm, n * k / t_mm / 1e3])
+        rows.append([f"{name} [{n}x{k}] m={m}", t_bf16, 2 * n * k / t_bf16 / 1e3,
+                     2 * n * k / t_tri / 1e3, t_w8, n * k / t_w8 / 1e3, t_mm,
+                     n * k / t_mm / 1e3])
         del w, q
     return rows
 
@@ -73,8 +76,8 @@ def main() -> None:
     for m in map(int, a.rows.split(",")):
         rows += dense_rows(m)
     print_table("dense decode GEMMs (us, GB/s of weights)",
-                ["shape", "bf16 us", "bf16 GB/s", "fp8 w-only us", "GB/s", "fp8 scaled_mm us",
-                 "GB/s"], rows)
+                ["shape", "bf16 cuBLAS us", "GB/s", "bf16 Triton GB/s", "fp8 w-only us", "GB/s",
+                 "fp8 scaled_mm us", "GB/s"], rows)
     moe = [moe_row("qwen3-30b-a3b bf16", 128, 8, 2048, 768, 1, False),
            moe_row("qwen3-30b-a3b bf16", 128, 8, 2048, 768, 8, False),
            moe_row("mixtral-8x7b fp8", 8, 2, 4096, 14336, 1, True),

@@ -86,6 +86,9 @@ def main() -> None:
         ["weight bytes per step (GB)", step_bytes(runner) / 1e9],
         ["copy bandwidth (TB/s)", bw / 1e12], ["weights-read floor us", floor_us],
         ["floor / wall", floor_us / wall_us], ["tok/s", 1e6 / wall_us]])
+    from sgdsl.runtime.kernels.decode_gemm import choices
+
+    print("decode GEMM choices (rows bucket, N, K, dtype):", choices())
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ if [ "${PART:-1}" = 1 ]; then
     $T/kernels/test_triton_backend.py $T/kernels/test_decode_attention.py $T/kernels/test_extend_attention.py \
     $T/kernels/test_prefix_decode_attention.py -q -p no:cacheprovider 2>&1 | tee $OUT/pytest.log | tail -8)
   timeout 100 python3 bench_linear_kernels.py 2>&1 | tee $OUT/linear.log | tail -22
-  timeout 80 python3 profile_decode.py 2>&1 | tee $OUT/profile_bf16.log | tail -28
+  timeout 80 python3 profile_decode.py 2>&1 | tee $OUT/profile_bf16.log | tail -29
+  timeout 100 python3 profile_decode.py --model qwen3-30b-a3b --top 24 2>&1 | tee $OUT/profile_qwen3moe.log | tail -39
   $A --quantization fp8 2>&1 | tee $OUT/a_llama_fp8.log | tail -4
-  $A --model qwen3-30b-a3b 2>&1 | tee $OUT/a_qwen3moe.log | tail -4
   $A --model mixtral-8x7b --quantization fp8 2>&1 | tee $OUT/a_mixtral_fp8.log | tail -4
 fi

@@ -13,13 +13,14 @@ import torch
 import triton
 import triton.language as tl
 
-FP8_MAX = 448.0
+FP8_MAX = tl.constexpr(448.0)
 
 
 def _configs() -> list[triton.Config]:
     out = []
     for bm, bn, bk, warps, stages in [(16, 32, 256, 4, 4), (16, 64, 128, 4, 4),
                                       (16, 32, 128, 4, 6), (16, 16, 256, 4, 4),
+                                      (16, 16, 512, 4, 3), (16, 64, 256, 4, 3),
                                       (32, 64, 128, 4, 4), (64, 128, 128, 8, 3),
                                       (128, 128, 128, 8, 3)]:
         out.append(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk},
@@ -31,7 +32,7 @@ def _prune(configs, named_args, **kwargs):
     """Row blocks no taller than the batch needs; block scales need BLOCK_K | GROUP_K."""
     m_bucket, group_k = named_args["m_bucket"], kwargs.get("GROUP_K", 0)
     kept = [c for c in configs if c.kwargs["BLOCK_M"] <= max(16, m_bucket)
-            and (group_k == 0 or group_k % c.kwargs["BLOCK_K"] == 0)]
+            and (group_k <= 0 or group_k % c.kwargs["BLOCK_K"] == 0)]
     return kept or configs[:1]
 
 
@@ -63,26 +64,28 @@ def _w8a16_kernel(X, W, S, Out, M, N, K, m_bucket, stride_xm, stride_wn, stride_
             acc += tl.dot(x, w)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    if GROUP_K == 0:
+    if GROUP_K == 0:  # per-channel scales (GROUP_K < 0: an unscaled bf16/fp16 weight)
         acc = acc * tl.load(S + offs_n * stride_sn, mask=mask_n, other=0.0)[None, :]
     o_ptrs = Out + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
     tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-def w8a16_matmul(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
+def w8a16_matmul(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
                  block: tuple[int, int] | None = None) -> torch.Tensor:
     """``x [M, K]`` (bf16/fp16) times fp8 ``w [N, K]``^T -> ``[M, N]`` in x's dtype; ``scale``
-    is ``[N]`` (per channel) or ``[ceil(N/bn), ceil(K/bk)]`` with ``block=(bn, bk)``."""
+    is ``[N]`` (per channel) or ``[ceil(N/bn), ceil(K/bk)]`` with ``block=(bn, bk)``. With
+    ``scale=None`` ``w`` is a plain weight in x's dtype (the decode GEMM, see skinny_linear)."""
     m, k = x.shape
     n = w.shape[0]
     assert w.shape[1] == k and x.stride(1) == 1 and w.stride(1) == 1
-    assert scale.dtype == torch.float32
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
     group_n, group_k = block if block is not None else (1, 0)
-    if block is None:
-        assert scale.shape == (n,), "per-channel scale must be [N]"
+    if scale is None:
+        group_k, scale, strides = -1, w, (0, 0)
+    elif block is None:
+        assert scale.shape == (n,) and scale.dtype == torch.float32, "per-channel scale: [N] fp32"
         strides = (scale.stride(0), 0)
     else:
         assert scale.shape == (triton.cdiv(n, group_n), triton.cdiv(k, group_k))

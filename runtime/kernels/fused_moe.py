@@ -130,7 +130,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
               w2_scale: torch.Tensor | None = None,
               block: tuple[int, int] | None = None) -> torch.Tensor:
     """``x [T, H]``, ``w13 [E, 2I, H]``, ``w2 [E, H, I]``, routing ``[T, k]`` -> ``[T, H]``."""
-    from ..layers.moe.align import align_by_expert
+    from ..layers.moe.align import PAIR_BLOCKS_MAX, align_by_expert, align_pairs
 
     tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
@@ -139,7 +139,10 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     pairs = tokens * top_k
     if tokens == 0:
         return torch.empty_like(x)
-    align = align_by_expert(topk_ids, num_experts, pick_block_m(pairs, num_experts))
+    if pairs <= PAIR_BLOCKS_MAX:
+        align = align_pairs(topk_ids, 16)
+    else:
+        align = align_by_expert(topk_ids, num_experts, pick_block_m(pairs, num_experts))
     inter = torch.empty(pairs, two_inter // 2, dtype=x.dtype, device=x.device)
     moe_gemm(x, w13, inter, w13_scale, block, None, align, pairs, top_k, gated=True)
     out = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)

@@ -25,6 +25,27 @@ def max_padded_len(num_pairs: int, num_experts: int, block_m: int) -> int:
     return -(-rows // block_m) * block_m
 
 
+# Up to this many (token, expert) pairs (decode batches), each pair gets a row block of its
+# own instead of sorting: no alignment kernels at all (the layout depends only on the pair
+# count), at the price of reading an expert twice when two pairs pick it (at batch 1 never: a
+# token's k experts are distinct).
+PAIR_BLOCKS_MAX = 32
+_PAIR_LAYOUTS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def align_pairs(topk_ids: torch.Tensor, block_m: int) -> ExpertAlignment:
+    """One row block per pair: block b holds pair b (other rows padding), expert topk_ids[b]."""
+    n = topk_ids.numel()
+    key = (n, block_m, topk_ids.device)
+    if key not in _PAIR_LAYOUTS:  # built once per size (outside graph capture: the warm-up)
+        rows = torch.full((n, block_m), n, dtype=torch.int32, device=topk_ids.device)
+        rows[:, 0] = torch.arange(n, dtype=torch.int32, device=topk_ids.device)
+        _PAIR_LAYOUTS[key] = (rows.view(-1), torch.tensor([n * block_m], dtype=torch.int32,
+                                                          device=topk_ids.device))
+    sorted_ids, used = _PAIR_LAYOUTS[key]
+    return ExpertAlignment(sorted_ids, topk_ids.reshape(-1).to(torch.int32), used, block_m)
+
+
 def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertAlignment:
     """``topk_ids [T, k]`` -> the expert-sorted, block-padded order of its ``T * k`` pairs."""
     flat = topk_ids.reshape(-1).to(torch.int64)

@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import torch
 
+from ...kernels.dispatch import use_triton
+
 
 def select_experts(router_logits: torch.Tensor, top_k: int,
                    renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``router_logits [T, E]`` -> ``(weights [T, k] fp32, ids [T, k] int32)``."""
+    """``router_logits [T, E]`` -> ``(weights [T, k] fp32, ids [T, k] int32)``; on the GPU
+    one fused kernel (``kernels/moe_routing.py``)."""
+    if use_triton(router_logits) and router_logits.dim() == 2:
+        from ...kernels.moe_routing import topk_softmax
+
+        return topk_softmax(router_logits.contiguous(), top_k, renormalize)
     probs = torch.softmax(router_logits.float(), dim=-1)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:

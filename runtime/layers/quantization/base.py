@@ -19,6 +19,7 @@ from torch import nn
 from ...errors import ModelLoadError
 
 SUPPORTED_METHODS = ("fp8",)
+DECODE_ROWS = 16  # see kernels/decode_gemm.py (kept here so CPU installs never import Triton)
 
 
 class LinearMethod(ABC):
@@ -122,6 +123,10 @@ class UnquantizedLinearMethod(LinearMethod):
 
             out = split_matmul(x, weight)
             return out if bias is None else out + bias
+        if x.is_cuda and x.dim() == 2 and x.shape[0] <= DECODE_ROWS:
+            from ...kernels.decode_gemm import decode_linear
+
+            return decode_linear(x, weight, bias)  # cuBLAS or Triton, the faster per shape
         return F.linear(x, weight, bias)
 
 

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from sgdsl.runtime.kernels.fused_moe import fused_moe
-from sgdsl.runtime.layers.moe.align import align_by_expert, max_padded_len
+from sgdsl.runtime.kernels.moe_routing import topk_softmax
+from sgdsl.runtime.layers.moe import align as align_mod
+from sgdsl.runtime.layers.moe.align import align_by_expert, align_pairs, max_padded_len
 from sgdsl.runtime.layers.moe.reference import moe_reference
 from sgdsl.runtime.layers.moe.router import select_experts
 from sgdsl.runtime.layers.quantization.fp8_utils import dequantize, quantize_blocks, quantize_rows
@@ -39,9 +41,32 @@ def test_align_by_expert(tokens, experts, top_k):
         assert bool((flat[rows] == a.block_expert[b]).all()), "a block holds one expert"
 
 
+def test_align_pairs_one_block_per_pair():
+    ids = torch.tensor([[3, 1], [1, 0]], dtype=torch.int32)
+    a = align_pairs(ids, 4)
+    assert a.sorted_ids.tolist() == [0, 4, 4, 4, 1, 4, 4, 4, 2, 4, 4, 4, 3, 4, 4, 4]
+    assert a.block_expert.tolist() == [3, 1, 1, 0] and int(a.num_padded) == 16
+
+
+@pytest.mark.parametrize("experts,top_k,renorm", [(8, 2, True), (128, 8, True), (6, 3, False)])
+def test_topk_softmax_kernel(device, experts, top_k, renorm):
+    gen = torch.Generator().manual_seed(experts)
+    logits = torch.randn(5, experts, generator=gen).to(device)
+    weights, ids = topk_softmax(logits, top_k, renorm)
+    probs = torch.softmax(logits.double(), -1)
+    want_w, want_ids = torch.topk(probs, top_k, -1)
+    if renorm:
+        want_w = want_w / want_w.sum(-1, keepdim=True)
+    assert ids.dtype == torch.int32 and torch.equal(ids.long().cpu(), want_ids.cpu())
+    assert torch.allclose(weights.double().cpu(), want_w.cpu(), atol=1e-6)
+
+
+@pytest.mark.parametrize("pair_blocks", [32, 0])  # decode layout / sorted by expert
 @pytest.mark.parametrize("tokens,experts,top_k,hidden,inter", [
     (1, 8, 2, 64, 32), (5, 4, 2, 48, 40), (33, 8, 3, 64, 64)])
-def test_fused_moe_matches_reference(device, dtype, tokens, experts, top_k, hidden, inter):
+def test_fused_moe_matches_reference(device, dtype, tokens, experts, top_k, hidden, inter,
+                                     pair_blocks, monkeypatch):
+    monkeypatch.setattr(align_mod, "PAIR_BLOCKS_MAX", pair_blocks)
     gen = torch.Generator().manual_seed(tokens + experts)
     x = torch.randn(tokens, hidden, generator=gen).to(dtype).to(device)
     w13, w2 = _experts(experts, hidden, inter, gen, dtype, device)
