@@ -1,15 +1,20 @@
 #!/bin/bash
 # Issue 12 suite (MoE, FP8 weights, FP8 KV cache, dense batch-1 decode), one device call per
-# PART: 1 = GPU kernel tests, decode GEMM/MoE microbench, decode-step profile, batch-1 decode of
-# every model (runner level); 2 = through the Engine: batch-1 decode and offline throughput
-# (bf16 vs fp8 weights, Qwen3-30B-A3B vs HF generate_batch, fp8 KV on workloads D and B).
+# PART (each fits the 10-minute call):
+#   1 = GPU kernel tests, decode GEMM / MoE microbench, decode-step profiles, runner-level A
+#   2 = GPU model tests, decode-step profile, batch-1 decode through the Engine (A) for
+#       Llama-3.1-8B bf16 / fp8, Qwen3-30B-A3B bf16, Mixtral-8x7B fp8
+#   3 = offline: B bf16 vs fp8 weights, B and D with fp8 KV vs bf16 KV, Qwen3-30B-A3B vs HF
+#       generate_batch (E), Mixtral-8x7B fp8 offline
 set -o pipefail
 source benchmarks/gpu/device_env.sh
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 T=tests/runtime
 cd benchmarks/gpu
 A="timeout 110 python3 bench_a_decode.py --modes triton+graphs"
-if [ "${PART:-1}" = 1 ]; then
+E="timeout 100 python3 bench_a_decode.py --modes engine"
+case "${PART:-1}" in
+1)
   (cd ../.. && timeout 150 python3 -m pytest $T/kernels/test_fused_moe.py $T/kernels/test_fp8_matmul.py \
     $T/kernels/test_triton_backend.py $T/kernels/test_decode_attention.py $T/kernels/test_extend_attention.py \
     $T/kernels/test_prefix_decode_attention.py -q -p no:cacheprovider 2>&1 | tee $OUT/pytest.log | tail -8)
@@ -18,4 +23,26 @@ if [ "${PART:-1}" = 1 ]; then
   timeout 100 python3 profile_decode.py --model qwen3-30b-a3b --top 24 2>&1 | tee $OUT/profile_qwen3moe.log | tail -39
   $A --quantization fp8 2>&1 | tee $OUT/a_llama_fp8.log | tail -4
   $A --model mixtral-8x7b --quantization fp8 2>&1 | tee $OUT/a_mixtral_fp8.log | tail -4
-fi
+  ;;
+2)
+  (cd ../.. && timeout 120 python3 -m pytest $T/kernels -q -p no:cacheprovider 2>&1 | tee $OUT/pytest.log | tail -4)
+  timeout 80 python3 profile_decode.py 2>&1 | tee $OUT/profile_bf16.log | tail -29
+  $E 2>&1 | tee $OUT/a_llama_bf16.log | tail -4
+  $E --quantization fp8 2>&1 | tee $OUT/a_llama_fp8.log | tail -4
+  $E --model qwen3-30b-a3b 2>&1 | tee $OUT/a_qwen3moe.log | tail -4
+  $E --model mixtral-8x7b --quantization fp8 2>&1 | tee $OUT/a_mixtral_fp8.log | tail -4
+  ;;
+3)
+  B="timeout 130 python3 bench_b_offline.py"
+  $B 2>&1 | tee $OUT/b_bf16.log | tail -4
+  $B --quantization fp8 2>&1 | tee $OUT/b_fp8.log | tail -4
+  $B --kv-cache-dtype fp8_e4m3 2>&1 | tee $OUT/b_kv_fp8.log | tail -4
+  timeout 80 python3 bench_d_prefix.py --cache-on-only 2>&1 | tee $OUT/d_kv_bf16.log | tail -4
+  timeout 80 python3 bench_d_prefix.py --cache-on-only --kv-cache-dtype fp8_e4m3 2>&1 | tee $OUT/d_kv_fp8.log | tail -4
+  timeout 100 python3 bench_b_offline.py --model mixtral-8x7b --quantization fp8 --num 256 \
+    --max-running 256 2>&1 | tee $OUT/b_mixtral_fp8.log | tail -4
+  ;;
+4)
+  timeout 560 python3 bench_e_vs_hf.py --model qwen3-30b-a3b --hf-num ${HF_NUM:-64} 2>&1 | tee $OUT/e_qwen3moe.log | tail -8
+  ;;
+esac

@@ -1,15 +1,19 @@
-"""Decode-sized GEMMs (a few rows times a large weight): cuBLAS or the Triton skinny GEMM,
-whichever is faster for the shape, decided once per (rows bucket, N, K) on this device.
+"""Decode-sized GEMMs (a few rows times a large weight): cuBLAS or the Triton skinny GEMM
+(with or without split-K), whichever is fastest for the shape, decided once per (rows bucket,
+N, K, weight format) on this device.
 
-Why: at batch 1 every linear layer is a weight read, and cuBLAS's choice for some shapes leaves
-bandwidth unused (measured on an H100, 2026-11-24: Llama-3.1-8B's o_proj, 4096 x 4096, ran at
-1.63 TB/s against 2.85 for the larger projections: 64 output tiles on 132 SMs). The choice is
-timed in eager mode (the CUDA-graph warm-up runs every decode shape before capture); during a
-capture an unseen shape falls back to cuBLAS. ``SGDSL_DECODE_GEMM=cublas|triton`` forces one.
-"""
+Why: at batch 1 every linear layer is one weight read, and no single kernel shape streams every
+matrix at full bandwidth (measured on an H100, 2026-11-24, in a Llama-3.1-8B decode step: the
+o_proj (4096 x 4096) ran at 1.7 TB/s in cuBLAS against 2.85 TB/s for the larger projections;
+the fp8 skinny GEMM without split-K read down_proj (K = 14336) at 1.8 TB/s). Candidates are
+timed in eager mode with the L2 cache flushed before each run (inside a model step the weights
+are never in L2; timing one matrix in a loop would measure the cache). The CUDA-graph warm-up
+runs every decode shape before capture; during a capture an unseen shape takes the default
+(cuBLAS, or split 1). ``SGDSL_DECODE_GEMM=<candidate>`` forces one (benchmarks)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -17,47 +21,73 @@ import torch.nn.functional as F
 from .fp8_matmul import w8a16_matmul
 
 DECODE_ROWS = 16  # rows up to which the choice is made (decode batches)
+SPLITS = (1, 2, 4)
 _CHOICE: dict[tuple, str] = {}
+_FLUSH: dict[int, torch.Tensor] = {}
 
 
 def _bucket(m: int) -> int:
     return 1 << max(0, (m - 1).bit_length())
 
 
-def _time(fn, iters: int = 20) -> float:
-    for _ in range(3):
-        fn()
+def _time(fn: Callable[[], torch.Tensor], device: torch.device, iters: int = 8) -> float:
+    idx = device.index or 0
+    if idx not in _FLUSH:
+        _FLUSH[idx] = torch.empty(256 << 20, dtype=torch.uint8, device=device)  # > any L2
+    flush = _FLUSH[idx]
+    fn()
+    fn()  # compile / autotune / cuBLAS heuristics out of the way
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
+    total = 0.0
     for _ in range(iters):
+        flush.zero_()
+        start.record()
         fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
+        end.record()
+        end.synchronize()
+        total += start.elapsed_time(end)
+    return total
 
 
-def _choose(x: torch.Tensor, w: torch.Tensor) -> str:
+def _candidates(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
+                block: tuple[int, int] | None) -> dict[str, Callable[[], torch.Tensor]]:
+    out: dict[str, Callable[[], torch.Tensor]] = {}
+    if scale is None:
+        out["cublas"] = lambda: F.linear(x, w)
+    for s in SPLITS:
+        out[f"triton_split{s}"] = lambda s=s: w8a16_matmul(x, w, scale, block, split_k=s)
+    return out
+
+
+def _choose(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
+            block: tuple[int, int] | None) -> str | None:
+    cands = _candidates(x, w, scale, block)
     forced = os.environ.get("SGDSL_DECODE_GEMM", "auto")
-    if forced in ("cublas", "triton"):
+    if forced in cands:
         return forced
     if torch.cuda.is_current_stream_capturing():
-        return "cublas"  # no timing inside a capture; not cached, a later eager call decides
-    t_cublas = _time(lambda: F.linear(x, w))
-    t_triton = _time(lambda: w8a16_matmul(x, w, None))
-    return "triton" if t_triton < 0.97 * t_cublas else "cublas"
+        return None  # no timing inside a capture
+    times = {name: _time(fn, x.device) for name, fn in cands.items()}
+    return min(times, key=times.get)
 
 
-def decode_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, w, bias)`` for ``x [m <= DECODE_ROWS, K]`` on CUDA, by the faster path."""
-    key = (_bucket(x.shape[0]), w.shape[0], w.shape[1], w.dtype, x.device.index)
+def decode_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+                  scale: torch.Tensor | None = None,
+                  block: tuple[int, int] | None = None) -> torch.Tensor:
+    """``x [m <= DECODE_ROWS, K] @ W^T (+ bias)`` on CUDA by the fastest path for the shape;
+    ``scale``/``block``: an fp8 weight's per-channel or block scales (None: plain weight)."""
+    x = x.contiguous()
+    key = (_bucket(x.shape[0]), w.shape[0], w.shape[1], w.dtype, block, x.device.index)
     choice = _CHOICE.get(key)
     if choice is None:
-        choice = _choose(x.contiguous(), w)
-        if not torch.cuda.is_current_stream_capturing():
+        choice = _choose(x, w, scale, block)
+        if choice is not None:
             _CHOICE[key] = choice
+    if choice is None:
+        choice = "cublas" if scale is None else "triton_split1"
     if choice == "cublas":
         return F.linear(x, w, bias)
-    out = w8a16_matmul(x.contiguous(), w, None)
+    out = w8a16_matmul(x, w, scale, block, split_k=int(choice.removeprefix("triton_split")))
     return out if bias is None else out + bias
 
 

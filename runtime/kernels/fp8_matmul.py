@@ -36,24 +36,31 @@ def _prune(configs, named_args, **kwargs):
     return kept or configs[:1]
 
 
-@triton.autotune(configs=_configs(), key=["m_bucket", "N", "K", "GROUP_K"],
-                 prune_configs_by={"early_config_prune": _prune})
+# NOTE: restore_value: with SPLIT_K > 1 the kernel accumulates into Out (atomic adds), so the
+# autotuner's trial runs must not leave their sums behind for the real run.
+@triton.autotune(configs=_configs(), key=["m_bucket", "N", "K", "GROUP_K", "SPLIT_K"],
+                 prune_configs_by={"early_config_prune": _prune}, restore_value=["Out"])
 @triton.jit
 def _w8a16_kernel(X, W, S, Out, M, N, K, m_bucket, stride_xm, stride_wn, stride_om,
                   stride_sn, stride_sk, GROUP_N: tl.constexpr, GROUP_K: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                  SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
     pid_m = tl.program_id(1)
     pid_n = tl.program_id(0)
+    # split-K: program (n, m, s) sums K range s; the partial sums meet in Out (fp32, atomics)
+    chunk = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_start = tl.program_id(2) * chunk
+    k_end = tl.minimum(K, k_start + chunk)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     mask_m = offs_m < M
     mask_n = offs_n < N
-    x_ptrs = X + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
-    w_ptrs = W + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    x_ptrs = X + offs_m[:, None].to(tl.int64) * stride_xm + k_start + offs_k[None, :]
+    w_ptrs = W + offs_n[None, :].to(tl.int64) * stride_wn + k_start + offs_k[:, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        mask_k = offs_k < K - k0
+    for k0 in range(k_start, k_end, BLOCK_K):
+        mask_k = offs_k < k_end - k0
         x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0).to(x.dtype)
         if GROUP_K > 0:  # block scales: one per (GROUP_N rows, GROUP_K cols) of W
@@ -67,20 +74,26 @@ def _w8a16_kernel(X, W, S, Out, M, N, K, m_bucket, stride_xm, stride_wn, stride_
     if GROUP_K == 0:  # per-channel scales (GROUP_K < 0: an unscaled bf16/fp16 weight)
         acc = acc * tl.load(S + offs_n * stride_sn, mask=mask_n, other=0.0)[None, :]
     o_ptrs = Out + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
-    tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    if SPLIT_K > 1:
+        tl.atomic_add(o_ptrs, acc, mask=mask_m[:, None] & mask_n[None, :])
+    else:
+        tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
 def w8a16_matmul(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
-                 block: tuple[int, int] | None = None) -> torch.Tensor:
+                 block: tuple[int, int] | None = None, split_k: int = 1) -> torch.Tensor:
     """``x [M, K]`` (bf16/fp16) times fp8 ``w [N, K]``^T -> ``[M, N]`` in x's dtype; ``scale``
     is ``[N]`` (per channel) or ``[ceil(N/bn), ceil(K/bk)]`` with ``block=(bn, bk)``. With
-    ``scale=None`` ``w`` is a plain weight in x's dtype (the decode GEMM, see skinny_linear)."""
+    ``scale=None`` ``w`` is a plain weight in x's dtype (the decode GEMM, see decode_gemm.py).
+    ``split_k`` > 1 splits the reduction over more programs (long K, few output columns: more
+    loads in flight), summed in fp32 with atomics, then cast: two more launches."""
     m, k = x.shape
     n = w.shape[0]
     assert w.shape[1] == k and x.stride(1) == 1 and w.stride(1) == 1
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    out = (torch.empty(m, n, dtype=x.dtype, device=x.device) if split_k == 1 else
+           torch.zeros(m, n, dtype=torch.float32, device=x.device))
     if m == 0:
-        return out
+        return out.to(x.dtype)
     group_n, group_k = block if block is not None else (1, 0)
     if scale is None:
         group_k, scale, strides = -1, w, (0, 0)
@@ -91,10 +104,12 @@ def w8a16_matmul(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
         assert scale.shape == (triton.cdiv(n, group_n), triton.cdiv(k, group_k))
         strides = (scale.stride(0), scale.stride(1))
     m_bucket = min(triton.next_power_of_2(m), 256)
-    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, meta["BLOCK_M"]))  # noqa: E731
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, meta["BLOCK_M"]),  # noqa: E731
+                         split_k)
     _w8a16_kernel[grid](x, w, scale, out, m, n, k, m_bucket, x.stride(0), w.stride(0),
-                        out.stride(0), *strides, GROUP_N=group_n, GROUP_K=group_k)
-    return out
+                        out.stride(0), *strides, GROUP_N=group_n, GROUP_K=group_k,
+                        SPLIT_K=split_k)
+    return out if split_k == 1 else out.to(x.dtype)
 
 
 @triton.jit

