@@ -4,8 +4,9 @@
 #   1 = GPU kernel tests, decode GEMM / MoE microbench, decode-step profiles, runner-level A
 #   2 = GPU model tests, decode-step profile, batch-1 decode through the Engine (A) for
 #       Llama-3.1-8B bf16 / fp8, Qwen3-30B-A3B bf16, Mixtral-8x7B fp8
-#   3 = offline: B bf16 vs fp8 weights, B and D with fp8 KV vs bf16 KV, Qwen3-30B-A3B vs HF
-#       generate_batch (E), Mixtral-8x7B fp8 offline
+#   3 = new-kernel GPU tests; offline: B bf16 vs fp8 weights, B and D with fp8 KV vs bf16 KV,
+#       Mixtral-8x7B fp8 offline
+#   4 = Qwen3-30B-A3B offline vs HF generate_batch (E; HF on HF_NUM prompts)
 set -o pipefail
 source benchmarks/gpu/device_env.sh
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
@@ -33,6 +34,9 @@ case "${PART:-1}" in
   $E --model mixtral-8x7b --quantization fp8 2>&1 | tee $OUT/a_mixtral_fp8.log | tail -4
   ;;
 3)
+  (cd ../.. && timeout 150 python3 -m pytest $T/kernels/test_fp8_matmul.py $T/kernels/test_fused_moe.py \
+    $T/kernels/test_elementwise.py $T/kernels/test_triton_backend.py -q -p no:cacheprovider 2>&1 \
+    | tee $OUT/pytest.log | tail -4)
   B="timeout 130 python3 bench_b_offline.py"
   $B 2>&1 | tee $OUT/b_bf16.log | tail -4
   $B --quantization fp8 2>&1 | tee $OUT/b_fp8.log | tail -4
