@@ -16,32 +16,21 @@ import triton.language as tl
 FP8_MAX = tl.constexpr(448.0)
 
 
-def _configs() -> list[triton.Config]:
-    out = []
-    for bm, bn, bk, warps, stages in [(16, 32, 256, 4, 4), (16, 64, 128, 4, 4),
-                                      (16, 32, 128, 4, 6), (16, 16, 256, 4, 4),
-                                      (16, 16, 512, 4, 3), (16, 64, 256, 4, 3),
-                                      (32, 64, 128, 4, 4), (64, 128, 128, 8, 3),
-                                      (128, 128, 128, 8, 3)]:
-        out.append(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk},
-                                 num_warps=warps, num_stages=stages))
-    return out
+def _config(m: int, block_scaled: bool, weight_bytes: int) -> dict:
+    """Tile shape by row count. NOTE: fixed shapes, not ``triton.autotune``: autotuning every
+    (rows bucket, N, K, split) key cost ~1 minute per process start (measured on an H100,
+    2026-11-24); the decode path picks among split-K variants itself (decode_gemm.py)."""
+    if m <= 16:
+        block_k = 128 if block_scaled or weight_bytes > 1 else 256
+        return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=block_k, num_warps=4, num_stages=4)
+    if m <= 64:
+        return dict(BLOCK_M=32 if m <= 32 else 64, BLOCK_N=64, BLOCK_K=128, num_warps=4,
+                    num_stages=4)
+    return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3)
 
 
-def _prune(configs, named_args, **kwargs):
-    """Row blocks no taller than the batch needs; block scales need BLOCK_K | GROUP_K."""
-    m_bucket, group_k = named_args["m_bucket"], kwargs.get("GROUP_K", 0)
-    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= max(16, m_bucket)
-            and (group_k <= 0 or group_k % c.kwargs["BLOCK_K"] == 0)]
-    return kept or configs[:1]
-
-
-# NOTE: restore_value: with SPLIT_K > 1 the kernel accumulates into Out (atomic adds), so the
-# autotuner's trial runs must not leave their sums behind for the real run.
-@triton.autotune(configs=_configs(), key=["m_bucket", "N", "K", "GROUP_K", "SPLIT_K"],
-                 prune_configs_by={"early_config_prune": _prune}, restore_value=["Out"])
 @triton.jit
-def _w8a16_kernel(X, W, S, Out, M, N, K, m_bucket, stride_xm, stride_wn, stride_om,
+def _w8a16_kernel(X, W, S, Out, M, N, K, stride_xm, stride_wn, stride_om,
                   stride_sn, stride_sk, GROUP_N: tl.constexpr, GROUP_K: tl.constexpr,
                   SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr):
@@ -103,12 +92,10 @@ def w8a16_matmul(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
     else:
         assert scale.shape == (triton.cdiv(n, group_n), triton.cdiv(k, group_k))
         strides = (scale.stride(0), scale.stride(1))
-    m_bucket = min(triton.next_power_of_2(m), 256)
-    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, meta["BLOCK_M"]),  # noqa: E731
-                         split_k)
-    _w8a16_kernel[grid](x, w, scale, out, m, n, k, m_bucket, x.stride(0), w.stride(0),
-                        out.stride(0), *strides, GROUP_N=group_n, GROUP_K=group_k,
-                        SPLIT_K=split_k)
+    cfg = _config(m, group_k > 0, w.element_size())
+    grid = (triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(m, cfg["BLOCK_M"]), split_k)
+    _w8a16_kernel[grid](x, w, scale, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
+                        *strides, GROUP_N=group_n, GROUP_K=group_k, SPLIT_K=split_k, **cfg)
     return out if split_k == 1 else out.to(x.dtype)
 
 
