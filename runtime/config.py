@@ -46,7 +46,7 @@ class EngineConfig:
     # grammar: end every constrained output with a complete value when the budget allows
     # (docs/structured_output.md): force it within this many tokens of the budget; stop
     # runaway repetition (one pattern over this many tokens; 0 = off).
-    grammar_force_completion: bool = True
+    disable_forced_completion: bool = False
     grammar_completion_slack: int = 4
     grammar_repetition_window: int = 32
     disable_cuda_graph: bool = False

@@ -295,7 +295,7 @@ def create_grammar_manager(config: Any, tokenizer: Any, vocab_size: int,
                                      list(eos_token_ids) or None)
     if backend is None:
         return None
-    completion = CompletionConfig(enabled=config.grammar_force_completion,
+    completion = CompletionConfig(enabled=not config.disable_forced_completion,
                                   slack_tokens=config.grammar_completion_slack,
                                   repetition_window=config.grammar_repetition_window)
     pool = PoolLimits(workers=config.grammar_compile_workers,
