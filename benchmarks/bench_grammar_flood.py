@@ -156,7 +156,7 @@ def transfer(args: argparse.Namespace) -> None:
         q = lambda v, p: sorted(v)[int(p * (len(v) - 1))] * 1e3  # noqa: E731
         print(f"{name}: {len(local)} schemas; in-process compile p50 {q(local, .5):.1f} ms "
               f"p99 {q(local, .99):.1f} ms; through a worker p50 {q(remote, .5):.1f} ms p99 "
-              f"{q(remote, .99):.1f} ms; serialized p50 {q(sizes, .5) / 1e3:.0f} KB "
+              f"{q(remote, .99):.1f} ms; serialized p50 {q(sizes, .5) / 1e6:.0f} KB "
               f"max {max(sizes) / 1e6:.1f} MB")
 
 
