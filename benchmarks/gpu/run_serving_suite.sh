@@ -1,8 +1,11 @@
 #!/bin/bash
-# Device call 8 (final): GPU tests, kernel microbench, C (overlap on/off), D, A (runner and
-# Engine, overlap on/off), in-process scheduler profile. From a clean export of HEAD.
+# Dense serving suite (one device call): GPU kernel/scheduler/sampler/runner tests, attention
+# kernel microbench, C (nano-vllm, overlap on/off), D (shared prefix, radix cache on/off),
+# A (batch-1 decode: runner and Engine, overlap on/off), in-process scheduler profile.
+# Replaces the per-call scripts run_second.sh ... run_seventh.sh (their union; see git history).
 set -o pipefail
 source benchmarks/gpu/device_env.sh
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 T=tests/runtime
 timeout 120 python3 -m pytest $T/kernels $T/scheduler/test_overlap_gpu.py $T/layers/test_sampler_gpu.py \
   $T/model/test_runner_cuda.py -q -x -p no:cacheprovider 2>&1 | tee $OUT/pytest.log | tail -3
