@@ -1,6 +1,7 @@
 """Grammar-constrained decoding: per-request matchers (``base.Grammar``) from a backend
-(xgrammar by default, or outlines-core), compiled off the scheduler loop by
-``compiler.GrammarCompiler`` with a cache, size limits and a deadline.
+(xgrammar by default, or outlines-core), compiled by ``compiler.GrammarCompiler`` with a cache,
+size limits, a deadline and a memory budget, in killable worker processes (``worker_pool.py``),
+never in the scheduler's process. docs/grammar.md describes the guarantees.
 
 Importing this package does not import xgrammar or outlines; ``create_grammar_backend`` does.
 """
