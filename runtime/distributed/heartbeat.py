@@ -4,7 +4,8 @@ in shared memory; the engine's main process watches the counters (``TokenizerMan
 Healthy ranks iterate at least every ~0.5 s even when idle (rank 0 wakes from its idle wait and
 broadcasts, the others return from that broadcast). A rank whose counter has not moved for
 ``rank_hang_timeout_s`` is hung; since a hung rank stalls its peers' collectives too, the rank
-named is the one furthest behind (the others wait for it).
+named is the one furthest behind (the others wait for it); ranks tied there are all named (a
+rank stuck inside a collective ties with the peers waiting in it).
 """
 from __future__ import annotations
 

@@ -158,18 +158,21 @@ def _grammar_manager(config: EngineConfig, runner: Any, eos: list[int]) -> Any:
 
 
 def _loop(scheduler: Any, chan: SyncChannel | None, parent_pid: int, parallel: bool,
-          beat: Any = None) -> None:
+          beat: Any = lambda: None) -> None:
     """``chan`` None: a follower rank, which takes rank 0's messages (and waits in that
     broadcast while rank 0 idles)."""
     from ..distributed.collectives import broadcast_list
 
     next_check = time.monotonic() + PARENT_CHECK_S
     while True:
-        if beat is not None:
-            beat()
+        beat()
         msgs = chan.recv_all() if chan is not None else None
         if parallel:
             msgs = broadcast_list(msgs)
+            # NOTE: a second beat once the broadcast returned: an idle follower beats and then
+            # waits in that broadcast, so with one beat per iteration it would be as far ahead
+            # as a rank 0 stuck on it (distributed/heartbeat.py blames the rank furthest behind).
+            beat()
         for msg in msgs:
             if isinstance(msg, m.Shutdown):
                 return

@@ -15,6 +15,7 @@ import multiprocessing as mp
 from typing import Any, AsyncIterator
 
 from ..config import EngineConfig
+from ..distributed import watch
 from ..distributed.heartbeat import HangMonitor, Heartbeats
 from ..errors import EngineDeadError, ModelLoadError
 from ..grammar.schema.validator import OutputValidator
@@ -90,7 +91,7 @@ class TokenizerManager:
                 err = ModelLoadError(f"engine startup failed: {msg.message}")
                 err.child_traceback = msg.traceback  # type: ignore[attr-defined]
                 raise err
-            dead = self._dead_rank()
+            dead = watch.dead_worker(self.procs)
             if msg is None and dead is not None:
                 raise EngineDeadError(f"{dead[0]} exited during startup (exit code {dead[1]})")
         raise EngineDeadError(f"scheduler process not ready after {STARTUP_TIMEOUT_S:.0f} s")
@@ -135,44 +136,23 @@ class TokenizerManager:
     async def _watchdog(self) -> None:
         if self.hang is not None:
             self.hang = HangMonitor(self.hang.counts, self.hang.timeout_s)  # from Ready on
-        while (dead := self._dead_rank()) is None:
+        while (dead := watch.dead_worker(self.procs)) is None:
             hung = self.hang.hung() if self.hang is not None else None
             if hung is not None:
-                self._die(f"tensor-parallel rank(s) {', '.join(map(str, hung))} made no progress "
-                          f"for {self.hang.timeout_s:g} s (hung; stopped with the whole group)")
+                self._die(watch.hung_text(hung, self.hang.timeout_s))
                 break
             await asyncio.sleep(WATCHDOG_S)
         else:
             await asyncio.sleep(0.2)  # let a crash report sent just before exit arrive first
             self._die(f"{dead[0]} exited unexpectedly (exit code {dead[1]})")
-        # NOTE: the other ranks would wait on the dead one (a collective): stop them, so a
-        # dead rank leaves no orphan and no GPU memory held.
-        for proc in self.procs:
-            if proc.is_alive():
-                proc.kill()
+        watch.kill_all(self.procs)
         for proc in self.procs:
             await _wait_exit(proc, 5.0)
 
     async def _crash_text(self, msg: m.StartupError) -> str:
-        """A crash report; under TP, rank 0 usually crashes because another rank died (its
-        collective failed): name that rank first."""
-        text = f"{msg.message}\n{msg.traceback}"
         if len(self.procs) > 1:
             await asyncio.sleep(2 * WATCHDOG_S)  # a killed rank is reaped by then
-            dead = next(((r, p) for r, p in enumerate(self.procs) if r and not p.is_alive()), None)
-            if dead is not None:
-                text = (f"tensor-parallel rank {dead[0]} (pid {dead[1].pid}) exited unexpectedly "
-                        f"(exit code {dead[1].exitcode}); rank 0 then failed: {text}")
-        return text
-
-    def _dead_rank(self) -> tuple[str, int | None] | None:
-        """(which worker process, its exit code) for the first that exited; None: all alive."""
-        for rank, proc in enumerate(self.procs):
-            if not proc.is_alive():
-                what = ("scheduler process" if len(self.procs) == 1 else
-                        f"tensor-parallel rank {rank} (pid {proc.pid})")
-                return what, proc.exitcode
-        return None
+        return watch.crash_text(self.procs, f"{msg.message}\n{msg.traceback}")
 
     def _die(self, text: str) -> None:
         if self.dead is None:
