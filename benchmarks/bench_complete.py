@@ -7,7 +7,7 @@ default). Prints, per run,
 how many outputs finished with a value, were cut at the budget, were invalid, or were rejected
 at admission, and the wall time.
 
-    python benchmarks/bench_complete.py [--backend xgrammar] [--max-new-tokens 48]
+    python benchmarks/bench_complete.py [--backend xgrammar] [--max-new-tokens 48] [--every 1]
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import jsonschema
 
 from sgdsl.runtime import Engine
-from sgdsl.runtime.errors import InvalidRequestError
+from sgdsl.runtime.errors import ConstraintViolationError, InvalidRequestError
 
 DATA = Path(__file__).parents[1] / "tests" / "data" / "schemas" / "json"
 
@@ -35,9 +35,13 @@ async def _one(engine: Engine, schema: dict, max_new_tokens: int) -> str:
               "temperature": 0}
     try:
         out = await engine.async_generate(_prompt(schema.get("title", "")), params)
+    except ConstraintViolationError as e:  # the runtime's backstop caught an invalid output
+        print(f"  invalid: {schema.get('title')}: {str(e)[:200]}", flush=True)
+        return "invalid"
     except InvalidRequestError:
         return "rejected"
     if out["meta_info"]["finish_reason"]["type"] == "length":
+        print(f"  cut: {schema.get('title')}: {out['text'][-60:]!r}", flush=True)
         return "cut"
     try:
         jsonschema.validate(json.loads(out["text"]), schema)
@@ -67,11 +71,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", default="xgrammar", choices=["xgrammar", "outlines"])
     ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--every", type=int, default=1, help="take every k-th schema of the suite")
+    ap.add_argument("--force-only", action="store_true", help="only the forced-completion run")
     args = ap.parse_args()
-    schemas = [json.loads(p.read_text()) for p in sorted(DATA.glob("*.json"))]
+    schemas = [json.loads(p.read_text()) for p in sorted(DATA.glob("*.json"))][::args.every]
     print(f"{len(schemas)} schemas, backend {args.backend}, max_new_tokens "
           f"{args.max_new_tokens}, embedded SmolLM2-135M, temperature 0")
-    for force in (False, True):
+    ap_modes = (True,) if args.force_only else (False, True)
+    for force in ap_modes:
         res = run(args.backend, force, args.max_new_tokens, schemas)
         print(f"force_completion={force}: " + json.dumps(res), flush=True)
 
