@@ -19,9 +19,13 @@ except ImportError:  # Python < 3.11
 
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _H16 = r"[0-9a-fA-F]{1,4}"
-_DATE = (r"[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
+# NOTE: years 0001-9999 (format checkers reject year 0000, the shortest completion's choice).
+_DATE = (r"([1-9][0-9]{3}|0([1-9][0-9]{2}|0([1-9][0-9]|0[1-9])))-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
          r"|02-(0[1-9]|1[0-9]|2[0-8]))")  # NOTE: no 02-29 (leap years need arithmetic)
-_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+# NOTE: "{0,1}", not "?": xgrammar 0.2.8 compiles "(\.[0-9]{1,6})?" inside a JSON-schema
+# pattern so that it also accepts "0000" without the dot (a forced completion found it).
+_TIME = (r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6}){0,1}"
+         r"(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])")
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _URI_CHAR = r"([A-Za-z0-9._~!$&'()*+,;=:@/?-]|%[0-9A-Fa-f]{2})"
 FORMAT_PATTERNS: dict[str, str] = {
