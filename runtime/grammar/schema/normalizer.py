@@ -24,6 +24,7 @@ from .oneof import make_exclusive
 from .refs import RefTable
 from ..schema_support import check_schema_support
 from .rejection import Impossible, reject
+from .tuning import tune_for_backend
 
 MAX_NODES = 20_000  # subschemas visited (inlined references repeat theirs)
 MAX_BRANCHES = 64  # anyOf branches one node may multiply out to
@@ -49,6 +50,7 @@ def normalize_schema(schema: Any, backend_name: str = "xgrammar") -> dict:
         raise reject("(schema)", "#", "no instance can satisfy it")
     if defs:
         out = {**out, "$defs": defs}
+    out = tune_for_backend(out, backend_name)
     check_schema_support(backend_name, out)
     return out
 
@@ -57,11 +59,13 @@ class _Normalizer:
     def __init__(self, root: Any) -> None:
         self.refs = RefTable(root)
         self.defs: dict[str, Any] = {}
+        self._building: set[str] = set()  # definitions being normalized (may reference selves)
         self.nodes = 0
 
     # -- one node -------------------------------------------------------------------------------
-    def schema(self, node: Any, path: str) -> Any:
-        """The normal form of ``node`` (raises Impossible if it has no instance)."""
+    def schema(self, node: Any, path: str, context: dict | None = None) -> Any:
+        """The normal form of ``node`` (raises Impossible if it has no instance). ``context``:
+        what an enclosing ``allOf`` already demands (negations may rely on it)."""
         if node is True:
             return {}
         if node is False:
@@ -77,9 +81,10 @@ class _Normalizer:
         out = finalize(own, path, self.sub)
         if "$ref" in node:
             out = self.sub(self._ref(node["$ref"], path), out, path)
+        inner = _with_context(_plain(out), context)  # before allOf turns it into an anyOf
         for i, branch in enumerate(node.get("allOf") or []):
-            out = self.sub(out, self.schema(branch, f"{path}/allOf/{i}"), path)
-        return self._alternatives(node, out, path)
+            out = self.sub(out, self.schema(branch, f"{path}/allOf/{i}", inner), path)
+        return self._alternatives(node, out, path, inner)
 
     def _children(self, node: dict, path: str) -> dict:
         out = dict(node)
@@ -111,12 +116,17 @@ class _Normalizer:
         name = self.refs.def_name(ref)
         if name not in self.defs:
             self.defs[name] = {}  # placeholder: the definition references itself
-            self.defs[name] = self.schema(target, ref)
+            self._building.add(name)
+            try:
+                self.defs[name] = self.schema(target, ref)
+            finally:
+                self._building.discard(name)
         return {"$ref": f"#/$defs/{name}"}
 
     # -- alternatives ---------------------------------------------------------------------------
-    def _alternatives(self, node: dict, out: Any, path: str) -> Any:
+    def _alternatives(self, node: dict, out: Any, path: str, context: dict | None) -> Any:
         lists: list[tuple[str, list]] = []
+        known = _with_context(_plain(out), context)  # the node's own keywords first
         for key in ("anyOf", "oneOf"):
             if isinstance(node.get(key), list):
                 lists.append((key, [self.optional(b, f"{path}/{key}/{i}")
@@ -126,9 +136,9 @@ class _Normalizer:
             then = self.optional(node["then"], f"{path}/then") if "then" in node else None
             other = self.optional(node["else"], f"{path}/else") if "else" in node else None
             if then is not None or other is not None:
-                lists.append(("if", if_then_else(cond, then, other, _plain(out))))
+                lists.append(("if", if_then_else(cond, then, other, known)))
         if "not" in node:
-            negated = negate(self.optional(node["not"], f"{path}/not"), _plain(out))
+            negated = negate(self.optional(node["not"], f"{path}/not"), known)
             if negated is None:
                 raise reject("not", path, "only a type, an enum, or properties/required can "
                                           "be negated")
@@ -150,9 +160,11 @@ class _Normalizer:
         branches = []
         for left, right in itertools.product(_branches(out), alts):
             try:
-                branches.extend(_branches(self.sub(left, self._lazy(right, path), path)))
+                both = self.sub(left, self._lazy(right, path), path)
             except Impossible:
                 continue
+            if both is not False:  # an impossible branch is dropped, never sent on
+                branches.extend(_branches(both))
         if len(branches) > MAX_BRANCHES:
             raise reject(key, path, f"it multiplies out to over {MAX_BRANCHES} alternatives")
         if key == "oneOf":
@@ -180,9 +192,20 @@ class _Normalizer:
         if "anyOf" in a or "anyOf" in b:
             return self._distribute(a, "anyOf", _branches(b), path)
         if "$ref" in a or "$ref" in b:
-            raise reject("$ref", path, "a recursive $ref combined with other keywords "
-                                       "(allOf, siblings or anyOf branches)")
+            return self._merge_ref(a, b, path)
         return finalize(merge_plain(a, b, path, self.sub), path, self.sub)
+
+
+    def _merge_ref(self, a: dict, b: dict, path: str) -> Any:
+        """A recursive reference met with other keywords: its definition is merged in one
+        level deep (exact: the reference means its definition); its own inner references stay."""
+        ref, other = (a, b) if "$ref" in a else (b, a)
+        name = ref["$ref"].rsplit("/", 1)[-1]
+        target = self.defs.get(name)
+        if name in self._building or target is None:
+            raise reject("$ref", path, "a recursive $ref combined with other keywords "
+                                       "inside its own definition")
+        return self.sub(target, other, path)
 
 
 def _branches(node: Any) -> list:
@@ -191,6 +214,14 @@ def _branches(node: Any) -> list:
 
 def _plain(node: Any) -> dict:
     return node if isinstance(node, dict) and "anyOf" not in node else {}
+
+
+def _with_context(own: dict, context: dict | None) -> dict:
+    """``own`` plus the property schemas an enclosing schema gives (for negation domains)."""
+    if not context:
+        return own
+    props = {**context.get("properties", {}), **own.get("properties", {})}
+    return {**context, **own, "properties": props}
 
 
 def _dedupe(branches: list) -> list:

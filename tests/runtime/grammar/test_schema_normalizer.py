@@ -59,6 +59,14 @@ CASES = [
                                "if": {"properties": {"c": {"const": "US"}}},
                                "then": {"required": ["z"]}},
      [{"c": "US", "z": "1"}, {"c": "US"}, {"c": "FR"}, {"c": "FR", "z": "2"}], False),
+    ("allOf of if/then on a discriminator", {
+        "type": "object", "properties": {"type": {"enum": ["a", "b", "c"]}}, "required": ["type"],
+        "allOf": [{"if": {"properties": {"type": {"const": t}}},
+                   "then": {"properties": {"type": {"const": t}, k: {"type": "string"}},
+                            "required": [k], "additionalProperties": False}}
+                  for t, k in (("a", "name"), ("b", "pk"))]},
+     [{"type": "a", "name": "x"}, {"type": "b", "pk": "x"}, {"type": "c"}, {"type": "a"},
+      {"type": "b", "name": "x"}, {"type": "c", "zz": 1}], True),
     ("dependencies", {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "properties": {"a": {"type": "integer"},
                                                        "b": {"type": "integer"}},
                       "dependencies": {"a": ["b"]}},
@@ -91,6 +99,16 @@ CASES = [
                                                          "next": {"$ref": "#"}},
                         "required": ["v"]},
      [{"v": 1}, {"v": 1, "next": {"v": 2}}, {"v": 1, "next": {}}, {}], True),
+    ("recursive $ref with siblings", {
+        "$defs": {"n": {"type": "object", "properties": {
+            "v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/n"}}}}},
+        "type": "object", "properties": {"root": {"$ref": "#/$defs/n", "required": ["v"]}}},
+     [{"root": {"v": 1}}, {"root": {}}, {"root": {"v": 1, "kids": [{}]}}, {"root": {"kids": []}}],
+     True),
+    ("impossible anyOf branch dropped", {"anyOf": [{"type": "string"}, False,
+                                                   {"allOf": [{"type": "integer"},
+                                                              {"type": "string"}]}]},
+     ["a", 1], True),
     ("false property", {"type": "object", "properties": {"a": False, "b": {"type": "integer"}}},
      [{"b": 1}, {"a": 1}], False),
 ]
@@ -174,6 +192,26 @@ def test_outlines_keeps_its_bound_limit_and_xgrammar_does_not():
     assert normalize_schema(big, "xgrammar") == big
     with pytest.raises(InvalidRequestError, match="maxLength.*#/properties/bio"):
         normalize_schema(big, "outlines")
+
+
+def test_small_string_bounds_become_fast_patterns_for_xgrammar():
+    schema = {"type": "string", "minLength": 2, "maxLength": 12}
+    fast = normalize_schema(schema, "xgrammar")
+    assert set(fast) == {"type", "pattern"}
+    for value in ("ab", "héllo wörld", "a", "x" * 13, 'a"b', "a\nb"):
+        if _valid(fast, value):
+            assert _valid(schema, value)
+    assert _valid(fast, "héllo wörld") and not _valid(fast, 'a"b')
+    assert normalize_schema(schema, "outlines") == schema  # its own regex trick applies
+
+
+def test_small_integer_ranges_become_enums_for_outlines():
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1,
+                                                     "exclusiveMaximum": 4}}}
+    norm = normalize_schema(schema, "outlines")  # outlines ignores minimum/maximum
+    assert norm["properties"]["n"] == {"enum": [1, 2, 3]}
+    with pytest.raises(InvalidRequestError, match="minimum"):
+        normalize_schema({"type": "integer", "minimum": 0, "maximum": 1000}, "outlines")
 
 
 def test_normalization_is_pure_and_deterministic():
