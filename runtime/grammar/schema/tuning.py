@@ -7,7 +7,9 @@ compiles much faster or enforces where it would otherwise ignore a keyword.
   slower below 256 too, still under the native form). The pattern leaves out escapes and
   control characters: a subset, so sound.
 - outlines: an integer range of at most ``MAX_ENUM_RANGE`` values becomes an ``enum`` (outlines
-  ignores minimum/maximum, so these were rejected; an enum it enforces exactly).
+  ignores minimum/maximum, so these were rejected; an enum it enforces exactly). A ``format``
+  left (not one of the eight spelled as patterns) is dropped: JSON Schema makes it an
+  annotation, the output check does not assert it, and outlines-core raises on most of them.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ _DATA = ("enum", "const", "required")
 
 
 def tune_for_backend(node: Any, backend_name: str) -> Any:
-    rewrite = {"xgrammar": _fast_strings, "outlines": _small_int_ranges}.get(backend_name)
+    rewrite = {"xgrammar": _fast_strings, "outlines": _for_outlines}.get(backend_name)
     return _walk(node, rewrite) if rewrite else node
 
 
@@ -43,7 +45,9 @@ def _fast_strings(node: dict) -> dict:
     return out
 
 
-def _small_int_ranges(node: dict) -> dict:
+def _for_outlines(node: dict) -> dict:
+    if "format" in node:
+        node = {k: v for k, v in node.items() if k != "format"}
     if node.get("type") != "integer" or set(node) - {"type", "minimum", "maximum"}:
         return node
     lo, hi = node.get("minimum"), node.get("maximum")
