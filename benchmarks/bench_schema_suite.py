@@ -24,7 +24,8 @@ DATA = Path(__file__).parents[1] / "tests" / "data" / "schemas"
 
 def load(suite: str) -> dict[str, dict]:
     dirs = {"realworld": ["realworld"], "json": ["json"], "all": ["realworld", "json"]}[suite]
-    return {p.stem: json.loads(p.read_text()) for d in dirs for p in sorted((DATA / d).glob("*.json"))}
+    return {p.stem: json.loads(p.read_text())
+            for d in dirs for p in sorted((DATA / d).glob("*.json"))}
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -118,7 +119,8 @@ def main() -> None:
     if args.raw:
         raw = raw_xgrammar(tokenizer, schemas, args.timeout)
         secs = [t for t in raw.values() if t is not None and t <= args.timeout]
-        report["raw_xgrammar"] = {"admitted": len(secs), "refused": sum(t is None for t in raw.values()),
+        report["raw_xgrammar"] = {"admitted": len(secs),
+                                  "refused": sum(t is None for t in raw.values()),
                                   "over_deadline": sum(t is not None and t > args.timeout
                                                        for t in raw.values()),
                                   "compile_p50_s": round(pct(secs, 0.5), 3),
@@ -127,7 +129,8 @@ def main() -> None:
         times, rejected = admit(name, tokenizer, schemas, args.timeout)
         secs = list(times.values())
         row = {"admitted": len(times), "rejected": len(rejected),
-               "compile_p50_s": round(pct(secs, 0.5), 3), "compile_p99_s": round(pct(secs, 0.99), 3),
+               "compile_p50_s": round(pct(secs, 0.5), 3),
+               "compile_p99_s": round(pct(secs, 0.99), 3),
                "compile_max_s": round(max(secs, default=0.0), 3)}
         if args.generate:
             row.update(generate(name, {n: schemas[n] for n in times}, args.max_new_tokens))
