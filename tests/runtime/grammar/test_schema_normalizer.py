@@ -220,6 +220,13 @@ def test_small_integer_ranges_become_enums_for_outlines():
         {"type": "string"}
 
 
+def test_optional_groups_are_spelled_for_xgrammar():
+    # xgrammar 0.2.8 reads "(\\.[0-9]+)?" wrongly (it accepted "a0b" below); {0,1} it reads right
+    norm = normalize_schema({"type": "string", "pattern": r"^a(\.[0-9]+)?b\)?$"}, "xgrammar")
+    assert norm["pattern"] == r"^a(\.[0-9]+){0,1}b\)?$"
+    assert _valid(norm, "a.5b)") and not _valid(norm, "a0b")
+
+
 def test_normalization_is_pure_and_deterministic():
     schema = CASES[0][1]
     before = json.dumps(schema, sort_keys=True)
