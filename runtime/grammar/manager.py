@@ -109,7 +109,9 @@ class GrammarManager:
             elif decided[req.rid] is not None:
                 failed.append((req, decided[req.rid]))
             else:
-                req.grammar = self.compiler.backend.new_grammar(req.grammar_pending.future().result())
+                # the future holds (compiled, size in bytes); no deadline here: rank 0 got it
+                compiled = req.grammar_pending.future().result()[0]
+                req.grammar = self.compiler.backend.new_grammar(compiled)
                 ready.append(req)
             if req.rid in decided:
                 req.grammar_pending = None
