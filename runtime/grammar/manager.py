@@ -30,6 +30,7 @@ from .compiler import GrammarCompiler
 from .completion import COMPLETED, CompletionConfig, CompletionTracker
 from .worker_pool import PoolLimits
 from .jump_forward import jump_forward, only_stop_allowed
+from .unique_keys import build_quote_tokens, guard_keys
 
 
 @dataclass
@@ -61,6 +62,7 @@ class GrammarManager:
         # above this decode batch size forced text is sampled token by token instead.
         self.jump_max_batch = jump_max_batch
         self.pending: list[Any] = []
+        self.quote_tokens = build_quote_tokens(tokenizer, vocab_size)
         self.stats = GrammarStats()
         # Bitmasks go to the device with a non-blocking copy, which needs pinned host memory
         # (the scheduler sets this on CUDA; torch's caching host allocator recycles them).
@@ -88,7 +90,7 @@ class GrammarManager:
                 still.append(req)
                 continue
             try:
-                req.grammar = req.grammar_pending.result()
+                req.grammar = self._guard(req, req.grammar_pending.result())
                 ready.append(req)
             except InvalidRequestError as e:
                 failed.append((req, e))
@@ -111,12 +113,16 @@ class GrammarManager:
             else:
                 # the future holds (compiled, size in bytes); no deadline here: rank 0 got it
                 compiled = req.grammar_pending.future().result()[0]
-                req.grammar = self.compiler.backend.new_grammar(compiled)
+                req.grammar = self._guard(req, self.compiler.backend.new_grammar(compiled))
                 ready.append(req)
             if req.rid in decided:
                 req.grammar_pending = None
         self.pending = still
         return ready, failed
+
+    def _guard(self, req: Any, grammar: Any) -> Any:
+        """JSON grammars get unique object keys (unique_keys.py says why a CFG cannot)."""
+        return guard_keys(grammar, req.sampling_params.constraint[0], self.quote_tokens)
 
     def wait_pending(self, timeout_s: float) -> None:
         """Block up to ``timeout_s`` for a pending compile (only when nothing else can run)."""

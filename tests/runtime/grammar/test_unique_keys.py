@@ -1,0 +1,103 @@
+"""Unique object keys (runtime/grammar/unique_keys.py) on both backends: the JSON structure
+tracker, the bitmask and accept refusing a key its object already has (escaped spellings too),
+nested objects keeping their own keys, rollback/copy, the shortest completion choosing a fresh
+key for minProperties, and random walks whose outputs never repeat a key."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from sgdsl.runtime.grammar import GrammarKey
+from sgdsl.runtime.grammar.shortest import CompletionSearch
+from sgdsl.runtime.grammar.unique_keys import KeyState, UniqueKeyGrammar, build_quote_tokens
+
+from .helpers import EOS, VOCAB, allowed_ids, feed_text
+
+OPEN = {"type": "object", "additionalProperties": {"type": "integer"}}
+COUNTED = {**OPEN, "minProperties": 2, "maxProperties": 3}  # xgrammar only (outlines rejects it)
+
+
+@pytest.fixture(scope="module")
+def quotes(tokenizer):
+    return build_quote_tokens(tokenizer, VOCAB)
+
+
+def _guarded(backend, quotes, schema) -> UniqueKeyGrammar:
+    key = GrammarKey.from_constraint("json_schema", json.dumps(schema))
+    return UniqueKeyGrammar(backend.new_grammar(backend.compile(key)), quotes)
+
+
+def _sp(backend, text: str) -> str:
+    """``text`` in the backend's separators: outlines writes compact JSON, xgrammar ", "/": "."""
+    return text if backend.name == "outlines" else text.replace(",", ", ").replace(":", ": ")
+
+
+def test_key_state_follows_structure():
+    s = KeyState().advance(b'{"a": 1, "b": {"a": [1, {"c": "x\\"y"}]}, "')
+    assert s.key == b"" and s.frames[-1] == (frozenset({"a", "b"}), True)
+    assert s.closes_duplicate(b'a"') and s.closes_duplicate(b'b":') and not s.closes_duplicate(b'c"')
+    inner = KeyState().advance(b'{"a": 1, "b": {"')
+    assert not inner.closes_duplicate(b'a"')  # the nested object has no keys yet
+    escaped = KeyState().advance(b'{"ab": 1, "a')
+    assert escaped.closes_duplicate(b'\\u0062"')  # "a\u0062" is the key "ab"
+    assert not KeyState().advance(b'{"a": "').closes_duplicate(b'a"')  # a value, not a key
+
+
+def test_duplicate_key_masked_and_rejected(backend, quotes, tokenizer):
+    g = _guarded(backend, quotes, OPEN)
+    assert feed_text(g, tokenizer, _sp(backend, '{"name":1,"'))
+    dup = tokenizer.encode('name"', add_special_tokens=False)
+    assert g.accept_tokens(dup[:-1])  # the key's text so far is fine
+    close = dup[-1]
+    assert close not in allowed_ids(g)
+    assert not g.accept_token(close)
+    other = tokenizer.encode('names"', add_special_tokens=False)
+    g.rollback(len(dup) - 1)
+    assert g.accept_tokens(other)  # a longer key is a new key
+
+
+def test_rollback_and_copy_restore_keys(backend, quotes, tokenizer):
+    g = _guarded(backend, quotes, OPEN)
+    assert feed_text(g, tokenizer, _sp(backend, '{"x":1,"'))
+    twin = g.copy()
+    ids = tokenizer.encode(_sp(backend, 'y":2,"'), add_special_tokens=False)
+    assert g.accept_tokens(ids)
+    assert not feed_text(g, tokenizer, 'y"')
+    g.rollback(len(ids))
+    assert feed_text(g, tokenizer, 'y"') and feed_text(twin, tokenizer, 'y"')
+
+
+def test_completion_picks_a_fresh_key(backends, quotes, tokenizer):
+    g = _guarded(backends["xgrammar"], quotes, COUNTED)
+    assert feed_text(g, tokenizer, '{"": 1')  # the shortest next key would be "" again
+    found = CompletionSearch(tokenizer, VOCAB, [EOS]).search(g)
+    assert found is not None
+    value = json.loads('{"": 1' + found.text)
+    assert 2 <= len(value) <= 3, found.text
+
+
+def test_random_walks_never_repeat_keys(backends, quotes, tokenizer, walker):
+    rng = random.Random(0)
+    done = 0
+    for _ in range(6):  # short keys (the walker favours closing quotes) must all differ
+        g = _guarded(backends["xgrammar"], quotes, {**OPEN, "minProperties": 6})
+        text, complete = walker.walk(g, rng, max_steps=300)
+        if not complete:
+            continue
+        pairs = json.loads(text, object_pairs_hook=lambda p: p)
+        assert len({k for k, _ in pairs}) == len(pairs) >= 6, text
+        done += 1
+    assert done >= 3
+
+
+def test_dead_end_lets_the_duplicate_through(backends, quotes, tokenizer):
+    """xgrammar matches a key pattern whole: ``^x_`` allows the one key "x_", and after
+    ``{"x_": 1, "x_`` only the duplicate's quote is left; masking it would leave no token."""
+    schema = {"type": "object", "patternProperties": {"^x_": {"type": "integer"}},
+              "additionalProperties": False}
+    g = _guarded(backends["xgrammar"], quotes, schema)
+    assert feed_text(g, tokenizer, '{"x_": 1, "x_')
+    allowed = allowed_ids(g)
+    assert allowed and feed_text(g, tokenizer, '": 2}')
