@@ -122,7 +122,8 @@ class GrammarManager:
 
     def _guard(self, req: Any, grammar: Any) -> Any:
         """JSON grammars get unique object keys (unique_keys.py says why a CFG cannot)."""
-        return guard_keys(grammar, req.sampling_params.constraint[0], self.quote_tokens)
+        return guard_keys(grammar, GrammarKey.from_constraint(*req.sampling_params.constraint),
+                          self.quote_tokens)
 
     def wait_pending(self, timeout_s: float) -> None:
         """Block up to ``timeout_s`` for a pending compile (only when nothing else can run)."""

@@ -231,9 +231,42 @@ class UniqueKeyGrammar(Grammar):
         return self.inner.num_accepted
 
 
-def guard_keys(grammar: Grammar, kind: str, quotes: QuoteTokens | None) -> Grammar:
-    """``grammar`` wrapped for JSON kinds (``json_schema``, ``json_object``); others as given."""
-    if quotes is None or kind not in ("json_schema", "json_object"):
+def has_open_keys(kind: str, text: str) -> bool:
+    """True if a JSON constraint lets an object take keys of the model's choosing, where a
+    duplicate can occur: any JSON (``json_object``), ``additionalProperties`` other than
+    false, ``patternProperties``, an object schema without ``properties``, or an empty (any
+    value) subschema. Objects with listed properties only (both backends emit those in order,
+    each once) need no guard, so the common closed schema pays nothing per token."""
+    if kind == "json_object":
+        return True
+    try:
+        return _open(json.loads(text))
+    except ValueError:
+        return True
+
+
+def _open(node: Any) -> bool:
+    if node is True or node == {}:
+        return True
+    if isinstance(node, list):
+        return any(_open(v) for v in node)
+    if not isinstance(node, dict):
+        return False
+    extra = node.get("additionalProperties")
+    if "patternProperties" in node or (extra is not None and extra is not False):
+        return True
+    types = node.get("type")
+    if (types == "object" or isinstance(types, list) and "object" in types) and \
+            "properties" not in node and extra is not False:
+        return True
+    return any(_open(v) for k, v in node.items() if k not in ("enum", "const", "examples",
+                                                                   "default", "required"))
+
+
+def guard_keys(grammar: Grammar, key: Any, quotes: QuoteTokens | None) -> Grammar:
+    """``grammar`` wrapped when its ``GrammarKey`` is a JSON kind with open keys; else as is."""
+    if quotes is None or key.kind not in ("json_schema", "json_object") or \
+            not has_open_keys(key.kind, key.text):
         return grammar
     return UniqueKeyGrammar(grammar, quotes)
 

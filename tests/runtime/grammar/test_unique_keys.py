@@ -101,3 +101,21 @@ def test_dead_end_lets_the_duplicate_through(backends, quotes, tokenizer):
     assert feed_text(g, tokenizer, '{"x_": 1, "x_')
     allowed = allowed_ids(g)
     assert allowed and feed_text(g, tokenizer, '": 2}')
+
+
+@pytest.mark.parametrize("schema, is_open", [
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}, False),
+    ({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "string"}}},
+      "additionalProperties": False}, False),
+    ({"type": "object", "additionalProperties": {"type": "integer"}}, True),
+    ({"type": "object", "properties": {"a": {"type": "object"}}}, True),  # a free-form object
+    ({"type": "object", "properties": {"a": {}}}, True),  # any value: objects included
+    ({"type": "object", "patternProperties": {"^x": {}}, "additionalProperties": False}, True),
+    ({"$defs": {"m": {"type": "object", "additionalProperties": True}},
+      "type": "array", "items": {"$ref": "#/$defs/m"}}, True),
+])
+def test_guard_only_where_keys_are_free(schema, is_open):
+    from sgdsl.runtime.grammar.unique_keys import has_open_keys
+
+    assert has_open_keys("json_schema", json.dumps(schema)) is is_open
+    assert has_open_keys("json_object", "")
