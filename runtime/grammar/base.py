@@ -161,6 +161,11 @@ class Grammar(ABC):
         the shortest-completion search (shortest.py), never for soundness."""
         return None
 
+    def cache_scope(self) -> Any:
+        """The compiled grammar this matcher runs (shared by every request of one key), so
+        results that depend only on (compiled grammar, state) can be shared; None: no sharing."""
+        return None
+
     @abstractmethod
     def copy(self) -> "Grammar":
         """An independent matcher in the same state (for ``n > 1`` / forks)."""

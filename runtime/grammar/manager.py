@@ -288,7 +288,11 @@ class GrammarManager:
                 "grammar_jump_forward_tokens": self.stats.jump_forward_tokens,
                 "grammar_compile_timeouts": self.compiler.stats.timeouts,
                 "grammar_forced_completions": self.completion.forced if self.completion else 0,
-                "grammar_repetition_stops": self.completion.repetitions if self.completion else 0}
+                "grammar_repetition_stops": self.completion.repetitions if self.completion else 0,
+                "grammar_completion_searches": self.completion.search.searches
+                if self.completion else 0,
+                "grammar_completion_shared": self.completion.search.cache_hits
+                if self.completion else 0}
 
     def shutdown(self) -> None:
         if self._owns_compiler:

@@ -119,6 +119,9 @@ class OutlinesGrammar(Grammar):
         state = (self._guide.get_state(), self._terminated)
         return StateKey(state, state)
 
+    def cache_scope(self) -> Any:
+        return self._compiled
+
     def copy(self) -> "OutlinesGrammar":
         # NOTE: a pickled Guide loses its rollback depth, so a copy replays the tokens instead.
         other = OutlinesGrammar(self._backend, self._compiled)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import string
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterator, Sequence
 
@@ -50,7 +51,8 @@ class CompletionSearch:
     """Built once per engine (tokenizer facts); ``search`` runs per request state."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: Sequence[int], *,
-                 max_expansions: int = 256, max_tries: int = 64) -> None:
+                 max_expansions: int = 256, max_tries: int = 64,
+                 cache_size: int = 4096) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.stop_ids = frozenset(stop_ids)
@@ -61,12 +63,46 @@ class CompletionSearch:
         alpha = torch.tensor([i for _, i in self._alphabet], dtype=torch.int64)
         self._words, self._shifts = alpha // 32, (alpha % 32).to(torch.int32)
         self._lengths: torch.Tensor | None = None  # token lengths, built on first need
+        # (id of the compiled grammar, state key) -> answer, least recently used first.
+        # NOTE: an id can be reused once its grammar is freed; the replay check covers that.
+        self._cache: OrderedDict[Hashable, Completion] = OrderedDict()
+        self.cache_size = cache_size
+        self.searches = 0
+        self.cache_hits = 0
 
     def search(self, grammar: Grammar) -> Completion | None:
         """A short completion from ``grammar``'s state (empty if it is complete); None if the
-        bounded search finds none. ``grammar`` is left as it was."""
+        bounded search finds none. ``grammar`` is left as it was.
+
+        Answers are shared between requests of one compiled grammar whose states have the
+        same ``state_key().full`` (every request starts in the same state; many pass through
+        the same ones). An inexact key may join states with different futures, so a shared
+        answer is replayed on the matcher before it is used: what comes back always completes
+        this state, at worst a little longer than the shortest."""
         if grammar.is_terminated():
             return None
+        key = self._cache_key(grammar)
+        hit = self._cache.get(key) if key is not None else None
+        if hit is not None:
+            if _completes(grammar, hit.token_ids):
+                self._cache.move_to_end(key)
+                self.cache_hits += 1
+                return hit
+            del self._cache[key]
+        found = self._search(grammar)
+        if key is not None and found is not None:
+            self._cache[key] = found
+            if len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return found
+
+    def _cache_key(self, grammar: Grammar) -> Hashable | None:
+        scope = grammar.cache_scope()
+        state = grammar.state_key() if scope is not None else None
+        return None if state is None else (id(scope), state.full)
+
+    def _search(self, grammar: Grammar) -> Completion | None:
+        self.searches += 1
         walker = _Walker(grammar)
         try:
             if grammar.exact_state_key:
@@ -243,6 +279,15 @@ class _Walker:
             self.path = path
             return True
         return False
+
+
+def _completes(grammar: Grammar, ids: Sequence[int]) -> bool:
+    """True if ``ids`` take ``grammar`` to a complete state (``grammar`` left as it was)."""
+    if not grammar.accept_tokens(ids):
+        return False
+    done = grammar.is_completed()
+    grammar.rollback(len(ids))
+    return done
 
 
 def _single_token(tokenizer: Any, char: str) -> int | None:

@@ -223,6 +223,9 @@ class UniqueKeyGrammar(Grammar):
         summary = self._states[-1].summary()
         return StateKey((key.local, summary[1:]), (key.full, summary))
 
+    def cache_scope(self) -> Any:
+        return self.inner.cache_scope()  # state_key() covers the keys written
+
     def copy(self) -> "UniqueKeyGrammar":
         return UniqueKeyGrammar(self.inner.copy(), self.quotes, list(self._states))
 

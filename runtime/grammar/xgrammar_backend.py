@@ -112,6 +112,9 @@ class XGrammarGrammar(Grammar):
         full = _START.sub(lambda m: str(now - int(m.group(1))), states)
         return StateKey((done, _START.sub("", states)), (done, full))
 
+    def cache_scope(self) -> Any:
+        return self._compiled
+
     def copy(self) -> "XGrammarGrammar":
         return XGrammarGrammar(self._matcher.fork(), self._compiled, self._accepted)
 

@@ -120,3 +120,21 @@ def test_property_random_prefixes(backend, search, walker, tokenizer):
                 assert len(found.token_ids) <= max(len(rest), 1), (found.text, rest)
             checked += 1
     assert checked >= 4
+
+
+def test_answers_shared_between_requests_of_one_grammar(backend, tokenizer):
+    """Requests of one compiled grammar in one state share a search; a shared answer that no
+    longer completes the state (a stale entry) is dropped and searched again."""
+    from sgdsl.runtime.grammar.shortest import Completion
+
+    search = CompletionSearch(tokenizer, VOCAB, [EOS])
+    compiled = backend.compile(GrammarKey.from_constraint("json_schema", json.dumps(PERSON)))
+    first, second = backend.new_grammar(compiled), backend.new_grammar(compiled)
+    a, b = search.search(first), search.search(second)
+    assert a == b and (search.searches, search.cache_hits) == (1, 1)
+    other = backend.new_grammar(backend.compile(GrammarKey.from_constraint("regex", "[0-9]+")))
+    assert search.search(other).text == "0" and search.searches == 2  # another grammar
+    key = search._cache_key(second)
+    search._cache[key] = Completion(tuple(tokenizer.encode("[1]", add_special_tokens=False)), "[1]")
+    assert json.loads(search.search(second).text) == {"a": 0, "b": ["", ""]}
+    assert search.searches == 3 and second.num_accepted == 0
