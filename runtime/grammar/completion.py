@@ -64,6 +64,7 @@ class _Budget:
     plan_at: int = 0  # output length when it was found
     need: int = 0  # tokens it takes, stop token included
     finishing: bool = False  # forced and applied; a logprob request awaits their scoring
+    checked: bool = False  # the plan was replayed from this state (not a shared estimate)
 
 
 class CompletionTracker:
@@ -88,9 +89,10 @@ class CompletionTracker:
         n = len(req.output_ids)
         repeating = self._repeating(req.output_ids)
         if n >= budget.search_at or repeating:
-            self._measure(req, grammar, budget)
+            self._measure(req, grammar, budget, check=False)  # an estimate
         slack = req.sampling_params.max_new_tokens - n - budget.need - self.config.slack_tokens
-        if budget.plan is not None and (slack <= 0 or repeating) and budget.plan_at != n:
+        if budget.plan is not None and (slack <= 0 or repeating) and (
+                budget.plan_at != n or not budget.checked):
             self._measure(req, grammar, budget)  # about to force: from the current state
         if budget.plan is None:
             budget.check_at = min(budget.search_at, self._next_repetition_check(n))
@@ -108,11 +110,12 @@ class CompletionTracker:
         budget.finishing = True
         return plan
 
-    def _measure(self, req: Any, grammar: Grammar, budget: _Budget) -> None:
+    def _measure(self, req: Any, grammar: Grammar, budget: _Budget, check: bool = True) -> None:
         n = len(req.output_ids)
         ahead = self._plan_ahead(req, budget)
+        budget.checked = check or (ahead is not None and budget.checked)
         if ahead is None:
-            found = self.search.search(grammar)
+            found = self.search.search(grammar, check=check)
             ahead = None if found is None else found.text
         budget.plan, budget.plan_at = ahead, n
         if ahead is None:  # nothing found within the search bound: try again later

@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import string
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterator, Sequence
@@ -37,6 +38,7 @@ PRIORITY = ('"}])' + ",:" + "0a" + "A1" + " -._@/+#$%&'*;<=>?[\\^`{|~!(" + strin
 
 
 _MAX_DEPTH = 256  # moves on one depth-first path
+_ROOT = "start"  # the cache's state key of a matcher that accepted nothing
 
 
 @dataclass(frozen=True)
@@ -63,42 +65,50 @@ class CompletionSearch:
         alpha = torch.tensor([i for _, i in self._alphabet], dtype=torch.int64)
         self._words, self._shifts = alpha // 32, (alpha % 32).to(torch.int32)
         self._lengths: torch.Tensor | None = None  # token lengths, built on first need
-        # (id of the compiled grammar, state key) -> answer, least recently used first.
-        # NOTE: an id can be reused once its grammar is freed; the replay check covers that.
-        self._cache: OrderedDict[Hashable, Completion] = OrderedDict()
+        # (id of the compiled grammar, state key) -> (weak reference to that grammar, answer),
+        # least recently used first; the reference tells a reused id from the grammar's own.
+        self._cache: OrderedDict[Hashable, tuple[Any, Completion]] = OrderedDict()
         self.cache_size = cache_size
         self.searches = 0
         self.cache_hits = 0
 
-    def search(self, grammar: Grammar) -> Completion | None:
+    def search(self, grammar: Grammar, check: bool = True) -> Completion | None:
         """A short completion from ``grammar``'s state (empty if it is complete); None if the
         bounded search finds none. ``grammar`` is left as it was.
 
         Answers are shared between requests of one compiled grammar whose states have the
         same ``state_key().full`` (every request starts in the same state; many pass through
         the same ones). An inexact key may join states with different futures, so a shared
-        answer is replayed on the matcher before it is used: what comes back always completes
-        this state, at worst a little longer than the shortest."""
+        answer is replayed on the matcher first (``check``), and then always completes this
+        state, at worst a little longer than the shortest. ``check=False`` skips the replay
+        (a few hundred microseconds) where the answer is only an estimate of the length
+        (completion.py replays it before forcing it); the start state needs no replay."""
         if grammar.is_terminated():
             return None
         key = self._cache_key(grammar)
-        hit = self._cache.get(key) if key is not None else None
-        if hit is not None:
-            if _completes(grammar, hit.token_ids):
+        entry = self._cache.get(key) if key is not None else None
+        if entry is not None:
+            owner, hit = entry
+            if owner() is grammar.cache_scope() and (
+                    not check or key[1] is _ROOT or _completes(grammar, hit.token_ids)):
                 self._cache.move_to_end(key)
                 self.cache_hits += 1
                 return hit
             del self._cache[key]
         found = self._search(grammar)
         if key is not None and found is not None:
-            self._cache[key] = found
+            self._cache[key] = (weakref.ref(grammar.cache_scope()), found)
             if len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
         return found
 
     def _cache_key(self, grammar: Grammar) -> Hashable | None:
         scope = grammar.cache_scope()
-        state = grammar.state_key() if scope is not None else None
+        if scope is None or not hasattr(type(scope), "__weakref__"):
+            return None
+        if grammar.num_accepted == 0:  # exact: every matcher of a grammar starts here
+            return id(scope), _ROOT
+        state = grammar.state_key()
         return None if state is None else (id(scope), state.full)
 
     def _search(self, grammar: Grammar) -> Completion | None:
