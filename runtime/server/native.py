@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from .context import ServerContext, ctx
 from .engine_client import GenBatch, new_rid
 from .errors import APIError
-from .native_protocol import AbortRequest, GenerateRequest
+from .native_protocol import AbortRequest, ConcatAppendRequest, GenerateRequest
 from .sse import DONE, SSEResponse, guarded, prefetch, sse_data
 
 router = APIRouter()
@@ -145,6 +145,17 @@ async def flush_cache(request: Request) -> Response:
     if not ok:
         raise APIError(400, "Cache not flushed: requests are running")
     return PlainTextResponse("Cache flushed.")
+
+
+@router.post("/concate_and_append_request")
+async def concate_and_append_request(req: ConcatAppendRequest) -> Response:
+    """SGLang's client calls this when a ``fork`` is joined with ``concate_and_append``: a hint
+    to splice the forks' KV after the parent's. Its next ``/generate`` carries the joined text
+    in full, so nothing is spliced here: the radix cache gives back the shared prefix and the
+    forks' text is prefilled at its real positions (a spliced KV would keep each fork's own
+    positions, an approximation SGLang's interpreter accepted). SGLang's current server has
+    no such route; its client fails against it without this one."""
+    return JSONResponse({"success": True, "src_rids": len(req.src_rids)})
 
 
 @router.post("/abort_request")

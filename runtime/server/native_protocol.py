@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Union
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import APIError
 
@@ -90,6 +90,15 @@ class GenerateRequest(BaseModel):
 def _all_null(value: Any) -> bool:
     """Per-prompt lists of nulls/falses (SGLang normalizes batches that way)."""
     return isinstance(value, list) and all(v in (None, False) for v in value)
+
+
+class ConcatAppendRequest(BaseModel):
+    """SGLang's ``RuntimeEndpoint.concatenate_and_append`` body (``fork`` joined with
+    ``concate_and_append``)."""
+    model_config = ConfigDict(extra="forbid")
+
+    src_rids: list[str] = Field(max_length=4096)
+    dst_rid: str
 
 
 class AbortRequest(BaseModel):

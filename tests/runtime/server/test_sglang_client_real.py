@@ -50,6 +50,11 @@ def test_runtime_endpoint_bodies_are_accepted(real_server: Served) -> None:
                                                 "sampling_params": {"max_new_tokens": 0}})
         assert uncond.status_code == 200
         assert client.post("/flush_cache", json={"empty_cache": True}).status_code == 200
+        join = client.post("/concate_and_append_request",  # fork(...).join("concate_and_append")
+                           json={"src_rids": ["a", "b"], "dst_rid": "c"})
+        assert join.status_code == 200 and join.json()["success"] is True
+        bad = client.post("/concate_and_append_request", json={"src_rids": "a"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "src_rids", bad.text
 
 
 def test_generate_req_input_fields(real_server: Served) -> None:
