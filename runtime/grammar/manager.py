@@ -223,6 +223,7 @@ class GrammarManager:
         """The grammar admits nothing but a stop token: append it instead of a decode step."""
         if not grammar.is_terminated():
             req.output_ids.append(self.eos[0])
+            req.forced_positions.append(len(req.output_ids) - 1)
             grammar.accept_token(self.eos[0])
         req.finish_reason = {"type": "stop", "matched": req.output_ids[-1]}
 
@@ -239,7 +240,12 @@ class GrammarManager:
         last = req.output_ids[-1] if req.output_ids else None
         if plan.rollback:
             del req.output_ids[-plan.rollback:]
+        start = len(req.output_ids)
         req.output_ids.extend(plan.token_ids)
+        # NOTE: the first ``rollback`` tokens of a plan respell the sampled token(s) they
+        # replace (retokenized with the forced text): they count as sampled.
+        req.forced_positions = [p for p in req.forced_positions if p < start]
+        req.forced_positions.extend(range(start + plan.rollback, len(req.output_ids)))
         # NOTE: with overlap scheduling the replaced token's KV may already be computed (in
         # flight); the release that follows (requeue or finish) drops it (memory.py).
         req.jump_kv_valid = req.seq_len - len(plan.token_ids) if plan.rollback else 0
@@ -276,6 +282,7 @@ class GrammarManager:
         req.jump_kv_valid = 0
         grammar.rollback(len(plan.token_ids))
         del req.output_ids[len(req.output_ids) - len(plan.token_ids):]
+        req.forced_positions = [p for p in req.forced_positions if p < len(req.output_ids)]
         if plan.rollback:
             req.output_ids.append(last)
             grammar.accept_token(last)

@@ -97,6 +97,7 @@ class ReqOut:
     input_top_logprobs: list | None = None
     output_token_logprobs: list | None = None  # new entries only
     output_top_logprobs: list | None = None
+    forced_positions: list[int] | None = None  # grammar: new positions of unsampled tokens
 
 
 @dataclass

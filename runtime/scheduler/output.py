@@ -73,6 +73,8 @@ def make_out(req: Req) -> m.ReqOut:
     """New ids and logprob entries since the last report (prompt logprobs once, when done)."""
     out = m.ReqOut(req.rid, req.output_ids[req.sent_ids:], req.finish_reason,
                    prompt_tokens=req.prompt_len, cached_tokens=req.cached_tokens)
+    if req.forced_positions and req.forced_positions[-1] >= req.sent_ids:
+        out.forced_positions = [p for p in req.forced_positions if p >= req.sent_ids]
     req.sent_ids = len(req.output_ids)
     if req.return_logprob:
         if req.input_logprobs_done and not req.input_logprobs_sent and req.logprob_start_len >= 0:

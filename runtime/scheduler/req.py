@@ -69,6 +69,9 @@ class Req:
         self.jump_kv_valid = 0
         # grammar: budget tracking of the forced completion (grammar/completion.py).
         self.completion: Any = None
+        # grammar: output positions of tokens the grammar appended without sampling them
+        # (jump-forward, forced completion, a stop token it alone allowed), in order.
+        self.forced_positions: list[int] = []
         # Logprob accumulators; "sent" counters mark what already went to the main process.
         self.input_token_logprobs: list | None = None
         self.input_top_logprobs: list | None = None

@@ -33,6 +33,7 @@ class ReqState:
     input_top_logprobs: list = field(default_factory=list)
     output_token_logprobs: list = field(default_factory=list)
     output_top_logprobs: list = field(default_factory=list)
+    forced_positions: list[int] | None = None  # grammar requests: unsampled output positions
     done: asyncio.Event = field(default_factory=asyncio.Event)
     updated: asyncio.Event = field(default_factory=asyncio.Event)
     error: BaseException | None = None
@@ -48,6 +49,8 @@ class ReqState:
         if out.input_token_logprobs is not None:
             self.input_token_logprobs = out.input_token_logprobs
             self.input_top_logprobs = out.input_top_logprobs or []
+        if out.forced_positions:
+            self.forced_positions = (self.forced_positions or []) + out.forced_positions
         if out.output_token_logprobs:
             self.output_token_logprobs.extend(out.output_token_logprobs)
             self.output_top_logprobs.extend(out.output_top_logprobs or [])
@@ -112,6 +115,9 @@ class ReqState:
             "id": self.rid, "finish_reason": self.finish_reason,
             "prompt_tokens": self.prompt_tokens, "completion_tokens": len(self.output_ids),
             "cached_tokens": self.cached_tokens}
+        if self.params.constraint is not None:  # grammar: which tokens were not sampled
+            meta["forced_token_positions"] = [p for p in self.forced_positions or ()
+                                              if p < len(self.output_ids)]
         if self.return_logprob:
             meta["input_token_logprobs"] = [self._entry(e) for e in self.input_token_logprobs]
             meta["output_token_logprobs"] = [self._entry(e) for e in self.output_token_logprobs]

@@ -218,3 +218,14 @@ async def test_cancelled_async_generate_aborts(engine):
         await asyncio.sleep(0.1)
     # An aborted request never counts as generated; one left running would add 500 tokens.
     assert stats["generated_tokens_total"] == before
+
+
+def test_constrained_meta_reports_unsampled_positions(engine):
+    """A grammar request's meta_info lists the output positions the grammar filled without
+    sampling (the notebook view marks them); an unconstrained one has no such key."""
+    regex = "Answer: (yes|no)\\. That is all I can say about it, thank you"
+    out = engine.generate("Q?", {"temperature": 0, "max_new_tokens": 40, "regex": regex})
+    forced = out["meta_info"]["forced_token_positions"]
+    assert forced == sorted(set(forced)) and all(0 <= p < len(out["output_ids"]) for p in forced)
+    assert len(forced) >= len(out["output_ids"]) - 4, (forced, out["output_ids"])
+    assert "forced_token_positions" not in engine.generate("Q?", GREEDY)["meta_info"]

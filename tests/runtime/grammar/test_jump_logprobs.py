@@ -54,12 +54,13 @@ def run(backends, compilers, tokenizer):
     def go(prompt: str, max_new_tokens: int, overlap: bool) -> tuple:
         manager = GrammarManager(backends["xgrammar"], tokenizer, VOCAB, [EOS],
                                  compiler=compilers["xgrammar"])
-        outs: dict = {"ids": [], "lps": [], "finish": None}
+        outs: dict = {"ids": [], "lps": [], "finish": None, "forced": []}
 
         def send(msg) -> None:
             for o in msg.outs:
                 outs["ids"] += o.new_ids
                 outs["lps"] += o.output_token_logprobs or []
+                outs["forced"] += o.forced_positions or []
                 outs["finish"] = o.finish_reason or outs["finish"]
         config = EngineConfig(max_running_requests=8, disable_overlap_schedule=not overlap)
         sched = Scheduler(HashRunner(), config, [EOS], lambda ids: tokenizer.decode(ids), send,
@@ -101,3 +102,17 @@ def test_jump_that_would_end_the_request_is_sampled_instead(run, tokenizer):
     assert "The answer is yes".startswith(text) or "The answer is no".startswith(text), text
     assert manager.stats.jump_forward_tokens == 0  # each jump would have used the budget up
     _check_logprobs(prompt_ids, outs["ids"], outs["lps"])
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_forced_positions_reported(run, tokenizer, overlap):
+    """The output positions the grammar filled (jump-forward) are reported; the model sampled
+    only where the regex left a choice (yes/no) and its stop token (it returns logprobs)."""
+    _, outs, finish, _ = run("Q: is the sky blue?\nA:", 64, overlap)
+    ids, forced = outs["ids"], outs["forced"]
+    assert finish["type"] == "stop" and forced == sorted(set(forced))
+    assert forced and forced[-1] < len(ids) and ids[-1] == EOS
+    sampled = [tokenizer.decode([ids[i]]) for i in range(len(ids)) if i not in set(forced)]
+    assert 2 <= len(sampled) <= 4 and any(w in "".join(sampled) for w in ("yes", "no")), sampled
+    text = tokenizer.decode([ids[i] for i in forced if ids[i] != EOS])
+    assert "Thanks for asking, have a nice day!" in text
