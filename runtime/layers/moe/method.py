@@ -20,6 +20,13 @@ class UnquantizedMoEMethod(MoEMethod):
                                                     device=device), requires_grad=False)
         layer.w2_weight = nn.Parameter(torch.empty(num_experts, hidden, inter, dtype=dtype,
                                                    device=device), requires_grad=False)
+        # Whole-tensor loading (dummy weights draw the tp_size-1 tensors and keep a slice):
+        # full w13 is [E, 2 * I * tp, H] (all gate rows, then all up rows), full w2 [E, H, I * tp].
+        size = layer.tp_size
+        layer.w13_weight.full_shape = (num_experts, 2 * inter * size, hidden)
+        layer.w2_weight.full_shape = (num_experts, hidden, inter * size)
+        layer.w13_weight.weight_loader = lambda p, full: _load_w13(layer, p, full)
+        layer.w2_weight.weight_loader = lambda p, full: _load_w2(layer, p, full)
 
     def load_expert(self, layer: nn.Module, expert: int, shard: str, kind: str,
                     tensor: Any) -> None:
@@ -37,6 +44,20 @@ class UnquantizedMoEMethod(MoEMethod):
             return fused_moe(x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids)
         return moe_reference(x, lambda e: (layer.w13_weight[e], layer.w2_weight[e]),
                              topk_weights, topk_ids)
+
+
+def _load_w13(layer: nn.Module, param: torch.Tensor, full: torch.Tensor) -> None:
+    _check_shape("w13_weight", full, param.full_shape)
+    inter, half = param.shape[1] // 2, full.shape[1] // 2
+    start = layer.tp_rank * inter
+    param.data[:, :inter].copy_(full[:, start:start + inter])
+    param.data[:, inter:].copy_(full[:, half + start:half + start + inter])
+
+
+def _load_w2(layer: nn.Module, param: torch.Tensor, full: torch.Tensor) -> None:
+    _check_shape("w2_weight", full, param.full_shape)
+    inter = param.shape[2]
+    param.data.copy_(full[:, :, layer.tp_rank * inter:(layer.tp_rank + 1) * inter])
 
 
 class ShardTarget:

@@ -1,6 +1,6 @@
 """Every architecture at TP=4 on CPU (gloo, 4 rank processes): tiny random Llama (vocab 250:
-the last vocab block padded; untied head), Qwen2 (qkv bias, sharded checkpoint) and Qwen3 (q/k
-norm, head_dim 32, tied head), each with 4 heads and 2 kv heads (so kv heads are replicated),
+the last vocab block padded; untied head), Qwen2 (qkv bias, sharded checkpoint), Qwen3 (q/k
+norm, head_dim 32, tied head), Qwen3-MoE and Mixtral (experts split by intermediate dim), each with 4 heads and 2 kv heads (so kv heads are replicated),
 loaded from safetensors slice by slice: logits equal TP=1 within 1e-4 over an extend and
 decode steps, and each rank's KV pool holds one kv head."""
 from __future__ import annotations
@@ -23,6 +23,13 @@ CASES = {
     "llama": ("llama", dict(vocab_size=250, tie_word_embeddings=False)),
     "qwen2": ("qwen2", dict(tie_word_embeddings=False, save_kwargs={"max_shard_size": "150KB"})),
     "qwen3": ("qwen3", dict(head_dim=32, tie_word_embeddings=True)),
+    # MoE: every expert's intermediate dim split over the ranks, one all-reduce after the
+    # combine (a sparse and a dense layer mixed; Mixtral's w1/w2/w3 names, sharded checkpoint)
+    "qwen3_moe": ("qwen3_moe", dict(head_dim=32, num_experts=8, num_experts_per_tok=3,
+                                    moe_intermediate_size=48, norm_topk_prob=True,
+                                    decoder_sparse_step=1, mlp_only_layers=[1])),
+    "mixtral": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2,
+                                save_kwargs={"max_shard_size": "200KB"})),
 }
 
 

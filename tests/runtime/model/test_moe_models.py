@@ -50,3 +50,29 @@ def test_qwen3_moe_sparse_layers(tmp_path):
     mc = ModelConfig.from_dir(tmp_path)
     assert mc.moe_layers == (1,)  # (i + 1) % 2 == 0 and not in mlp_only_layers
     assert mc.num_experts == 4 and mc.num_experts_per_tok == 2 and mc.moe_intermediate_size == 32
+
+
+def test_dummy_expert_weights_under_tp_are_slices_of_tp1(monkeypatch):
+    """load_format="dummy" at tp_size 2: each rank keeps its slice of the experts tp_size 1
+    draws (gate and up rows of w13 split alike, w2 by columns), so dummy TP runs compute the
+    same model as one GPU."""
+    from types import SimpleNamespace
+
+    import sgdsl.runtime.layers.moe.layer as moe_layer
+    import sgdsl.runtime.model.loader as loader
+
+    def build(rank: int, size: int) -> FusedMoE:
+        group = SimpleNamespace(rank=rank, size=size)
+        monkeypatch.setattr(moe_layer, "get_tp_group", lambda: group)
+        monkeypatch.setattr(loader, "get_tp_group", lambda: group)
+        layer = torch.nn.Sequential(FusedMoE(4, 2, 16, 24, renormalize=True,
+                                             dtype=torch.float32, device="cpu"))
+        loader.fill_dummy_weights(layer, seed=3)
+        return layer[0]
+
+    whole = build(0, 1)
+    shards = [build(r, 2) for r in range(2)]
+    gate = torch.cat([s.w13_weight[:, :12] for s in shards], 1)
+    up = torch.cat([s.w13_weight[:, 12:] for s in shards], 1)
+    assert torch.equal(torch.cat([gate, up], 1), whole.w13_weight)
+    assert torch.equal(torch.cat([s.w2_weight for s in shards], 2), whole.w2_weight)
