@@ -123,7 +123,7 @@ class GrammarManager:
     def _guard(self, req: Any, grammar: Any) -> Any:
         """JSON grammars get unique object keys (unique_keys.py says why a CFG cannot)."""
         return guard_keys(grammar, GrammarKey.from_constraint(*req.sampling_params.constraint),
-                          self.quote_tokens)
+                          self.quote_tokens, self.compiler.backend.name)
 
     def wait_pending(self, timeout_s: float) -> None:
         """Block up to ``timeout_s`` for a pending compile (only when nothing else can run)."""

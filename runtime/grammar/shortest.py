@@ -32,9 +32,11 @@ from .base import Grammar, StateKey, allocate_bitmask
 
 # NOTE: order matters twice: it breaks ties between equally short paths, and it decides which
 # characters are tried first when a state allows many (at most ``max_tries``): one digit and
-# one letter of each case come before the punctuation, the other digits and letters after it.
-PRIORITY = ('"}])' + ",:" + "0a" + "A1" + " -._@/+#$%&'*;<=>?[\\^`{|~!(" + string.digits[2:]
-            + string.ascii_lowercase[1:] + string.ascii_uppercase[1:] + "\n\t")
+# one letter of each case come before the punctuation, the other digits and letters after it;
+# the backslash last (an escape is a state of its own, so a depth-first walk would otherwise
+# prefer escaping forever when the closing quote is masked, e.g. a unique item already used).
+PRIORITY = ('"}])' + ",:" + "0a" + "A1" + " -._@/+#$%&'*;<=>?[^`{|~!(" + string.digits[2:]
+            + string.ascii_lowercase[1:] + string.ascii_uppercase[1:] + "\n\t" + "\\")
 
 
 _MAX_DEPTH = 256  # moves on one depth-first path

@@ -1,19 +1,21 @@
-"""Unique object keys for JSON grammars: a ``Grammar`` wrapper that forbids a second member of an
-object with a key that object already has.
+"""Unique object keys and unique string items for JSON grammars: a ``Grammar`` wrapper that
+forbids a second member of an object with a key that object already has, and a repeated item in
+an array whose schema says ``uniqueItems`` over strings (``schema/arrays.py`` marks those).
 
 A context-free grammar cannot say "keys differ" (xgrammar and outlines-core both allow
 ``{"a": 1, "a": 2}`` wherever an object takes free-form keys), and a JSON parser keeps the last
 duplicate only, so ``{"a": 2, "a": 2}`` under ``minProperties: 2`` parses to one property: an
 output the grammar accepted that violates the schema. The wrapper follows the JSON structure of
-the accepted bytes (``KeyState``) and, while a key string is open in an object that already has
-keys, clears from the bitmask every token whose closing quote would finish a key the object
-already holds (and rejects such a token in ``accept_token``), unless no other token is
+the accepted bytes (``json_track.JsonTrack``) and, while a key string (or an item of a marked
+array) is open in a container that already has some, clears from the bitmask every token whose
+closing quote would finish one the container already holds (and rejects such a token in ``accept_token``), unless no other token is
 possible (a dead end: the duplicate is let through, see ``clear_duplicates``). Only tokens containing a quote
 can close a key, a few hundred in a vocabulary; their bits are read in one numpy gather, so a row
 costs Python work only for the quote tokens the grammar itself allows there.
 """
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, NamedTuple, Sequence
 
@@ -21,90 +23,8 @@ import numpy as np
 import torch
 
 from .base import Grammar, StateKey, allocate_bitmask
-
-_QUOTE, _BACKSLASH = 0x22, 0x5C
-
-
-class KeyState(NamedTuple):
-    """Where the accepted text stands. ``frames``: one per open container, ``None`` for an
-    array, else ``(keys so far, expecting a key)`` for an object; ``key``: the raw bytes of the
-    key string being written (None outside one); ``string``: inside any string; ``escape``: the
-    previous byte in the string was an unescaped backslash."""
-
-    frames: tuple = ()
-    string: bool = False
-    key: bytes | None = None
-    escape: bool = False
-
-    def advance(self, data: bytes) -> "KeyState":
-        frames, string, key, escape = list(self.frames), self.string, self.key, self.escape
-        for b in data:
-            if string:
-                if escape:
-                    escape = False
-                elif b == _BACKSLASH:
-                    escape = True
-                elif b == _QUOTE:
-                    string = False
-                    if key is not None:
-                        keys, _ = frames[-1]
-                        frames[-1] = (keys | {_decode(key)}, False)
-                        key = None
-                    continue
-                if key is not None:
-                    key += bytes((b,))
-            elif b == _QUOTE:
-                string = True
-                if frames and frames[-1] is not None and frames[-1][1]:
-                    key = b""
-            elif b == 0x7B:  # {
-                frames.append((frozenset(), True))
-            elif b == 0x5B:  # [
-                frames.append(None)
-            elif b in (0x7D, 0x5D) and frames:  # } ]
-                frames.pop()
-            elif b == 0x2C and frames and frames[-1] is not None:  # , in an object
-                frames[-1] = (frames[-1][0], True)
-        return KeyState(tuple(frames), string, key, escape)
-
-    def closes_duplicate(self, data: bytes) -> bool:
-        """True if ``data`` ends the open key string with a key its object already has."""
-        if self.key is None:
-            return False
-        keys = self.frames[-1][0]
-        if not keys:
-            return False
-        key, escape = self.key, self.escape
-        for i, b in enumerate(data):
-            if escape:
-                escape = False
-            elif b == _BACKSLASH:
-                escape = True
-            elif b == _QUOTE:
-                return _decode(key + data[:i]) in keys
-        return False
-
-    def summary(self) -> tuple:
-        """The state as far as the future goes: an open key that is no prefix of a key its
-        object has cannot collide, so all such keys are one state (shortest.py merges them)."""
-        key = self.key
-        if key is not None and not any(k.startswith(_decode_prefix(key)) for k in
-                                       self.frames[-1][0] if isinstance(k, str)):
-            key = b"*"
-        return self.frames, self.string, key, self.escape
-
-
-def _decode(raw: bytes) -> str | bytes:
-    """A key as JSON means it (escapes resolved); the raw bytes if it does not decode."""
-    try:
-        return json.loads(b'"' + raw + b'"')
-    except ValueError:
-        return raw
-
-
-def _decode_prefix(raw: bytes) -> str:
-    return raw.decode("utf-8", "ignore").replace("\\", "")
-
+from .json_track import JsonTrack
+from .schema.arrays import UNIQUE_MARK
 
 class QuoteTokens:
     """The tokens that contain a quote (built once per engine from ``vocab.token_bytes``)."""
@@ -115,10 +35,10 @@ class QuoteTokens:
         self.ids = np.asarray(ids, dtype=np.int64)
         self.words, self.shifts = self.ids >> 5, (self.ids & 31).astype(np.uint32)
 
-    def clear_duplicates(self, state: KeyState, bitmask: torch.Tensor, row: int) -> bool:
+    def clear_duplicates(self, state: JsonTrack, bitmask: torch.Tensor, row: int) -> bool:
         """Clear the bits of ``bitmask[row]`` whose token would close a duplicate key; True if
         that left no token at all (then the row stays as it was: see ``dead end`` below)."""
-        if state.key is None or not state.frames[-1][0]:
+        if state.buf is None or not state.frames[-1].names:
             return False
         words = bitmask.numpy()[row].view(np.uint32)
         allowed = self.ids[((words[self.words] >> self.shifts) & 1).astype(bool)]
@@ -142,11 +62,11 @@ class UniqueKeyGrammar(Grammar):
     """``inner`` with duplicate object keys forbidden (see the module doc)."""
 
     def __init__(self, inner: Grammar, quotes: QuoteTokens,
-                 states: list[KeyState] | None = None) -> None:
+                 states: list[JsonTrack] | None = None) -> None:
         self.inner = inner
         self.quotes = quotes
         self.exact_state_key = inner.exact_state_key
-        self._states = states or [KeyState()]  # _states[i]: after i accepted tokens
+        self._states = states or [JsonTrack()]  # _states[i]: after i accepted tokens
 
     def _bytes(self, token_id: int) -> bytes:
         b = self.quotes.bytes[token_id] if token_id < len(self.quotes.bytes) else None
@@ -266,12 +186,31 @@ def _open(node: Any) -> bool:
                                                                    "default", "required"))
 
 
-def guard_keys(grammar: Grammar, key: Any, quotes: QuoteTokens | None) -> Grammar:
-    """``grammar`` wrapped when its ``GrammarKey`` is a JSON kind with open keys; else as is."""
-    if quotes is None or key.kind not in ("json_schema", "json_object") or \
-            not has_open_keys(key.kind, key.text):
+def guard_keys(grammar: Grammar, key: Any, quotes: QuoteTokens | None,
+               backend: str = "xgrammar") -> Grammar:
+    """``grammar`` wrapped when its ``GrammarKey`` is a JSON kind with open keys or arrays of
+    unique strings; else as is."""
+    if quotes is None or key.kind not in ("json_schema", "json_object"):
         return grammar
-    return UniqueKeyGrammar(grammar, quotes)
+    root = unique_arrays_schema(key.text, backend) if key.kind == "json_schema" else None
+    if root is None and not has_open_keys(key.kind, key.text):
+        return grammar
+    return UniqueKeyGrammar(grammar, quotes, [JsonTrack(root=root)])
+
+
+@functools.lru_cache(maxsize=256)
+def unique_arrays_schema(text: str, backend: str) -> dict | None:
+    """The normalized schema (what the grammar was compiled from) if it marks arrays of unique
+    strings, else None. Normalizing again here is cheap next to compiling, and cached."""
+    if UNIQUE_MARK not in text and '"uniqueItems"' not in text:
+        return None
+    from .schema.normalizer import normalize_schema
+
+    try:
+        root = normalize_schema(json.loads(text), backend)
+    except ValueError:  # the compile failed on it too: no matcher gets here
+        return None
+    return root if UNIQUE_MARK in json.dumps(root) else None
 
 
 def build_quote_tokens(tokenizer: Any, vocab_size: int) -> QuoteTokens:

@@ -165,7 +165,7 @@ def test_format_patterns_only_match_valid_values(fmt):
 
 
 @pytest.mark.parametrize("schema,keyword,path", [
-    ({"type": "object", "properties": {"t": {"type": "array", "items": {"type": "string"},
+    ({"type": "object", "properties": {"t": {"type": "array", "items": {"type": "number"},
                                              "uniqueItems": True}}}, "uniqueItems",
      "#/properties/t"),
     ({"properties": {"s": {"type": "string", "pattern": "^a(b|c)+$", "maxLength": 4}}},

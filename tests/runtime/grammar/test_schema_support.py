@@ -5,6 +5,7 @@ import pytest
 
 from sgdsl.runtime.errors import InvalidRequestError
 from sgdsl.runtime.grammar.schema import normalize_schema
+from sgdsl.runtime.grammar.schema.arrays import UNIQUE_MARK
 from sgdsl.runtime.grammar.schema_support import check_schema_support, walk_schema
 
 NESTED = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True,
@@ -26,9 +27,13 @@ def test_unenforced_keyword_is_rejected_with_its_path(backend):
     with pytest.raises(InvalidRequestError, match=r"'uniqueItems' \(at #/properties/tags\)") as e:
         check_schema_support(backend, NESTED)
     assert e.value.field == "json_schema"
-    # the normalizer names it too (string items: no finite domain to expand)
+    # the normalizer names it too where the runtime cannot keep items apart (object items)...
+    objects = {"type": "array", "uniqueItems": True, "items": {"type": "object"}}
     with pytest.raises(InvalidRequestError, match=r"'uniqueItems' at #/properties/tags"):
-        normalize_schema(NESTED, backend)
+        normalize_schema({"type": "object", "properties": {"tags": objects}}, backend)
+    # ...and hands string items to the runtime (grammar/unique_keys.py), marked
+    tags = normalize_schema(NESTED, backend)["properties"]["tags"]
+    assert "uniqueItems" not in tags and tags[UNIQUE_MARK] is True
 
 
 def test_backends_differ_on_numeric_bounds_and_allof():

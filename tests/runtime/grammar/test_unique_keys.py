@@ -11,7 +11,8 @@ import pytest
 
 from sgdsl.runtime.grammar import GrammarKey
 from sgdsl.runtime.grammar.shortest import CompletionSearch
-from sgdsl.runtime.grammar.unique_keys import KeyState, UniqueKeyGrammar, build_quote_tokens
+from sgdsl.runtime.grammar.json_track import JsonTrack
+from sgdsl.runtime.grammar.unique_keys import UniqueKeyGrammar, build_quote_tokens
 
 from .helpers import EOS, VOCAB, allowed_ids, feed_text
 
@@ -35,14 +36,14 @@ def _sp(backend, text: str) -> str:
 
 
 def test_key_state_follows_structure():
-    s = KeyState().advance(b'{"a": 1, "b": {"a": [1, {"c": "x\\"y"}]}, "')
-    assert s.key == b"" and s.frames[-1] == (frozenset({"a", "b"}), True)
+    s = JsonTrack().advance(b'{"a": 1, "b": {"a": [1, {"c": "x\\"y"}]}, "')
+    assert s.buf == b"" and s.frames[-1].names == {"a", "b"} and s.frames[-1].expect_key
     assert s.closes_duplicate(b'a"') and s.closes_duplicate(b'b":') and not s.closes_duplicate(b'c"')
-    inner = KeyState().advance(b'{"a": 1, "b": {"')
+    inner = JsonTrack().advance(b'{"a": 1, "b": {"')
     assert not inner.closes_duplicate(b'a"')  # the nested object has no keys yet
-    escaped = KeyState().advance(b'{"ab": 1, "a')
+    escaped = JsonTrack().advance(b'{"ab": 1, "a')
     assert escaped.closes_duplicate(b'\\u0062"')  # "a\u0062" is the key "ab"
-    assert not KeyState().advance(b'{"a": "').closes_duplicate(b'a"')  # a value, not a key
+    assert not JsonTrack().advance(b'{"a": "').closes_duplicate(b'a"')  # a value, not a key
 
 
 def test_duplicate_key_masked_and_rejected(backend, quotes, tokenizer):
@@ -119,3 +120,52 @@ def test_guard_only_where_keys_are_free(schema, is_open):
 
     assert has_open_keys("json_schema", json.dumps(schema)) is is_open
     assert has_open_keys("json_object", "")
+
+
+TAGS = {"type": "object", "properties": {
+    "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 3},
+    "notes": {"type": "array", "items": {"type": "string"}}}, "required": ["tags", "notes"]}
+
+
+def _unique_guarded(backend, quotes, schema) -> UniqueKeyGrammar:
+    from sgdsl.runtime.grammar.unique_keys import guard_keys
+
+    key = GrammarKey.from_constraint("json_schema", json.dumps(schema))
+    g = guard_keys(backend.new_grammar(backend.compile(key)), key, quotes, backend.name)
+    assert isinstance(g, UniqueKeyGrammar)
+    return g
+
+
+def test_unique_string_items_only_where_the_schema_says(backend, quotes, tokenizer):
+    """uniqueItems over strings is admitted and kept by the runtime: a repeated item of "tags"
+    cannot close, a repeated item of "notes" (no uniqueItems) can."""
+    g = _unique_guarded(backend, quotes, TAGS)
+    assert feed_text(g, tokenizer, _sp(backend, '{"tags":["red","blue",'))
+    assert feed_text(g, tokenizer, '"re')
+    assert not feed_text(g, tokenizer, 'd"')
+    assert feed_text(g, tokenizer, 'x"') and feed_text(g, tokenizer, _sp(backend, '],"notes":["a",'))
+    assert feed_text(g, tokenizer, '"a"')  # notes may repeat
+
+
+def test_unique_items_through_refs_and_nested_arrays(backends, quotes, tokenizer):
+    schema = {"$defs": {"names": {"type": "array", "items": {"type": "string"},
+                                  "uniqueItems": True}},
+              "type": "array", "items": {"$ref": "#/$defs/names"}}
+    g = _unique_guarded(backends["xgrammar"], quotes, schema)
+    assert feed_text(g, tokenizer, '[["a", "b"], ["a", ')  # another inner array: its own items
+    assert not feed_text(g, tokenizer, '"a"')
+    assert feed_text(g, tokenizer, '"b", "c"]]')
+
+
+def test_unique_items_completion_and_walks(backends, quotes, tokenizer, walker):
+    g = _unique_guarded(backends["xgrammar"], quotes, TAGS)
+    assert feed_text(g, tokenizer, '{"tags": ["')
+    found = CompletionSearch(tokenizer, VOCAB, [EOS]).search(g)
+    tags = json.loads('{"tags": ["' + found.text)["tags"]
+    assert len(tags) == len(set(tags)) >= 3, found.text
+    rng = random.Random(1)
+    for _ in range(4):
+        text, complete = walker.walk(_unique_guarded(backends["xgrammar"], quotes, TAGS), rng)
+        if complete:
+            tags = json.loads(text)["tags"]
+            assert len(tags) == len(set(tags)), text
