@@ -4,6 +4,8 @@ before anything is sent to the scheduler: bad input raises InvalidRequestError n
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import uuid
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -33,6 +35,7 @@ def _per_item(value: Any, n: int, name: str, scalar_types: tuple) -> list:
 class RequestBuilder:
     def __init__(self, tokenizer: Any, ready: Ready) -> None:
         self.tokenizer = tokenizer
+        self._token_bytes: int | None = None  # grammar: the longest token, in bytes
         self.ready = ready
 
     def build(self, prompt: Any, sampling_params: Any, input_ids: Any, return_logprob: Any,
@@ -92,8 +95,22 @@ class RequestBuilder:
             from ..grammar.base import GrammarKey  # from the scheduler as the same 400 error
             from ..grammar.limits import GrammarLimits
 
-            GrammarLimits().check(GrammarKey.from_constraint(*sp.constraint))
+            limits = GrammarLimits()
+            if sp.json_schema is not None:
+                sp = self._without_vacuous_bounds(sp, limits.max_schema_bound)
+            limits.check(GrammarKey.from_constraint(*sp.constraint))
         return sp
+
+    def _without_vacuous_bounds(self, sp: SamplingParams, limit: int) -> SamplingParams:
+        """grammar: schema upper bounds this request's output cannot reach, dropped
+        (``grammar/vacuous_bounds.py``)."""
+        from ..grammar.vacuous_bounds import drop_vacuous_bounds, longest_token_bytes
+
+        if self._token_bytes is None:
+            self._token_bytes = longest_token_bytes(self.tokenizer)
+        text = sp.json_schema if isinstance(sp.json_schema, str) else json.dumps(sp.json_schema)
+        new = drop_vacuous_bounds(text, limit, sp.max_new_tokens * self._token_bytes)
+        return sp if new is text else dataclasses.replace(sp, json_schema=new)
 
     def _spec(self, ids: list[int], sp: SamplingParams, lp: bool, start: Any, top: Any,
               text_in_lp: bool, rid: Any) -> GenerateSpec:
