@@ -32,6 +32,7 @@ def finalize(node: Any, path: str, sub: Sub) -> Any:
         node = normalize_array(node, path, sub)
     node = _array_positions(node, path)
     _check_object(node, path)
+    _list_required(node)
     if "enum" in node or "const" in node:
         return _enum_only(node, path)
     return node
@@ -94,6 +95,22 @@ def _check_object(node: dict, path: str) -> None:
             raise Impossible(path, f"required property {name!r} is not allowed")
         if "propertyNames" in node and node["propertyNames"] is False:
             raise Impossible(path, "no property name is allowed")
+
+
+def _list_required(node: dict) -> None:
+    """A required name missing from ``properties`` becomes a listed property with the schema
+    ``additionalProperties`` gives it (any value if none): the backends emit listed properties
+    only (xgrammar skips a required name it has no property for, so ``{"required":
+    ["username"]}`` beside other properties produced objects without it). A name a
+    ``patternProperties`` pattern may match is left as it is (its schema would be the merge)."""
+    required = node.get("required") or []
+    props = node.get("properties") or {}
+    missing = [n for n in required if isinstance(n, str) and n not in props]
+    if not missing or "patternProperties" in node:
+        return
+    extra = node.get("additionalProperties")
+    value = extra if isinstance(extra, dict) else {}
+    node["properties"] = {**props, **{n: value for n in missing}}
 
 
 def _enum_only(node: dict, path: str) -> dict:
