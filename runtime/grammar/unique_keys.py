@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch

@@ -3,7 +3,7 @@ SGLang's own ``RuntimeEndpoint`` client can drive this server unchanged."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Union
+from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.encoders import jsonable_encoder
