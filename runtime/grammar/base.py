@@ -176,6 +176,30 @@ class Grammar(ABC):
         """Tokens accepted so far (net of rollbacks)."""
 
 
+def fill_bitmask_grouped(grammars: Sequence[Grammar], bitmask: torch.Tensor,
+                         rows: Sequence[int]) -> None:
+    """``grammars[i]`` fills ``bitmask[rows[i]]``: one ``fill_bitmask_batch`` per class."""
+    for cls, idx in _by_class(grammars).items():
+        cls.fill_bitmask_batch([grammars[i] for i in idx], bitmask, [rows[i] for i in idx])
+
+
+def accept_token_grouped(grammars: Sequence[Grammar], token_ids: Sequence[int]) -> list[bool]:
+    """``grammars[i].accept_token(token_ids[i])``: one ``accept_token_batch`` per class."""
+    accepted = [False] * len(grammars)
+    for cls, idx in _by_class(grammars).items():
+        oks = cls.accept_token_batch([grammars[i] for i in idx], [token_ids[i] for i in idx])
+        for i, ok in zip(idx, oks):
+            accepted[i] = ok
+    return accepted
+
+
+def _by_class(grammars: Sequence[Grammar]) -> dict[type, list[int]]:
+    groups: dict[type, list[int]] = {}
+    for i, g in enumerate(grammars):
+        groups.setdefault(type(g), []).append(i)
+    return groups
+
+
 class GrammarBackend(ABC):
     """Compiles keys for one tokenizer. ``compile`` may be slow and runs in a worker process (on
     the backend ``spec()`` builds there); ``new_grammar`` and ``deserialize`` are cheap and run

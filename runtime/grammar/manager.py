@@ -25,7 +25,8 @@ from typing import Any, Sequence
 import torch
 
 from ..errors import InvalidRequestError
-from .base import GrammarBackend, GrammarKey, allocate_bitmask
+from .base import (GrammarBackend, GrammarKey, accept_token_grouped, allocate_bitmask,
+                   fill_bitmask_grouped)
 from .compiler import GrammarCompiler
 from .completion import COMPLETED, CompletionConfig, CompletionTracker
 from .worker_pool import PoolLimits
@@ -148,23 +149,14 @@ class GrammarManager:
 
         Rows are filled per grammar class in one native batch call (xgrammar: its own thread
         pool); the caller overlaps this with the forward already queued on the device."""
-        groups: dict[type, tuple[list, list[int]]] = {}
-        for i, req in enumerate(reqs):
-            grammar = req.grammar
-            if grammar is None or req.finished or (skip is not None and skip[i]):
-                continue
-            gs, rows = groups.setdefault(type(grammar), ([], []))
-            gs.append(grammar)
-            rows.append(i)
-        if not groups:
+        rows = [i for i, req in enumerate(reqs) if req.grammar is not None and not req.finished
+                and not (skip is not None and skip[i])]
+        if not rows:
             return None
         t0 = time.perf_counter()
         bitmask = allocate_bitmask(len(reqs), self.vocab_size, pin=self.pin_memory)
-        n = 0
-        for cls, (gs, rows) in groups.items():
-            cls.fill_bitmask_batch(gs, bitmask, rows)
-            n += len(rows)
-        self.stats.mask_fill_s.append((time.perf_counter() - t0) / n)
+        fill_bitmask_grouped([reqs[i].grammar for i in rows], bitmask, rows)
+        self.stats.mask_fill_s.append((time.perf_counter() - t0) / len(rows))
         del self.stats.mask_fill_s[:-1024]  # a window, not a leak
         return bitmask
 
@@ -177,7 +169,8 @@ class GrammarManager:
         jump = self.jump_forward and batch_size <= self.jump_max_batch
         live = [r for r in reqs if r.grammar is not None and not (
             r.finished and r.finish_reason.get("type") == "abort")]
-        accepted = self._accept_batch(live)
+        accepted = accept_token_grouped([r.grammar for r in live],
+                                        [r.output_ids[-1] for r in live])
         self.stats.sampled_tokens += len(live)
         requeue = []
         for req, ok in zip(live, accepted):
@@ -205,19 +198,6 @@ class GrammarManager:
             elif jump and self._jump(req, grammar, checker):
                 requeue.append(req)
         return requeue
-
-    @staticmethod
-    def _accept_batch(reqs: Sequence[Any]) -> list[bool]:
-        groups: dict[type, list[int]] = {}
-        for i, req in enumerate(reqs):
-            groups.setdefault(type(req.grammar), []).append(i)
-        accepted = [False] * len(reqs)
-        for cls, idx in groups.items():
-            oks = cls.accept_token_batch([reqs[i].grammar for i in idx],
-                                         [reqs[i].output_ids[-1] for i in idx])
-            for i, ok in zip(idx, oks):
-                accepted[i] = ok
-        return accepted
 
     def _finish_with_stop(self, req: Any, grammar: Any) -> None:
         """The grammar admits nothing but a stop token: append it instead of a decode step."""

@@ -22,7 +22,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .base import Grammar, StateKey, allocate_bitmask
+from .base import (Grammar, StateKey, accept_token_grouped, allocate_bitmask,
+                   fill_bitmask_grouped)
 from .json_track import JsonTrack
 from .schema.arrays import UNIQUE_MARK
 
@@ -94,13 +95,7 @@ class UniqueKeyGrammar(Grammar):
     @classmethod
     def fill_bitmask_batch(cls, grammars: Sequence[Grammar], bitmask: torch.Tensor,
                            rows: Sequence[int]) -> None:
-        groups: dict[type, tuple[list, list[int]]] = {}
-        for g, row in zip(grammars, rows):
-            inners, rs = groups.setdefault(type(g.inner), ([], []))
-            inners.append(g.inner)
-            rs.append(row)
-        for inner_cls, (inners, rs) in groups.items():
-            inner_cls.fill_bitmask_batch(inners, bitmask, rs)
+        fill_bitmask_grouped([g.inner for g in grammars], bitmask, rows)
         for g, row in zip(grammars, rows):
             g.quotes.clear_duplicates(g._states[-1], bitmask, row)
 
@@ -109,17 +104,13 @@ class UniqueKeyGrammar(Grammar):
                            token_ids: Sequence[int]) -> list[bool]:
         ok = [not g._refuses(g._bytes(t)) for g, t in zip(grammars, token_ids)]
         idx = [i for i, good in enumerate(ok) if good]
-        groups: dict[type, list[int]] = {}
-        for i in idx:
-            groups.setdefault(type(grammars[i].inner), []).append(i)
-        for inner_cls, members in groups.items():
-            results = inner_cls.accept_token_batch([grammars[i].inner for i in members],
-                                                   [token_ids[i] for i in members])
-            for i, accepted in zip(members, results):
-                ok[i] = accepted
-                if accepted:
-                    g = grammars[i]
-                    g._states.append(g._states[-1].advance(g._bytes(token_ids[i])))
+        results = accept_token_grouped([grammars[i].inner for i in idx],
+                                       [token_ids[i] for i in idx])
+        for i, accepted in zip(idx, results):
+            ok[i] = accepted
+            if accepted:
+                g = grammars[i]
+                g._states.append(g._states[-1].advance(g._bytes(token_ids[i])))
         return ok
 
     def jump_forward_string(self) -> str:
@@ -154,6 +145,7 @@ class UniqueKeyGrammar(Grammar):
         return self.inner.num_accepted
 
 
+@functools.lru_cache(maxsize=1024)  # per schema text: runs on the scheduler loop
 def has_open_keys(kind: str, text: str) -> bool:
     """True if a JSON constraint lets an object take keys of the model's choosing, where a
     duplicate can occur: any JSON (``json_object``), ``additionalProperties`` other than

@@ -47,17 +47,18 @@ class UnquantizedMoEMethod(MoEMethod):
 
 
 def _load_w13(layer: nn.Module, param: torch.Tensor, full: torch.Tensor) -> None:
+    """A whole w13 (every expert's gate rows, then up rows), through ``load_expert``."""
     _check_shape("w13_weight", full, param.full_shape)
-    inter, half = param.shape[1] // 2, full.shape[1] // 2
-    start = layer.tp_rank * inter
-    param.data[:, :inter].copy_(full[:, start:start + inter])
-    param.data[:, inter:].copy_(full[:, half + start:half + start + inter])
+    half = full.shape[1] // 2
+    for e in range(full.shape[0]):
+        layer.load_expert(e, "gate", "weight", full[e, :half])
+        layer.load_expert(e, "up", "weight", full[e, half:])
 
 
 def _load_w2(layer: nn.Module, param: torch.Tensor, full: torch.Tensor) -> None:
     _check_shape("w2_weight", full, param.full_shape)
-    inter = param.shape[2]
-    param.data.copy_(full[:, :, layer.tp_rank * inter:(layer.tp_rank + 1) * inter])
+    for e in range(full.shape[0]):
+        layer.load_expert(e, "down", "weight", full[e])
 
 
 class ShardTarget:
