@@ -4,7 +4,9 @@ One ``ModelRunner`` (Llama-3.1-8B config, dummy bf16 weights, CUDA graphs up to 
 serves a fresh ``Scheduler`` per mode, so every mode runs on the same weights and graphs in one
 process: ``unconstrained`` (ignore_eos), ``mask-only`` (xgrammar, jump-forward off) and
 ``jump-forward`` (xgrammar, jump-forward on), overlap scheduling on, at batch 1, 32 and 256.
-256-token random prompts, max_new_tokens 96, greedy, a fixed 5-field person schema.
+256-token random prompts, max_new_tokens 96, greedy, a fixed 5-field person schema. The
+unconstrained run gives each request the length it had under mask-only (``--no-match-lengths``:
+all run to max_new), so both do the same work.
 
 Per mode and batch: tokens/s from submission to the last finish (output tokens / wall) and
 over the decode-only steps, the ratio to unconstrained, valid JSON outputs, and a per-step
@@ -130,8 +132,11 @@ def make_scheduler(runner, config, tokenizer, backend, jump: bool | None):
     return Scheduler(runner, config, EOS, None, lambda msg: None, grammar=grammar)
 
 
-def run_mode(sched, prompts: list[list[int]], constrained: bool, max_new: int) -> dict:
-    """Submit all prompts at once and step to the end; wall times and the finished Reqs."""
+def run_mode(sched, prompts: list[list[int]], constrained: bool, max_new: int,
+             lengths: list[int] | None = None) -> dict:
+    """Submit all prompts at once and step to the end; wall times and the finished Reqs.
+    ``lengths``: per-request output lengths for an unconstrained run (ignore_eos), so that it
+    does the same work as the constrained run it is compared with."""
     from sgdsl.runtime.ipc import messages as m
     from sgdsl.runtime.sampling_params import SamplingParams
 
@@ -152,7 +157,9 @@ def run_mode(sched, prompts: list[list[int]], constrained: bool, max_new: int) -
     sync()
     t0 = time.perf_counter()
     for i, ids in enumerate(prompts):
-        sched.handle(m.TokenizedGenerateReq(f"r{i}", ids, params))
+        p = params if lengths is None else SamplingParams(
+            ignore_eos=True, temperature=0.0, max_new_tokens=max(1, lengths[i]))
+        sched.handle(m.TokenizedGenerateReq(f"r{i}", ids, p))
     t_dec, n_dec, steps = 0.0, 0, 0
     while True:
         decoding = not sched.waiting and sched.chunked is None and not (
@@ -169,7 +176,7 @@ def run_mode(sched, prompts: list[list[int]], constrained: bool, max_new: int) -
     sched.send = orig_send
     prof = {k: tuple(v) for k, v in TIMES.items()}
     return {"wall": wall, "t_dec": t_dec, "n_dec": n_dec, "steps": steps,
-            "outs": list(finished.values()),
+            "outs": list(finished.values()), "by_rid": finished,
             "prof": prof}
 
 
@@ -230,6 +237,9 @@ def main() -> None:
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--no-match-lengths", dest="match_lengths", action="store_false",
+                    help="unconstrained requests run to max_new (ignore_eos) instead of the "
+                         "lengths the mask-only run produced")
     a = ap.parse_args()
     from transformers import AutoTokenizer
 
@@ -246,29 +256,43 @@ def main() -> None:
         instrument()
     jump_of = {"unconstrained": None, "mask-only": False, "jump-forward": True}
     rows = []
+    # NOTE: with --match-lengths the unconstrained run comes last and gives every request the
+    # output length it had under mask-only (ignore_eos): constrained requests stop at their
+    # value's end (~57 tokens here) while free ones would run to max_new, and fewer tokens over
+    # the same prefill is a lower tokens/s that says nothing about decoding speed.
+    modes = list(a.modes)
+    if a.match_lengths and "unconstrained" in modes and "mask-only" in modes:
+        modes = [m for m in modes if m != "unconstrained"] + ["unconstrained"]
     for bs in a.batches:
         prompts = random_prompts(bs, a.prompt_len, seed=bs, vocab=min(vocab, 120000))
-        base = None
-        for mode in a.modes:
+        summaries, lengths = {}, None
+        for mode in modes:
             sched = make_scheduler(runner, config, tok, backend, jump_of[mode])
+            matched = lengths if mode == "unconstrained" else None
             # warm-up at the measured batch size: grammar compile, the mask kernel's
             # specializations (Triton specializes on the row count), allocator sizes
             run_mode(sched, prompts, mode != "unconstrained", 4)
             sched.memory.flush()
-            res = run_mode(sched, prompts, mode != "unconstrained", a.max_new)
-            s = summarize(res, tok)
-            base = base or s["tok_s"]
-            rows.append([bs, mode, s["tokens"], f"{res['wall']:.2f}", f"{s['tok_s']:.0f}",
-                         f"{s['tok_s'] / base:.2f}x", s["steps"], f"{s['dec_ms']:.2f}",
-                         f"{s['valid']}/{s['n']}" if mode != "unconstrained" else "-"])
-            print(rows[-1], flush=True)
+            res = run_mode(sched, prompts, mode != "unconstrained", a.max_new, matched)
+            if mode == "mask-only" and a.match_lengths:
+                lengths = [len(res["by_rid"][f"r{i}"]["output_ids"]) for i in range(bs)]
+            summaries[mode] = (res, summarize(res, tok))
+            print(mode, bs, summaries[mode][1], flush=True)
             if a.breakdown and bs >= 32:
                 print_breakdown(f"bs={bs} {mode}", res)
             if sched.grammar:
                 sched.grammar.shutdown()
+        base = summaries.get("unconstrained", next(iter(summaries.values())))[1]
+        for mode in a.modes:
+            res, s = summaries[mode]
+            rows.append([bs, mode, s["tokens"], f"{res['wall']:.2f}", f"{s['tok_s']:.0f}",
+                         f"{s['tok_s'] / base['tok_s']:.2f}x", s["steps"],
+                         f"{s['dec_ms']:.2f}", f"{base['dec_ms'] / s['dec_ms']:.2f}x",
+                         f"{s['valid']}/{s['n']}" if mode != "unconstrained" else "-"])
+            print(rows[-1], flush=True)
     print_table("structured decode (Llama-3.1-8B dummy, xgrammar, graphs + overlap)",
                 ["batch", "mode", "out tokens", "wall s", "tok/s", "vs unconstr.", "steps",
-                 "ms/decode step", "valid JSON"], rows)
+                 "ms/decode step", "step vs unconstr.", "valid JSON"], rows)
     if a.compile:
         t = compile_times(tok, vocab)
         p = lambda q: 1e3 * t[min(len(t) - 1, int(q * len(t)))]  # noqa: E731

@@ -140,8 +140,14 @@ class GrammarCompiler:
             raise InvalidRequestError(
                 f"the {self.backend.name} grammar backend does not support {key.kind}",
                 field=key.field)
-        self.limits.check(key)  # json_schema keywords are checked by backend.compile (normalizer)
         submitted = time.monotonic()
+        with self._lock:
+            entry = self._cache.get(key)
+        if entry is None:
+            # NOTE: only for a key not seen (or evicted): a cached key passed already, and the
+            # meta-schema check costs milliseconds per request (256 requests of one schema
+            # spent 2 s of scheduler time on it).
+            self.limits.check(key)  # json_schema keywords: backend.compile (normalizer)
         with self._lock:
             entry = self._cache.get(key)
             if entry is not None:

@@ -29,6 +29,7 @@ from .jump_forward import JumpForward, force_text
 from .shortest import CompletionSearch
 
 _MAX_PERIOD = 4
+_COUNT_CACHE = 4096
 # Finish reason of a request that ends at a complete value without sampling its stop token
 # (one returning logprobs: a stop token it did not sample would have none).
 COMPLETED = {"type": "stop", "matched": None}
@@ -74,6 +75,7 @@ class CompletionTracker:
         self.config = config
         self.search = CompletionSearch(tokenizer, vocab_size, stop_ids,
                                        max_expansions=config.max_expansions)
+        self._counts: dict[str, int] = {}  # text -> token count (see _count)
         self.forced = 0  # requests completed by force
         self.repetitions = 0  # of those, ended by the repetition guard
 
@@ -121,8 +123,19 @@ class CompletionTracker:
         if ahead is None:  # nothing found within the search bound: try again later
             budget.need, budget.search_at = 0, n + 8
             return
-        budget.need = len(self.tokenizer.encode(ahead, add_special_tokens=False)) + 1
+        budget.need = self._count(ahead) + 1
         budget.search_at = 1 << 62  # plan() sets the next search from the slack
+
+    def _count(self, text: str) -> int:
+        """Tokens ``text`` encodes to. NOTE: requests sharing a search answer (or the rest of
+        one) count the same texts; encoding is ~50 us, so counts are kept (bounded, oldest
+        dropped first)."""
+        n = self._counts.get(text)
+        if n is None:
+            n = self._counts[text] = len(self.tokenizer.encode(text, add_special_tokens=False))
+            if len(self._counts) > _COUNT_CACHE:
+                del self._counts[next(iter(self._counts))]
+        return n
 
     def _plan_ahead(self, req: Any, budget: _Budget) -> str | None:
         """The rest of the previous plan if the tokens sampled since spell its beginning."""

@@ -40,6 +40,7 @@ PRIORITY = ('"}])' + ",:" + "0a" + "A1" + " -._@/+#$%&'*;<=>?[^`{|~!(" + string.
 
 
 _MAX_DEPTH = 256  # moves on one depth-first path
+_COMPLETING_TRIES = 16  # candidates checked for finishing the value in one move
 _ROOT = "start"  # the cache's state key of a matcher that accepted nothing
 
 
@@ -87,31 +88,47 @@ class CompletionSearch:
         (completion.py replays it before forcing it); the start state needs no replay."""
         if grammar.is_terminated():
             return None
-        key = self._cache_key(grammar)
-        entry = self._cache.get(key) if key is not None else None
-        if entry is not None:
-            owner, hit = entry
-            if owner() is grammar.cache_scope() and (
-                    not check or key[1] is _ROOT or _completes(grammar, hit.token_ids)):
+        keys = self._cache_keys(grammar)
+        for i, key in enumerate(keys):
+            hit = self._lookup(key)
+            # NOTE: a key is replayed unless it is exact (the start) or only an estimate is
+            # wanted; the second key (the newest parse step only) joins states with different
+            # futures, so its answer is always replayed: one that completes this state is a
+            # valid completion, at worst longer than the shortest, which makes an estimate
+            # that forces early, never late.
+            if hit is not None and (key[1] is _ROOT or (not check and i == 0)
+                                    or _completes(grammar, hit.token_ids)):
                 self._cache.move_to_end(key)
                 self.cache_hits += 1
                 return hit
-            del self._cache[key]
         found = self._search(grammar)
-        if key is not None and found is not None:
-            self._cache[key] = (weakref.ref(grammar.cache_scope()), found)
-            if len(self._cache) > self.cache_size:
+        if found is not None:
+            for key in keys:
+                self._cache[key] = (weakref.ref(grammar.cache_scope()), found)
+            while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
         return found
 
-    def _cache_key(self, grammar: Grammar) -> Hashable | None:
+    def _lookup(self, key: Hashable) -> Completion | None:
+        entry = self._cache.get(key)
+        if entry is None:
+            return None
+        owner, hit = entry
+        if owner() is None or id(owner()) != key[0]:  # the id was reused by another grammar
+            del self._cache[key]
+            return None
+        return hit
+
+    def _cache_keys(self, grammar: Grammar) -> tuple[Hashable, ...]:
+        """(exact-or-full key, local key) of ``grammar``'s state in the answer cache; none
+        when the backend has no state keys or its compiled grammar cannot be referenced."""
         scope = grammar.cache_scope()
         if scope is None or not hasattr(type(scope), "__weakref__"):
-            return None
+            return ()
         if grammar.num_accepted == 0:  # exact: every matcher of a grammar starts here
-            return id(scope), _ROOT
+            return ((id(scope), _ROOT),)
         state = grammar.state_key()
-        return None if state is None else (id(scope), state.full)
+        return () if state is None else ((id(scope), state.full), (id(scope), "local", state.local))
 
     def _search(self, grammar: Grammar) -> Completion | None:
         self.searches += 1
@@ -195,7 +212,10 @@ class CompletionSearch:
         grammar.fill_bitmask(row, 0)
         allowed = ((row[0][self._words] >> self._shifts) & 1).tolist()
         candidates = [tid for (_, tid), ok in zip(self._alphabet, allowed) if ok]
-        done = self._completing(grammar, candidates[:self.max_tries])
+        # NOTE: the finishing check accepts and rolls back each candidate (a few microseconds
+        # each, per expansion); a value ends on a closer, a digit or an early letter far more
+        # often than on a late one, and a later character is still found one expansion on.
+        done = self._completing(grammar, candidates[:_COMPLETING_TRIES])
         if done is not None:  # one character finishes the value: nothing is shorter
             yield done
             return

@@ -136,10 +136,11 @@ def test_answers_shared_between_requests_of_one_grammar(backend, tokenizer):
     assert search.search(other).text == "0" and search.searches == 2  # another grammar
     first.accept_tokens(tokenizer.encode("{", add_special_tokens=False))
     second.accept_tokens(tokenizer.encode("{", add_special_tokens=False))
-    key = search._cache_key(second)
+    keys = search._cache_keys(second)
     assert search.search(first) == search.search(second) and search.searches == 3
     stale = Completion(tuple(tokenizer.encode("[1]", add_special_tokens=False)), "[1]")
-    search._cache[key] = (search._cache[key][0], stale)
+    for key in keys:
+        search._cache[key] = (search._cache[key][0], stale)
     assert search.search(second, check=False) is stale  # an estimate: not replayed
     assert json.loads("{" + search.search(second).text) == {"a": 0, "b": ["", ""]}
     assert search.searches == 4 and second.num_accepted == 1
@@ -155,3 +156,20 @@ def test_required_names_without_a_property_are_produced(backend, search):
         schema.pop("additionalProperties")  # outlines: any value for the unlisted names
     value = json.loads(_complete(search, _grammar(backend, "json_schema", json.dumps(schema))))
     assert {"username", "n"} <= set(value), value
+
+
+def test_answers_shared_between_states_of_one_parse_step(backend, tokenizer):
+    """States that differ only in counts (inside a bounded string, at different lengths)
+    share an answer through the newest-parse-step key, replayed first: it completes the
+    other state too, so no second search runs."""
+    search = CompletionSearch(tokenizer, VOCAB, [EOS])
+    schema = {"type": "object", "required": ["a"],
+              "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}}
+    compiled = backend.compile(GrammarKey.from_constraint("json_schema", json.dumps(schema)))
+    first, second = backend.new_grammar(compiled), backend.new_grammar(compiled)
+    first.accept_tokens(tokenizer.encode('{"a": "xy', add_special_tokens=False))
+    second.accept_tokens(tokenizer.encode('{"a": "xyzzy', add_special_tokens=False))
+    a = search.search(first, check=False)
+    b = search.search(second, check=False)
+    assert a is not None and b is not None and search.searches == 1, (a, b)
+    assert second.accept_tokens(b.token_ids) and second.is_completed()
