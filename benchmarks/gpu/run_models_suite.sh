@@ -48,7 +48,8 @@ case "${PART:-1}" in
     --max-running 256 2>&1 | tee $OUT/b_mixtral_fp8.log | tail -4
   ;;
 4)  # E: Qwen3-30B-A3B offline, ours (256 prompts) vs HF generate_batch (HF_NUM prompts)
-  timeout 560 python3 bench_e_vs_hf.py --model qwen3-30b-a3b --hf-num ${HF_NUM:-32} 2>&1 \
+  timeout 560 python3 bench_e_vs_hf.py --model qwen3-30b-a3b --hf-num ${HF_NUM:-32} \
+    --mem-fraction ${MEM_FRACTION:-0.8} 2>&1 \
     | tee $OUT/e_qwen3moe.log | tail -9
   ;;
 5)  # final: offline bf16 vs fp8 weights and D bf16 vs fp8 KV in one call, A fp8, Mixtral offline
