@@ -2,7 +2,16 @@
 ("this key must not occur") is dropped from ``properties``, which forbids the key because the
 backends never emit unlisted keys unless ``additionalProperties``/``patternProperties`` allow
 them (``additionalProperties: false`` is then written out); where those do, the branch holding
-the forbidden key is dropped instead (a subset)."""
+the forbidden key is dropped instead (a subset).
+
+A node without ``type`` whose keywords belong to some types only (``pattern``, ``minimum``,
+``minItems``...) gets those types (``_typed``): xgrammar ignores such keywords on an untyped
+node (``{"format": "ipv4"}`` let the model write any string, then the output check caught
+``"bindAddr": "backend-cole"``) and outlines-core refuses the node. JSON Schema lets every other
+type through there, so this narrows (sound); xgrammar already reads an untyped ``properties``
+node as an object, and the other types are hardly what such a schema asks for (an IP address
+written as ``28``). Done here, at the end: narrowing before ``allOf`` merges could turn a
+satisfiable schema into an impossible one."""
 from __future__ import annotations
 
 import re
@@ -12,6 +21,15 @@ from .rejection import Impossible
 
 _NAMED = ("properties", "patternProperties", "$defs")
 _SINGLE = ("additionalProperties", "items", "propertyNames")
+# Keywords that constrain one type only (the rest, like uniqueItems and contains, are rewritten
+# before this pass; an unenforced format is an annotation).
+_TYPE_KEYWORDS = {
+    "string": ("pattern", "minLength", "maxLength"),
+    "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),
+    "array": ("items", "prefixItems", "minItems", "maxItems"),
+    "object": ("properties", "patternProperties", "additionalProperties", "required",
+               "minProperties", "maxProperties", "propertyNames"),
+}
 
 
 def emit(node: Any, path: str) -> Any:
@@ -38,7 +56,17 @@ def emit(node: Any, path: str) -> Any:
         out["prefixItems"] = [emit(s, f"{path}/prefixItems/{i}")
                               for i, s in enumerate(node["prefixItems"])]
     _drop_forbidden(out, path)
-    return out
+    return _typed(out)
+
+
+def _typed(node: dict) -> dict:
+    """``node`` with the types its type-specific keywords apply to, if it names none."""
+    if any(k in node for k in ("type", "$ref", "enum", "const")):
+        return node
+    types = [t for t, words in _TYPE_KEYWORDS.items() if any(w in node for w in words)]
+    if not types:
+        return node
+    return {"type": types[0] if len(types) == 1 else types, **node}
 
 
 def _child(node: Any, path: str) -> Any:

@@ -114,6 +114,10 @@ CASES = [
         "port": {"type": "number"}, "x-vendor": 1}}}, [{"m": 1}, {"m": "s"}, {}], True),
     ("false property", {"type": "object", "properties": {"a": False, "b": {"type": "integer"}}},
      [{"b": 1}, {"a": 1}], False),
+    ("untyped keywords get their types", {"type": "object", "properties": {
+        "ip": {"format": "ipv4"}, "n": {"minimum": 3}, "both": {"minLength": 2, "maximum": 1}}},
+     [{"ip": "1.2.3.4"}, {"ip": "backend"}, {"ip": 28}, {"n": 3}, {"n": 2}, {"n": "x"},
+      {"both": "ab"}, {"both": 1}, {"both": "a"}, {"both": 2}], False),
 ]
 
 
@@ -274,3 +278,29 @@ def test_output_validator_reports_violations_against_the_original():
     assert len(v._cache) == 2
 
 
+
+
+def test_untyped_type_keywords_are_typed_after_merging():
+    # xgrammar ignores a pattern/minimum on a node without "type" (the model wrote
+    # "bindAddr": "backend-cole" for {"format": "ipv4"}): the emitted node names its types
+    norm = normalize_schema({"anyOf": [{"format": "ipv4"}, {"minimum": 3}, {"maxItems": 2}]})
+    assert [b["type"] for b in norm["anyOf"]] == ["string", "number", "array"]
+    assert normalize_schema({"minLength": 1, "maxProperties": 2})["type"] == ["string", "object"]
+    # typed only at the end: a vacuous string keyword beside an integer stays satisfiable
+    merged = normalize_schema({"allOf": [{"minLength": 3}, {"type": "integer"}]})
+    assert merged["type"] == "integer" and _valid(merged, 7)
+    # no type-specific keyword: any value, as before
+    assert "type" not in normalize_schema({"description": "d", "x-vendor": 1})
+
+
+def test_untyped_format_is_enforced_by_the_backend(compiler, tokenizer):
+    from sgdsl.runtime.grammar import GrammarKey
+
+    from .helpers import feed_text
+
+    schema = {"type": "object", "properties": {"ip": {"format": "ipv4"}}, "required": ["ip"]}
+    colon = ": " if compiler.backend.name == "xgrammar" else ":"  # outlines: compact JSON
+    good = compiler.compile(GrammarKey.from_constraint("json_schema", schema))
+    assert feed_text(good, tokenizer, f'{{"ip"{colon}"10.0.0.1"}}')
+    bad = compiler.compile(GrammarKey.from_constraint("json_schema", schema))
+    assert not feed_text(bad, tokenizer, f'{{"ip"{colon}"backend"}}')
