@@ -61,12 +61,19 @@ def emit(node: Any, path: str) -> Any:
 
 def _typed(node: dict) -> dict:
     """``node`` with the types its type-specific keywords apply to, if it names none."""
-    if any(k in node for k in ("type", "$ref", "enum", "const")):
-        return node
-    types = [t for t, words in _TYPE_KEYWORDS.items() if any(w in node for w in words)]
-    if not types:
+    types = implied_types(node)
+    if not types or "type" in node:
         return node
     return {"type": types[0] if len(types) == 1 else types, **node}
+
+
+def implied_types(node: dict) -> list[str] | None:
+    """The types an untyped plain node is emitted with (None: it stays any value). ``oneof.py``
+    relies on it to prove branches disjoint as the backends will read them."""
+    if any(k in node for k in ("type", "$ref", "enum", "const", "anyOf")):
+        return None
+    types = [t for t, words in _TYPE_KEYWORDS.items() if any(w in node for w in words)]
+    return types or None
 
 
 def _child(node: Any, path: str) -> Any:

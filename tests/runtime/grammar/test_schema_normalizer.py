@@ -10,7 +10,8 @@ import pytest
 
 from sgdsl.runtime.errors import InvalidRequestError
 from sgdsl.runtime.grammar.schema import OutputValidator, normalize_schema
-from sgdsl.runtime.grammar.schema.oneof import make_exclusive
+from sgdsl.runtime.grammar.schema.emit import emit
+from sgdsl.runtime.grammar.schema.oneof import disjoint, make_exclusive
 from sgdsl.runtime.grammar.schema.strings import FORMAT_PATTERNS
 from sgdsl.runtime.grammar.schema.validator import validator_class
 
@@ -114,6 +115,29 @@ CASES = [
         "port": {"type": "number"}, "x-vendor": 1}}}, [{"m": 1}, {"m": "s"}, {}], True),
     ("false property", {"type": "object", "properties": {"a": False, "b": {"type": "integer"}}},
      [{"b": 1}, {"a": 1}], False),
+    ("oneOf overlapping enums", {"oneOf": [{"enum": ["red", "orange", 6, None]},
+                                           {"enum": ["blue", "orange", 6.0, 3]}]},
+     ["red", "orange", 6, None, "blue", 3, "x"], True),
+    ("oneOf optional discriminator", {
+        "type": "object", "properties": {"shape": {"type": "string"}, "r": {"type": "number"}},
+        "oneOf": [{"properties": {"shape": {"const": "circle"}}},
+                  {"properties": {"shape": {"const": "square"}}}]},
+     [{"shape": "circle"}, {"shape": "square", "r": 1}, {}, {"r": 1}, {"shape": "tri"}], True),
+    ("oneOf open objects", {"type": "object", "properties": {"a": {"type": "integer"},
+                                                             "b": {"type": "integer"}},
+                            "oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
+     [{"a": 1}, {"b": 1}, {"a": 1, "b": 2}, {}, {"a": 1, "c": 2}], False),
+    ("oneOf forbidden keys", {"type": "object", "properties": {
+        "r": {"type": "number"}, "w": {"type": "number"}, "h": {"type": "number"}},
+        "oneOf": [{"properties": {"w": False}, "required": ["r"]},
+                  {"properties": {"h": False}, "required": ["r"]}]},
+     [{"r": 1}, {"r": 1, "h": 1}, {"r": 1, "w": 1}, {"r": 1, "w": 1, "h": 1}], False),
+    ("oneOf anchored patterns", {"oneOf": [{"type": "string", "pattern": "^[a-z]+$"},
+                                           {"pattern": "^~"}]}, ["ab", "~x", "A", "", 5], False),
+    ("oneOf array lengths and ranges", {"type": "object", "properties": {"x": {"oneOf": [
+        {"type": "array", "maxItems": 1}, {"type": "array", "minItems": 2}]}, "n": {"oneOf": [
+            {"type": "number", "exclusiveMaximum": 0}, {"type": "integer", "minimum": 0}]}}},
+     [{"x": []}, {"x": [1, 2]}, {"n": -0.5}, {"n": 0}, {"n": 0.5}], True),
     ("untyped keywords get their types", {"type": "object", "properties": {
         "ip": {"format": "ipv4"}, "n": {"minimum": 3}, "both": {"minLength": 2, "maximum": 1}}},
      [{"ip": "1.2.3.4"}, {"ip": "backend"}, {"ip": 28}, {"n": 3}, {"n": 2}, {"n": "x"},
@@ -304,3 +328,49 @@ def test_untyped_format_is_enforced_by_the_backend(compiler, tokenizer):
     assert feed_text(good, tokenizer, f'{{"ip"{colon}"10.0.0.1"}}')
     bad = compiler.compile(GrammarKey.from_constraint("json_schema", schema))
     assert not feed_text(bad, tokenizer, f'{{"ip"{colon}"backend"}}')
+
+
+def test_oneof_disjointness_reads_the_emitted_branch_against_the_original():
+    # an untyped pattern is emitted as a string, but the original branch accepts any integer
+    assert disjoint({"pattern": "^a"}, {"type": "integer"})
+    assert not disjoint({"type": "integer"}, {"pattern": "^a"})
+    # object rules need every shared instance to be an object
+    closed = {"properties": {"a": {}}, "additionalProperties": False}  # any string too
+    assert disjoint({"required": ["b"], "properties": {"b": {}}}, closed)
+    assert not disjoint({"required": ["b"], "minLength": 1}, closed)  # a string fits both
+
+
+@pytest.mark.parametrize("branches", [
+    [{"enum": [1, 2]}, {"enum": [2, 3]}, {"type": "string"}],
+    [{"type": "object", "properties": {"k": {"enum": ["x"]}, "v": {}}},
+     {"type": "object", "properties": {"k": {"enum": ["y"]}, "v": {"type": "string"}}}],
+    [{"properties": {"a": {"type": "integer"}}, "required": ["a"]},
+     {"properties": {"b": {"type": "integer"}}, "required": ["b"]}],
+    [{"type": "object", "properties": {"a": False, "b": {}}},
+     {"type": "object", "properties": {"a": {}, "b": False}}],
+])
+def test_narrowed_oneof_branches_are_subsets_excluding_the_others(branches):
+    out, exclusive = make_exclusive(branches)
+    assert exclusive
+    values = [1, 2, 3, "s", {}, {"a": 1}, {"b": 1}, {"a": 1, "b": 2}, {"k": "x"},
+              {"k": "y", "v": 1}, {"k": "y", "v": "s"}, {"k": "x", "v": 1}, {"a": 1, "c": 1}]
+    for value in values:
+        hits = [i for i, b in enumerate(branches) if _valid(b, value)]
+        for narrowed in out:  # as emitted (an untyped branch gets its types there)
+            if _valid(emit(narrowed, "#"), value):
+                assert len(hits) == 1 and _valid(branches[hits[0]], value), (value, narrowed)
+
+
+def test_anchored_patterns_with_different_first_characters_are_disjoint():
+    from sgdsl.runtime.grammar.schema.pattern_start import first_chars
+
+    assert first_chars(r"^(?:a|[b-d]+)x") == [(97, 97), (98, 100)]
+    for unknown in ("abc", "^a*b", "(?i)^a", "^[^a]", r"^\d", "^(a|)"):
+        assert first_chars(unknown) is None, unknown
+    status = [{"type": "object", "required": ["status"],
+               "properties": {"status": {"type": "string", "pattern": f"^{s}$"}}}
+              for s in ("success", "fail", "error")]
+    assert make_exclusive(status) == (status, True)
+    uuid_or_var = [{"pattern": FORMAT_PATTERNS["uuid"]}, {"pattern": r"^\$[A-Z0-9-_]+"}]
+    assert make_exclusive(uuid_or_var)[1]
+    assert not make_exclusive([{"pattern": "^[a-f]"}, {"pattern": "^[e-z]"}])[1]
