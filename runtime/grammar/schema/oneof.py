@@ -9,7 +9,7 @@ it cannot, a branch is narrowed until it can (``_narrow``), each rewrite a subse
 - a key both branches list with disjoint values (``shape: circle`` / ``shape: square``) is
   required (a discriminator the schema left optional);
 - a closed object (``additionalProperties: false``, or listed properties only, which is all
-  the backends emit anyway) forbids a key the other branch requires (``oneOf: [{required:
+  the backends emit anyway) forbids a key the other branch requires by name (``oneOf: [{required:
   [a]}, {required: [b]}]`` then means a or b, not both);
 - a key the other branch forbids is required.
 
@@ -108,10 +108,10 @@ def _forbid_others_key(mine: dict, other: Any) -> dict:
         return mine
     for name in other.get("required", []):
         if name not in mine.get("required", []):
-            # NOTE: with listed properties and no additionalProperties the backends already
-            # emit no other key; saying so makes the branch forbid it under JSON Schema too
-            listed = {**props, name: False} if name in props else props
-            return {**mine, "properties": listed, "additionalProperties": False}
+            # NOTE: the key is forbidden by name, the branch is not closed here: a sibling
+            # merged into it later may still add keys (emit closes it at the very end; with
+            # listed properties and no additionalProperties the backends emit no other key)
+            return {**mine, "properties": {**props, name: False}}
     return mine
 
 

@@ -127,6 +127,11 @@ CASES = [
                                                              "b": {"type": "integer"}},
                             "oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
      [{"a": 1}, {"b": 1}, {"a": 1, "b": 2}, {}, {"a": 1, "c": 2}], False),
+    ("oneOf forbidding a key, then merged", {"allOf": [  # a later sibling may still add keys
+        {"oneOf": [{"required": ["a"], "properties": {"a": {"type": "integer"}}},
+                   {"required": ["b"], "properties": {"b": {"type": "integer"}}}]},
+        {"type": "object", "required": ["c"], "properties": {"c": {"type": "string"}}}]},
+     [{"a": 1, "c": "x"}, {"b": 1, "c": "x"}, {"a": 1, "b": 2, "c": "x"}, {"a": 1}], True),
     ("oneOf forbidden keys", {"type": "object", "properties": {
         "r": {"type": "number"}, "w": {"type": "number"}, "h": {"type": "number"}},
         "oneOf": [{"properties": {"w": False}, "required": ["r"]},
