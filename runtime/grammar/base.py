@@ -107,6 +107,9 @@ class Grammar(ABC):
 
     # True when ``state_key().full`` identifies the whole state (equal keys: equal futures).
     exact_state_key: bool = False
+    # True when the batch accept/fill of this class is native code holding no Python state
+    # shared with other requests, so it may run on a helper thread (grammar/prefetch.py).
+    thread_safe_batch: bool = False
 
     @abstractmethod
     def accept_token(self, token_id: int) -> bool:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import torch
+
 from .base import Grammar, allocate_bitmask
 
 
@@ -76,7 +78,13 @@ def only_stop_allowed(grammar: Grammar, vocab_size: int, stop_ids: Sequence[int]
         return False
     row = allocate_bitmask(1, vocab_size)
     grammar.fill_bitmask(row, 0)
-    words = row[0]
+    return stop_only_row(row[0], vocab_size, stop_ids)
+
+
+def stop_only_row(words: torch.Tensor, vocab_size: int, stop_ids: Sequence[int]) -> bool:
+    """True when the filled bitmask row ``words`` allows nothing but stop tokens (a copy is
+    checked: ``words`` is left as it was)."""
+    words = words.clone()
     for t in stop_ids:
         if 0 <= t < vocab_size:
             words[t // 32] &= ~(1 << (t % 32)) if t % 32 != 31 else 0x7FFFFFFF

@@ -5,12 +5,15 @@ compiler's worker processes; the request waits in ``pending``, the "grammar pend
 blocking the loop), ``poll`` each step (requests whose grammar is ready move on to the waiting
 queue; failures come back with their ``InvalidRequestError``), ``fill_bitmask`` before sampling
 (one packed bitmask for the batch, filled by the backend's batch call while the forward runs
-on the device), and ``after_sample`` once tokens are appended (one batch accept call): it advances each matcher, finishes requests whose
-grammar terminated or admits only a stop token, and applies jump-forward (forced text appended
-without sampling; those requests return to the queue so their forced tokens get KV in the next
-extend, the prefix before them coming back from the radix cache). A request that returns
-logprobs jumps too: it owes the forced tokens' logprobs (``forced_logprobs_owed``), which that
-extend's rows supply; a jump that would finish it is undone and the tokens are sampled.
+on the device), and ``after_sample`` once tokens are appended (one batch accept call): it
+advances each matcher, finishes requests whose grammar terminated or admits only a stop token,
+and applies jump-forward and forced completions (forcing.py: forced text appended without
+sampling; those requests return to the queue so their forced tokens get KV in the next extend,
+the prefix before them coming back from the radix cache). A request that returns logprobs
+jumps too: it owes the forced tokens' logprobs (``forced_logprobs_owed``), which that extend's
+rows supply; a jump that would finish it is undone and the tokens are sampled. With overlap
+scheduling, ``prefetch`` lets the rows with nothing else to do be accepted and filled on a
+helper thread while the rest of the step runs (prefetch.py).
 
 Requests need the attributes ``grammar``, ``grammar_pending`` and ``forced_logprobs_owed``
 (``Req`` defines them).
@@ -28,9 +31,11 @@ from ..errors import InvalidRequestError
 from .base import (GrammarBackend, GrammarKey, accept_token_grouped, allocate_bitmask,
                    fill_bitmask_grouped)
 from .compiler import GrammarCompiler
-from .completion import COMPLETED, CompletionConfig, CompletionTracker
+from .completion import CompletionConfig, CompletionTracker
 from .worker_pool import PoolLimits
-from .jump_forward import jump_forward, only_stop_allowed
+from .jump_forward import only_stop_allowed, stop_only_row
+from .forcing import Forcing
+from .prefetch import MaskPrefetch
 from .unique_keys import build_quote_tokens, guard_keys
 
 
@@ -43,7 +48,7 @@ class GrammarStats:
     sampled_tokens: int = 0  # tokens sampled under a grammar
 
 
-class GrammarManager:
+class GrammarManager(Forcing):
     def __init__(self, backend: GrammarBackend, tokenizer: Any, vocab_size: int,
                  eos_token_ids: Sequence[int], *, timeout_s: float = 10.0,
                  jump_forward: bool = True, jump_max_batch: int = 8,
@@ -141,37 +146,82 @@ class GrammarManager:
         return None
 
     # -- per step -------------------------------------------------------------------------------
-    def fill_bitmask(self, reqs: Sequence[Any],
-                     skip: Sequence[bool] | None = None) -> torch.Tensor | None:
+    def prefetch(self, reqs: Sequence[Any]) -> MaskPrefetch | None:
+        """A prefetch for the decode step of ``reqs`` whose tokens are read next (prefetch.py),
+        or None when no row's grammar can be handed to a helper thread."""
+        if not any(r.grammar is not None and r.grammar.thread_safe_batch for r in reqs):
+            return None
+        return MaskPrefetch(reqs, self.vocab_size, pin=self.pin_memory)
+
+    def fill_bitmask(self, reqs: Sequence[Any], skip: Sequence[bool] | None = None,
+                     prefetch: MaskPrefetch | None = None) -> torch.Tensor | None:
         """The batch bitmask (rows aligned with ``reqs``; unconstrained rows allow every
         token), or None when no row is constrained. ``skip[i]``: row i's result will be
         dropped (its request finished or left since the step launched), leave it open.
+        ``prefetch``: the step's prefetch, whose filled rows are kept.
 
         Rows are filled per grammar class in one native batch call (xgrammar: its own thread
         pool); the caller overlaps this with the forward already queued on the device."""
         rows = [i for i, req in enumerate(reqs) if req.grammar is not None and not req.finished
                 and not (skip is not None and skip[i])]
+        if prefetch is not None:
+            prefetch.reopen(prefetch.filled.difference(rows))
         if not rows:
             return None
         t0 = time.perf_counter()
-        bitmask = allocate_bitmask(len(reqs), self.vocab_size, pin=self.pin_memory)
-        fill_bitmask_grouped([reqs[i].grammar for i in rows], bitmask, rows)
+        if prefetch is None:
+            bitmask, todo = allocate_bitmask(len(reqs), self.vocab_size, pin=self.pin_memory), rows
+        else:
+            bitmask, todo = prefetch.bitmask, [i for i in rows if i not in prefetch.filled]
+        fill_bitmask_grouped([reqs[i].grammar for i in todo], bitmask, todo)
         self.stats.mask_fill_s.append((time.perf_counter() - t0) / len(rows))
         del self.stats.mask_fill_s[:-1024]  # a window, not a leak
         return bitmask
 
-    def after_sample(self, reqs: Sequence[Any], checker: Any,
-                     batch_size: int = 1) -> list[Any]:
+    def after_sample(self, reqs: Sequence[Any], checker: Any, batch_size: int = 1,
+                     prefetch: MaskPrefetch | None = None) -> list[Any]:
         """Advance matchers by each request's newest token (one batch call per grammar class);
         returns the requests that took a jump-forward and must go back to the queue for an
         extend. ``batch_size``: requests decoding now (jump-forward only up to
-        ``jump_max_batch``)."""
+        ``jump_max_batch``). ``prefetch``: the next step's (see ``prefetch``); rows with
+        nothing else to do this step are accepted and filled there, on a helper thread."""
         jump = self.jump_forward and batch_size <= self.jump_max_batch
         live = [r for r in reqs if r.grammar is not None and not (
             r.finished and r.finish_reason.get("type") == "abort")]
+        handed = [] if prefetch is None or jump else [r for r in live if self._can_hand(r, prefetch)]
+        if handed:
+            prefetch.start(handed)
+            ids = {id(r) for r in handed}
+            kept = [r for r in live if id(r) not in ids]
+        else:
+            kept = live
+        self.stats.sampled_tokens += len(live)
+        requeue = self._advance(kept, checker, jump)
+        if handed:
+            for req, ok in zip(handed, prefetch.result()):
+                self._advance_handed(req, ok, prefetch)
+        return requeue
+
+    def _can_hand(self, req: Any, prefetch: MaskPrefetch) -> bool:
+        """Whether ``req``'s matcher has nothing to do this step but accept and fill."""
+        return (req.grammar.thread_safe_batch and not req.finished and prefetch.covers(req)
+                and not (req.completion is not None and req.completion.finishing)
+                and not (self.completion and self.completion.due(req)))
+
+    def _advance_handed(self, req: Any, ok: bool, prefetch: MaskPrefetch) -> None:
+        """``_advance`` for a row the prefetch accepted: it can only be rejected, terminated
+        or down to a stop token (its filled row says which)."""
+        grammar = req.grammar
+        if not ok:
+            req.finish_reason = {"type": "abort",
+                                 "message": "the sampled token does not fit the grammar"}
+        elif grammar.is_terminated() or not req.return_logprob and grammar.is_completed() and (
+                stop_only_row(prefetch.row(req), self.vocab_size, self.eos)):
+            self._finish_with_stop(req, grammar)
+
+    def _advance(self, live: list[Any], checker: Any, jump: bool) -> list[Any]:
         accepted = accept_token_grouped([r.grammar for r in live],
                                         [r.output_ids[-1] for r in live])
-        self.stats.sampled_tokens += len(live)
         requeue = []
         for req, ok in zip(live, accepted):
             grammar = req.grammar
@@ -198,75 +248,6 @@ class GrammarManager:
             elif jump and self._jump(req, grammar, checker):
                 requeue.append(req)
         return requeue
-
-    def _finish_with_stop(self, req: Any, grammar: Any) -> None:
-        """The grammar admits nothing but a stop token: append it instead of a decode step."""
-        if not grammar.is_terminated():
-            req.output_ids.append(self.eos[0])
-            req.forced_positions.append(len(req.output_ids) - 1)
-            grammar.accept_token(self.eos[0])
-        req.finish_reason = {"type": "stop", "matched": req.output_ids[-1]}
-
-    def _jump(self, req: Any, grammar: Any, checker: Any) -> bool:
-        budget = req.sampling_params.max_new_tokens - len(req.output_ids)
-        plan = jump_forward(grammar, self.tokenizer, req.output_ids, budget)
-        return plan is not None and self._force(req, grammar, plan, checker)
-
-    def _force(self, req: Any, grammar: Any, plan: Any, checker: Any, final: bool = False) -> bool:
-        """Append a plan already applied to ``grammar``; True if the request must go back to
-        the queue for an extend. ``final`` (a forced completion): the value is complete, so a
-        request without logprobs finishes with its stop token right away (its forced tokens
-        need no KV); one with logprobs gets them scored by that extend, then samples its stop."""
-        last = req.output_ids[-1] if req.output_ids else None
-        if plan.rollback:
-            del req.output_ids[-plan.rollback:]
-        start = len(req.output_ids)
-        req.output_ids.extend(plan.token_ids)
-        # NOTE: the first ``rollback`` tokens of a plan respell the sampled token(s) they
-        # replace (retokenized with the forced text): they count as sampled.
-        req.forced_positions = [p for p in req.forced_positions if p < start]
-        req.forced_positions.extend(range(start + plan.rollback, len(req.output_ids)))
-        # NOTE: with overlap scheduling the replaced token's KV may already be computed (in
-        # flight); the release that follows (requeue or finish) drops it (memory.py).
-        req.jump_kv_valid = req.seq_len - len(plan.token_ids) if plan.rollback else 0
-        req.finish_reason = checker.check(req)
-        if final and not req.finished and not req.return_logprob:
-            self._finish_with_stop(req, grammar)
-        elif final and not req.finished and not plan.token_ids:  # complete as it stands
-            req.finish_reason = dict(COMPLETED)
-        if req.return_logprob and plan.token_ids:
-            if req.finished:  # no extend would follow to score the forced tokens: sample them
-                self._undo_jump(req, grammar, plan, last)
-                return False
-            # NOTE: the replaced token's logprob entry was recorded this step; the forced
-            # tokens' entries (it included) come from the rows of the next extend.
-            del req.output_token_logprobs[len(req.output_token_logprobs) - plan.rollback:]
-            del req.output_top_logprobs[len(req.output_top_logprobs) - plan.rollback:]
-            req.forced_logprobs_owed = len(plan.token_ids)
-        self.stats.jump_forward_tokens += len(plan.token_ids) - plan.rollback
-        return not req.finished and bool(plan.token_ids)
-
-    @staticmethod
-    def _end_completed(req: Any, grammar: Any) -> None:
-        """A logprob request whose forced completion was scored by an extend sampled one more
-        token: the value was already complete, so that token is dropped (no KV yet) and the
-        request finishes as complete."""
-        grammar.rollback(1)
-        req.output_ids.pop()
-        del req.output_token_logprobs[len(req.output_ids):]
-        del req.output_top_logprobs[len(req.output_ids):]
-        req.finish_reason = dict(COMPLETED)
-
-    @staticmethod
-    def _undo_jump(req: Any, grammar: Any, plan: Any, last: int | None) -> None:
-        req.jump_kv_valid = 0
-        grammar.rollback(len(plan.token_ids))
-        del req.output_ids[len(req.output_ids) - len(plan.token_ids):]
-        req.forced_positions = [p for p in req.forced_positions if p < len(req.output_ids)]
-        if plan.rollback:
-            req.output_ids.append(last)
-            grammar.accept_token(last)
-        req.finish_reason = None
 
     def stats_dict(self) -> dict:
         """Counters for ``Engine.stats()``."""

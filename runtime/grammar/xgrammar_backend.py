@@ -27,6 +27,7 @@ class XGrammarGrammar(Grammar):
     # xgrammar.BatchGrammarMatcher: fills many rows with its own threads (made on first use).
     _batch: Any = None
     exact_state_key = False
+    thread_safe_batch = True  # xgrammar's batch calls release the GIL
 
     def __init__(self, matcher: Any, compiled: "XGrammarCompiled", accepted: int = 0) -> None:
         self._matcher = matcher

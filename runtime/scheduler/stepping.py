@@ -84,11 +84,18 @@ class Stepping:
         and rows whose request left meanwhile stay open (their tokens are dropped)."""
         if not self.running.grammar_rows:
             return None
+        prefetch = None
         if self.pending is not None:
             self._batch_changes = []
-            self._read(self.pending)
+            # the rows with nothing else to do get accepted and filled on a helper thread
+            # while the read goes on (grammar/prefetch.py)
+            prefetch = self._prefetch = self.grammar.prefetch(step.reqs)
+            try:
+                self._read(self.pending)
+            finally:
+                self._prefetch = None
         skip = [r.epoch != e for r, e in zip(step.reqs, step.epochs)]
-        return self.grammar.fill_bitmask(step.reqs, skip)
+        return self.grammar.fill_bitmask(step.reqs, skip, prefetch)
 
     def _apply_batch_changes(self) -> None:
         changes, self._batch_changes = getattr(self, "_batch_changes", None), None
@@ -146,7 +153,8 @@ class Stepping:
             record_output_logprobs(reqs, rows, next_ids)
         if step.vocab_mask is not None:  # grammar: advance matchers, finish, jump forward
             batch = max(len(self.running), len(reqs))
-            for req in self.grammar.after_sample(reqs, self.checker, batch):
+            prefetch = getattr(self, "_prefetch", None)
+            for req in self.grammar.after_sample(reqs, self.checker, batch, prefetch):
                 req.jumped = True
         if step.mode is ForwardMode.EXTEND:
             joined = [i for i in keep if not step.sampled[i].finished

@@ -144,3 +144,54 @@ def test_no_jump_forward_above_the_batch_limit(backends, tokenizer):
     free = _run(backends["xgrammar"], tokenizer, overlap=True, jump=True, completion=None)
     assert free.pop("jumped") > 0
     assert sorted(capped) == sorted(free) == [f"r{i}" for i in range(5)]
+
+
+def _prefetch_case(backend, tokenizer, prefetched: bool):
+    """Four requests after one more sampled token each: inside a string, closing the value
+    (only the stop token may follow), a string's first letter (due for a completion
+    measurement: no budget yet), a token the grammar rejects."""
+    from sgdsl.runtime.grammar.completion import _Budget
+    from sgdsl.runtime.scheduler.finish import FinishChecker
+    from sgdsl.runtime.scheduler.req import Req
+
+    cases = [('{"name": "ab', "c"), ('{"name": "x", "age": 12, "job": "doctor", "ok": true', "}"),
+             ('{"name": "', "x"), ('{"name": "ab", "age": 1', "x")]
+    manager = GrammarManager(backend, tokenizer, VOCAB, [EOS], jump_forward=False,
+                             compiler=shared_compiler(backend))
+    compiled = backend.compile(GrammarKey.from_constraint("json_schema", SCHEMA))
+    reqs = []
+    for i, (text, nxt) in enumerate(cases):
+        req = Req(f"r{i}", [1, 2], SamplingParams(json_schema=json.dumps(SCHEMA),
+                                                  max_new_tokens=64))
+        req.grammar = backend.new_grammar(compiled)
+        assert feed_text(req.grammar, tokenizer, text)
+        req.output_ids = tokenizer.encode(text, add_special_tokens=False) + [
+            tokenizer.encode(nxt, add_special_tokens=False)[-1]]
+        if i != 2:
+            req.completion = _Budget(check_at=1 << 30, search_at=1 << 30)
+        reqs.append(req)
+    prefetch = manager.prefetch(reqs) if prefetched else None
+    manager.after_sample(reqs, FinishChecker([EOS], None), batch_size=len(reqs),
+                         prefetch=prefetch)
+    bitmask = manager.fill_bitmask(reqs, None, prefetch)
+    manager.shutdown()
+    return reqs, bitmask, prefetch
+
+
+def test_prefetched_rows_match_the_scheduler_thread(backends, tokenizer):
+    """Rows handed to the mask prefetch (accepted and filled on a helper thread) come out as on
+    the scheduler thread: same bitmask rows, a rejected token aborts, a value down to its stop
+    token finishes with it; the request due for a measurement stays on the scheduler thread."""
+    backend = backends["xgrammar"]
+    ref, ref_mask, _ = _prefetch_case(backend, tokenizer, prefetched=False)
+    got, mask, prefetch = _prefetch_case(backend, tokenizer, prefetched=True)
+    assert prefetch is not None and prefetch.filled == {0}  # row 1 finished, 2 kept, 3 rejected
+    assert [r.finish_reason for r in got] == [r.finish_reason for r in ref]
+    assert [r.finish_reason and r.finish_reason["type"] for r in got] == [
+        None, "stop", None, "abort"]
+    assert [r.output_ids for r in got] == [r.output_ids for r in ref]
+    assert got[1].output_ids[-1] == EOS and got[1].forced_positions
+    for row in (0, 2):  # the rows still decoding
+        assert torch.equal(mask[row], ref_mask[row])
+    assert (mask[1] == -1).all() and (mask[3] == -1).all()  # left the step: open
+    assert got[2].completion is not None  # measured on the scheduler thread

@@ -1,0 +1,79 @@
+"""MaskPrefetch: a decode step's bitmask, accepted-and-filled on a helper thread while the
+scheduler thread works on the rest of the step.
+
+With overlap scheduling a decode step's forward is queued before the previous step's tokens are
+read; those tokens must advance the matchers (accept) before the step's bitmask can be filled,
+and the sampling launch waits for the bitmask. Accept and fill are native code that releases
+the GIL (xgrammar), so for the rows whose request needs nothing else from its matcher this step
+(no completion measurement due, no jump-forward, a native grammar) both run on a helper thread,
+while the scheduler thread accepts and plans forced completions for the other rows. Measured on
+the H100 host at 256 rows: accept 3.3 ms + fill 3.0 ms per step against a 9.8 ms forward, with
+completion planning (~3 ms) in series before this.
+
+While the job runs, its matchers belong to it: the scheduler thread must not touch them (a fill
+walks the matcher's parser forward and back), which is why only rows with nothing else to do
+this step are handed over (``GrammarManager.after_sample`` decides).
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+from typing import Any, Sequence
+
+import torch
+
+from .base import accept_token_grouped, allocate_bitmask, fill_bitmask_grouped
+
+_EXECUTOR: cf.ThreadPoolExecutor | None = None
+
+
+def _executor() -> cf.ThreadPoolExecutor:
+    # NOTE: one thread: the job itself fans out (xgrammar's fill threads, the accept chunks).
+    global _EXECUTOR
+    if _EXECUTOR is None:
+        _EXECUTOR = cf.ThreadPoolExecutor(1, thread_name_prefix="sgdsl-mask-prefetch")
+    return _EXECUTOR
+
+
+class MaskPrefetch:
+    """The bitmask of one decode step (rows aligned with its requests) and the helper-thread job
+    that accepts the handed-over rows' newest tokens and fills their rows."""
+
+    def __init__(self, reqs: Sequence[Any], vocab_size: int, pin: bool = False) -> None:
+        self.rows = {id(r): i for i, r in enumerate(reqs)}
+        self.bitmask = allocate_bitmask(len(reqs), vocab_size, pin=pin)
+        self.filled: set[int] = set()  # rows the job filled
+        self._job: cf.Future | None = None
+
+    def covers(self, req: Any) -> bool:
+        return id(req) in self.rows
+
+    def start(self, reqs: Sequence[Any]) -> None:
+        """Hand ``reqs`` over: accept each one's newest output token, then fill the rows of
+        those whose token fit."""
+        grammars = [r.grammar for r in reqs]
+        tokens = [r.output_ids[-1] for r in reqs]
+        rows = [self.rows[id(r)] for r in reqs]
+
+        def job() -> tuple[list[bool], set[int]]:
+            accepted = accept_token_grouped(grammars, tokens)
+            keep = [i for i, ok in enumerate(accepted) if ok]
+            fill_bitmask_grouped([grammars[i] for i in keep], self.bitmask,
+                                 [rows[i] for i in keep])
+            return accepted, {rows[i] for i in keep}
+
+        self._job = _executor().submit(job)
+
+    def result(self) -> list[bool]:
+        """Wait for the job; whether each handed-over token was accepted (``start``'s order).
+        The matchers are the scheduler thread's again after this."""
+        accepted, self.filled = self._job.result()
+        return accepted
+
+    def row(self, req: Any) -> torch.Tensor:
+        return self.bitmask[self.rows[id(req)]]
+
+    def reopen(self, rows: Sequence[int]) -> None:
+        """Allow every token in ``rows`` (filled, but their requests left the step)."""
+        if rows:
+            self.bitmask.numpy()[list(rows)] = -1
+            self.filled.difference_update(rows)
