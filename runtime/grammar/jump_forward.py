@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from .base import Grammar, allocate_bitmask
@@ -83,13 +84,13 @@ def only_stop_allowed(grammar: Grammar, vocab_size: int, stop_ids: Sequence[int]
 
 def stop_only_row(words: torch.Tensor, vocab_size: int, stop_ids: Sequence[int]) -> bool:
     """True when the filled bitmask row ``words`` allows nothing but stop tokens (a copy is
-    checked: ``words`` is left as it was)."""
-    words = words.clone()
+    checked: ``words`` is left as it was). numpy, not torch: see ``allocate_bitmask``."""
+    rest = words.numpy().view(np.uint32).copy()
     for t in stop_ids:
         if 0 <= t < vocab_size:
-            words[t // 32] &= ~(1 << (t % 32)) if t % 32 != 31 else 0x7FFFFFFF
+            rest[t // 32] &= np.uint32(~(1 << (t % 32)) & 0xFFFFFFFF)
     # NOTE: bits past vocab_size in the last word are padding, never allowed tokens.
     tail = vocab_size % 32
     if tail:
-        words[-1] &= (1 << tail) - 1
-    return not bool(words.any())
+        rest[-1] &= np.uint32((1 << tail) - 1)
+    return not rest.any()

@@ -26,6 +26,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterator, Sequence
 
+import numpy as np
 import torch
 
 from .base import Grammar, StateKey, allocate_bitmask
@@ -65,8 +66,9 @@ class CompletionSearch:
         self.max_tries = max_tries  # single-character moves tried per state
         ids = [_single_token(tokenizer, c) for c in PRIORITY]
         self._alphabet = [(c, i) for c, i in zip(PRIORITY, ids) if i is not None and i < vocab_size]
-        alpha = torch.tensor([i for _, i in self._alphabet], dtype=torch.int64)
-        self._words, self._shifts = alpha // 32, (alpha % 32).to(torch.int32)
+        alpha = np.array([i for _, i in self._alphabet], dtype=np.int64)
+        # numpy, not torch: small CPU ops per expansion (see ``allocate_bitmask``)
+        self._words, self._shifts = alpha // 32, (alpha % 32).astype(np.uint32)
         self._lengths: torch.Tensor | None = None  # token lengths, built on first need
         # (id of the compiled grammar, state key) -> (weak reference to that grammar, answer),
         # least recently used first; the reference tells a reused id from the grammar's own.
@@ -210,7 +212,7 @@ class CompletionSearch:
                 return
         row = allocate_bitmask(1, self.vocab_size)
         grammar.fill_bitmask(row, 0)
-        allowed = ((row[0][self._words] >> self._shifts) & 1).tolist()
+        allowed = ((row[0].numpy().view(np.uint32)[self._words] >> self._shifts) & 1).tolist()
         candidates = [tid for (_, tid), ok in zip(self._alphabet, allowed) if ok]
         # NOTE: the finishing check accepts and rolls back each candidate (a few microseconds
         # each, per expansion); a value ends on a closer, a digit or an early letter far more
