@@ -281,6 +281,10 @@ def main() -> None:
             print(mode, bs, summaries[mode][1], flush=True)
             if a.breakdown and bs >= 32:
                 print_breakdown(f"bs={bs} {mode}", res)
+            # NOTE: the KV pool is the runner's and outlives this scheduler: its radix cache
+            # must give the slots back, or the next mode runs on a smaller pool (the
+            # unconstrained run, last, then retracted and re-prefilled: 35 extends, not 8)
+            sched.memory.flush()
             if sched.grammar:
                 sched.grammar.shutdown()
         base = summaries.get("unconstrained", next(iter(summaries.values())))[1]

@@ -62,6 +62,7 @@ def main() -> None:
         bench.run_mode(sched, prompts, jump is not None, 16)  # warm-up
         sched.memory.flush()
         profiled(sched, prompts, jump is not None, a.max_new, a.top)
+        sched.memory.flush()  # the pool is the runner's: give the next scheduler every slot
         if sched.grammar:
             sched.grammar.shutdown()
 
