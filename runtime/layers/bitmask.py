@@ -89,3 +89,16 @@ def apply_packed_fused_(logits: torch.Tensor, bitmask: torch.Tensor) -> bool:
         _FUSED_FAILED = True
         logger.warning("fused bitmask kernel unavailable (%s); unpacking with torch", e)
         return False
+
+
+def warm_up_fused(device: torch.device, logits_width: int, mask_words: int) -> None:
+    """Compile the fused kernel's specializations now. Triton specializes integer arguments
+    (the row count as 1, a multiple of 16, or another value): each is a JIT compile of ~100 ms
+    on first use, which a serving process would otherwise pay inside its first constrained
+    decode steps as batches shrink (measured: 3 ms per step over a 70-step 32-row run)."""
+    if device.type != "cuda":
+        return
+    for rows in (1, 2, 16):
+        logits = torch.zeros(rows, logits_width, device=device)
+        mask = torch.full((rows, mask_words), -1, dtype=torch.int32, device=device)
+        apply_packed_fused_(logits, mask)

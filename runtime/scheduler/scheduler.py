@@ -15,6 +15,8 @@ from typing import Any, Callable, Sequence
 
 from ..cache.radix import RadixCache
 from ..errors import InvalidRequestError
+from ..grammar.base import bitmask_width
+from ..layers.bitmask import warm_up_fused
 from ..ipc import messages as m
 from ..model.forward_batch import ForwardMode
 from .finish import FinishChecker
@@ -62,6 +64,9 @@ class Scheduler(Stepping):
         self.grammar = grammar  # grammar: runtime.grammar.GrammarManager or None (constraints off)
         if grammar is not None:  # grammar: masks go to the GPU from pinned memory, unblocked
             grammar.pin_memory = self.device.type == "cuda"
+            logits_width = getattr(getattr(runner, "model_config", None), "vocab_size", None)
+            warm_up_fused(self.device, int(logits_width or grammar.vocab_size),
+                          bitmask_width(grammar.vocab_size))
         self._arrivals = 0
         self.counters = dict(requests_total=0, prompt_tokens_total=0, generated_tokens_total=0,
                              cache_hit_tokens=0, cache_query_tokens=0, retractions_total=0,
