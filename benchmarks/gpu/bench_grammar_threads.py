@@ -1,7 +1,8 @@
 """Host cost of one constrained step's grammar work at a batch size, by thread count: xgrammar's
 batch bitmask fill (its own thread pool) and batch token accept (chunks on a Python thread
 pool, native code without the GIL), 256 matchers of the structured-decode benchmark's schema
-walking one JSON text token by token. Tells whether the host's cores actually run in parallel
+walking one JSON text token by token; and the two per row share on one thread each
+(``pipelined``: no barrier between accept and fill). Tells whether the host's cores actually run in parallel
 (a CPU quota below ``os.cpu_count()`` shows as no gain past the quota).
 
     python benchmarks/gpu/bench_grammar_threads.py --batch 256 --threads 1 2 4 8 16
@@ -60,12 +61,30 @@ def main() -> None:
                     matchers[i:i + chunk], toks[i:i + chunk]), spans))
             t2 = time.perf_counter()
             t_fill, t_acc = t_fill + t1 - t0, t_acc + t2 - t1
+        # pipelined: each thread accepts then fills its own share of the rows (no barrier
+        # between the phases, one single-threaded filler per thread)
+        matchers = [xgr.GrammarMatcher(compiled) for _ in range(a.batch)]
+        fillers = [xgr.BatchGrammarMatcher(1) for _ in range(threads)]
+
+        def share(k: int, toks: list[int]) -> None:
+            lo, hi = k * chunk, min(a.batch, (k + 1) * chunk)
+            xgr.BatchGrammarMatcher.batch_accept_token(matchers[lo:hi], toks[lo:hi])
+            fillers[k].batch_fill_next_token_bitmask(matchers[lo:hi], bitmask,
+                                                      list(range(lo, hi)))
+        t_pipe = 0.0
+        for t in ids:
+            toks = [t] * a.batch
+            t0 = time.perf_counter()
+            list(pool.map(lambda k: share(k, toks), range(len(spans))))
+            t_pipe += time.perf_counter() - t0
         pool.shutdown()
         n = len(ids)
-        rows.append([threads, f"{1e3 * t_fill / n:.2f}", f"{1e3 * t_acc / n:.2f}"])
+        rows.append([threads, f"{1e3 * t_fill / n:.2f}", f"{1e3 * t_acc / n:.2f}",
+                     f"{1e3 * (t_fill + t_acc) / n:.2f}", f"{1e3 * t_pipe / n:.2f}"])
         print(rows[-1], flush=True)
     print_table(f"grammar host work per step, batch {a.batch} (ms)",
-                ["threads", "batch fill", "batch accept"], rows)
+                ["threads", "batch fill", "batch accept", "sum", "pipelined accept+fill"],
+                rows)
 
 
 if __name__ == "__main__":
