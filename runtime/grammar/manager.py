@@ -188,7 +188,8 @@ class GrammarManager(Forcing):
         jump = self.jump_forward and batch_size <= self.jump_max_batch
         live = [r for r in reqs if r.grammar is not None and not (
             r.finished and r.finish_reason.get("type") == "abort")]
-        handed = [] if prefetch is None or jump else [r for r in live if self._can_hand(r, prefetch)]
+        handed = [] if prefetch is None or jump else [
+            r for r in live if self._can_hand(r, prefetch)]
         if handed:
             prefetch.start(handed)
             ids = {id(r) for r in handed}
