@@ -3,8 +3,7 @@ batch bitmask fill (its own thread pool) and batch token accept (chunks on a Pyt
 pool, native code without the GIL), 256 matchers of the structured-decode benchmark's schema
 walking one JSON text token by token; and the two per row share on one thread each
 (``pipelined``: no barrier between accept and fill). Tells whether the host's cores
-actually run in parallel
-(a CPU quota below ``os.cpu_count()`` shows as no gain past the quota).
+actually run in parallel (a CPU quota below ``os.cpu_count()`` shows as no gain past it).
 
     python benchmarks/gpu/bench_grammar_threads.py --batch 256 --threads 1 2 4 8 16
 """
