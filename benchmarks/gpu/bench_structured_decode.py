@@ -248,6 +248,8 @@ def main() -> None:
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--switch-interval", type=float, default=None,
+                    help="sys.setswitchinterval seconds (default: the scheduler process's)")
     ap.add_argument("--no-match-lengths", dest="match_lengths", action="store_false",
                     help="unconstrained requests run to max_new (ignore_eos) instead of the "
                          "lengths the mask-only run produced")
@@ -270,6 +272,10 @@ def main() -> None:
     # what the run allocates, not the model, tokenizer and grammar state built before
     gc.collect()
     gc.freeze()
+    from sgdsl.runtime.scheduler.process import SWITCH_INTERVAL_S  # and its switch interval
+
+    sys.setswitchinterval(a.switch_interval if a.switch_interval else SWITCH_INTERVAL_S)
+    print(f"switch interval {sys.getswitchinterval() * 1e3:g} ms")
     jump_of = {"unconstrained": None, "mask-only": False, "jump-forward": True}
     rows = []
     # NOTE: with --match-lengths the unconstrained run comes last and gives every request the

@@ -19,6 +19,7 @@ import atexit
 import functools
 import gc
 import os
+import sys
 import time
 import traceback
 from typing import Any
@@ -61,6 +62,7 @@ def run_scheduler_process(config: EngineConfig, paths: IpcPaths | None, parent_p
         raise SystemExit(1) from None  # a failed rank's exit code says so (distributed/node.py)
     if not config.disable_gc_freeze:
         freeze_startup_objects()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     if leader:
         chan.send(ready)
     try:
@@ -94,6 +96,11 @@ def _report(chan: SyncChannel | None, err: m.StartupError) -> None:
 
 
 _UNFREEZE_AT_EXIT = False
+# NOTE: the scheduler thread hands grammar work to helper threads (grammar/prefetch.py) whose
+# native calls release the GIL; when one returns while the scheduler thread runs Python, it
+# waits for the GIL up to the switch interval (5 ms by default, a third of a 256-row decode
+# step). A shorter interval bounds that handoff wait.
+SWITCH_INTERVAL_S = 0.0005
 
 
 def freeze_startup_objects() -> None:
