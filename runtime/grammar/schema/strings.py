@@ -1,6 +1,8 @@
 """String keywords the backends get wrong on their own: ``format`` is spelled as an exact
-``pattern`` (one regex per format, valid under the format's RFC: never wider), and length bounds
-beside a ``pattern`` (xgrammar ignores them there) are folded into the pattern or rejected.
+``pattern`` (one regex per format, valid under the format's RFC: never wider), length bounds
+beside a ``pattern`` (xgrammar ignores them there) are folded into the pattern exactly
+(``pattern_length.py``) or rejected, and lookaround assertions (xgrammar ignores them too) are
+rejected.
 
 Both backends match ``pattern`` against the whole string (a subset of JSON Schema's search
 semantics, so sound); the width of that full match is what the bounds are compared with.
@@ -10,12 +12,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .pattern_length import fold_lengths
+from .patterns import Unfoldable
 from .rejection import Impossible, reject
 
-try:  # the parser behind ``re``: gives a pattern's (min, max) width in characters
+try:  # the parser behind ``re``: finds assertions in a pattern
     import re._parser as _sre_parse  # type: ignore[import-not-found]
 except ImportError:  # Python < 3.11
     import sre_parse as _sre_parse  # type: ignore[no-redef]
+_ASSERT, _ASSERT_NOT = _sre_parse.ASSERT, _sre_parse.ASSERT_NOT
 
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _H16 = r"[0-9a-fA-F]{1,4}"
@@ -41,10 +46,6 @@ FORMAT_PATTERNS: dict[str, str] = {
     # but optional for a generator; every full-form address is valid)
 }
 ENFORCED_FORMATS = tuple(FORMAT_PATTERNS)
-_MAXREPEAT = _sre_parse.MAXREPEAT
-# One character (class) followed by one quantifier, optionally anchored: ^[a-z]+$, \d{2,}, .*
-_SIMPLE = re.compile(r"^\^?(\[(?:\\.|[^\]\\])+\]|\\.|[^\\^$|()?*+{}\[\]])"
-                     r"(\*|\+|\?|\{\d+\}|\{\d+,\d*\})?\$?$")
 
 
 def normalize_string(node: dict, path: str) -> dict:
@@ -55,51 +56,42 @@ def normalize_string(node: dict, path: str) -> dict:
             raise reject("format", path, f"format {fmt!r} together with a pattern")
         node = {**node, "pattern": FORMAT_PATTERNS[fmt]}
         del node["format"]
+    if "pattern" in node:
+        _check_assertions(node["pattern"], path)
     if "pattern" in node and ("minLength" in node or "maxLength" in node):
         node = _fold_lengths(node, path)
     return node
 
 
-def pattern_width(pattern: str) -> tuple[int, int | None]:
-    """(min, max) characters of a full match of ``pattern`` (max None: unbounded)."""
-    lo, hi = _sre_parse.parse(pattern).getwidth()
-    return lo, (None if hi >= _MAXREPEAT else hi)
-
-
 def _fold_lengths(node: dict, path: str) -> dict:
-    pattern = node["pattern"]
     lo_len, hi_len = node.get("minLength", 0), node.get("maxLength")
-    try:
-        lo, hi = pattern_width(pattern)
-    except (re.error, OverflowError, RecursionError, TypeError) as e:
-        raise reject("pattern", path, f"the pattern does not parse: {e}") from None
     out = {k: v for k, v in node.items() if k not in ("minLength", "maxLength")}
-    if lo >= lo_len and hi is not None and (hi_len is None or hi <= hi_len):
-        return out  # every full match already has an allowed length
-    simple = _SIMPLE.match(pattern)
-    if simple is None:
+    try:
+        folded = fold_lengths(node["pattern"], lo_len, hi_len)
+    except Unfoldable as e:
         raise reject("maxLength" if hi_len is not None else "minLength", path,
-                     "length bounds beside a pattern are enforced only when the pattern's own "
-                     "length fits them or the pattern is one character class repeated "
-                     "(like ^[a-z0-9_]+$)")
-    atom, quant = simple.group(1), simple.group(2) or "{1}"
-    q_lo, q_hi = _quantifier(quant)
-    new_lo = max(q_lo, lo_len)
-    new_hi = q_hi if hi_len is None else (hi_len if q_hi is None else min(q_hi, hi_len))
-    if new_hi is not None and new_lo > new_hi:
+                     f"length bounds beside this pattern cannot be folded into it ({e})") from None
+    if folded is None:
         raise Impossible(path, "the pattern's lengths and minLength/maxLength do not meet")
-    out["pattern"] = f"^{atom}{{{new_lo},{'' if new_hi is None else new_hi}}}$"
+    out["pattern"] = folded
     return out
 
 
-def _quantifier(q: str) -> tuple[int, int | None]:
-    if q in ("*", "+", "?"):
-        return {"*": (0, None), "+": (1, None), "?": (0, 1)}[q]
-    body = q[1:-1]
-    if "," not in body:
-        return int(body), int(body)
-    lo, hi = body.split(",")
-    return int(lo), (int(hi) if hi else None)
+def _check_assertions(pattern: Any, path: str) -> None:
+    """Lookarounds are refused: xgrammar ignores them (``^(?!clyde).*$`` let "clyde" through)."""
+    try:
+        tree = _sre_parse.parse(pattern)
+    except (re.error, OverflowError, RecursionError, TypeError) as e:
+        raise reject("pattern", path, f"the pattern does not parse: {e}") from None
+    if _has_lookaround(tree):
+        raise reject("pattern", path, "lookahead/lookbehind assertions are not enforced")
 
 
-
+def _has_lookaround(x: Any) -> bool:
+    """Whether a parsed pattern (a SubPattern, an (opcode, argument) pair, or an argument's
+    tuples and lists) holds an assertion; opcodes are singletons, hence ``is``."""
+    if isinstance(x, tuple) and len(x) == 2 and (x[0] is _ASSERT or x[0] is _ASSERT_NOT):
+        return True
+    if isinstance(x, (_sre_parse.SubPattern, list, tuple)):
+        return any(_has_lookaround(y) for y in x)
+    return False
