@@ -19,7 +19,8 @@ from .drafts import to_2020_12
 from .emit import emit
 from .finalize import finalize
 from .merge import merge_plain
-from .conditional import dependencies, if_then_else, negate
+from .conditional import dependencies, if_then_else
+from .negation import exactly_normalized, negate, negate_raw
 from .oneof import make_exclusive
 from .refs import RefTable
 from ..schema_support import check_schema_support
@@ -136,12 +137,14 @@ class _Normalizer:
             then = self.optional(node["then"], f"{path}/then") if "then" in node else None
             other = self.optional(node["else"], f"{path}/else") if "else" in node else None
             if then is not None or other is not None:
-                lists.append(("if", if_then_else(cond, then, other, known)))
+                negated = self._negation(node["if"], f"{path}/if", known, cond)
+                lists.append(("if", if_then_else(cond, then, other, negated)))
         if "not" in node:
-            negated = negate(self.optional(node["not"], f"{path}/not"), known)
+            negated = self._negation(node["not"], f"{path}/not", known)
             if negated is None:
-                raise reject("not", path, "only a type, an enum, or properties/required can "
-                                          "be negated")
+                raise reject("not", path, "only types, enums, bounds, properties/required, "
+                                          "anyOf of those, and a one-class pattern can be "
+                                          "negated")
             lists.append(("not", negated))
         deps: dict = {}
         if isinstance(node.get("dependentRequired"), dict):
@@ -154,6 +157,18 @@ class _Normalizer:
         for key, alts in lists:
             out = self._distribute(out, key, alts, path)
         return out
+
+    def _negation(self, raw: Any, path: str, context: dict, normal: Any = None) -> list | None:
+        """Alternatives exactly equal to ``not raw`` within ``context``, or None. Read as
+        written where that is simpler; else from the normal form (``normal``, if known), only
+        when that is exact (the complement of a narrowed schema would be wider)."""
+        positive = negate_raw(raw)
+        if positive is not None:  # used as alternatives: narrowing them is sound
+            return [self.optional(p, path) for p in positive]
+        if not exactly_normalized(raw, lambda ref: self.refs.resolve(ref, path)):
+            return None
+        normal = self.optional(raw, path) if normal is None else normal
+        return negate(normal, context, lambda a, b: self.sub(a, b, path))
 
     def _distribute(self, out: Any, key: str, alts: list, path: str) -> Any:
         """``out`` and one of ``alts`` (an anyOf of each pair that has instances)."""
