@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any, Callable
 
 from .rejection import Impossible, reject
@@ -103,19 +104,45 @@ def _multiple_of(x: Any, y: Any, path: str) -> Any:
 
 
 def _merge_object_keys(a: dict, b: dict, out: dict, path: str, sub: Sub) -> None:
-    """``properties`` by name; a name only one side lists meets the other side's
-    ``additionalProperties`` (``patternProperties`` on one side only, when the other side
-    says nothing about keys)."""
-    a_keys = any(k in a for k in ("properties", "patternProperties", "additionalProperties"))
-    b_keys = any(k in b for k in ("properties", "patternProperties", "additionalProperties"))
-    if ("patternProperties" in a and b_keys) or ("patternProperties" in b and a_keys):
-        raise reject("patternProperties", path, "patternProperties combined (allOf or beside "
-                                                "anyOf/oneOf) with other property keywords")
+    """``properties`` by name: each name gets what both sides give a key of that name (its
+    property schema, else every ``patternProperties`` schema whose pattern it matches, else
+    ``additionalProperties``). One side's ``patternProperties`` are kept as they are when the
+    other side gives unlisted keys no schema (they then mean the same in the result), and
+    dropped when it forbids them; anything else is rejected."""
+    if "patternProperties" in a and "patternProperties" in b:
+        raise reject("patternProperties", path, "patternProperties on both sides of a merge "
+                                                "(allOf or beside anyOf/oneOf)")
+    for mine, other in ((a, b), (b, a)):
+        if "patternProperties" in mine:
+            if other.get("additionalProperties") is False:
+                out.pop("patternProperties", None)  # unlisted keys are forbidden anyway
+            elif other.get("additionalProperties", {}) != {}:
+                raise reject("patternProperties", path, "patternProperties merged with "
+                                                        "additionalProperties on the other side")
     pa, pb = a.get("properties", {}), b.get("properties", {})
     props = {}
     for name in list(pa) + [n for n in pb if n not in pa]:
-        x = pa[name] if name in pa else a.get("additionalProperties", {})
-        y = pb[name] if name in pb else b.get("additionalProperties", {})
-        props[name] = sub(x, y, f"{path}/properties/{name}")
+        where = f"{path}/properties/{name}"
+        props[name] = sub(_key_schema(a, name, where, sub), _key_schema(b, name, where, sub),
+                          where)
     if props:
         out["properties"] = props
+
+
+def _key_schema(node: dict, name: str, path: str, sub: Sub) -> Any:
+    """The schema ``node`` gives the value of key ``name`` (JSON Schema searches the
+    ``patternProperties`` patterns anywhere in the name, and applies every one that matches)."""
+    matched = []
+    for pattern, schema in (node.get("patternProperties") or {}).items():
+        try:
+            if re.search(pattern, name):
+                matched.append(schema)
+        except re.error as e:
+            raise reject("patternProperties", path, f"the pattern does not parse: {e}") from None
+    if name in node.get("properties", {}):
+        out = node["properties"][name]
+    else:
+        out = {} if matched else node.get("additionalProperties", {})
+    for schema in matched:
+        out = sub(out, schema, path)
+    return out
