@@ -9,6 +9,7 @@ import math
 import re
 from typing import Any, Callable
 
+from .pattern_meet import meet_pattern_keywords
 from .rejection import Impossible, reject
 
 LOWER = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
@@ -84,6 +85,8 @@ def _merge_keyword(key: str, x: Any, y: Any, path: str, sub: Sub) -> Any:
         return bool(x or y)
     if key == "multipleOf":
         return _multiple_of(x, y, path)
+    if key == "pattern":
+        return meet_pattern_keywords(x, y, path)
     if key in _CHILD:
         return sub(x, y, f"{path}/{key}")
     if key == "prefixItems":

@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from .pattern_length import fold_lengths
+from .pattern_meet import meet_pattern_keywords
 from .patterns import Unfoldable
 from .rejection import Impossible, reject
 
@@ -52,9 +53,10 @@ def normalize_string(node: dict, path: str) -> dict:
     """``node`` with its format as a pattern and its length bounds reconciled with it."""
     fmt = node.get("format")
     if fmt in FORMAT_PATTERNS:
-        if "pattern" in node and node["pattern"] != FORMAT_PATTERNS[fmt]:
-            raise reject("format", path, f"format {fmt!r} together with a pattern")
-        node = {**node, "pattern": FORMAT_PATTERNS[fmt]}
+        pattern = FORMAT_PATTERNS[fmt]
+        if "pattern" in node and node["pattern"] != pattern:
+            pattern = meet_pattern_keywords(node["pattern"], pattern, path)
+        node = {**node, "pattern": pattern}
         del node["format"]
     if "pattern" in node:
         _check_assertions(node["pattern"], path)

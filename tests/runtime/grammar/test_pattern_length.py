@@ -5,7 +5,6 @@ and mutations of both; then end to end through the normalizer and xgrammar."""
 from __future__ import annotations
 
 import json
-import random
 import re
 from pathlib import Path
 
@@ -16,7 +15,9 @@ from hypothesis import strategies as st
 from sgdsl.runtime.errors import InvalidRequestError
 from sgdsl.runtime.grammar.schema import normalize_schema
 from sgdsl.runtime.grammar.schema.pattern_length import fold_lengths
-from sgdsl.runtime.grammar.schema.patterns import Node, Unfoldable, parse_pattern
+from sgdsl.runtime.grammar.schema.patterns import Unfoldable
+
+from .regex_sampling import candidates as _candidates
 
 # (pattern, minLength, maxLength)
 FOLDABLE = [
@@ -50,43 +51,6 @@ UNFOLDABLE = [
     ("^(?P<n>a)b*$", 0, 4),
     ("^a*$b", 0, 4),
 ]
-_ALPHABET = ([chr(c) for c in range(1, 127)] + ["é", "ж", "中", "\u2028"])
-
-
-def _chars(atom: str) -> list[str]:
-    return [c for c in _ALPHABET if re.fullmatch(atom, c, re.DOTALL if atom == "." else 0)]
-
-
-def _sample(node: Node, rng: random.Random, reach: int) -> str:
-    """A string that ``node`` should fully match, repeats running up to ``reach`` times."""
-    if node.kind == "atom":
-        return rng.choice(_chars(node.text) or ["\x00"])
-    if node.kind in ("group", "seq"):
-        return "".join(_sample(c, rng, reach) for c in node.children)
-    if node.kind == "alt":
-        return _sample(rng.choice(node.children), rng, reach)
-    hi = node.hi if node.hi is not None else node.lo + reach
-    k = rng.choice([node.lo, hi, rng.randint(node.lo, hi)])
-    return "".join(_sample(node.children[0], rng, reach) for _ in range(k))
-
-
-def _mutations(s: str, rng: random.Random) -> list[str]:
-    i = rng.randint(0, len(s))
-    c = rng.choice(_ALPHABET)
-    return [s[:i] + c + s[i:], s[:i] + s[i + 1:], s + s[-1:], s[:-1], s + c]
-
-
-def _candidates(pattern: str, folded: str, reach: int, seed: int) -> set[str]:
-    rng = random.Random(seed)
-    trees = [parse_pattern(pattern), parse_pattern(folded)]
-    out: set[str] = set()
-    for _ in range(400):
-        s = _sample(rng.choice(trees), rng, reach)
-        out.add(s)
-        out.update(_mutations(s, rng))
-    return out
-
-
 def _wanted(pattern: str, lo: int, hi: int | None, s: str) -> bool:
     return bool(re.fullmatch(pattern, s)) and lo <= len(s) and (hi is None or len(s) <= hi)
 
