@@ -13,10 +13,18 @@ about ``log(max_new_tokens)`` times before it nears its budget and every step on
 ``slack_tokens + need`` tokens; a plan still ahead of the output (the model sampled its next
 token) is reused without searching.
 
-The repetition guard ends runaway output early: when the last ``repetition_window`` tokens
-repeat one pattern of at most ``_MAX_PERIOD`` tokens (a string of one repeated token, digits
-forever), the value is completed right away. It is checked every ``repetition_window // 2``
-tokens, not per token.
+One sampled token can raise ``need`` by far more than the slack: a ``,`` opening another array
+item whose required keys and date-time take 40 tokens, a level of recursive nesting (jump-
+forward adds its keys at once) 20 more each step. So the reserve kept beside ``need`` is the
+largest ``need`` the request has shown (at least ``slack_tokens``, at most a quarter of
+``max_new_tokens``): a value it needed once can be opened again (the next array item, another
+level of the same recursion), and the value is completed while the budget still holds it. When the bounded search finds nothing, ``search_deep``
+tries again (scaled by the output's length, capped in time); repeated failures back off.
+
+The repetition guard ends runaway output early (``runaway.py``): when the last
+``repetition_window`` tokens repeat one pattern of at most 4 tokens, or a longer one (up to half
+the window) inside one string or number or nesting deeper each time, the value is completed
+right away. It is checked every ``repetition_window // 2`` tokens, not per token.
 """
 from __future__ import annotations
 
@@ -26,10 +34,11 @@ from typing import Any, Sequence
 from ..errors import InvalidRequestError
 from .base import Grammar
 from .jump_forward import JumpForward, force_text
+from .runaway import is_runaway
 from .shortest import CompletionSearch
 
-_MAX_PERIOD = 4
 _COUNT_CACHE = 4096
+_LEVELS = 3  # closers a continuation is looked for behind (each costs a search)
 # Finish reason of a request that ends at a complete value without sampling its stop token
 # (one returning logprobs: a stop token it did not sample would have none).
 COMPLETED = {"type": "stop", "matched": None}
@@ -66,6 +75,8 @@ class _Budget:
     need: int = 0  # tokens it takes, stop token included
     finishing: bool = False  # forced and applied; a logprob request awaits their scoring
     checked: bool = False  # the plan was replayed from this state (not a shared estimate)
+    peak: int = 0  # the largest need measured
+    failures: int = 0  # searches in a row that found nothing (deep ones included)
 
 
 class CompletionTracker:
@@ -76,6 +87,8 @@ class CompletionTracker:
         self.search = CompletionSearch(tokenizer, vocab_size, stop_ids,
                                        max_expansions=config.max_expansions)
         self._counts: dict[str, int] = {}  # text -> token count (see _count)
+        comma = tokenizer.encode(",", add_special_tokens=False)
+        self._comma = comma[0] if len(comma) == 1 else None
         self.forced = 0  # requests completed by force
         self.repetitions = 0  # of those, ended by the repetition guard
 
@@ -92,7 +105,7 @@ class CompletionTracker:
         repeating = self._repeating(req.output_ids)
         if n >= budget.search_at or repeating:
             self._measure(req, grammar, budget, check=False)  # an estimate
-        slack = req.sampling_params.max_new_tokens - n - budget.need - self.config.slack_tokens
+        slack = req.sampling_params.max_new_tokens - n - budget.need - self._reserve(req, budget)
         if budget.plan is not None and (slack <= 0 or repeating) and (
                 budget.plan_at != n or not budget.checked):
             self._measure(req, grammar, budget)  # about to force: from the current state
@@ -103,14 +116,22 @@ class CompletionTracker:
             budget.search_at = min(budget.search_at, n + max(1, slack // 3))
             budget.check_at = min(budget.search_at, self._next_repetition_check(n))
             return None
-        plan = self._apply(req, grammar, budget.plan, req.sampling_params.max_new_tokens - n)
-        if plan is None:  # does not fit (any more): measure again next step
-            budget.search_at = budget.check_at = n + 1
+        remaining = req.sampling_params.max_new_tokens - n
+        plan = self._apply(req, grammar, budget.plan, remaining)
+        if plan is None:  # does not fit (any more): measure again when it might
+            # NOTE: an output token shortens the need by a few tokens at most; measuring each
+            # step while a deep nesting needs 500 tokens more than are left was 2-4 ms a step
+            budget.search_at = budget.check_at = n + max(1, (budget.need - remaining) // 4)
             return None
         self.forced += 1
         self.repetitions += int(repeating)
         budget.finishing = True
         return plan
+
+    def _reserve(self, req: Any, budget: _Budget) -> int:
+        """Tokens kept beside ``need``: room for the next rise of it (see the module doc)."""
+        cap = req.sampling_params.max_new_tokens // 4
+        return max(self.config.slack_tokens, min(budget.peak, cap))
 
     def _measure(self, req: Any, grammar: Grammar, budget: _Budget, check: bool = True) -> None:
         n = len(req.output_ids)
@@ -118,13 +139,40 @@ class CompletionTracker:
         budget.checked = check or (ahead is not None and budget.checked)
         if ahead is None:
             found = self.search.search(grammar, check=check)
+            if found is None and budget.failures < 4:  # the rare path: search harder
+                found = self.search.search_deep(grammar, n)
+                budget.checked = True  # searched from this very state
             ahead = None if found is None else found.text
         budget.plan, budget.plan_at = ahead, n
-        if ahead is None:  # nothing found within the search bound: try again later
-            budget.need, budget.search_at = 0, n + 8
+        if ahead is None:  # nothing found: try again later, less often each time in a row
+            budget.failures += 1
+            budget.need, budget.search_at = 0, n + (8 << min(budget.failures - 1, 3))
             return
-        budget.need = self._count(ahead) + 1
+        budget.need, budget.failures = self._count(ahead) + 1, 0
+        budget.peak = max(budget.peak, budget.need, self._continued(grammar, ahead))
         budget.search_at = 1 << 62  # plan() sets the next search from the slack
+
+    def _continued(self, grammar: Grammar, plan: str) -> int:
+        """Where the plan starts by closing values (``}]}``): the largest need if the model
+        writes "," after any of those closers instead (a new array item, another key), which
+        the peak must hold; 0 elsewhere. NOTE: the first new item was otherwise a jump the
+        peak had not seen yet (a ``},`` token closes an item and opens the next at once)."""
+        closers = len(plan) - len(plan.lstrip("]}"))
+        if self._comma is None or not closers:
+            return 0
+        most = 0
+        for k in range(min(closers, _LEVELS) + 1):
+            ids = self.tokenizer.encode(plan[:k], add_special_tokens=False) if k else []
+            ids.append(self._comma)
+            if not grammar.accept_tokens(ids):
+                continue
+            try:
+                found = self.search.search(grammar, check=False)
+            finally:
+                grammar.rollback(len(ids))
+            if found is not None:
+                most = max(most, len(ids) + self._count(found.text) + 1)
+        return most
 
     def _count(self, text: str) -> int:
         """Tokens ``text`` encodes to. NOTE: requests sharing a search answer (or the rest of
@@ -168,10 +216,7 @@ class CompletionTracker:
 
     def _repeating(self, output_ids: list[int]) -> bool:
         window = self.config.repetition_window
-        if not window or len(output_ids) < window + _MAX_PERIOD:
-            return False
-        tail = output_ids[-window - _MAX_PERIOD:]
-        return any(tail[p:] == tail[:-p] for p in range(1, _MAX_PERIOD + 1))
+        return bool(window) and is_runaway(self.tokenizer, output_ids, window)
 
     def _next_repetition_check(self, n: int) -> int:
         window = self.config.repetition_window

@@ -14,13 +14,17 @@ its length in characters. The moves out of a state, in order:
 States are merged by ``Grammar.state_key()`` (all the letters inside a JSON string lead to one
 state), which keeps the search to a few expansions per token of the answer. The work is
 bounded (``max_expansions``); the answer is the cheapest complete path found, and since every
-move was accepted by the matcher itself, any answer is a valid continuation.
+move was accepted by the matcher itself, any answer is a valid continuation. Where that bound
+finds nothing (deep nesting: every level is a few moves), ``search_deep`` tries again with a
+bound scaled by the caller's effort and capped in time: the rare path, so the common one stays
+cheap.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
 import string
+import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -30,6 +34,7 @@ import numpy as np
 import torch
 
 from .base import Grammar, StateKey, allocate_bitmask
+from .search_walk import Bound, Walker
 
 # NOTE: order matters twice: it breaks ties between equally short paths, and it decides which
 # characters are tried first when a state allows many (at most ``max_tries``): one digit and
@@ -41,6 +46,7 @@ PRIORITY = ('"}])' + ",:" + "0a" + "A1" + " -._@/+#$%&'*;<=>?[^`{|~!(" + string.
 
 
 _MAX_DEPTH = 256  # moves on one depth-first path
+_DEEP_FACTOR = 16  # search_deep: at most this many times max_expansions (and 4x the depth)
 _COMPLETING_TRIES = 16  # candidates checked for finishing the value in one move
 _ROOT = "start"  # the cache's state key of a matcher that accepted nothing
 
@@ -58,11 +64,12 @@ class CompletionSearch:
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: Sequence[int], *,
                  max_expansions: int = 256, max_tries: int = 64,
-                 cache_size: int = 4096) -> None:
+                 cache_size: int = 4096, deep_seconds: float = 0.05) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.stop_ids = frozenset(stop_ids)
         self.max_expansions = max_expansions
+        self.deep_seconds = deep_seconds  # wall-clock cap of one search_deep
         self.max_tries = max_tries  # single-character moves tried per state
         ids = [_single_token(tokenizer, c) for c in PRIORITY]
         self._alphabet = [(c, i) for c, i in zip(PRIORITY, ids) if i is not None and i < vocab_size]
@@ -75,6 +82,7 @@ class CompletionSearch:
         self._cache: OrderedDict[Hashable, tuple[Any, Completion]] = OrderedDict()
         self.cache_size = cache_size
         self.searches = 0
+        self.deep_searches = 0
         self.cache_hits = 0
 
     def search(self, grammar: Grammar, check: bool = True) -> Completion | None:
@@ -132,27 +140,42 @@ class CompletionSearch:
         state = grammar.state_key()
         return () if state is None else ((id(scope), state.full), (id(scope), "local", state.local))
 
-    def _search(self, grammar: Grammar) -> Completion | None:
+    def search_deep(self, grammar: Grammar, effort: int) -> Completion | None:
+        """After ``search`` found nothing: a search with ``max_expansions + 8 * effort``
+        expansions (at most ``_DEEP_FACTOR`` times the usual), a deeper path allowed, stopped
+        after ``deep_seconds`` whatever it reached (an expansion costs 0.01-20 ms depending on
+        the grammar). ``effort`` is the caller's measure of how far the answer may be (the
+        output's length: nesting grows with it). Not cached: it is the rare path."""
+        if grammar.is_terminated():
+            return None
+        self.deep_searches += 1
+        expansions = min(self.max_expansions * _DEEP_FACTOR, self.max_expansions + 8 * effort)
+        return self._search(grammar, Bound(expansions, _MAX_DEPTH * 4,
+                                            time.perf_counter() + self.deep_seconds))
+
+    def _search(self, grammar: Grammar, bound: Bound | None = None) -> Completion | None:
         self.searches += 1
-        walker = _Walker(grammar)
+        walker = Walker(grammar)
+        bound = bound or Bound(self.max_expansions, _MAX_DEPTH, None)
         try:
             if grammar.exact_state_key:
-                path = self._uniform_cost(grammar, walker)
+                path = self._uniform_cost(grammar, walker, bound)
             else:
-                path = self._depth_first(grammar, walker)
+                path = self._depth_first(grammar, walker, bound)
         finally:
             walker.goto(())
         if path is None:
             return None
         return Completion(path, self.tokenizer.decode(list(path)))
 
-    def _uniform_cost(self, grammar: Grammar, walker: "_Walker") -> tuple[int, ...] | None:
+    def _uniform_cost(self, grammar: Grammar, walker: Walker,
+                      bound: Bound) -> tuple[int, ...] | None:
         """Exact keys: the cheapest path in tokens (over the moves above), each state once."""
         order = itertools.count()
         heap: list[tuple[int, int, tuple[int, ...]]] = [(0, next(order), ())]
         root = grammar.state_key()
         best: dict[Hashable, int] = {} if root is None else {root.full: 0}
-        for _ in range(self.max_expansions):
+        for _ in bound.steps():
             if not heap:
                 return None
             cost, _, path = heapq.heappop(heap)
@@ -168,7 +191,8 @@ class CompletionSearch:
                 heapq.heappush(heap, (cost + step, next(order), path + ids))
         return None
 
-    def _depth_first(self, grammar: Grammar, walker: "_Walker") -> tuple[int, ...] | None:
+    def _depth_first(self, grammar: Grammar, walker: Walker,
+                     bound: Bound) -> tuple[int, ...] | None:
         """Inexact keys (xgrammar): a depth-first walk taking moves in priority order, moves
         back into a state already on the path (another digit, another letter: a loop) last.
         Globally merging states would be unsound here (an inexact key can hide a repetition
@@ -177,14 +201,14 @@ class CompletionSearch:
         stack: list[tuple[tuple[int, ...], Iterator, Hashable]] = []
         node: tuple[int, ...] = ()
         on_path: list[Hashable] = []
-        for _ in range(self.max_expansions):
+        for _ in bound.steps():
             if grammar.is_completed():
                 return node
-            if len(stack) < _MAX_DEPTH:
+            if len(stack) < bound.depth:
                 here = grammar.state_key()
                 local = None if here is None else here.local
                 on_path.append(local)
-                stack.append((node, iter(self._moves(grammar, set(on_path))), local))
+                stack.append((node, iter(self._moves(grammar, set(on_path), local)), local))
             while stack:
                 node, moves, _ = stack[-1]
                 walker.goto(node)
@@ -199,10 +223,13 @@ class CompletionSearch:
                 return None
         return None
 
-    def _moves(self, grammar: Grammar, loops: set) -> Iterator[tuple[tuple[int, ...], int, StateKey | None]]:
+    def _moves(self, grammar: Grammar, loops: set, here: Hashable = None,
+               ) -> Iterator[tuple[tuple[int, ...], int, StateKey | None]]:
         """(token ids, cost in tokens, state key after them) for each move out of here, lazily
         (a depth-first walk usually needs the first). Moves into a state of equal ``full`` key
-        are one move; moves whose ``local`` key is in ``loops`` come after all others."""
+        are one move; moves whose ``local`` key is in ``loops`` come after all others: first
+        one back to an earlier state on the path, then one staying in ``here`` (the local key
+        of this state)."""
         forced = grammar.jump_forward_string()
         if forced:
             ids = tuple(self.tokenizer.encode(forced, add_special_tokens=False))
@@ -244,7 +271,12 @@ class CompletionSearch:
             key = None if tid is None else _try(grammar, (tid,))
             if key is not None:
                 yield (tid,), 1, None if key is _NO_KEY else key
-        yield from later[:1]
+        # NOTE: a loop back to an earlier state walks the cycle on, so that state's other
+        # moves (an exit: "-v0" ending a pattern [a-z]+(-[a-z]+)*-v[0-9]+) are tried on the
+        # next visit; staying here ("a" after "a") only counts, and taken first it was a
+        # trap: "aaaa..." to the depth bound, then the same from every state above.
+        back = [m for m in later if m[2].local != here][:1]
+        yield from back + [m for m in later if m[2].local == here][:1]
 
     @staticmethod
     def _completing(grammar: Grammar, candidates: list[int]) -> tuple | None:
@@ -292,27 +324,6 @@ def _try(grammar: Grammar, ids: tuple[int, ...]) -> Hashable | None:
     key = grammar.state_key()
     grammar.rollback(len(ids))
     return _NO_KEY if key is None else key
-
-
-class _Walker:
-    """Moves one matcher between search paths by rolling back to the common prefix."""
-
-    def __init__(self, grammar: Grammar) -> None:
-        self.grammar = grammar
-        self.path: tuple[int, ...] = ()
-
-    def goto(self, path: tuple[int, ...]) -> bool:
-        common = 0
-        for a, b in zip(self.path, path):
-            if a != b:
-                break
-            common += 1
-        self.grammar.rollback(len(self.path) - common)
-        self.path = self.path[:common]
-        if self.grammar.accept_tokens(path[common:]):
-            self.path = path
-            return True
-        return False
 
 
 def _completes(grammar: Grammar, ids: Sequence[int]) -> bool:

@@ -120,3 +120,104 @@ def test_config_is_validated():
     with pytest.raises(InvalidRequestError) as e:
         CompletionConfig(slack_tokens=-1)
     assert e.value.field == "grammar_completion_slack"
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+@pytest.mark.parametrize("head,chunk,runaway", [
+    ('{"regions": ["golang-', "jenkins-xxx-minimal-", True),  # inside one string
+    ('{"n": 1', "2345678", True),  # inside one number
+    ('{"from": 1, "bodyParts": [', '{"bodyParts": [', True),  # nesting deeper each time
+    ("la la la, ", "the cat sat down, ", True),  # not JSON: the whole output is one value
+    ('{"regions": [', '"golang-xp-open-v1", ', False),  # an array of equal items
+    ('[{"a": 1, "b": "xy"}, ', '{"a": 1, "b": "x"}, ', False),
+])
+def test_long_periods_are_runaway_only_inside_a_value_or_nesting(tokenizer, head, chunk,
+                                                                 runaway):
+    from sgdsl.runtime.grammar.runaway import SHORT_PERIOD, is_runaway, period
+
+    ids = _ids(tokenizer, head) + _ids(tokenizer, chunk) * 12  # as a model repeats tokens
+    assert SHORT_PERIOD < period(ids, 32) <= 16
+    assert is_runaway(tokenizer, ids, 32) == runaway
+    few = _ids(tokenizer, head) + _ids(tokenizer, chunk) * 2
+    assert not period(few, 32) and not is_runaway(tokenizer, few, 32)  # too short to tell
+
+
+def test_short_periods_are_runaway_anywhere(tokenizer):
+    from sgdsl.runtime.grammar.runaway import is_runaway, period
+
+    ids = _ids(tokenizer, "[" + "0, " * 30)
+    assert 1 <= period(ids, 32) <= 4 and is_runaway(tokenizer, ids, 32)
+    assert period(ids, 0) == 0
+
+
+class PreferRunner(HashRunner):
+    """A stand-in model with habits: token ``cycle[context length % len(cycle)]`` first, then
+    ``prefer`` in order, where the grammar allows them (the hash logits decide the rest);
+    ``spacing`` apart in logits (1: the next preference is often sampled instead)."""
+
+    def __init__(self, cycle=(), prefer=(), spacing: float = 10.0) -> None:
+        super().__init__(num_slots=4096, max_reqs=16)
+        self.cycle, self.prefer, self.spacing = list(cycle), list(prefer), spacing
+
+    def forward(self, b) -> torch.Tensor:
+        logits = super().forward(b)
+        lens = [b.extend_prefix_lens_cpu[i] + j + 1 for i in range(b.batch_size)
+                for j in range(b.extend_seq_lens_cpu[i])]
+        if b.logits_indices is not None:
+            lens = [lens[k] for k in b.logits_indices.tolist()]
+        for row, n in enumerate(lens):
+            for rank, tok in enumerate(self.prefer):
+                logits[row, tok] += 100.0 - self.spacing * rank
+            if self.cycle:
+                logits[row, self.cycle[n % len(self.cycle)]] += 200.0
+        return logits
+
+
+def test_repetition_guard_ends_a_long_period_inside_a_string(backend, tokenizer):
+    cycle = _ids(tokenizer, "golang-xp-open-saml")  # 11 tokens: over the short period
+    schema = {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]}
+    reqs = [({"json_schema": json.dumps(schema)}, 240)]  # the stand-in's context: 256
+    (res,), manager = _run(backend, tokenizer, CompletionConfig(), reqs,
+                           runner=PreferRunner(cycle=cycle))
+    assert res["finish"]["type"] == "stop" and len(res["ids"]) < 100, len(res["ids"])
+    value = json.loads(tokenizer.decode(res["ids"][:-1]))
+    assert "golang-xp-open-saml" * 3 in value["s"]
+    assert manager.completion.repetitions == 1
+
+
+def test_repetition_guard_ends_nesting_that_keeps_growing(backends, tokenizer):
+    tree = {"type": "object", "required": ["name", "kids"],
+            "properties": {"name": {"type": "string"},
+                           "kids": {"type": "array", "items": {"$ref": "#"}}}}
+    prefer = [_ids(tokenizer, t)[0] for t in ('",', '"', ' [{', '{"', "kids", '":', "[")]
+    reqs = [({"json_schema": json.dumps(tree)}, 240)]  # the stand-in's context: 256
+    (res,), manager = _run(backends["xgrammar"], tokenizer, CompletionConfig(), reqs,
+                           runner=PreferRunner(prefer=prefer))
+    text = tokenizer.decode(res["ids"][:-1])
+    assert res["finish"]["type"] == "stop" and len(res["ids"]) < 150, text
+    assert text.count('"kids"') >= 5 and json.loads(text)
+    assert manager.completion.repetitions == 1, text
+
+
+def test_a_new_array_item_never_outgrows_the_budget(backend, tokenizer):
+    """A "," between items raises the need from 2 tokens to a whole item (a date-time is ~20
+    of them): the reserve kept beside the need (the largest need seen) still holds it."""
+    item = {"type": "object", "required": ["measurement", "timestamp", "value"],
+            "properties": {"measurement": {"type": "string"},
+                           "timestamp": {"type": "string", "format": "date-time"},
+                           "value": {"type": "number"}}}
+    schema = {"type": "object", "required": ["data"],
+              "properties": {"data": {"type": "array", "items": item}}}
+    prefer = [_ids(tokenizer, t)[0] for t in ('"},', "},", ",", ' {"', '{"', '"')]
+    budgets = list(range(150, 241, 6))  # the stand-in model's context ends at 256
+    reqs = [({"json_schema": json.dumps(schema)}, b) for b in budgets]
+    # NOTE: a noisy habit (spacing 1) ends items at varied points: some "," then comes with
+    # the budget too short for the next item unless the reserve held it (most were cut before)
+    results, _ = _run(backend, tokenizer, CompletionConfig(), reqs,
+                      runner=PreferRunner(prefer=prefer, spacing=1.0))
+    for budget, res in zip(budgets, results):
+        assert res["finish"]["type"] == "stop", (budget, tokenizer.decode(res["ids"]))
+        _check_value(reqs[0][0], tokenizer.decode(res["ids"][:-1]))

@@ -173,3 +173,32 @@ def test_answers_shared_between_states_of_one_parse_step(backend, tokenizer):
     b = search.search(second, check=False)
     assert a is not None and b is not None and search.searches == 1, (a, b)
     assert second.accept_tokens(b.token_ids) and second.is_completed()
+
+
+@pytest.mark.parametrize("prefix", ['["golang-xxx-', '["golang-x', '["golang-xxx-jenkins'])
+def test_pattern_loops_do_not_trap_the_search(backend, search, tokenizer, prefix):
+    """Inside ``[a-z]+(-+[a-z]+)*-v[0-9]+`` every letter loops back to one state: taking that
+    loop first walked "aaaa..." to the depth bound from every state (the real-world schema
+    Github_easy__o83392 was cut at its budget); loops back to earlier states come first now."""
+    schema = {"type": "array", "items": {"type": "string",
+                                         "pattern": "^[a-z]+(?:-+[a-z]+)*-v[0-9]+$"}}
+    grammar = _grammar(backend, "json_schema", json.dumps(schema))
+    assert grammar.accept_tokens(tokenizer.encode(prefix, add_special_tokens=False))
+    rest = _complete(search, grammar)
+    assert len(rest) <= 10 and json.loads(prefix + rest), rest
+
+
+def test_search_deep_scales_where_the_bound_finds_nothing(backends, tokenizer):
+    tree = {"type": "object", "required": ["name", "kids"],
+            "properties": {"name": {"type": "string"},
+                           "kids": {"type": "array", "items": {"$ref": "#"}}}}
+    grammar = _grammar(backends["xgrammar"], "json_schema", json.dumps(tree))
+    prefix = '{"name": "", "kids": [' * 12
+    assert grammar.accept_tokens(tokenizer.encode(prefix, add_special_tokens=False))
+    small = CompletionSearch(tokenizer, VOCAB, [EOS], max_expansions=8)
+    assert small.search(grammar) is None
+    found = small.search_deep(grammar, effort=len(prefix))
+    assert found is not None and json.loads(prefix + found.text)
+    assert grammar.num_accepted == len(tokenizer.encode(prefix, add_special_tokens=False))
+    hurried = CompletionSearch(tokenizer, VOCAB, [EOS], max_expansions=8, deep_seconds=0.0)
+    assert hurried.search_deep(grammar, effort=len(prefix)) is None  # the time cap holds
