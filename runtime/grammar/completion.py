@@ -153,15 +153,16 @@ class CompletionTracker:
         budget.search_at = 1 << 62  # plan() sets the next search from the slack
 
     def _continued(self, grammar: Grammar, plan: str) -> int:
-        """Where the plan starts by closing values (``}]}``): the largest need if the model
+        """Where the plan starts by closing values (``"}]}``): the largest need if the model
         writes "," after any of those closers instead (a new array item, another key), which
         the peak must hold; 0 elsewhere. NOTE: the first new item was otherwise a jump the
         peak had not seen yet (a ``},`` token closes an item and opens the next at once)."""
-        closers = len(plan) - len(plan.lstrip("]}"))
+        closers = len(plan) - len(plan.lstrip('"]}'))
         if self._comma is None or not closers:
             return 0
         most = 0
-        for k in range(min(closers, _LEVELS) + 1):
+        # NOTE: a closing quote counts (a '"},' token ends a string, an item, opens the next)
+        for k in range(int(plan[0] == '"'), min(closers, _LEVELS) + 1):
             ids = self.tokenizer.encode(plan[:k], add_special_tokens=False) if k else []
             ids.append(self._comma)
             if not grammar.accept_tokens(ids):
