@@ -10,7 +10,7 @@ from typing import Any, Callable
 import jsonschema
 
 from .arrays import normalize_array
-from .merge import type_set
+from .merge import key_schema, type_set
 from .rejection import Impossible, reject
 from .strings import normalize_string
 
@@ -32,7 +32,7 @@ def finalize(node: Any, path: str, sub: Sub) -> Any:
         node = normalize_array(node, path, sub)
     node = _array_positions(node, path)
     _check_object(node, path)
-    _list_required(node)
+    _list_required(node, path, sub)
     if "enum" in node or "const" in node:
         return _enum_only(node, path)
     return node
@@ -97,20 +97,19 @@ def _check_object(node: dict, path: str) -> None:
             raise Impossible(path, "no property name is allowed")
 
 
-def _list_required(node: dict) -> None:
+def _list_required(node: dict, path: str, sub: Sub) -> None:
     """A required name missing from ``properties`` becomes a listed property with the schema
-    ``additionalProperties`` gives it (any value if none): the backends emit listed properties
-    only (xgrammar skips a required name it has no property for, so ``{"required":
-    ["username"]}`` beside other properties produced objects without it). A name a
-    ``patternProperties`` pattern may match is left as it is (its schema would be the merge)."""
+    the node gives a key of that name (``merge.key_schema``: the ``patternProperties`` it
+    matches, else ``additionalProperties``, else any value): the backends emit listed
+    properties only (xgrammar skips a required name it has no property for, so ``{"required":
+    ["username"]}`` beside other properties produced objects without it, and so did required
+    names only a ``patternProperties`` pattern matched)."""
     required = node.get("required") or []
     props = node.get("properties") or {}
     missing = [n for n in required if isinstance(n, str) and n not in props]
-    if not missing or "patternProperties" in node:
-        return
-    extra = node.get("additionalProperties")
-    value = extra if isinstance(extra, dict) else {}
-    node["properties"] = {**props, **{n: value for n in missing}}
+    if missing:
+        node["properties"] = {**props, **{n: key_schema(node, n, f"{path}/properties/{n}", sub)
+                                          for n in missing}}
 
 
 def _enum_only(node: dict, path: str) -> dict:

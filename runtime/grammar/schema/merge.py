@@ -126,13 +126,13 @@ def _merge_object_keys(a: dict, b: dict, out: dict, path: str, sub: Sub) -> None
     props = {}
     for name in list(pa) + [n for n in pb if n not in pa]:
         where = f"{path}/properties/{name}"
-        props[name] = sub(_key_schema(a, name, where, sub), _key_schema(b, name, where, sub),
+        props[name] = sub(key_schema(a, name, where, sub), key_schema(b, name, where, sub),
                           where)
     if props:
         out["properties"] = props
 
 
-def _key_schema(node: dict, name: str, path: str, sub: Sub) -> Any:
+def key_schema(node: dict, name: str, path: str, sub: Sub) -> Any:
     """The schema ``node`` gives the value of key ``name`` (JSON Schema searches the
     ``patternProperties`` patterns anywhere in the name, and applies every one that matches)."""
     matched = []

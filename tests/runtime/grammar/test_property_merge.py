@@ -78,3 +78,22 @@ def test_pattern_properties_merge_is_exact(name, schema, instances):
 def test_merges_needing_pattern_intersections_are_rejected(schema):
     with pytest.raises(InvalidRequestError, match="'patternProperties' at #"):
         normalize_schema(schema)
+
+
+def test_required_names_only_patterns_match_are_listed_with_the_patterns_schemas():
+    # xgrammar emits listed properties only: a required name left unlisted was skipped
+    # (Github_medium__o83286's attributes lacked every required key)
+    schema = {"type": "object", "required": ["ab", "b1", "zz"],
+              "patternProperties": {"^a": {"type": "integer"}, "b": {"minimum": 0},
+                                    "^[a-z]+$": {"maximum": 9}}}
+    norm = normalize_schema(schema)
+    props = norm["properties"]
+    assert set(props) == {"ab", "b1", "zz"}
+    for name, value, ok in (("ab", 3, True), ("ab", 10, False), ("ab", 1.5, False),
+                            ("b1", -1, False), ("b1", 50, True), ("zz", 10, False),
+                            ("zz", 9, True)):
+        assert _valid(_as_backends_read(norm), {"ab": 1, "b1": 1, "zz": 1, name: value}) == ok
+        assert _valid(schema, {"ab": 1, "b1": 1, "zz": 1, name: value}) == ok
+    closed = {**schema, "additionalProperties": False, "required": ["ab", "Q"]}
+    with pytest.raises(InvalidRequestError, match="no instance"):
+        normalize_schema(closed)
