@@ -87,6 +87,7 @@ class CompletionTracker:
         self.search = CompletionSearch(tokenizer, vocab_size, stop_ids,
                                        max_expansions=config.max_expansions)
         self._counts: dict[str, int] = {}  # text -> token count (see _count)
+        self._continuations: dict[tuple, int] = {}  # see _continued
         comma = tokenizer.encode(",", add_special_tokens=False)
         self._comma = comma[0] if len(comma) == 1 else None
         self.forced = 0  # requests completed by force
@@ -149,7 +150,8 @@ class CompletionTracker:
             budget.need, budget.search_at = 0, n + (8 << min(budget.failures - 1, 3))
             return
         budget.need, budget.failures = self._count(ahead) + 1, 0
-        budget.peak = max(budget.peak, budget.need, self._continued(grammar, ahead))
+        if budget.peak < req.sampling_params.max_new_tokens // 4:  # else the cap holds it
+            budget.peak = max(budget.peak, budget.need, self._continued(grammar, ahead))
         budget.search_at = 1 << 62  # plan() sets the next search from the slack
 
     def _continued(self, grammar: Grammar, plan: str) -> int:
@@ -160,6 +162,21 @@ class CompletionTracker:
         closers = len(plan) - len(plan.lstrip('"]}'))
         if self._comma is None or not closers:
             return 0
+        # NOTE: kept per compiled grammar, local state and closers (the end-zone steps of
+        # many requests ask again); an estimate like the peak it feeds, so a key that joins
+        # two states (or an id reused by a later grammar) costs accuracy, not validity
+        state, scope = grammar.state_key(), grammar.cache_scope()
+        if state is None or scope is None:
+            return self._continue(grammar, plan, closers)
+        key = (id(scope), state.local, plan[:min(closers, _LEVELS)])
+        most = self._continuations.get(key)
+        if most is None:
+            most = self._continuations[key] = self._continue(grammar, plan, closers)
+            if len(self._continuations) > _COUNT_CACHE:
+                del self._continuations[next(iter(self._continuations))]
+        return most
+
+    def _continue(self, grammar: Grammar, plan: str, closers: int) -> int:
         most = 0
         # NOTE: a closing quote counts (a '"},' token ends a string, an item, opens the next)
         for k in range(int(plan[0] == '"'), min(closers, _LEVELS) + 1):
