@@ -48,6 +48,7 @@ PRIORITY = ('"}])' + ",:" + "0a" + "A1" + " -._@/+#$%&'*;<=>?[^`{|~!(" + string.
 _MAX_DEPTH = 256  # moves on one depth-first path
 _DEEP_FACTOR = 16  # search_deep: at most this many times max_expansions (and 4x the depth)
 _COMPLETING_TRIES = 16  # candidates checked for finishing the value in one move
+_CLOSERS = "}]"  # moves that end a nesting level: finitely many, so never deferred as loops
 _ROOT = "start"  # the cache's state key of a matcher that accepted nothing
 
 
@@ -251,7 +252,7 @@ class CompletionSearch:
         seen: set = set()
         later = []
         tries = 0
-        for (_, tid), ok in zip(self._alphabet, allowed):
+        for (char, tid), ok in zip(self._alphabet, allowed):
             if not ok or tries >= self.max_tries:
                 continue
             tries += 1
@@ -262,7 +263,9 @@ class CompletionSearch:
                 yield (tid,), 1, None
                 continue
             seen.add(key.full)
-            if key.local in loops:
+            # NOTE: closing a container is never a loop: nested levels of one rule (any JSON
+            # value) look alike locally, and deferring "}" made the walk open members forever
+            if key.local in loops and char not in _CLOSERS:
                 later.append(((tid,), 1, key))
             else:
                 yield (tid,), 1, key

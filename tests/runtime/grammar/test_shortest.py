@@ -202,3 +202,16 @@ def test_search_deep_scales_where_the_bound_finds_nothing(backends, tokenizer):
     assert grammar.num_accepted == len(tokenizer.encode(prefix, add_special_tokens=False))
     hurried = CompletionSearch(tokenizer, VOCAB, [EOS], max_expansions=8, deep_seconds=0.0)
     assert hurried.search_deep(grammar, effort=len(prefix)) is None  # the time cap holds
+
+
+def test_nested_any_values_close_instead_of_growing(backends, search, tokenizer):
+    """Nested levels of "any JSON value" are one rule in xgrammar (outlines nests them one
+    level): after a "}" the next "}" looks like a loop back, and deferring it walked on with
+    ", " and new members until the bound ran out (Github_easy__o90953 was cut: no completion
+    found 6 levels deep). Closers are never deferred."""
+    schema = {"type": "object", "properties": {"result": {}}, "required": ["result"]}
+    prefix = '{"result": ' + "".join(f'{{"k{i}": ' for i in range(8)) + "1"
+    grammar = _grammar(backends["xgrammar"], "json_schema", json.dumps(schema))
+    assert grammar.accept_tokens(tokenizer.encode(prefix, add_special_tokens=False))
+    rest = _complete(search, grammar)
+    assert rest == "}" * 9, rest
