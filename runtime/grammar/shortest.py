@@ -74,6 +74,8 @@ class CompletionSearch:
         self.max_tries = max_tries  # single-character moves tried per state
         ids = [_single_token(tokenizer, c) for c in PRIORITY]
         self._alphabet = [(c, i) for c, i in zip(PRIORITY, ids) if i is not None and i < vocab_size]
+        chars = [c for c, _ in self._alphabet]
+        self._quote_at = chars.index('"') if '"' in chars else None
         alpha = np.array([i for _, i in self._alphabet], dtype=np.int64)
         # numpy, not torch: small CPU ops per expansion (see ``allocate_bitmask``)
         self._words, self._shifts = alpha // 32, (alpha % 32).astype(np.uint32)
@@ -252,6 +254,7 @@ class CompletionSearch:
         seen: set = set()
         later = []
         tries = 0
+        quote = self._quote_at is not None and bool(allowed[self._quote_at])
         for (char, tid), ok in zip(self._alphabet, allowed):
             if not ok or tries >= self.max_tries:
                 continue
@@ -264,8 +267,9 @@ class CompletionSearch:
                 continue
             seen.add(key.full)
             # NOTE: closing a container is never a loop: nested levels of one rule (any JSON
-            # value) look alike locally, and deferring "}" made the walk open members forever
-            if key.local in loops and char not in _CLOSERS:
+            # value) look alike locally, and deferring "}" made the walk open members forever.
+            # Where a quote may come, "}" may be string content: deferred as before.
+            if key.local in loops and (char not in _CLOSERS or quote):
                 later.append(((tid,), 1, key))
             else:
                 yield (tid,), 1, key
