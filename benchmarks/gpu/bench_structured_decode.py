@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import step_timeline  # noqa: E402
 from common import device_line, model_dir, print_table, random_prompts  # noqa: E402
 
 SCHEMA = {
@@ -248,6 +249,8 @@ def main() -> None:
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--timeline", action="store_true",
+                    help="per-step device/host timeline (step_timeline.py)")
     ap.add_argument("--switch-interval", type=float, default=None,
                     help="sys.setswitchinterval seconds (default: the scheduler process's)")
     ap.add_argument("--no-match-lengths", dest="match_lengths", action="store_false",
@@ -265,6 +268,8 @@ def main() -> None:
     config, runner = build_runner(a.model, max(a.batches))
     vocab = int(runner.model_config.vocab_size)
     backend = create_grammar_backend("xgrammar", tok, vocab, EOS)
+    if a.timeline:
+        step_timeline.install()
     if a.breakdown:
         instrument()
         gc.callbacks.append(_gc_timer)
@@ -296,7 +301,13 @@ def main() -> None:
             # (16 tokens: jump-forward's first extends with a cached prefix JIT-compile too)
             run_mode(sched, prompts, mode != "unconstrained", 16)
             sched.memory.flush()
+            if a.timeline:
+                step_timeline.start()
             res = run_mode(sched, prompts, mode != "unconstrained", a.max_new, matched)
+            if a.timeline:
+                tl = step_timeline.stop()
+                print(f"timeline bs={bs} {mode}: " + ", ".join(
+                    f"{k} {v:.3f}" for k, v in tl.items()), flush=True)
             if mode == "mask-only" and a.match_lengths:
                 lengths = [len(res["by_rid"][f"r{i}"]["output_ids"]) for i in range(bs)]
             summaries[mode] = (res, summarize(res, tok))
