@@ -8,7 +8,8 @@ its length in characters. The moves out of a state, in order:
 1. the jump-forward string, when the grammar forces text (then it is the only move);
 2. else the single-character tokens the state's bitmask allows, in an order that finishes JSON
    and everyday regexes fast: closing quote/brace/bracket/paren, separators, ``0``-``9``,
-   ``a``-``z``, ``A``-``Z``, the rest of printable ASCII;
+   ``a``-``z``, ``A``-``Z``, the rest of printable ASCII; where a quote may come but no
+   letter or digit (just after ``{`` or ``[``), the closers before the quote;
 3. where none of those is allowed (non-ASCII text), the shortest allowed token.
 
 States are merged by ``Grammar.state_key()`` (all the letters inside a JSON string lead to one
@@ -76,6 +77,10 @@ class CompletionSearch:
         self._alphabet = [(c, i) for c, i in zip(PRIORITY, ids) if i is not None and i < vocab_size]
         chars = [c for c, _ in self._alphabet]
         self._quote_at = chars.index('"') if '"' in chars else None
+        self._text_at = np.array([k for k, c in enumerate(chars) if c.isalnum()], dtype=np.int64)
+        # the order where a quote would open a key or an item: closers first (see ``_moves``)
+        self._closers_first = sorted(range(len(chars)), key=lambda k: chars[k] != "}"
+                                     and chars[k] != "]")
         alpha = np.array([i for _, i in self._alphabet], dtype=np.int64)
         # numpy, not torch: small CPU ops per expansion (see ``allocate_bitmask``)
         self._words, self._shifts = alpha // 32, (alpha % 32).astype(np.uint32)
@@ -242,7 +247,8 @@ class CompletionSearch:
                 return
         row = allocate_bitmask(1, self.vocab_size)
         grammar.fill_bitmask(row, 0)
-        allowed = ((row[0].numpy().view(np.uint32)[self._words] >> self._shifts) & 1).tolist()
+        bits = (row[0].numpy().view(np.uint32)[self._words] >> self._shifts) & 1
+        allowed = bits.tolist()
         candidates = [tid for (_, tid), ok in zip(self._alphabet, allowed) if ok]
         # NOTE: the finishing check accepts and rolls back each candidate (a few microseconds
         # each, per expansion); a value ends on a closer, a digit or an early letter far more
@@ -255,7 +261,14 @@ class CompletionSearch:
         later = []
         tries = 0
         quote = self._quote_at is not None and bool(allowed[self._quote_at])
-        for (char, tid), ok in zip(self._alphabet, allowed):
+        # NOTE: a quote where no letter or digit may come opens a key or a string item (just
+        # after '{' or '['), and the first complete path is the answer: quote first, the walk
+        # filled an object of optional members ("devices": {"net_a0": {"name": ""}}) and the
+        # estimate overshot the budget. Inside a string a letter may come and "}" is content.
+        in_string = quote and bool(bits[self._text_at].any())
+        order = self._closers_first if quote and not in_string else range(len(allowed))
+        for at in order:
+            (char, tid), ok = self._alphabet[at], allowed[at]
             if not ok or tries >= self.max_tries:
                 continue
             tries += 1
@@ -268,8 +281,8 @@ class CompletionSearch:
             seen.add(key.full)
             # NOTE: closing a container is never a loop: nested levels of one rule (any JSON
             # value) look alike locally, and deferring "}" made the walk open members forever.
-            # Where a quote may come, "}" may be string content: deferred as before.
-            if key.local in loops and (char not in _CLOSERS or quote):
+            # Inside a string "}" is content: deferred as before.
+            if key.local in loops and (char not in _CLOSERS or in_string):
                 later.append(((tid,), 1, key))
             else:
                 yield (tid,), 1, key

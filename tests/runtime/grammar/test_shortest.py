@@ -215,3 +215,17 @@ def test_nested_any_values_close_instead_of_growing(backends, search, tokenizer)
     assert grammar.accept_tokens(tokenizer.encode(prefix, add_special_tokens=False))
     rest = _complete(search, grammar)
     assert rest == "}" * 9, rest
+
+
+def test_optional_members_close_right_after_the_opening(backends, search):
+    """Just after "{" or "[" a quote opens a key or an item: taken first, the walk filled an
+    object of pattern-matched members and an array of strings, and the estimate overshot
+    (Github_medium__o83286: 568 tokens for a 557-token value, its "devices" given a member).
+    xgrammar only: outlines rejects patternProperties, and its search costs paths exactly."""
+    member = {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}
+    schema = {"type": "object", "required": ["devices", "tags"], "properties": {
+        "devices": {"type": "object", "patternProperties": {"net_[a-z]+[0-9]+": member}},
+        "tags": {"type": "array", "items": {"type": "string"}}}}
+    grammar = _grammar(backends["xgrammar"], "json_schema", json.dumps(schema))
+    text = _complete(search, grammar)
+    assert json.loads(text) == {"devices": {}, "tags": []}, text
