@@ -6,12 +6,14 @@ forward, after it (before sampling) and after the sampling, and host clocks at t
 points. From them, per decode step (averaged over steps of the run):
 
 - ``fwd``: device time of the forward;
-- ``fwd->samp end``: from the forward's end to the sampling's end on the device (sampling
-  plus any wait for the host to launch it: the mask not ready yet);
+- ``wait samp``: from the forward's end to the sampling's start on the device (the host had
+  not launched it: the mask was not ready);
+- ``samp``: device time of the sampling (mask upload and application included);
 - ``idle``: from the sampling's end to the next forward's start (the host had not launched it);
 - host ``launch fwd``: host time inside the forward call (graph replay);
 - host ``fwd->samp launch``: host time from the forward launched to the sampling launched
-  (with overlap: reading the previous step, grammar accept/fill);
+  (with overlap: reading the previous step, grammar accept/fill), of which ``ids wait`` is
+  spent waiting for the previous step's sampled ids;
 - host ``samp->next fwd``: host time from the sampling launched to the next forward launched
   (bookkeeping, scheduling, building the next batch).
 
@@ -26,6 +28,8 @@ import torch
 
 _MARKS: list[tuple] = []  # (kind, host time, cuda event)
 _ON = [False]
+_WAITS: list[float] = []  # host seconds in HostIds.tolist
+SEGMENTS: dict[str, float] = {}  # host seconds by part of a decode read (see _segments)
 
 
 def _mark(kind: str) -> None:
@@ -39,9 +43,12 @@ def _mark(kind: str) -> None:
 def install() -> None:
     """Wrap ``ModelRunner.forward`` and ``BatchSampler.sample_ids`` with marks."""
     from sgdsl.runtime.model.runner import ModelRunner
+    from sgdsl.runtime.scheduler.inflight import HostIds
     from sgdsl.runtime.scheduler.sample_step import BatchSampler
+    from sgdsl.runtime.scheduler.stepping import Stepping
 
-    fwd, samp = ModelRunner.forward, BatchSampler.sample_ids
+    fwd, samp, launch, tolist = (ModelRunner.forward, BatchSampler.sample_ids,
+                                 Stepping._sample, HostIds.tolist)
 
     def forward(self, batch, __fn=fwd):
         _mark("fwd0" if batch.mode.is_decode else "ext0")
@@ -54,11 +61,72 @@ def install() -> None:
         _mark("samp")
         return out
 
+    def _sample(self, *a, __fn=launch, **kw):
+        _mark("samp0")
+        return __fn(self, *a, **kw)
+
+    def host_tolist(self, __fn=tolist):
+        t0 = time.perf_counter()
+        try:
+            return __fn(self)
+        finally:
+            if _ON[0]:
+                _WAITS.append(time.perf_counter() - t0)
+
     ModelRunner.forward, BatchSampler.sample_ids = forward, sample_ids
+    Stepping._sample, HostIds.tolist = _sample, host_tolist
+    _segments()
+
+
+def _segments() -> None:
+    """Host time inside a decode step's read, by part (``SEGMENTS``, ms per decode read)."""
+    from sgdsl.runtime.grammar.manager import GrammarManager
+    from sgdsl.runtime.grammar.prefetch import MaskPrefetch
+    from sgdsl.runtime.scheduler.inflight import HostIds
+    from sgdsl.runtime.scheduler.scheduler import Scheduler
+    from sgdsl.runtime.scheduler.stepping import Stepping
+
+    in_read = [False]
+
+    def timed(owner, attr, key, only_in_read=True):
+        fn = getattr(owner, attr)
+
+        def wrapped(*a, __fn=fn, **kw):
+            if not _ON[0] or (only_in_read and not in_read[0]):
+                return __fn(*a, **kw)
+            t0 = time.perf_counter()
+            try:
+                return __fn(*a, **kw)
+            finally:
+                SEGMENTS[key] = SEGMENTS.get(key, 0.0) + time.perf_counter() - t0
+        setattr(owner, attr, wrapped)
+
+    read = Stepping._read
+
+    def _read(self, step, __fn=read):
+        decode = step.mode.is_decode
+        if not _ON[0] or not decode:
+            return __fn(self, step)
+        in_read[0] = True
+        t0 = time.perf_counter()
+        try:
+            return __fn(self, step)
+        finally:
+            in_read[0] = False
+            SEGMENTS["read"] = SEGMENTS.get("read", 0.0) + time.perf_counter() - t0
+            SEGMENTS["reads"] = SEGMENTS.get("reads", 0.0) + 1e-3
+    Stepping._read = _read
+    timed(HostIds, "tolist", "read: ids wait")
+    timed(GrammarManager, "after_sample", "read: after_sample")
+    timed(MaskPrefetch, "result", "read: prefetch wait")
+    timed(Scheduler, "_finish_and_send", "read: finish+send")
+    timed(GrammarManager, "fill_bitmask", "fill rest", only_in_read=False)
 
 
 def start() -> None:
     _MARKS.clear()
+    _WAITS.clear()
+    SEGMENTS.clear()
     _ON[0] = True
 
 
@@ -68,19 +136,27 @@ def stop() -> dict[str, float]:
     torch.cuda.synchronize()
     m = list(_MARKS)
     _MARKS.clear()
-    acc = {k: 0.0 for k in ("fwd", "fwd->samp end", "idle", "launch fwd",
+    acc = {k: 0.0 for k in ("fwd", "wait samp", "samp", "idle", "launch fwd",
                             "fwd->samp launch", "samp->next fwd")}
     n = 0
-    for i in range(len(m) - 3):
-        kinds = [x[0] for x in m[i:i + 4]]
-        if kinds != ["fwd0", "fwd1", "samp", "fwd0"]:
+    for i in range(len(m) - 4):
+        kinds = [x[0] for x in m[i:i + 5]]
+        if kinds != ["fwd0", "fwd1", "samp0", "samp", "fwd0"]:
             continue
-        (_, h0, e0), (_, h1, e1), (_, h2, e2), (_, h3, e3) = m[i:i + 4]
+        (_, h0, e0), (_, h1, e1), (_, h2, e2), (_, _, e3), (_, h4, e4) = m[i:i + 5]
         acc["fwd"] += e0.elapsed_time(e1)
-        acc["fwd->samp end"] += e1.elapsed_time(e2)
-        acc["idle"] += e2.elapsed_time(e3)
+        acc["wait samp"] += e1.elapsed_time(e2)
+        acc["samp"] += e2.elapsed_time(e3)
+        acc["idle"] += e3.elapsed_time(e4)
         acc["launch fwd"] += 1e3 * (h1 - h0)
         acc["fwd->samp launch"] += 1e3 * (h2 - h1)
-        acc["samp->next fwd"] += 1e3 * (h3 - h2)
+        acc["samp->next fwd"] += 1e3 * (h4 - h2)
         n += 1
-    return {"steps": n, **{k: v / max(n, 1) for k, v in acc.items()}}
+    out = {"steps": n, **{k: v / max(n, 1) for k, v in acc.items()}}
+    out["ids wait"] = 1e3 * sum(_WAITS) / max(n, 1)
+    _WAITS.clear()
+    reads = max(1e3 * SEGMENTS.pop("reads", 0.0), 1)
+    out.update({k: 1e3 * v / reads for k, v in SEGMENTS.items()})
+    out["decode reads"] = reads
+    SEGMENTS.clear()
+    return out

@@ -82,15 +82,26 @@ def bitmask_width(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 
 
-def allocate_bitmask(batch_size: int, vocab_size: int, pin: bool = False) -> torch.Tensor:
+def allocate_bitmask(batch_size: int, vocab_size: int, pin: bool = False,
+                     init: bool = True) -> torch.Tensor:
     """A CPU int32 bitmask with every token allowed (-1 = all 32 bits set); ``pin``: in
-    page-locked memory, for a non-blocking copy to the GPU."""
+    page-locked memory, for a non-blocking copy to the GPU. ``init=False``: rows left
+    undefined, for a caller that writes every row (a fill, or ``open_rows``)."""
     bitmask = torch.empty((batch_size, bitmask_width(vocab_size)), dtype=torch.int32,
                           pin_memory=pin)
-    # NOTE: filled through numpy (one thread): a torch fill this size wakes the intra-op
-    # OpenMP pool, whose spinning threads then slow the grammar's own fill threads.
-    bitmask.numpy().fill(-1)
+    if init:
+        # NOTE: filled through numpy (one thread): a torch fill this size wakes the intra-op
+        # OpenMP pool, whose spinning threads then slow the grammar's own fill threads.
+        bitmask.numpy().fill(-1)
     return bitmask
+
+
+def open_rows(bitmask: torch.Tensor, rows: Sequence[int]) -> None:
+    """Allow every token in ``rows`` of a CPU bitmask."""
+    if len(rows) == bitmask.shape[0]:
+        bitmask.numpy().fill(-1)
+    elif rows:
+        bitmask.numpy()[list(rows)] = -1
 
 
 class StateKey(NamedTuple):

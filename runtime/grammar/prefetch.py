@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .base import accept_token_grouped, allocate_bitmask, fill_bitmask_grouped
+from .base import accept_token_grouped, allocate_bitmask, fill_bitmask_grouped, open_rows
 
 _EXECUTOR: cf.ThreadPoolExecutor | None = None
 
@@ -40,7 +40,9 @@ class MaskPrefetch:
 
     def __init__(self, reqs: Sequence[Any], vocab_size: int, pin: bool = False) -> None:
         self.rows = {id(r): i for i, r in enumerate(reqs)}
-        self.bitmask = allocate_bitmask(len(reqs), vocab_size, pin=pin)
+        # NOTE: rows undefined until filled here or opened by the manager's fill_bitmask
+        # (setting 4 MB to -1 each step at 256 rows cost ~1 ms of the scheduler thread)
+        self.bitmask = allocate_bitmask(len(reqs), vocab_size, pin=pin, init=False)
         self.filled: set[int] = set()  # rows the job filled
         self._job: cf.Future | None = None
 
@@ -74,6 +76,5 @@ class MaskPrefetch:
 
     def reopen(self, rows: Sequence[int]) -> None:
         """Allow every token in ``rows`` (filled, but their requests left the step)."""
-        if rows:
-            self.bitmask.numpy()[list(rows)] = -1
-            self.filled.difference_update(rows)
+        open_rows(self.bitmask, rows)
+        self.filled.difference_update(rows)

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from ..errors import InvalidRequestError
@@ -62,15 +63,9 @@ class XGrammarGrammar(Grammar):
                 if g._compiled.json_safe is not None]
         if not safe:
             return
-        # NOTE: numpy, not torch: one thread (see base.allocate_bitmask); one filter row per
-        # backend, so the rows sharing it are and-ed in one call.
         words = bitmask.numpy()
         for filt in {id(f): f for _, f in safe}.values():
-            idx = [r for r, f in safe if f is filt]
-            if len(idx) == words.shape[0]:
-                words &= filt.numpy()
-            else:
-                words[idx] &= filt.numpy()
+            _and_rows(words, sorted(r for r, f in safe if f is filt), filt.numpy())
 
     @classmethod
     def accept_token_batch(cls, grammars: Sequence[Grammar],
@@ -197,6 +192,27 @@ class XGrammarBackend(GrammarBackend):
         matcher = self._xgr.GrammarMatcher(compiled.grammar,
                                            override_stop_tokens=list(self.eos_token_ids))
         return XGrammarGrammar(matcher, compiled)
+
+
+def _and_rows(words: Any, rows: Sequence[int], filt: Any) -> None:
+    """``words[r] &= filt`` for the sorted ``rows``, in place over runs of adjacent rows.
+    NOTE: numpy, not torch (see base.allocate_bitmask); a fancy-indexed ``&=`` copies the rows
+    out and back. Many rows are split over the accept pool (numpy releases the GIL): one
+    thread took ~1 ms for 256 rows on the H100 host, on the path to the sampling launch."""
+    runs, start = [], 0
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or rows[i] != rows[i - 1] + 1:
+            runs.append((rows[start], rows[i - 1] + 1))
+            start = i
+    step = max(_MIN_ACCEPT_CHUNK, -(-len(rows) // _fill_threads()))
+    spans = [(lo, min(lo + step, end)) for first, end in runs for lo in range(first, end, step)]
+
+    def run(span: tuple[int, int]) -> None:
+        np.bitwise_and(words[span[0]:span[1]], filt, out=words[span[0]:span[1]])
+    if len(spans) == 1:
+        run(spans[0])
+    else:
+        list(_accept_pool().map(run, spans))
 
 
 _MIN_ACCEPT_CHUNK = 16  # rows per accept task: below this a thread hop costs more than it saves

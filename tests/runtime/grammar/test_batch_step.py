@@ -171,6 +171,8 @@ def _prefetch_case(backend, tokenizer, prefetched: bool):
             req.completion = _Budget(check_at=1 << 30, search_at=1 << 30)
         reqs.append(req)
     prefetch = manager.prefetch(reqs) if prefetched else None
+    if prefetch is not None:  # its rows start undefined: garbage must not survive the step
+        prefetch.bitmask.fill_(0x1234)
     manager.after_sample(reqs, FinishChecker([EOS], None), batch_size=len(reqs),
                          prefetch=prefetch)
     bitmask = manager.fill_bitmask(reqs, None, prefetch)
@@ -195,3 +197,19 @@ def test_prefetched_rows_match_the_scheduler_thread(backends, tokenizer):
         assert torch.equal(mask[row], ref_mask[row])
     assert (mask[1] == -1).all() and (mask[3] == -1).all()  # left the step: open
     assert got[2].completion is not None  # measured on the scheduler thread
+
+
+def test_and_rows_over_runs_and_threads():
+    """The JSON filter is and-ed in place over runs of adjacent rows, split over threads."""
+    import numpy as np
+
+    from sgdsl.runtime.grammar.xgrammar_backend import _and_rows
+
+    rng = np.random.default_rng(0)
+    words = rng.integers(-2**31, 2**31 - 1, size=(300, 70), dtype=np.int32)
+    filt = rng.integers(-2**31, 2**31 - 1, size=70, dtype=np.int32)
+    rows = sorted(set(rng.integers(0, 300, 220).tolist()) | set(range(40, 140)))
+    expected = words.copy()
+    expected[rows] &= filt
+    _and_rows(words, rows, filt)
+    assert (words == expected).all()
