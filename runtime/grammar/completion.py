@@ -11,7 +11,10 @@ Cheap per step: ``due`` is one comparison. A measurement runs at the first sampl
 then at geometrically shrinking intervals (a third of the slack left), so a request measures
 about ``log(max_new_tokens)`` times before it nears its budget and every step only in the last
 ``slack_tokens + need`` tokens; a plan still ahead of the output (the model sampled its next
-token) is reused without searching.
+token) is reused without searching. An estimate far from the end that the answer cache
+lacks is searched on a helper thread from a copy of the matcher and taken a fixed number of
+steps later (``estimate.py``); the measurement that forces is made here, from the request's
+own state.
 
 One sampled token can raise ``need`` by far more than the slack: a ``,`` opening another array
 item whose required keys and date-time take 40 tokens, a level of recursive nesting (jump-
@@ -29,16 +32,20 @@ right away. It is checked every ``repetition_window // 2`` tokens, not per token
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..errors import InvalidRequestError
 from .base import Grammar
+from .estimate import COLLECT_AFTER, EstimateJobs
 from .jump_forward import JumpForward, force_text
 from .runaway import is_runaway
-from .shortest import CompletionSearch
+from .shortest import CompletionSearch, completes
 
 _COUNT_CACHE = 4096
 _LEVELS = 3  # closers a continuation is looked for behind (each costs a search)
+# An estimate goes to the helper thread only this many tokens or more before the one in hand
+# would force (more than estimate.COLLECT_AFTER: the answer comes that many steps late).
+_ASYNC_MARGIN = 8
 # Finish reason of a request that ends at a complete value without sampling its stop token
 # (one returning logprobs: a stop token it did not sample would have none).
 COMPLETED = {"type": "stop", "matched": None}
@@ -53,6 +60,7 @@ class CompletionConfig:
     slack_tokens: int = 4
     repetition_window: int = 32  # 0 turns the repetition guard off
     max_expansions: int = 256  # search work per measurement
+    async_estimates: bool = True  # estimates far from the end on a helper thread
 
     def __post_init__(self) -> None:
         for name in ("slack_tokens", "repetition_window", "max_expansions"):
@@ -77,6 +85,7 @@ class _Budget:
     checked: bool = False  # the plan was replayed from this state (not a shared estimate)
     peak: int = 0  # the largest need measured
     failures: int = 0  # searches in a row that found nothing (deep ones included)
+    job: Any = None  # estimate.Pending: a search out on the helper thread
 
 
 class CompletionTracker:
@@ -88,6 +97,8 @@ class CompletionTracker:
                                        max_expansions=config.max_expansions)
         self._counts: dict[str, int] = {}  # text -> token count (see _count)
         self._continuations: dict[tuple, int] = {}  # see _continued
+        # estimates far from the budget's end, searched on a helper thread (estimate.py)
+        self.jobs = EstimateJobs(self.search) if config.async_estimates else None
         comma = tokenizer.encode(",", add_special_tokens=False)
         self._comma = comma[0] if len(comma) == 1 else None
         self.forced = 0  # requests completed by force
@@ -104,8 +115,55 @@ class CompletionTracker:
         budget = req.completion = req.completion or _Budget()
         n = len(req.output_ids)
         repeating = self._repeating(req.output_ids)
-        if n >= budget.search_at or repeating:
+        if budget.job is not None and n >= budget.job.at + COLLECT_AFTER:
+            self._collect(req, budget)
+        if repeating or n >= budget.search_at and budget.job is None and not self._submit(
+                req, grammar, budget, n):
             self._measure(req, grammar, budget, check=False)  # an estimate
+        plan = self._decide(req, grammar, budget, n, repeating)
+        if budget.job is not None:  # its answer is taken then
+            budget.check_at = min(budget.check_at, budget.job.at + COLLECT_AFTER)
+        return plan
+
+    def _submit(self, req: Any, grammar: Grammar, budget: _Budget, n: int) -> bool:
+        """Measure an estimate without searching on this thread, where it may come a few
+        steps late: not the first measurement and not near the end of the budget. The
+        previous plan or the answer cache may answer at once; else the search goes to the
+        helper thread (estimate.py). False: measure here."""
+        remaining = req.sampling_params.max_new_tokens - n
+        if (self.jobs is None or not budget.peak
+                or remaining - budget.need - self._reserve(req, budget) < _ASYNC_MARGIN
+                or self._plan_ahead(req, budget) is not None):
+            return False
+        hit, keys = self.search.cached(grammar, check=False)
+        if hit is not None:
+            budget.checked = False
+            self._record(req, budget, hit.text, n, lambda: self._continued(grammar, hit.text))
+            return True
+        budget.job = self.jobs.submit(grammar, n, keys, budget.failures < 4)
+        return budget.job is not None
+
+    def _collect(self, req: Any, budget: _Budget) -> None:
+        """Take the answer of ``req``'s estimate (``COLLECT_AFTER`` steps after it was asked,
+        always, so that when a request is forced never depends on threads)."""
+        pending, budget.job = budget.job, None
+        found = pending.answer()
+        if pending.shared != "full":
+            if pending.shared == "local" and (found is None or not completes(
+                    pending.grammar, found.token_ids)):  # another state's: not this one's
+                found = self.search.search(pending.grammar, check=False)
+            else:
+                self.search.store(pending.grammar, pending.keys, found)
+                self.jobs.taken(pending)
+        if pending.at < budget.plan_at:  # a measurement from a later state is in
+            return
+        text = None if found is None else found.text
+        budget.checked = False
+        self._record(req, budget, text, pending.at,
+                     lambda: self._continued(pending.grammar, text))
+
+    def _decide(self, req: Any, grammar: Grammar, budget: _Budget, n: int,
+                repeating: bool) -> JumpForward | None:
         slack = req.sampling_params.max_new_tokens - n - budget.need - self._reserve(req, budget)
         if budget.plan is not None and (slack <= 0 or repeating) and (
                 budget.plan_at != n or not budget.checked):
@@ -144,14 +202,21 @@ class CompletionTracker:
                 found = self.search.search_deep(grammar, n)
                 budget.checked = True  # searched from this very state
             ahead = None if found is None else found.text
-        budget.plan, budget.plan_at = ahead, n
-        if ahead is None:  # nothing found: try again later, less often each time in a row
+        self._record(req, budget, ahead, n, lambda: self._continued(grammar, ahead))
+
+    def _record(self, req: Any, budget: _Budget, plan: str | None, at: int,
+                continued: Callable[[], int]) -> None:
+        """Keep a measurement: ``plan`` found from the state after ``at`` output tokens
+        (None: nothing found); ``continued``: see ``_continued`` (called only if needed)."""
+        n = len(req.output_ids)
+        budget.plan, budget.plan_at = plan, at
+        if plan is None:  # nothing found: try again later, less often each time in a row
             budget.failures += 1
             budget.need, budget.search_at = 0, n + (8 << min(budget.failures - 1, 3))
             return
-        budget.need, budget.failures = self._count(ahead) + 1, 0
+        budget.need, budget.failures = self._count(plan) + 1, 0
         if budget.peak < req.sampling_params.max_new_tokens // 4:  # else the cap holds it
-            budget.peak = max(budget.peak, budget.need, self._continued(grammar, ahead))
+            budget.peak = max(budget.peak, budget.need, continued())
         budget.search_at = 1 << 62  # plan() sets the next search from the slack
 
     def _continued(self, grammar: Grammar, plan: str) -> int:

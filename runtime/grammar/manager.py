@@ -267,6 +267,8 @@ class GrammarManager(Forcing):
     def shutdown(self) -> None:
         if self._owns_compiler:
             self.compiler.shutdown()
+        if self.completion is not None and self.completion.jobs is not None:
+            self.completion.jobs.shutdown()
 
 
 def create_grammar_manager(config: Any, tokenizer: Any, vocab_size: int,

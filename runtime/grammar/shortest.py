@@ -88,6 +88,7 @@ class CompletionSearch:
         # (id of the compiled grammar, state key) -> (weak reference to that grammar, answer),
         # least recently used first; the reference tells a reused id from the grammar's own.
         self._cache: OrderedDict[Hashable, tuple[Any, Completion]] = OrderedDict()
+        # NOTE: the scheduler thread's only: the estimate thread searches with ``fresh``
         self.cache_size = cache_size
         self.searches = 0
         self.deep_searches = 0
@@ -106,6 +107,17 @@ class CompletionSearch:
         (completion.py replays it before forcing it); the start state needs no replay."""
         if grammar.is_terminated():
             return None
+        hit, keys = self.cached(grammar, check)
+        if hit is not None:
+            return hit
+        found = self._search(grammar)
+        self.store(grammar, keys, found)
+        return found
+
+    def cached(self, grammar: Grammar, check: bool = True,
+               ) -> tuple[Completion | None, tuple[Hashable, ...]]:
+        """``search``'s answer if the cache has it for ``grammar``'s state (else None), and
+        the state's cache keys (for ``store``)."""
         keys = self._cache_keys(grammar)
         for i, key in enumerate(keys):
             hit = self._lookup(key)
@@ -115,17 +127,26 @@ class CompletionSearch:
             # valid completion, at worst longer than the shortest, which makes an estimate
             # that forces early, never late.
             if hit is not None and (key[1] is _ROOT or (not check and i == 0)
-                                    or _completes(grammar, hit.token_ids)):
+                                    or completes(grammar, hit.token_ids)):
                 self._cache.move_to_end(key)
                 self.cache_hits += 1
-                return hit
-        found = self._search(grammar)
-        if found is not None:
-            for key in keys:
-                self._cache[key] = (weakref.ref(grammar.cache_scope()), found)
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
-        return found
+                return hit, keys
+        return None, keys
+
+    def store(self, grammar: Grammar, keys: tuple[Hashable, ...],
+              found: Completion | None) -> None:
+        """Share ``found`` (searched from ``grammar``'s state, whose keys are ``keys``)."""
+        if found is None:
+            return
+        for key in keys:
+            self._cache[key] = (weakref.ref(grammar.cache_scope()), found)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+
+    def fresh(self, grammar: Grammar) -> Completion | None:
+        """A bounded search from ``grammar``'s state, cache untouched: safe on another thread
+        than the cache's (estimate.py), on a grammar no one else uses meanwhile."""
+        return None if grammar.is_terminated() else self._search(grammar)
 
     def _lookup(self, key: Hashable) -> Completion | None:
         entry = self._cache.get(key)
@@ -346,7 +367,7 @@ def _try(grammar: Grammar, ids: tuple[int, ...]) -> Hashable | None:
     return _NO_KEY if key is None else key
 
 
-def _completes(grammar: Grammar, ids: Sequence[int]) -> bool:
+def completes(grammar: Grammar, ids: Sequence[int]) -> bool:
     """True if ``ids`` take ``grammar`` to a complete state (``grammar`` left as it was)."""
     if not grammar.accept_tokens(ids):
         return False

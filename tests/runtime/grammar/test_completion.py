@@ -221,3 +221,26 @@ def test_a_new_array_item_never_outgrows_the_budget(backend, tokenizer):
     for budget, res in zip(budgets, results):
         assert res["finish"]["type"] == "stop", (budget, tokenizer.decode(res["ids"]))
         _check_value(reqs[0][0], tokenizer.decode(res["ids"][:-1]))
+
+
+LONG = [({"json_schema": json.dumps(PERSON)}, 120), ({"json_schema": json.dumps(PERSON)}, 90),
+        ({"regex": SENTENCE}, 64), ({"json_schema": '{"type": "object"}'}, 80)]
+
+
+def test_estimates_on_the_helper_thread_are_deterministic(backend, tokenizer):
+    """Estimates far from the budget's end are searched on a helper thread and taken a fixed
+    number of steps later: two runs give the same outputs, every one complete, as without."""
+    runs = [_run(backend, tokenizer, CompletionConfig(), LONG) for _ in range(2)]
+    (first, manager), (second, _) = runs
+    assert [r["ids"] for r in first] == [r["ids"] for r in second]
+    for (constraint, budget), res in zip(LONG, first):
+        assert res["finish"]["type"] == "stop" and res["ids"][-1] == EOS
+        assert len(res["ids"]) <= budget
+        _check_value(constraint, tokenizer.decode(res["ids"][:-1]))
+    # the native backend's searches went to the helper; outlines' stay on this thread
+    jobs = manager.completion.jobs
+    assert (jobs.submitted > 0) == (backend.name == "xgrammar"), jobs.submitted
+    off, _ = _run(backend, tokenizer, CompletionConfig(async_estimates=False), LONG)
+    for (constraint, _), res in zip(LONG, off):
+        assert res["finish"]["type"] == "stop"
+        _check_value(constraint, tokenizer.decode(res["ids"][:-1]))
