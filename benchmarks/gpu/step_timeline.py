@@ -121,6 +121,13 @@ def _segments() -> None:
     timed(MaskPrefetch, "result", "read: prefetch wait")
     timed(Scheduler, "_finish_and_send", "read: finish+send")
     timed(GrammarManager, "fill_bitmask", "fill rest", only_in_read=False)
+    timed(GrammarManager, "prefetch", "prefetch create", only_in_read=False)
+    timed(Stepping, "_sample", "sample launch", only_in_read=False)
+    from sgdsl.runtime.grammar.completion import CompletionTracker
+    from sgdsl.runtime.grammar.shortest import CompletionSearch
+    timed(CompletionTracker, "plan", "read: plan")
+    timed(CompletionSearch, "_search", "read: search (scheduler thread)")
+    timed(GrammarManager, "_advance", "read: advance kept rows")
 
 
 def start() -> None:
