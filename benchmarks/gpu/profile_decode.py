@@ -42,12 +42,27 @@ def copy_bandwidth() -> float:
     return 2 * a.numel() * 10 / t.s
 
 
+def print_sequence(prof, per_step: float, n: int) -> None:
+    """The first ``n`` kernels of the last profiled step in start order: which neighbours a
+    layer launches (what the grouped table hides)."""
+    evs = sorted((ev for ev in prof.events()
+                  if ev.device_type.name == "CUDA" and ev.device_time_total > 0),
+                 key=lambda ev: ev.time_range.start)
+    step = evs[-round(per_step):]
+    rows = [[i, ev.name[:70], ev.device_time_total,
+             ev.time_range.start - step[i - 1].time_range.end if i else 0.0]
+            for i, ev in enumerate(step[:n])]
+    print_table("one step in launch order", ["#", "kernel", "us", "gap us"], rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--quantization", default=None)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--top", type=int, default=14)
+    ap.add_argument("--sequence", type=int, default=0,
+                    help="also list the first N kernels of one step in launch order")
     a = ap.parse_args()
     bw = copy_bandwidth()
     runner = ModelRunner(EngineConfig(model=model_dir(a.model), load_format="dummy",
@@ -86,6 +101,8 @@ def main() -> None:
         ["weight bytes per step (GB)", step_bytes(runner) / 1e9],
         ["copy bandwidth (TB/s)", bw / 1e12], ["weights-read floor us", floor_us],
         ["floor / wall", floor_us / wall_us], ["tok/s", 1e6 / wall_us]])
+    if a.sequence:
+        print_sequence(prof, count, a.sequence)
     from sgdsl.runtime.kernels.decode_gemm import choices
 
     print("decode GEMM choices (rows bucket, N, K, dtype):", choices())

@@ -150,8 +150,10 @@ def moe_gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, b_scale: torch.T
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, w13_scale: torch.Tensor | None = None,
               w2_scale: torch.Tensor | None = None,
-              block: tuple[int, int] | None = None) -> torch.Tensor:
-    """``x [T, H]``, ``w13 [E, 2I, H]``, ``w2 [E, H, I]``, routing ``[T, k]`` -> ``[T, H]``."""
+              block: tuple[int, int] | None = None, sum_experts: bool = True) -> torch.Tensor:
+    """``x [T, H]``, ``w13 [E, 2I, H]``, ``w2 [E, H, I]``, routing ``[T, k]`` -> ``[T, H]``;
+    ``sum_experts=False``: ``[T, k, H]``, the weighted rows before the combine (a fused
+    add+RMSNorm sums them, see ``kernels/rmsnorm.py``)."""
     from ..layers.moe.align import PAIR_BLOCKS_MAX, align_by_expert, align_pairs
 
     tokens, hidden = x.shape
@@ -160,7 +162,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     assert w2.shape == (num_experts, hidden, two_inter // 2), "w2 must be [E, H, I]"
     pairs = tokens * top_k
     if tokens == 0:
-        return torch.empty_like(x)
+        return x.new_empty((0, hidden) if sum_experts else (0, top_k, hidden))
     if pairs <= PAIR_BLOCKS_MAX:
         align = align_pairs(topk_ids, 16)
     else:
@@ -170,4 +172,4 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     out = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
     moe_gemm(inter, w2, out, w2_scale, block, topk_weights.reshape(-1).float().contiguous(),
              align, pairs, 1, gated=False)
-    return combine(out, tokens, top_k)
+    return combine(out, tokens, top_k) if sum_experts else out.view(tokens, top_k, hidden)

@@ -3,6 +3,10 @@
 Matches HF Llama: the sum ``x + residual`` is rounded to the activation dtype (it becomes the
 next residual), the norm is computed in fp32, and the weight multiplies the normalized value
 after it is rounded back to the activation dtype.
+
+With a residual, ``x`` may also be ``[rows, parts, hidden]``: the parts are summed first (fp32,
+rounded to the dtype), as a MoE layer's k weighted expert rows are (``fused_moe``'s combine):
+the combine then costs no launch of its own.
 """
 from __future__ import annotations
 
@@ -12,12 +16,20 @@ import triton.language as tl
 
 
 @triton.jit
-def _rmsnorm_kernel(X, Residual, ResOut, Out, W, stride_x, stride_r, stride_ro, stride_o, n_cols,
-                    eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+def _rmsnorm_kernel(X, Residual, ResOut, Out, W, stride_x, stride_xp, stride_r, stride_ro,
+                    stride_o, n_cols, eps, HAS_RESIDUAL: tl.constexpr, PARTS: tl.constexpr,
+                    BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n_cols
-    x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
+    if PARTS == 1:
+        x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
+    else:  # the combine of fused_moe: the same fp32 sum, rounded once
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for j in tl.static_range(PARTS):
+            acc += tl.load(X + row * stride_x + j * stride_xp + offs, mask=mask,
+                           other=0.0).to(tl.float32)
+        x = acc.to(X.dtype.element_ty)
     if HAS_RESIDUAL:
         r = tl.load(Residual + row * stride_r + offs, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
@@ -32,22 +44,26 @@ def _rmsnorm_kernel(X, Residual, ResOut, Out, W, stride_x, stride_r, stride_ro, 
 
 def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
             out: torch.Tensor, res_out: torch.Tensor | None = None) -> None:
-    assert x.dim() == 2 and x.stride(1) == 1, "x must be [rows, hidden] with contiguous rows"
-    assert weight.shape == (x.shape[1],) and weight.is_contiguous()
-    assert out.shape == x.shape and out.stride(1) == 1
+    parts = x.shape[1] if x.dim() == 3 else 1
+    assert x.dim() == 2 or (x.dim() == 3 and residual is not None), "parts need a residual"
+    assert x.stride(-1) == 1, "x must be [rows, (parts,) hidden] with contiguous rows"
+    rows, hidden = x.shape[0], x.shape[-1]
+    assert weight.shape == (hidden,) and weight.is_contiguous()
+    assert out.shape == (rows, hidden) and out.stride(1) == 1
     if residual is not None:
-        assert residual.shape == x.shape and residual.stride(1) == 1
+        assert residual.shape == (rows, hidden) and residual.stride(1) == 1
         assert residual.dtype == x.dtype
         res_out = residual if res_out is None else res_out
-        assert res_out.shape == x.shape and res_out.stride(1) == 1
-    if x.shape[0] == 0:
+        assert res_out.shape == (rows, hidden) and res_out.stride(1) == 1
+    if rows == 0:
         return
-    block = triton.next_power_of_2(x.shape[1])
-    _rmsnorm_kernel[(x.shape[0],)](
+    block = triton.next_power_of_2(hidden)
+    _rmsnorm_kernel[(rows,)](
         x, residual if residual is not None else x, res_out if residual is not None else x,
-        out, weight, x.stride(0), residual.stride(0) if residual is not None else 0,
+        out, weight, x.stride(0), x.stride(1) if parts > 1 else 0,
+        residual.stride(0) if residual is not None else 0,
         res_out.stride(0) if residual is not None else 0, out.stride(0),
-        x.shape[1], eps, HAS_RESIDUAL=residual is not None, BLOCK=block,
+        hidden, eps, HAS_RESIDUAL=residual is not None, PARTS=parts, BLOCK=block,
         num_warps=min(max(block // 256, 1), 16),
     )
 
@@ -63,8 +79,9 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                       eps: float, inplace: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """s = x + residual; returns (rmsnorm(s), s). ``inplace``: s is written into residual;
-    otherwise into a new tensor (residual is left as it was)."""
-    out = torch.empty_like(x)
+    otherwise into a new tensor (residual is left as it was). ``x`` ``[rows, parts, hidden]``:
+    s = x.sum(1) + residual (see the module docstring)."""
+    out = torch.empty_like(residual)
     res_out = residual if inplace else torch.empty_like(residual)
     _launch(x, residual, weight, eps, out, res_out)
     return out, res_out

@@ -1,5 +1,9 @@
 """RMSNorm with an optional fused residual add (``x + residual`` then normalize), the pattern
-every pre-norm decoder layer repeats twice."""
+every pre-norm decoder layer repeats twice.
+
+After a MoE layer on the GPU, ``x`` may be ``[tokens, top_k, hidden]``: each token's weighted
+expert rows, not yet summed (``SparseMoeBlock``); the add sums them first, inside the same
+kernel (one launch fewer per MoE layer than a separate combine)."""
 from __future__ import annotations
 
 import torch
@@ -20,10 +24,13 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """``norm(x)``, or with ``residual``: ``(norm(x + residual), x + residual)``."""
+        """``norm(x)``, or with ``residual``: ``(norm(x + residual), x + residual)``; ``x`` one
+        dim more than ``residual``: ``x.sum(-2)`` (fp32, rounded to the dtype) is added."""
         if use_triton(x):  # GPU path (issue 6): one fused kernel instead of ~8 torch ops
             return self._forward_triton(x, residual)
         if residual is not None:
+            if x.dim() == residual.dim() + 1:
+                x = x.sum(-2, dtype=torch.float32).to(x.dtype)
             x = x + residual
             return self._norm(x), x
         return self._norm(x)
@@ -32,12 +39,13 @@ class RMSNorm(nn.Module):
                         ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         from ..kernels.rmsnorm import fused_add_rmsnorm, rmsnorm
 
-        x2 = x.reshape(-1, self.hidden_size)
         if residual is None:
+            x2 = x.reshape(-1, self.hidden_size)
             return rmsnorm(x2, self.weight, self.eps).view(x.shape)
-        out, res = fused_add_rmsnorm(x2, residual.reshape(-1, self.hidden_size), self.weight,
-                                     self.eps, inplace=False)
-        return out.view(x.shape), res.view(x.shape)
+        parts = x.shape[-2:] if x.dim() == residual.dim() + 1 else (self.hidden_size,)
+        out, res = fused_add_rmsnorm(x.reshape(-1, *parts), residual.reshape(-1, self.hidden_size),
+                                     self.weight, self.eps, inplace=False)
+        return out.view(residual.shape), res.view(residual.shape)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:

@@ -61,15 +61,21 @@ class LlamaAttention(nn.Module):
         ops instead of two per layer."""
         return RotaryEmbedding.apply(qk, *rope)
 
+    def qk_and_store(self, heads: torch.Tensor, rope: Rope, batch: ForwardBatch,
+                     attn: AttentionBackend) -> tuple[torch.Tensor, bool]:
+        """``heads [tokens, heads + 2 * kv_heads, head_dim]`` (q, k, v) -> q and k ready for
+        attention, and whether the new k/v are already in the KV cache (Qwen3's GPU kernel
+        stores them; here the backend does)."""
+        return self.rotate_qk(heads[:, : self.num_heads + self.num_kv_heads], rope), False
+
     def forward(self, h: torch.Tensor, rope: Rope, batch: ForwardBatch,
                 attn: AttentionBackend) -> torch.Tensor:
         n = h.shape[0]
-        qkv = self.qkv_proj(h)
-        qk = self.rotate_qk(qkv[:, : self.q_size + self.kv_size]
-                            .view(n, self.num_heads + self.num_kv_heads, self.head_dim), rope)
-        v = qkv[:, self.q_size + self.kv_size:].view(n, self.num_kv_heads, self.head_dim)
+        heads = self.qkv_proj(h).view(n, -1, self.head_dim)  # q heads, then k, then v
+        qk, kv_stored = self.qk_and_store(heads, rope, batch, attn)
+        v = heads[:, self.num_heads + self.num_kv_heads:]
         out = attn.forward(qk[:, : self.num_heads], qk[:, self.num_heads:], v, self.layer_id,
-                           batch, self.scaling)
+                           batch, self.scaling, kv_stored=kv_stored)
         return self.o_proj(out.reshape(n, self.q_size))
 
 

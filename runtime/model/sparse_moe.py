@@ -41,4 +41,7 @@ class SparseMoeBlock(nn.Module):
                                 quant=quant, dtype=dtype, device=device)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.experts(h, self.gate(h))
+        """``[T, H]``, or on the GPU ``[T, top_k, H]``: the weighted expert rows, which the
+        decoder's next add+RMSNorm sums in its own kernel (``layers/norm.py``: no combine
+        launch; the block's output only ever feeds that norm)."""
+        return self.experts(h, self.gate(h), sum_experts=False)

@@ -6,10 +6,23 @@ Implementations: ``torch_native`` (CPU and GPU reference) and ``triton`` (GPU ke
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
 
 from ...model.forward_batch import ForwardBatch
+
+
+@dataclass(frozen=True)
+class KVStoreTarget:
+    """Where one layer's new k/v go: its pool buffers ``[slots, kv_heads, head_dim]``, the
+    slot of each new token and the fp8 scales (1.0 for a cache in the model dtype)."""
+
+    k_buf: torch.Tensor
+    v_buf: torch.Tensor
+    loc: torch.Tensor
+    k_scale: float
+    v_scale: float
 
 
 class AttentionBackend(ABC):
@@ -28,6 +41,14 @@ class AttentionBackend(ABC):
         layer_id: int,
         batch: ForwardBatch,
         scaling: float,
+        kv_stored: bool = False,
     ) -> torch.Tensor:
-        """Store k/v of the new tokens at batch.out_cache_loc, then attend causally over the
-        request's whole sequence (cached prefix + new tokens). Returns [num_tokens, num_heads, head_dim]."""
+        """Store k/v of the new tokens at batch.out_cache_loc (unless ``kv_stored``: the model
+        wrote them to ``kv_store_target``), then attend causally over the request's whole
+        sequence (cached prefix + new tokens). Returns [num_tokens, num_heads, head_dim]."""
+
+    def kv_store_target(self, layer_id: int, batch: ForwardBatch) -> KVStoreTarget | None:
+        """Where a model may write the new k/v itself, fused into the kernel that makes k
+        (one launch fewer per layer), then call ``forward(..., kv_stored=True)``; None: this
+        backend stores them in ``forward``."""
+        return None

@@ -90,22 +90,27 @@ class TorchNativeAttnBackend(AttentionBackend):
         return ExtendMetadata(segments)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                batch: ForwardBatch, scaling: float) -> torch.Tensor:
-        # NOTE: index_copy_ / index_select rather than advanced indexing: on CPU the latter
-        # goes through a generic parallel kernel that costs ~10x more for these tiny copies.
-        pool = self.kv_pool
-        if pool.quantized:
-            pool.write(layer_id, batch.out_cache_loc, k, v)
-        else:
-            if k.dtype != pool.dtype:
-                k, v = k.to(pool.dtype), v.to(pool.dtype)
-            pool.k_buffer[layer_id].index_copy_(0, batch.out_cache_loc, k)
-            pool.v_buffer[layer_id].index_copy_(0, batch.out_cache_loc, v)
+                batch: ForwardBatch, scaling: float, kv_stored: bool = False) -> torch.Tensor:
+        if not kv_stored:  # (always: this backend offers no kv_store_target)
+            self._store(k, v, layer_id, batch)
         meta = batch.attn_metadata
         with self._sdpa_scope():
             if isinstance(meta, DecodeMetadata):
                 return self._decode(q, layer_id, meta, scaling)
             return self._extend(q, k, v, layer_id, meta, scaling)
+
+    def _store(self, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+               batch: ForwardBatch) -> None:
+        # NOTE: index_copy_ / index_select rather than advanced indexing: on CPU the latter
+        # goes through a generic parallel kernel that costs ~10x more for these tiny copies.
+        pool = self.kv_pool
+        if pool.quantized:
+            pool.write(layer_id, batch.out_cache_loc, k, v)
+            return
+        if k.dtype != pool.dtype:
+            k, v = k.to(pool.dtype), v.to(pool.dtype)
+        pool.k_buffer[layer_id].index_copy_(0, batch.out_cache_loc, k)
+        pool.v_buffer[layer_id].index_copy_(0, batch.out_cache_loc, v)
 
     def _decode(self, q: torch.Tensor, layer_id: int, meta: DecodeMetadata,
                 scaling: float) -> torch.Tensor:

@@ -19,7 +19,7 @@ from ...kernels.extend_attention import extend_attention_fwd
 from ...kernels.prefix_decode_attention import prefix_block_members, prefix_decode_attention
 from ...kernels.kv_store import store_kv
 from ...model.forward_batch import ForwardBatch
-from .base import AttentionBackend
+from .base import AttentionBackend, KVStoreTarget
 
 # NOTE: powers of two (stage 2 reduces over all of them). Small batches split each sequence
 # into chunks of >= 64 tokens so that a batch-1 decode still spreads over the SMs; large
@@ -115,13 +115,19 @@ class TritonAttnBackend(AttentionBackend):
             lengths = batch.extend_seq_lens_cpu or batch.extend_seq_lens.tolist()
             batch.attn_metadata = TritonExtendMetadata(max(lengths) if lengths else 0)
 
+    def kv_store_target(self, layer_id: int, batch: ForwardBatch) -> KVStoreTarget:
+        pool = self.kv_pool
+        return KVStoreTarget(pool.k_buffer[layer_id], pool.v_buffer[layer_id],
+                             batch.out_cache_loc, pool.k_scale[layer_id], pool.v_scale[layer_id])
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                batch: ForwardBatch, scaling: float) -> torch.Tensor:
+                batch: ForwardBatch, scaling: float, kv_stored: bool = False) -> torch.Tensor:
         pool = self.kv_pool
         k_buf, v_buf = pool.k_buffer[layer_id], pool.v_buffer[layer_id]
         # fp8 cache: per-layer scales (1.0 for a cache in the model dtype)
         scales = dict(k_scale=pool.k_scale[layer_id], v_scale=pool.v_scale[layer_id])
-        store_kv(k, v, k_buf, v_buf, batch.out_cache_loc, **scales)
+        if not kv_stored:
+            store_kv(k, v, k_buf, v_buf, batch.out_cache_loc, **scales)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         meta = batch.attn_metadata
         if isinstance(meta, TritonDecodeMetadata) and meta.shared is not None:

@@ -50,7 +50,12 @@ class FusedMoE(nn.Module):
         if hook is not None:
             hook(self)
 
-    def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor,
+                sum_experts: bool = True) -> torch.Tensor:
+        """``[T, H]``; ``sum_experts=False`` allows ``[T, k, H]``, the weighted expert rows
+        left for the caller to sum (see ``MoEMethod.apply``)."""
         weights, ids = select_experts(router_logits, self.top_k, self.renormalize)
-        out = self.quant_method.apply(self, x, weights, ids)
+        # NOTE: under TP the rows are summed before the all-reduce (k times fewer bytes).
+        sum_experts = sum_experts or (self.reduce_results and self.tp_size > 1)
+        out = self.quant_method.apply(self, x, weights, ids, sum_experts=sum_experts)
         return all_reduce(out) if self.reduce_results else out

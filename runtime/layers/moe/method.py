@@ -37,11 +37,12 @@ class UnquantizedMoEMethod(MoEMethod):
         target.dest.copy_(target.slice(tensor))
 
     def apply(self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor) -> torch.Tensor:
+              topk_ids: torch.Tensor, sum_experts: bool = True) -> torch.Tensor:
         if use_triton(x):
             from ...kernels.fused_moe import fused_moe
 
-            return fused_moe(x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids)
+            return fused_moe(x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids,
+                             sum_experts=sum_experts)
         return moe_reference(x, lambda e: (layer.w13_weight[e], layer.w2_weight[e]),
                              topk_weights, topk_ids)
 

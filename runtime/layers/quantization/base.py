@@ -149,8 +149,9 @@ class MoEMethod(ABC):
 
     @abstractmethod
     def apply(self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor) -> torch.Tensor:
-        """Weighted sum over each token's experts, ``[T, H]`` in x's dtype (this rank's part)."""
+              topk_ids: torch.Tensor, sum_experts: bool = True) -> torch.Tensor:
+        """Weighted sum over each token's experts, ``[T, H]`` in x's dtype (this rank's part).
+        ``sum_experts=False`` allows (GPU kernels) ``[T, k, H]``: the weighted rows unsummed."""
 
 
 def _check_shape(name: str, tensor: Any, target: torch.Tensor | tuple[int, ...]) -> None:

@@ -194,12 +194,13 @@ class Fp8MoEMethod(MoEMethod):
                            shard).dest
 
     def apply(self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor) -> torch.Tensor:
+              topk_ids: torch.Tensor, sum_experts: bool = True) -> torch.Tensor:
         if x.is_cuda:
             from ...kernels.fused_moe import fused_moe
 
             return fused_moe(x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids,
-                             layer.w13_weight_scale, layer.w2_weight_scale, self.block)
+                             layer.w13_weight_scale, layer.w2_weight_scale, self.block,
+                             sum_experts=sum_experts)
         from ..moe.reference import moe_reference
 
         def weights(e: int) -> tuple[torch.Tensor, torch.Tensor]:

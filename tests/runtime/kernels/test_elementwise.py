@@ -1,6 +1,7 @@
 """Fused add+RMSNorm, rotary, SiLU-and-mul and KV store vs torch references."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from sgdsl.runtime.kernels.activation import silu_and_mul
@@ -8,7 +9,7 @@ from sgdsl.runtime.kernels.kv_store import store_kv
 from sgdsl.runtime.kernels.rmsnorm import fused_add_rmsnorm, rmsnorm
 from sgdsl.runtime.kernels.rotary import build_cos_sin_cache, rotary_embedding
 
-from .conftest import rel_err, tol
+from .conftest import ON_GPU, rel_err, tol
 
 
 def _rand(*shape, gen, dtype, device):
@@ -108,3 +109,70 @@ def test_qk_rmsnorm_on_strided_view(device, dtype):
     out = qk_rmsnorm(qk, wq, wk, 4, 1e-6)
     assert rel_err(out[:, :4], _ref_rmsnorm(qk[:, :4], wq, 1e-6)) < tol(dtype)
     assert rel_err(out[:, 4:], _ref_rmsnorm(qk[:, 4:], wk, 1e-6)) < tol(dtype)
+
+
+@pytest.mark.parametrize("store", [False, True])
+def test_qk_norm_rope_is_norm_then_rotary(device, dtype, store):
+    """q/k norm + rotary in one kernel; with a KV target the rotated k and the v heads also
+    land at their slots (the same bytes store_kv writes)."""
+    from sgdsl.runtime.kernels.qk_norm_rope import qk_norm_rope
+    from sgdsl.runtime.layers.attention.base import KVStoreTarget
+
+    gen = torch.Generator().manual_seed(6)
+    qkv = _rand(5, 8 * 32 + 8, gen=gen, dtype=dtype, device=device)  # 4 q, 2 k, 2 v + extra
+    heads = qkv[:, : 8 * 32].view(5, 8, 32)  # strided rows, like a view of the qkv output
+    wq, wk = (_rand(32, gen=gen, dtype=dtype, device=device) for _ in range(2))
+    ang = torch.rand(5, 16, generator=gen).to(device)
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None, :].to(dtype)
+    sin = torch.cat([-ang.sin(), ang.sin()], -1)[:, None, :].to(dtype)  # signed, as lookup()
+    k_buf, v_buf = (torch.zeros(16, 2, 32, dtype=dtype, device=device) for _ in range(2))
+    loc = torch.tensor([9, 2, 15, 4, 1], device=device)
+    target = KVStoreTarget(k_buf, v_buf, loc, 1.0, 1.0) if store else None
+    out = qk_norm_rope(heads, wq, wk, 4, 1e-6, cos, sin, store=target)
+    normed = torch.cat([_ref_rmsnorm(heads[:, :4], wq, 1e-6),
+                        _ref_rmsnorm(heads[:, 4:6], wk, 1e-6)], 1)
+    ref = _ref_rotate(normed, cos[..., :16].double(), sin[..., 16:].double())
+    assert out.is_contiguous() and out.shape == (5, 6, 32) and rel_err(out, ref) < tol(dtype)
+    if store:
+        assert torch.equal(k_buf[loc], out[:, 4:]) and torch.equal(v_buf[loc], heads[:, 6:])
+        assert int((k_buf != 0).any(-1).any(-1).sum()) == 5, "only the 5 slots written"
+    else:
+        assert not k_buf.any() and not v_buf.any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="fp8 stores need a CUDA device")
+def test_qk_norm_rope_fp8_store_matches_store_kv():
+    from sgdsl.runtime.kernels.qk_norm_rope import qk_norm_rope
+    from sgdsl.runtime.layers.attention.base import KVStoreTarget
+
+    gen = torch.Generator().manual_seed(8)
+    heads = torch.randn(3, 8, 64, generator=gen).bfloat16().cuda()
+    wq, wk = (torch.randn(64, generator=gen).bfloat16().cuda() for _ in range(2))
+    ang = torch.rand(3, 32, generator=gen).cuda()
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None, :].bfloat16()
+    sin = torch.cat([-ang.sin(), ang.sin()], -1)[:, None, :].bfloat16()
+    bufs = [torch.zeros(8, 2, 64, dtype=torch.float8_e4m3fn, device="cuda") for _ in range(4)]
+    loc = torch.tensor([5, 0, 7], device="cuda")
+    out = qk_norm_rope(heads, wq, wk, 4, 1e-6, cos, sin,
+                       store=KVStoreTarget(bufs[0], bufs[1], loc, 0.5, 2.0))
+    store_kv(out[:, 4:], heads[:, 6:], bufs[2], bufs[3], loc, k_scale=0.5, v_scale=2.0)
+    assert torch.equal(bufs[0].view(torch.uint8), bufs[2].view(torch.uint8))
+    assert torch.equal(bufs[1].view(torch.uint8), bufs[3].view(torch.uint8))
+
+
+def test_fused_add_rmsnorm_sums_parts(device, dtype):
+    """x [rows, parts, hidden] (a MoE layer's weighted expert rows): the same result as the
+    combine kernel followed by the plain fused add+RMSNorm, bit for bit."""
+    from sgdsl.runtime.kernels.fused_moe import combine
+
+    gen = torch.Generator().manual_seed(7)
+    x = _rand(4, 3, 64, gen=gen, dtype=dtype, device=device)
+    r = _rand(4, 64, gen=gen, dtype=dtype, device=device)
+    w = _rand(64, gen=gen, dtype=dtype, device=device)
+    out, res = fused_add_rmsnorm(x, r, w, 1e-6, inplace=False)
+    s = x.double().sum(1) + r.double()
+    assert rel_err(res, s) < tol(dtype) and rel_err(out, _ref_rmsnorm(s, w, 1e-6)) < tol(dtype)
+    want_out, want_res = fused_add_rmsnorm(combine(x.view(12, 64), 4, 3), r, w, 1e-6,
+                                           inplace=False)
+    assert torch.equal(out, want_out) and torch.equal(res, want_res)

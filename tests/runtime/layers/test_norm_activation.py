@@ -25,6 +25,19 @@ def test_rmsnorm_plain_and_fused():
                                atol=1e-6)
 
 
+def test_rmsnorm_sums_expert_rows_before_the_add():
+    """x one dim more than the residual (a MoE block's [tokens, top_k, hidden] weighted rows):
+    the rows are summed (fp32, rounded once), then added and normalized."""
+    norm = RMSNorm(16, eps=1e-5, dtype=torch.bfloat16)
+    norm.weight.data.copy_(torch.randn(16))
+    rows, res = torch.randn(5, 3, 16).bfloat16(), torch.randn(5, 16).bfloat16()
+    out, new_res = norm(rows, res)
+    summed = rows.float().sum(1).bfloat16()
+    assert out.shape == new_res.shape == (5, 16)
+    assert torch.equal(new_res, summed + res)
+    assert torch.equal(out, norm(summed, res)[0])
+
+
 def test_rmsnorm_bf16_computes_in_fp32():
     norm = RMSNorm(64, eps=1e-6, dtype=torch.bfloat16)
     x = (torch.randn(3, 64) * 100).bfloat16()  # squares overflow bf16 precision if not upcast

@@ -47,3 +47,30 @@ def test_cuda_auto_bf16_and_kv_from_free_memory(tmp_path):
     logits = d.decode([(a, int(logits[0].argmax())), (b, int(logits[1].argmax()))])
     assert logits.dtype == torch.float32 and logits.shape == (2, 256)
     assert torch.isfinite(logits).all()
+
+
+# NOTE: not ("triton", True): this tiny model (head_dim 32) already diverged from HF under the
+# triton backend with CUDA graphs before the fusions (max abs diff 1.9 at edd67ab, eager
+# and torch_native graphs fine): a decode-attention-in-graphs issue of its own, still open.
+@pytest.mark.parametrize("backend,graphs", [("triton", False), ("torch_native", True)])
+def test_cuda_qwen3_moe_fused_layers(backend, graphs, tmp_path):
+    """Tiny Qwen3-MoE (a dense layer among the sparse ones) through the GPU layers: q/k norm,
+    rotary and (triton backend) the KV store in one kernel, the experts' rows summed by the
+    next add+RMSNorm; eager and CUDA graphs. fp32, but the MoE GEMMs run tf32: a looser bound."""
+    hf = tiny_model("qwen3_moe", tmp_path, head_dim=32, num_experts=8, num_experts_per_tok=3,
+                    moe_intermediate_size=48, norm_topk_prob=True, decoder_sparse_step=1,
+                    mlp_only_layers=[1], weight_std=0.1).cuda()
+    runner = ModelRunner(EngineConfig(model=str(tmp_path), device="cuda", dtype="float32",
+                                      attention_backend=backend, disable_cuda_graph=not graphs,
+                                      cuda_graph_max_bs=4, max_total_tokens=256,
+                                      max_running_requests=4))
+
+    class OnCuda:
+        def __call__(self, ids):
+            out = hf(ids.cuda())
+            out.logits = out.logits.cpu()
+            return out
+
+    result = run_parity(runner, OnCuda(), PROMPTS, decode_steps=3)
+    print("qwen3_moe gpu max abs diff", result.max_abs_diff)
+    assert result.max_abs_diff < 5e-2 and result.ours_greedy == result.hf_greedy

@@ -1,0 +1,109 @@
+"""Qwen3's per-head q/k RMSNorm, the rotary embedding and (optionally) the KV-cache store in
+one kernel.
+
+These used to be three launches per layer (``rmsnorm.qk_rmsnorm``, then
+``rotary.rotary_apply_gathered``, then ``kv_store.store_kv`` inside the attention backend),
+each ~1.5 us at batch 1 for a few KB of data; one program per (token, head) now normalizes its
+head, rotates it and, for a k head, writes it to the pool (v heads get programs that only
+copy). Rounding is the three kernels' (and the torch path's): the normalized and the weighted
+values are each rounded to the activation dtype, the rotation computes in fp32, and an fp8 pool
+stores the rounded k divided by its scale, clamped to E4M3's range.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _to_pool(Buf, Loc, tok, stride_bs, row, offs, mask, x1, x2, inv_scale, HALF: tl.constexpr,
+             QUANT: tl.constexpr):
+    """Store one head's halves (activation dtype) at ``Buf[Loc[tok], row]``."""
+    slot = tl.load(Loc + tok).to(tl.int64)
+    p = Buf + slot * stride_bs + row * (2 * HALF) + offs
+    if QUANT:
+        x1 = tl.clamp(x1.to(tl.float32) * inv_scale, -448.0, 448.0)
+        x2 = tl.clamp(x2.to(tl.float32) * inv_scale, -448.0, 448.0)
+    tl.store(p, x1.to(Buf.dtype.element_ty), mask=mask)
+    tl.store(p + HALF, x2.to(Buf.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(X, Out, Wq, Wk, Cos, Sin, K_Buf, V_Buf, Loc, stride_xt, stride_xh,
+                         stride_ot, stride_oh, stride_ct, stride_st, stride_kbs, stride_vbs,
+                         q_heads, kv_heads, eps, inv_k_scale, inv_v_scale,
+                         HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, STORE: tl.constexpr,
+                         QUANT: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs = tl.arange(0, BLOCK_HALF)
+    mask = offs < HALF
+    px = X + tok * stride_xt + head * stride_xh + offs
+    if STORE:  # noqa: SIM102 (a compile-time test, kept apart from the runtime one)
+        if head >= q_heads + kv_heads:  # a v head: into the pool as it is
+            _to_pool(V_Buf, Loc, tok, stride_vbs, head - q_heads - kv_heads, offs, mask,
+                     tl.load(px, mask=mask, other=0.0), tl.load(px + HALF, mask=mask, other=0.0),
+                     inv_v_scale, HALF, QUANT)
+            return
+    x1 = tl.load(px, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(px + HALF, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / (2 * HALF) + eps)
+    is_q = head < q_heads
+    w1 = tl.where(is_q, tl.load(Wq + offs, mask=mask, other=0.0),
+                  tl.load(Wk + offs, mask=mask, other=0.0)).to(tl.float32)
+    w2 = tl.where(is_q, tl.load(Wq + HALF + offs, mask=mask, other=0.0),
+                  tl.load(Wk + HALF + offs, mask=mask, other=0.0)).to(tl.float32)
+    dt = X.dtype.element_ty
+    y1 = (w1 * (x1 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    y2 = (w2 * (x2 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    cos = tl.load(Cos + tok * stride_ct + offs, mask=mask, other=1.0).to(tl.float32)
+    sin = tl.load(Sin + tok * stride_st + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+    o1 = (y1 * cos - y2 * sin).to(Out.dtype.element_ty)
+    o2 = (y2 * cos + y1 * sin).to(Out.dtype.element_ty)
+    po = Out + tok * stride_ot + head * stride_oh + offs
+    tl.store(po, o1, mask=mask)
+    tl.store(po + HALF, o2, mask=mask)
+    if STORE:  # noqa: SIM102
+        if head >= q_heads:  # a k head: also into the pool
+            _to_pool(K_Buf, Loc, tok, stride_kbs, head - q_heads, offs, mask, o1, o2,
+                     inv_k_scale, HALF, QUANT)
+
+
+def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                 q_heads: int, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                 store=None) -> torch.Tensor:
+    """``qkv [T, q_heads + 2 * kv_heads, D]`` (rows may be strided: a view of the qkv
+    projection's output) -> new contiguous ``[T, q_heads + kv_heads, D]``: each q/k head
+    RMS-normalized (``q_weight`` below ``q_heads``, else ``k_weight``), then rotated (neox
+    layout) by ``cos``/``sin`` ``[T, 1, D]`` as ``RotaryEmbedding.lookup`` returns them (sin's
+    first half, stored negated, is not read). ``store`` (a ``KVStoreTarget``): the rotated k
+    and the v heads are also written to its buffers at its slots."""
+    tokens, heads, head_dim = qkv.shape
+    kv_heads = (heads - q_heads) // 2
+    assert heads == q_heads + 2 * kv_heads and qkv.stride(2) == 1 and head_dim % 2 == 0
+    assert q_weight.shape == k_weight.shape == (head_dim,)
+    assert q_weight.is_contiguous() and k_weight.is_contiguous()
+    cos2, sin2 = cos.reshape(tokens, -1), sin.reshape(tokens, -1)
+    assert cos2.shape == sin2.shape == (tokens, head_dim), "rotary over the whole head"
+    assert cos2.stride(1) == 1 and sin2.stride(1) == 1
+    out = torch.empty((tokens, q_heads + kv_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    if store is not None:
+        k_buf, v_buf, loc = store.k_buf, store.v_buf, store.loc
+        assert k_buf.shape[1:] == v_buf.shape[1:] == (kv_heads, head_dim)
+        assert k_buf.stride(1) == v_buf.stride(1) == head_dim and loc.shape == (tokens,)
+        assert k_buf.stride(2) == v_buf.stride(2) == 1 and k_buf.dtype == v_buf.dtype
+        scales = 1.0 / store.k_scale, 1.0 / store.v_scale
+    else:
+        k_buf = v_buf = loc = out  # placeholders: never read
+        scales = 1.0, 1.0
+    if tokens:
+        half = head_dim // 2
+        grid = (tokens, q_heads + kv_heads + (kv_heads if store is not None else 0))
+        _qk_norm_rope_kernel[grid](
+            qkv, out, q_weight, k_weight, cos2, sin2, k_buf, v_buf, loc, qkv.stride(0),
+            qkv.stride(1), out.stride(0), out.stride(1), cos2.stride(0), sin2.stride(0),
+            k_buf.stride(0), v_buf.stride(0), q_heads, kv_heads, eps, *scales, HALF=half,
+            BLOCK_HALF=triton.next_power_of_2(half), STORE=store is not None,
+            QUANT=k_buf.dtype == torch.float8_e4m3fn, num_warps=1)
+    return out
