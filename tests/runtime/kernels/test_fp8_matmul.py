@@ -68,3 +68,15 @@ def test_decode_linear_every_candidate(m, monkeypatch):
     decode_gemm.decode_linear(x, w.bfloat16().cuda(), None)
     assert set(decode_gemm.choices().values()) <= {"cublas", "triton_split1", "triton_split2",
                                                    "triton_split4"}
+
+
+def test_fp32_weights_keep_cublas():
+    """An fp32 weight is never given to the Triton GEMM (its fp32 dot is tf32): fp32 runs stay
+    exact whatever the timing picks."""
+    from sgdsl.runtime.kernels import decode_gemm
+
+    x, w = torch.randn(1, 64, device="cuda"), torch.randn(32, 64, device="cuda")
+    assert set(decode_gemm._candidates(x, w, None, None)) == {"cublas"}
+    assert set(decode_gemm._candidates(x.bfloat16(), w.bfloat16(), None, None)) > {"cublas"}
+    decode_gemm._CHOICE.clear()
+    torch.testing.assert_close(decode_gemm.decode_linear(x, w, None), x @ w.T, rtol=0, atol=1e-5)

@@ -67,7 +67,9 @@ class RunnerDriver:
             req.tokens += new
             start += n
         batch = self._batch(mode, items, ids, positions, slots, prefix, lens, logits_indices)
-        return self.runner.forward(batch)
+        # NOTE: a copy: a replayed CUDA graph's logits are views into its static output buffer,
+        # which the next replay overwrites (parity compares rows of every step at the end)
+        return self.runner.forward(batch).clone()
 
     def _batch(self, mode, items, ids, positions, slots, prefix, lens, logits_indices) -> ForwardBatch:
         dev = self.device
