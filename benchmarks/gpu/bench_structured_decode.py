@@ -249,6 +249,8 @@ def main() -> None:
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--warmup-tokens", type=int, default=16,
+                    help="max_new_tokens of each mode's warm-up run")
     ap.add_argument("--timeline", action="store_true",
                     help="per-step device/host timeline (step_timeline.py)")
     ap.add_argument("--switch-interval", type=float, default=None,
@@ -299,7 +301,7 @@ def main() -> None:
             # warm-up at the measured batch size: grammar compile, the mask kernel's
             # specializations (Triton specializes on the row count), allocator sizes
             # (16 tokens: jump-forward's first extends with a cached prefix JIT-compile too)
-            run_mode(sched, prompts, mode != "unconstrained", 16)
+            run_mode(sched, prompts, mode != "unconstrained", a.warmup_tokens)
             sched.memory.flush()
             if a.timeline:
                 step_timeline.start()
