@@ -78,56 +78,58 @@ def install() -> None:
     _segments()
 
 
+_IN_READ = [False]  # a decode step's read is running (segments below count only then)
+
+
+def _timed(owner, attr: str, key: str, only_in_read: bool = True) -> None:
+    """Wrap ``owner.attr`` to add its wall time to ``SEGMENTS[key]``."""
+    fn = getattr(owner, attr)
+
+    def wrapped(*a, __fn=fn, **kw):
+        if not _ON[0] or (only_in_read and not _IN_READ[0]):
+            return __fn(*a, **kw)
+        t0 = time.perf_counter()
+        try:
+            return __fn(*a, **kw)
+        finally:
+            SEGMENTS[key] = SEGMENTS.get(key, 0.0) + time.perf_counter() - t0
+    setattr(owner, attr, wrapped)
+
+
 def _segments() -> None:
     """Host time inside a decode step's read, by part (``SEGMENTS``, ms per decode read)."""
+    from sgdsl.runtime.grammar.completion import CompletionTracker
     from sgdsl.runtime.grammar.manager import GrammarManager
     from sgdsl.runtime.grammar.prefetch import MaskPrefetch
+    from sgdsl.runtime.grammar.shortest import CompletionSearch
     from sgdsl.runtime.scheduler.inflight import HostIds
     from sgdsl.runtime.scheduler.scheduler import Scheduler
     from sgdsl.runtime.scheduler.stepping import Stepping
 
-    in_read = [False]
-
-    def timed(owner, attr, key, only_in_read=True):
-        fn = getattr(owner, attr)
-
-        def wrapped(*a, __fn=fn, **kw):
-            if not _ON[0] or (only_in_read and not in_read[0]):
-                return __fn(*a, **kw)
-            t0 = time.perf_counter()
-            try:
-                return __fn(*a, **kw)
-            finally:
-                SEGMENTS[key] = SEGMENTS.get(key, 0.0) + time.perf_counter() - t0
-        setattr(owner, attr, wrapped)
-
     read = Stepping._read
 
     def _read(self, step, __fn=read):
-        decode = step.mode.is_decode
-        if not _ON[0] or not decode:
-            return __fn(self, step)
-        in_read[0] = True
+        _IN_READ[0] = _ON[0] and step.mode.is_decode
         t0 = time.perf_counter()
         try:
             return __fn(self, step)
         finally:
-            in_read[0] = False
-            SEGMENTS["read"] = SEGMENTS.get("read", 0.0) + time.perf_counter() - t0
-            SEGMENTS["reads"] = SEGMENTS.get("reads", 0.0) + 1e-3
+            if _IN_READ[0]:
+                SEGMENTS["read"] = SEGMENTS.get("read", 0.0) + time.perf_counter() - t0
+                SEGMENTS["reads"] = SEGMENTS.get("reads", 0.0) + 1e-3
+            _IN_READ[0] = False
     Stepping._read = _read
-    timed(HostIds, "tolist", "read: ids wait")
-    timed(GrammarManager, "after_sample", "read: after_sample")
-    timed(MaskPrefetch, "result", "read: prefetch wait")
-    timed(Scheduler, "_finish_and_send", "read: finish+send")
-    timed(GrammarManager, "fill_bitmask", "fill rest", only_in_read=False)
-    timed(GrammarManager, "prefetch", "prefetch create", only_in_read=False)
-    timed(Stepping, "_sample", "sample launch", only_in_read=False)
-    from sgdsl.runtime.grammar.completion import CompletionTracker
-    from sgdsl.runtime.grammar.shortest import CompletionSearch
-    timed(CompletionTracker, "plan", "read: plan")
-    timed(CompletionSearch, "_search", "read: search (scheduler thread)")
-    timed(GrammarManager, "_advance", "read: advance kept rows")
+    _timed(HostIds, "tolist", "read: ids wait")
+    _timed(GrammarManager, "after_sample", "read: after_sample")
+    _timed(GrammarManager, "_advance", "read: advance kept rows")
+    _timed(CompletionTracker, "plan", "read: plan")
+    # NOTE: any thread's searches while a read runs (the estimate thread's included)
+    _timed(CompletionSearch, "_search", "read: searches (all threads)")
+    _timed(MaskPrefetch, "result", "read: prefetch wait")
+    _timed(Scheduler, "_finish_and_send", "read: finish+send")
+    _timed(GrammarManager, "fill_bitmask", "fill rest", only_in_read=False)
+    _timed(GrammarManager, "prefetch", "prefetch create", only_in_read=False)
+    _timed(Stepping, "_sample", "sample launch", only_in_read=False)
 
 
 def start() -> None:

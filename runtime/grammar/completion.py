@@ -39,7 +39,8 @@ from .base import Grammar
 from .estimate import COLLECT_AFTER, EstimateJobs
 from .jump_forward import JumpForward, force_text
 from .runaway import is_runaway
-from .shortest import CompletionSearch, completes
+from .search_walk import completes
+from .shortest import CompletionSearch
 
 _COUNT_CACHE = 4096
 _LEVELS = 3  # closers a continuation is looked for behind (each costs a search)

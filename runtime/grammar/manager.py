@@ -29,7 +29,7 @@ import torch
 
 from ..errors import InvalidRequestError
 from .base import (GrammarBackend, GrammarKey, accept_token_grouped, allocate_bitmask,
-                   fill_bitmask_grouped, open_rows)
+                   fill_bitmask_grouped)
 from .compiler import GrammarCompiler
 from .completion import CompletionConfig, CompletionTracker
 from .worker_pool import PoolLimits
@@ -164,16 +164,12 @@ class GrammarManager(Forcing):
         pool); the caller overlaps this with the forward already queued on the device."""
         rows = [i for i, req in enumerate(reqs) if req.grammar is not None and not req.finished
                 and not (skip is not None and skip[i])]
-        if prefetch is not None:
-            prefetch.reopen(prefetch.filled.difference(rows))
+        todo = rows if prefetch is None else prefetch.settle(rows)
         if not rows:
             return None
         t0 = time.perf_counter()
-        if prefetch is None:
-            bitmask, todo = allocate_bitmask(len(reqs), self.vocab_size, pin=self.pin_memory), rows
-        else:  # the prefetch's rows are undefined until filled: open every other one first
-            bitmask, todo = prefetch.bitmask, [i for i in rows if i not in prefetch.filled]
-            open_rows(bitmask, [i for i in range(len(reqs)) if i not in prefetch.filled])
+        bitmask = (allocate_bitmask(len(reqs), self.vocab_size, pin=self.pin_memory)
+                   if prefetch is None else prefetch.bitmask)
         fill_bitmask_grouped([reqs[i].grammar for i in todo], bitmask, todo)
         self.stats.mask_fill_s.append((time.perf_counter() - t0) / len(rows))
         del self.stats.mask_fill_s[:-1024]  # a window, not a leak

@@ -40,7 +40,7 @@ class MaskPrefetch:
 
     def __init__(self, reqs: Sequence[Any], vocab_size: int, pin: bool = False) -> None:
         self.rows = {id(r): i for i, r in enumerate(reqs)}
-        # NOTE: rows undefined until filled here or opened by the manager's fill_bitmask
+        # NOTE: rows undefined until filled here or opened by ``settle``
         # (setting 4 MB to -1 each step at 256 rows cost ~1 ms of the scheduler thread)
         self.bitmask = allocate_bitmask(len(reqs), vocab_size, pin=pin, init=False)
         self.filled: set[int] = set()  # rows the job filled
@@ -74,7 +74,10 @@ class MaskPrefetch:
     def row(self, req: Any) -> torch.Tensor:
         return self.bitmask[self.rows[id(req)]]
 
-    def reopen(self, rows: Sequence[int]) -> None:
-        """Allow every token in ``rows`` (filled, but their requests left the step)."""
-        open_rows(self.bitmask, rows)
-        self.filled.difference_update(rows)
+    def settle(self, rows: Sequence[int]) -> list[int]:
+        """The step's constrained ``rows`` are final: rows filled here whose request left are
+        no longer filled, every row not filled here is opened (its contents were undefined);
+        returns the rows of ``rows`` still to fill."""
+        self.filled.intersection_update(rows)
+        open_rows(self.bitmask, [i for i in range(self.bitmask.shape[0]) if i not in self.filled])
+        return [i for i in rows if i not in self.filled]

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from .base import Grammar, StateKey, allocate_bitmask
-from .search_walk import Bound, Walker
+from .search_walk import NO_KEY, Bound, Walker, completes, try_key
 
 # NOTE: order matters twice: it breaks ties between equally short paths, and it decides which
 # characters are tried first when a state allows many (at most ``max_tries``): one digit and
@@ -259,13 +259,10 @@ class CompletionSearch:
         are one move; moves whose ``local`` key is in ``loops`` come after all others: first
         one back to an earlier state on the path, then one staying in ``here`` (the local key
         of this state)."""
-        forced = grammar.jump_forward_string()
-        if forced:
-            ids = tuple(self.tokenizer.encode(forced, add_special_tokens=False))
-            key = _try(grammar, ids)
-            if key is not None:
-                yield ids, len(ids), None if key is _NO_KEY else key
-                return
+        forced = self._forced_move(grammar)
+        if forced is not None:
+            yield forced
+            return
         row = allocate_bitmask(1, self.vocab_size)
         grammar.fill_bitmask(row, 0)
         bits = (row[0].numpy().view(np.uint32)[self._words] >> self._shifts) & 1
@@ -278,6 +275,22 @@ class CompletionSearch:
         if done is not None:  # one character finishes the value: nothing is shorter
             yield done
             return
+        yield from self._char_moves(grammar, row, bits, allowed, loops, here)
+
+    def _forced_move(self, grammar: Grammar) -> tuple | None:
+        """The text the grammar forces from here as one move, if any and it is accepted."""
+        forced = grammar.jump_forward_string()
+        if not forced:
+            return None
+        ids = tuple(self.tokenizer.encode(forced, add_special_tokens=False))
+        key = try_key(grammar, ids)
+        return None if key is None else (ids, len(ids), None if key is NO_KEY else key)
+
+    def _char_moves(self, grammar: Grammar, row: torch.Tensor, bits: np.ndarray,
+                    allowed: list[int], loops: set, here: Hashable,
+                    ) -> Iterator[tuple[tuple[int, ...], int, StateKey | None]]:
+        """``_moves`` by one single-character token each (``allowed``: the alphabet's bits in
+        this state's ``row``), loops deferred; the shortest allowed token if none is."""
         seen: set = set()
         later = []
         tries = 0
@@ -293,10 +306,10 @@ class CompletionSearch:
             if not ok or tries >= self.max_tries:
                 continue
             tries += 1
-            key = _try(grammar, (tid,))
-            if key is None or key is not _NO_KEY and key.full in seen:
+            key = try_key(grammar, (tid,))
+            if key is None or key is not NO_KEY and key.full in seen:
                 continue
-            if key is _NO_KEY:
+            if key is NO_KEY:
                 yield (tid,), 1, None
                 continue
             seen.add(key.full)
@@ -309,9 +322,9 @@ class CompletionSearch:
                 yield (tid,), 1, key
         if not seen and not later and not tries:
             tid = self._shortest_allowed(row)
-            key = None if tid is None else _try(grammar, (tid,))
+            key = None if tid is None else try_key(grammar, (tid,))
             if key is not None:
-                yield (tid,), 1, None if key is _NO_KEY else key
+                yield (tid,), 1, None if key is NO_KEY else key
         # NOTE: a loop back to an earlier state walks the cycle on, so that state's other
         # moves (an exit: "-v0" ending a pattern [a-z]+(-[a-z]+)*-v[0-9]+) are tried on the
         # next visit; staying here ("a" after "a") only counts, and taken first it was a
@@ -352,28 +365,6 @@ class CompletionSearch:
                                           token_bytes(self.tokenizer, self.vocab_size)],
                                          dtype=torch.int32)
         return self._lengths
-
-
-_NO_KEY = object()  # accepted, but the backend gives no state key
-
-
-def _try(grammar: Grammar, ids: tuple[int, ...]) -> Hashable | None:
-    """Accept ``ids``, read the state key, roll back: the key (``_NO_KEY`` if the backend has
-    none), or None if the grammar rejects them."""
-    if not ids or not grammar.accept_tokens(ids):
-        return None
-    key = grammar.state_key()
-    grammar.rollback(len(ids))
-    return _NO_KEY if key is None else key
-
-
-def completes(grammar: Grammar, ids: Sequence[int]) -> bool:
-    """True if ``ids`` take ``grammar`` to a complete state (``grammar`` left as it was)."""
-    if not grammar.accept_tokens(ids):
-        return False
-    done = grammar.is_completed()
-    grammar.rollback(len(ids))
-    return done
 
 
 def _single_token(tokenizer: Any, char: str) -> int | None:
