@@ -1,7 +1,7 @@
 """Qwen3's per-head q/k RMSNorm, the rotary embedding and (optionally) the KV-cache store in
 one kernel.
 
-These used to be three launches per layer (``rmsnorm.qk_rmsnorm``, then
+These used to be three launches per layer (a per-head q/k RMSNorm kernel, then
 ``rotary.rotary_apply_gathered``, then ``kv_store.store_kv`` inside the attention backend),
 each ~1.5 us at batch 1 for a few KB of data; one program per (token, head) now normalizes its
 head, rotates it and, for a k head, writes it to the pool (v heads get programs that only

@@ -85,37 +85,3 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
     res_out = residual if inplace else torch.empty_like(residual)
     _launch(x, residual, weight, eps, out, res_out)
     return out, res_out
-
-
-@triton.jit
-def _qk_norm_kernel(X, Out, Wq, Wk, stride_xt, stride_xh, stride_ot, stride_oh, q_heads,
-                    head_dim, eps, BLOCK: tl.constexpr):
-    tok = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    offs = tl.arange(0, BLOCK)
-    mask = offs < head_dim
-    x = tl.load(X + tok * stride_xt + head * stride_xh + offs, mask=mask, other=0.0)
-    xf = x.to(tl.float32)
-    var = tl.sum(xf * xf, 0) / head_dim
-    normed = (xf * (1.0 / tl.sqrt(var + eps))).to(X.dtype.element_ty)
-    is_q = head < q_heads
-    w = tl.where(is_q, tl.load(Wq + offs, mask=mask, other=0.0),
-                 tl.load(Wk + offs, mask=mask, other=0.0))
-    tl.store(Out + tok * stride_ot + head * stride_oh + offs,
-             (w.to(tl.float32) * normed.to(tl.float32)).to(Out.dtype.element_ty), mask=mask)
-
-
-def qk_rmsnorm(qk: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-               q_heads: int, eps: float) -> torch.Tensor:
-    """Per-head RMSNorm of ``qk [T, q_heads + kv_heads, D]`` (Qwen3's q_norm / k_norm) in one
-    launch: heads below ``q_heads`` use ``q_weight``, the rest ``k_weight``. Returns a new
-    contiguous tensor (the input may be a strided view into the qkv projection)."""
-    tokens, heads, head_dim = qk.shape
-    assert qk.stride(2) == 1 and q_weight.shape == k_weight.shape == (head_dim,)
-    out = torch.empty((tokens, heads, head_dim), dtype=qk.dtype, device=qk.device)
-    if tokens:
-        _qk_norm_kernel[(tokens, heads)](
-            qk, out, q_weight, k_weight, qk.stride(0), qk.stride(1), out.stride(0),
-            out.stride(1), q_heads, head_dim, eps, BLOCK=triton.next_power_of_2(head_dim),
-            num_warps=1)
-    return out
