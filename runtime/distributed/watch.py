@@ -6,13 +6,17 @@ from typing import Any
 
 
 def dead_worker(procs: list[Any]) -> tuple[str, int | None] | None:
-    """(which worker process, its exit code) for the first that exited; None: all alive."""
-    for rank, proc in enumerate(procs):
-        if not proc.is_alive():
-            what = ("scheduler process" if len(procs) == 1 else
-                    f"tensor-parallel rank {rank} (pid {proc.pid})")
-            return what, proc.exitcode
-    return None
+    """(which worker process, its exit code) for the one that most likely exited first; None:
+    all alive. NOTE: when one rank dies the others' collectives fail and they exit too, often
+    before the watchdog looks: a rank killed by a signal is named before one that exited with
+    an error, and another rank before rank 0 (it fails when a peer dies, see crash_text)."""
+    dead = [(rank, proc) for rank, proc in enumerate(procs) if not proc.is_alive()]
+    if not dead:
+        return None
+    rank, proc = min(dead, key=lambda d: (not (d[1].exitcode or 0) < 0, d[0] == 0, d[0]))
+    what = ("scheduler process" if len(procs) == 1 else
+            f"tensor-parallel rank {rank} (pid {proc.pid})")
+    return what, proc.exitcode
 
 
 def crash_text(procs: list[Any], text: str) -> str:

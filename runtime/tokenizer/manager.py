@@ -144,6 +144,7 @@ class TokenizerManager:
             await asyncio.sleep(WATCHDOG_S)
         else:
             await asyncio.sleep(0.2)  # let a crash report sent just before exit arrive first
+            dead = watch.dead_worker(self.procs) or dead  # the others may have exited since
             self._die(f"{dead[0]} exited unexpectedly (exit code {dead[1]})")
         watch.kill_all(self.procs)
         for proc in self.procs:
