@@ -41,6 +41,7 @@ from .jump_forward import JumpForward, force_text
 from .runaway import is_runaway
 from .search_walk import completes
 from .shortest import CompletionSearch
+from .vocab import fast_decoder
 
 _COUNT_CACHE = 4096
 _LEVELS = 3  # closers a continuation is looked for behind (each costs a search)
@@ -93,6 +94,7 @@ class CompletionTracker:
     def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: Sequence[int],
                  config: CompletionConfig = CompletionConfig()) -> None:
         self.tokenizer = tokenizer
+        self._decode = fast_decoder(tokenizer)
         self.config = config
         self.search = CompletionSearch(tokenizer, vocab_size, stop_ids,
                                        max_expansions=config.max_expansions)
@@ -273,7 +275,7 @@ class CompletionTracker:
         """The rest of the previous plan if the tokens sampled since spell its beginning."""
         if budget.plan is None or not budget.plan_at:
             return None
-        new = self.tokenizer.decode(req.output_ids[budget.plan_at:])
+        new = self._decode(req.output_ids[budget.plan_at:])
         if new and budget.plan.startswith(new) and "\ufffd" not in new:
             rest = budget.plan[len(new):]
             return rest if rest else None

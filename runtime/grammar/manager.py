@@ -181,7 +181,8 @@ class GrammarManager(Forcing):
         returns the requests that took a jump-forward and must go back to the queue for an
         extend. ``batch_size``: requests decoding now (jump-forward only up to
         ``jump_max_batch``). ``prefetch``: the next step's (see ``prefetch``); rows with
-        nothing else to do this step are accepted and filled there, on a helper thread."""
+        nothing else to do this step are accepted and filled there, on a helper thread, and
+        the others' rows are filled here as soon as they are advanced, while that job runs."""
         jump = self.jump_forward and batch_size <= self.jump_max_batch
         live = [r for r in reqs if r.grammar is not None and not (
             r.finished and r.finish_reason.get("type") == "abort")]
@@ -196,6 +197,8 @@ class GrammarManager(Forcing):
         self.stats.sampled_tokens += len(live)
         requeue = self._advance(kept, checker, jump)
         if handed:
+            back = {id(r) for r in requeue}
+            prefetch.fill([r for r in kept if not r.finished and id(r) not in back])
             for req, ok in zip(handed, prefetch.result()):
                 self._advance_handed(req, ok, prefetch)
         return requeue

@@ -43,7 +43,7 @@ class MaskPrefetch:
         # NOTE: rows undefined until filled here or opened by ``settle``
         # (setting 4 MB to -1 each step at 256 rows cost ~1 ms of the scheduler thread)
         self.bitmask = allocate_bitmask(len(reqs), vocab_size, pin=pin, init=False)
-        self.filled: set[int] = set()  # rows the job filled
+        self.filled: set[int] = set()  # rows filled: by the job, or early (``fill``)
         self._job: cf.Future | None = None
 
     def covers(self, req: Any) -> bool:
@@ -68,8 +68,19 @@ class MaskPrefetch:
     def result(self) -> list[bool]:
         """Wait for the job; whether each handed-over token was accepted (``start``'s order).
         The matchers are the scheduler thread's again after this."""
-        accepted, self.filled = self._job.result()
+        accepted, filled = self._job.result()
+        self.filled |= filled
         return accepted
+
+    def fill(self, reqs: Sequence[Any]) -> None:
+        """Fill the rows of ``reqs`` (not handed over; done with their matchers this step) on
+        the calling thread now, while the job may still run: their fill overlaps the job's
+        instead of waiting for it (each thread fills through its own batch filler)."""
+        reqs = [r for r in reqs if self.covers(r)]
+        if reqs:
+            rows = [self.rows[id(r)] for r in reqs]
+            fill_bitmask_grouped([r.grammar for r in reqs], self.bitmask, rows)
+            self.filled.update(rows)
 
     def row(self, req: Any) -> torch.Tensor:
         return self.bitmask[self.rows[id(req)]]

@@ -63,3 +63,13 @@ def decode_prefix(data: bytes) -> str:
         except UnicodeDecodeError:
             continue
     return data.decode("utf-8", "ignore")
+
+
+def fast_decoder(tokenizer: Any) -> Any:
+    """``tokenizer.decode`` for ids, without the wrapper's per-call work where that gives the
+    same text: a fast tokenizer's Rust decoder when no clean-up of spaces follows (3-4x
+    cheaper per call; the completion tracker decodes a few tokens per request and step)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return tokenizer.decode
+    return lambda ids: backend.decode(list(ids), skip_special_tokens=False)

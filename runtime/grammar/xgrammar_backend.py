@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -25,8 +26,6 @@ _START = re.compile(r"(?<=rule_start_pos=)(\d+)")  # -1 (the root rule) stays as
 class XGrammarGrammar(Grammar):
     """One request's xgrammar matcher."""
 
-    # xgrammar.BatchGrammarMatcher: fills many rows with its own threads (made on first use).
-    _batch: Any = None
     exact_state_key = False
     thread_safe_batch = True  # xgrammar's batch calls release the GIL
 
@@ -53,12 +52,8 @@ class XGrammarGrammar(Grammar):
                            rows: Sequence[int]) -> None:
         """All rows in xgrammar's thread pool (native code, no per-row Python); the JSON
         control-character filter then runs once over the rows that need it."""
-        import xgrammar as xgr
-
-        if cls._batch is None:
-            cls._batch = xgr.BatchGrammarMatcher(_fill_threads())
         rows = list(rows)
-        cls._batch.batch_fill_next_token_bitmask([g._matcher for g in grammars], bitmask, rows)
+        _batch_filler().batch_fill_next_token_bitmask([g._matcher for g in grammars], bitmask, rows)
         safe = [(r, g._compiled.json_safe) for g, r in zip(grammars, rows)
                 if g._compiled.json_safe is not None]
         if not safe:
@@ -104,12 +99,13 @@ class XGrammarGrammar(Grammar):
         # positions, ``full`` keeps them relative to now (repetition counts live there). The
         # older chart is left out, so neither is exact (``exact_state_key = False``).
         text = self._matcher._debug_print_internal_state()
-        head, _, states = text.partition("Last step:")
-        steps = _STEPS.search(head)
-        now = int(steps.group(1)) if steps else 0
         done = self._matcher.is_completed()
-        full = _START.sub(lambda m: str(now - int(m.group(1))), states)
-        return StateKey((done, _START.sub("", states)), (done, full))
+        key = _STATE_KEYS.get((text, done))
+        if key is None:  # NOTE: lockstep requests reach the same states at the same step
+            key = _STATE_KEYS[text, done] = _state_key(text, done)
+            if len(_STATE_KEYS) > 4096:
+                del _STATE_KEYS[next(iter(_STATE_KEYS))]
+        return key
 
     def cache_scope(self) -> Any:
         return self._compiled
@@ -194,6 +190,17 @@ class XGrammarBackend(GrammarBackend):
         return XGrammarGrammar(matcher, compiled)
 
 
+_STATE_KEYS: dict[tuple[str, bool], StateKey] = {}  # (debug text, completed) -> key
+
+
+def _state_key(text: str, done: bool) -> StateKey:
+    head, _, states = text.partition("Last step:")
+    steps = _STEPS.search(head)
+    now = int(steps.group(1)) if steps else 0
+    full = _START.sub(lambda m: str(now - int(m.group(1))), states)
+    return StateKey((done, _START.sub("", states)), (done, full))
+
+
 def _and_rows(words: Any, rows: Sequence[int], filt: Any) -> None:
     """``words[r] &= filt`` for the sorted ``rows``, in place over runs of adjacent rows.
     NOTE: numpy, not torch (see base.allocate_bitmask); a fancy-indexed ``&=`` copies the rows
@@ -213,6 +220,20 @@ def _and_rows(words: Any, rows: Sequence[int], filt: Any) -> None:
         run(spans[0])
     else:
         list(_accept_pool().map(run, spans))
+
+
+_FILLERS = threading.local()
+
+
+def _batch_filler() -> Any:
+    """This thread's xgrammar.BatchGrammarMatcher (fills many rows with its own threads). One
+    per thread: the prefetch job and the scheduler thread fill rows of one step at once."""
+    filler = getattr(_FILLERS, "filler", None)
+    if filler is None:
+        import xgrammar as xgr
+
+        filler = _FILLERS.filler = xgr.BatchGrammarMatcher(_fill_threads())
+    return filler
 
 
 _MIN_ACCEPT_CHUNK = 16  # rows per accept task: below this a thread hop costs more than it saves
