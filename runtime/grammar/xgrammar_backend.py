@@ -68,8 +68,11 @@ class XGrammarGrammar(Grammar):
         import xgrammar as xgr
 
         matchers, tokens = [g._matcher for g in grammars], [int(t) for t in token_ids]
-        chunk = -(-len(matchers) // _fill_threads())
-        if len(matchers) < 2 * _MIN_ACCEPT_CHUNK or chunk < _MIN_ACCEPT_CHUNK:
+        # NOTE: at least _MIN_ACCEPT_CHUNK rows per task: 50 rows are 4 tasks, not 1 (the
+        # rows measured by the completion tracker are accepted on the path to the sampling
+        # launch: ~2 ms in one call on the H100 host at 256 rows)
+        chunk = max(_MIN_ACCEPT_CHUNK, -(-len(matchers) // _fill_threads()))
+        if len(matchers) < 2 * _MIN_ACCEPT_CHUNK or _fill_threads() == 1:
             oks = xgr.BatchGrammarMatcher.batch_accept_token(matchers, tokens)
         else:  # NOTE: xgrammar releases the GIL in native calls: chunks run in parallel
             spans = [(i, i + chunk) for i in range(0, len(matchers), chunk)]
