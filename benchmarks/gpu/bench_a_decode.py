@@ -48,7 +48,8 @@ def run(backend: str, graphs: bool, prompt_len: int, out_len: int, model: str,
 
 
 def run_engine_mode(overlap: bool, prompt_len: int, out_len: int, model: str,
-                    **engine_kw) -> list:
+                    repeat: int = 1, **engine_kw) -> list[list]:
+    """One Engine, ``repeat`` measurements (one row each: the spread without a reload)."""
     import time
 
     from sgdsl.runtime import Engine
@@ -56,20 +57,23 @@ def run_engine_mode(overlap: bool, prompt_len: int, out_len: int, model: str,
     prompt = torch.randint(0, 1000, (prompt_len,), generator=torch.Generator().manual_seed(0))
     ids = prompt.tolist()
     params = lambda n: {"max_new_tokens": n, "ignore_eos": True, "temperature": 0.0}  # noqa: E731
+    name = f"engine, overlap {'on' if overlap else 'off'}"
+    rows = []
     with Engine(model=model_dir(model), load_format="dummy", max_running_requests=4,
                 cuda_graph_max_bs=4, context_length=4096, grammar_backend="none",
                 disable_overlap_schedule=not overlap, **engine_kw) as engine:
         engine.generate(input_ids=ids, sampling_params=params(out_len))  # warm-up
-        times = {}
-        for n in (1, out_len):
-            engine.flush_cache()  # both runs prefill the whole prompt
-            t0 = time.perf_counter()
-            out = engine.generate(input_ids=ids, sampling_params=params(n))
-            times[n] = time.perf_counter() - t0
-            assert len(out["output_ids"]) == n
-    dec = (times[out_len] - times[1]) / (out_len - 1)
-    name = f"engine, overlap {'on' if overlap else 'off'}"
-    return [name, times[1] * 1e3, dec * 1e3, 1 / dec]
+        for _ in range(repeat):
+            times = {}
+            for n in (1, out_len):
+                engine.flush_cache()  # both runs prefill the whole prompt
+                t0 = time.perf_counter()
+                out = engine.generate(input_ids=ids, sampling_params=params(n))
+                times[n] = time.perf_counter() - t0
+                assert len(out["output_ids"]) == n
+            dec = (times[out_len] - times[1]) / (out_len - 1)
+            rows.append([name, times[1] * 1e3, dec * 1e3, 1 / dec])
+    return rows
 
 
 def main() -> None:
@@ -81,14 +85,15 @@ def main() -> None:
     ap.add_argument("--quantization", default=None, help="fp8: quantize the weights at load")
     ap.add_argument("--kv-cache-dtype", default="auto")
     ap.add_argument("--mem-fraction-static", type=float, default=0.85)
+    ap.add_argument("--repeat", type=int, default=1, help="engine modes: measurements per Engine")
     a = ap.parse_args()
     kw = dict(quantization=a.quantization, kv_cache_dtype=a.kv_cache_dtype)
     rows = []
     for mode in a.modes.split(","):
         if mode.startswith("engine"):
-            rows.append(run_engine_mode(mode == "engine", a.prompt_len, a.out_len, a.model,
-                                        mem_fraction_static=a.mem_fraction_static, **kw))
-            print(rows[-1], flush=True)
+            rows += run_engine_mode(mode == "engine", a.prompt_len, a.out_len, a.model,
+                                    a.repeat, mem_fraction_static=a.mem_fraction_static, **kw)
+            print(*rows[-a.repeat:], sep="\n", flush=True)
             continue
         backend, graphs = mode.replace("+graphs", ""), mode.endswith("+graphs")
         rows.append(run(backend, graphs, a.prompt_len, a.out_len, a.model, **kw))

@@ -1,6 +1,7 @@
-"""Decode-sized GEMMs (a few rows times a large weight): cuBLAS or the Triton skinny GEMM
-(with or without split-K), whichever is fastest for the shape, decided once per (rows bucket,
-N, K, weight format) on this device.
+"""Decode-sized GEMMs (a few rows times a large weight): one row goes to the matrix-vector
+kernel (gemv.py); more rows to cuBLAS or the Triton skinny GEMM (with or without split-K),
+whichever is fastest for the shape, decided once per (rows bucket, N, K, weight format) on this
+device.
 
 Why: at batch 1 every linear layer is one weight read, and no single kernel shape streams every
 matrix at full bandwidth (measured on an H100, 2026-11-24, in a Llama-3.1-8B decode step: the
@@ -12,6 +13,7 @@ runs every decode shape before capture; during a capture an unseen shape takes t
 (cuBLAS, or split 1). ``SGDSL_DECODE_GEMM=<candidate>`` forces one (benchmarks)."""
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 
@@ -19,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .fp8_matmul import w8a16_matmul
+from .gemv import default_tile, gemv
 
 DECODE_ROWS = 16  # rows up to which the choice is made (decode batches)
 SPLITS = (1, 2, 4)
@@ -52,29 +55,62 @@ def _time(fn: Callable[[], torch.Tensor], device: torch.device, iters: int = 8) 
     return total
 
 
-def _candidates(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
-                block: tuple[int, int] | None) -> dict[str, Callable[[], torch.Tensor]]:
-    out: dict[str, Callable[[], torch.Tensor]] = {}
-    if scale is None:
-        out["cublas"] = lambda: F.linear(x, w)
-        if w.dtype == torch.float32:
-            # NOTE: the Triton GEMM's fp32 dot runs in tf32: picked by timing, it made fp32
-            # runs (parity checks) differ from HF by ~1e-3 in some processes and not others
-            return out
-    for s in SPLITS:
-        out[f"triton_split{s}"] = lambda s=s: w8a16_matmul(x, w, scale, block, split_k=s)
-    return out
+def _names(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
+           block: tuple[int, int] | None) -> list[str]:
+    """The timed candidates that can compute this product."""
+    if scale is None and w.dtype == torch.float32:
+        # NOTE: the Triton GEMM's fp32 dot runs in tf32: picked by timing, it made fp32
+        # runs (parity checks) differ from HF by ~1e-3 in some processes and not others
+        return ["cublas"]
+    return (["cublas"] if scale is None else []) + [f"triton_split{s}" for s in SPLITS]
+
+
+def _one_row(x: torch.Tensor, w: torch.Tensor, block: tuple[int, int] | None) -> str | None:
+    """One row of a plain bf16/fp16 or per-channel fp8 weight: the matrix-vector kernel, no
+    timing. NOTE: one matrix timed alone (L2 flushed, as ``_time``) is a poor guide at one
+    row (H100, 2026-11-24: fp8 o_proj alone 36 us in the skinny GEMM vs 13 us in the
+    matrix-vector kernel, 2.7x, while all four projections of 32 layers back to back in a CUDA
+    graph took 3.41 vs 2.71 ms, 1.26x; picks by such timings moved the Engine's fp8 decode by
+    2%), so the tiles come from 32-layer chains (benchmarks/gpu/sweep_gemv.py).
+    ``SGDSL_DECODE_GEMM_TABLE`` (a JSON file of ``"N,K,element bytes": candidate``) overrides
+    the rule per shape (tuning runs)."""
+    if x.shape[0] != 1 or block is not None or w.dtype == torch.float32:
+        return None
+    table = os.environ.get("SGDSL_DECODE_GEMM_TABLE")
+    if table:
+        with open(table) as f:
+            pick = json.load(f).get(f"{w.shape[0]},{w.shape[1]},{w.element_size()}")
+        if pick is not None:
+            return pick
+    return "gemv"
+
+
+def _run(name: str, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
+         block: tuple[int, int] | None) -> torch.Tensor:
+    """One candidate by name: ``cublas``, ``triton_split<S>``, ``gemv`` (the shape's default
+    tile) or ``gemv:<BLOCK_N>,<BLOCK_K bytes>,<warps>,<prefetch 0/1>``."""
+    if name == "cublas":
+        return F.linear(x, w)
+    if name.startswith("gemv"):
+        bn, kb, warps, pf = (int(v) for v in name.split(":")[1].split(",")) if ":" in name \
+            else default_tile(w.shape[0], w.shape[1], w.element_size())
+        return gemv(x, w, scale, (bn, kb, warps, bool(pf)))
+    return w8a16_matmul(x, w, scale, block, split_k=int(name.removeprefix("triton_split")))
 
 
 def _choose(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
             block: tuple[int, int] | None) -> str | None:
-    cands = _candidates(x, w, scale, block)
     forced = os.environ.get("SGDSL_DECODE_GEMM", "auto")
-    if forced in cands:
+    names = _names(x, w, scale, block)
+    if forced in names or (forced.startswith("gemv") and x.shape[0] == 1 and block is None):
         return forced
+    one_row = _one_row(x, w, block)
+    if one_row is not None:
+        return one_row
     if torch.cuda.is_current_stream_capturing():
         return None  # no timing inside a capture
-    times = {name: _time(fn, x.device) for name, fn in cands.items()}
+    times = {name: _time(lambda name=name: _run(name, x, w, scale, block), x.device)
+             for name in names}
     return min(times, key=times.get)
 
 
@@ -94,7 +130,7 @@ def decode_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
         choice = "cublas" if scale is None else "triton_split1"
     if choice == "cublas":
         return F.linear(x, w, bias)
-    out = w8a16_matmul(x, w, scale, block, split_k=int(choice.removeprefix("triton_split")))
+    out = _run(choice, x, w, scale, block)
     return out if bias is None else out + bias
 
 

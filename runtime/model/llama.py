@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ModelLoadError
+from ..kernels.dispatch import use_triton
 from ..layers import cpu_kernels
 from ..layers.activation import SiluAndMul
 from ..layers.attention.base import AttentionBackend
@@ -57,15 +58,29 @@ class LlamaAttention(nn.Module):
                                         device=device)
 
     def rotate_qk(self, qk: torch.Tensor, rope: Rope) -> torch.Tensor:
-        """Rotary on q and k together (``[tokens, heads + kv_heads, head_dim]``): one set of
-        ops instead of two per layer."""
+        """The torch path: rotary on q and k together (``[tokens, heads + kv_heads,
+        head_dim]``): one set of ops instead of two per layer."""
         return RotaryEmbedding.apply(qk, *rope)
+
+    def qk_norms(self) -> tuple[RMSNorm, RMSNorm] | None:
+        """Per-head q and k RMSNorms applied before the rotary (Qwen3); None: no norms."""
+        return None
 
     def qk_and_store(self, heads: torch.Tensor, rope: Rope, batch: ForwardBatch,
                      attn: AttentionBackend) -> tuple[torch.Tensor, bool]:
         """``heads [tokens, heads + 2 * kv_heads, head_dim]`` (q, k, v) -> q and k ready for
-        attention, and whether the new k/v are already in the KV cache (Qwen3's GPU kernel
-        stores them; here the backend does)."""
+        attention, and whether the new k/v are already in the KV cache: on the GPU one kernel
+        applies the q/k norms (if any) and the rotary and stores k/v where the backend offers
+        a ``kv_store_target`` (one launch instead of two to five per layer)."""
+        if use_triton(heads):
+            from ..kernels.qk_norm_rope import qk_norm_rope
+
+            store = attn.kv_store_target(self.layer_id, batch)
+            norms = self.qk_norms()
+            weights = (None, None) if norms is None else (norms[0].weight, norms[1].weight)
+            eps = 0.0 if norms is None else norms[0].eps
+            qk = qk_norm_rope(heads, *weights, self.num_heads, eps, *rope, store=store)
+            return qk, store is not None
         return self.rotate_qk(heads[:, : self.num_heads + self.num_kv_heads], rope), False
 
     def forward(self, h: torch.Tensor, rope: Rope, batch: ForwardBatch,

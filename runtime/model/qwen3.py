@@ -3,12 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.dispatch import use_triton
-from ..layers.attention.base import AttentionBackend
 from ..layers.norm import RMSNorm
 from ..layers.quantization.base import QuantConfig
 from ..layers.rotary import RotaryEmbedding
-from .forward_batch import ForwardBatch
 from .llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel, Rope
 from .model_config import ModelConfig
 
@@ -20,16 +17,8 @@ class Qwen3Attention(LlamaAttention):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype=dtype, device=device)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype=dtype, device=device)
 
-    def qk_and_store(self, heads: torch.Tensor, rope: Rope, batch: ForwardBatch,
-                     attn: AttentionBackend) -> tuple[torch.Tensor, bool]:
-        if use_triton(heads):  # norms, rotary and KV store in one launch (were 5 kernels)
-            from ..kernels.qk_norm_rope import qk_norm_rope
-
-            store = attn.kv_store_target(self.layer_id, batch)
-            qk = qk_norm_rope(heads, self.q_norm.weight, self.k_norm.weight, self.num_heads,
-                              self.q_norm.eps, *rope, store=store)
-            return qk, store is not None
-        return super().qk_and_store(heads, rope, batch, attn)
+    def qk_norms(self) -> tuple[RMSNorm, RMSNorm]:
+        return self.q_norm, self.k_norm
 
     def rotate_qk(self, qk: torch.Tensor, rope: Rope) -> torch.Tensor:
         """The torch path: each norm, then the rotary."""

@@ -128,6 +128,33 @@ def test_qk_norm_rope_is_norm_then_rotary(device, dtype, store):
         assert not k_buf.any() and not v_buf.any()
 
 
+@pytest.mark.parametrize("store", [False, True])
+def test_qk_rope_without_norms_is_the_rotary(device, dtype, store):
+    """Llama's path (no q/k norms): the rotary of q and k, as the rotary kernel computes it,
+    and with a KV target the rotated k and the v heads at their slots."""
+    from sgdsl.runtime.kernels.qk_norm_rope import qk_norm_rope
+    from sgdsl.runtime.kernels.rotary import rotary_apply_gathered
+    from sgdsl.runtime.layers.attention.base import KVStoreTarget
+
+    gen = torch.Generator().manual_seed(9)
+    heads = _rand(3, 10 * 64, gen=gen, dtype=dtype, device=device).view(3, 10, 64)  # 6+2+2
+    ang = torch.rand(3, 32, generator=gen).to(device)
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None, :].to(dtype)
+    sin = torch.cat([-ang.sin(), ang.sin()], -1)[:, None, :].to(dtype)  # signed, as lookup()
+    k_buf, v_buf = (torch.zeros(8, 2, 64, dtype=dtype, device=device) for _ in range(2))
+    loc = torch.tensor([6, 1, 3], device=device)
+    target = KVStoreTarget(k_buf, v_buf, loc, 1.0, 1.0) if store else None
+    out = qk_norm_rope(heads, None, None, 6, 0.0, cos, sin, store=target)
+    ref = _ref_rotate(heads[:, :8], cos[..., :32].double(), sin[..., 32:].double())
+    assert out.shape == (3, 8, 64) and rel_err(out, ref) < tol(dtype)
+    assert rel_err(out, rotary_apply_gathered(heads[:, :8], cos, sin)) < 1e-6
+    if store:
+        assert torch.equal(k_buf[loc], out[:, 6:]) and torch.equal(v_buf[loc], heads[:, 8:])
+        assert int((k_buf != 0).any(-1).any(-1).sum()) == 3, "only the 3 slots written"
+    else:
+        assert not k_buf.any() and not v_buf.any()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="fp8 stores need a CUDA device")
 def test_qk_norm_rope_fp8_store_matches_store_kv():

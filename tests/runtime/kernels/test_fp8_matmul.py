@@ -54,7 +54,10 @@ def test_decode_linear_every_candidate(m, monkeypatch):
     x = torch.randn(m, 1000, generator=gen).bfloat16().cuda()
     bias = torch.randn(320, generator=gen).bfloat16().cuda()
     q, s = quantize_rows(w)
-    for cand in ["cublas", "triton_split1", "triton_split2", "triton_split4"]:
+    names = decode_gemm._names(x, w.bfloat16().cuda(), None, None)
+    if m == 1:
+        names += ["gemv", "gemv:4,512,2,0", "gemv:2,1024,4,1"]
+    for cand in names:
         monkeypatch.setenv("SGDSL_DECODE_GEMM", cand)
         decode_gemm._CHOICE.clear()
         out = decode_gemm.decode_linear(x, w.bfloat16().cuda(), bias)
@@ -66,17 +69,36 @@ def test_decode_linear_every_candidate(m, monkeypatch):
     monkeypatch.delenv("SGDSL_DECODE_GEMM")
     decode_gemm._CHOICE.clear()
     decode_gemm.decode_linear(x, w.bfloat16().cuda(), None)
-    assert set(decode_gemm.choices().values()) <= {"cublas", "triton_split1", "triton_split2",
-                                                   "triton_split4"}
+    decode_gemm.decode_linear(x, q.cuda(), None, s.cuda())
+    picked = set(decode_gemm.choices().values())
+    assert picked == {"gemv"} if m == 1 else picked <= set(names)
+
+
+def test_decode_gemm_table_overrides_one_row(monkeypatch, tmp_path):
+    from sgdsl.runtime.kernels import decode_gemm
+
+    table = tmp_path / "tiles.json"
+    table.write_text('{"320,1000,1": "gemv:4,512,2,1", "320,1000,2": "cublas"}')
+    monkeypatch.setenv("SGDSL_DECODE_GEMM_TABLE", str(table))
+    decode_gemm._CHOICE.clear()
+    x = torch.randn(1, 1000, device="cuda").bfloat16()
+    w = torch.randn(320, 1000) * 0.05
+    q, s = quantize_rows(w)
+    out8 = decode_gemm.decode_linear(x, q.cuda(), None, s.cuda())
+    decode_gemm.decode_linear(x, w.bfloat16().cuda(), None)
+    assert sorted(decode_gemm.choices().values()) == ["cublas", "gemv:4,512,2,1"]
+    assert rel_err(out8.cpu(), x.double().cpu() @ dequantize(q, s).double().T) < 1e-2
+    decode_gemm._CHOICE.clear()
 
 
 def test_fp32_weights_keep_cublas():
-    """An fp32 weight is never given to the Triton GEMM (its fp32 dot is tf32): fp32 runs stay
+    """An fp32 weight is never given to a Triton GEMM (its fp32 dot is tf32): fp32 runs stay
     exact whatever the timing picks."""
     from sgdsl.runtime.kernels import decode_gemm
 
     x, w = torch.randn(1, 64, device="cuda"), torch.randn(32, 64, device="cuda")
-    assert set(decode_gemm._candidates(x, w, None, None)) == {"cublas"}
-    assert set(decode_gemm._candidates(x.bfloat16(), w.bfloat16(), None, None)) > {"cublas"}
+    assert decode_gemm._names(x, w, None, None) == ["cublas"]
+    assert set(decode_gemm._names(x.bfloat16(), w.bfloat16(), None, None)) > {"cublas"}
     decode_gemm._CHOICE.clear()
     torch.testing.assert_close(decode_gemm.decode_linear(x, w, None), x @ w.T, rtol=0, atol=1e-5)
+    assert set(decode_gemm.choices().values()) == {"cublas"}

@@ -1,0 +1,53 @@
+#!/bin/bash
+# Batch-1 decode, Llama-3.1-8B bf16 and fp8 weights on one GPU (issue 12, section 3): GPU tests
+# of the decode kernels, the decode-GEMM sweep, the decode-step profile, and Engine decode tok/s
+# of this tree against BASE (another tree's root, e.g. a copy of main before a change) in the
+# same call, with this tree's benchmark script on both. From the tree's root, one device call:
+#   BASE=../tree-before PART=N bash benchmarks/gpu/run_batch1_decode.sh
+#   1 = kernel tests, chained GEMM sweep (its picks then used by this tree's Engine runs),
+#       Engine bf16/fp8 of both trees, bf16 decode-step profile
+#   2 = kernel + model tests, Engine bf16/fp8 of both trees twice, fp8 decode-step profile
+set -o pipefail
+source benchmarks/gpu/device_env.sh
+NEW=$PWD
+BASE=${BASE:-$PWD}
+T=tests/runtime/kernels
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+
+engine() {  # engine TREE LABEL [ARGS]: bench_a_decode.py --modes engine on TREE's runtime
+  local tree=$1 label=$2
+  shift 2
+  for d in runtime backends templates; do [ -e $tree/sgdsl/$d ] || ln -s ../$d $tree/sgdsl/$d; done
+  PYTHONPATH=/tmp/site:$tree:$NEW/benchmarks/gpu timeout ${ENGINE_LIMIT:-90} python3 \
+    $NEW/benchmarks/gpu/bench_a_decode.py --modes engine --repeat ${REPEAT:-1} "$@" 2>&1 \
+    | tee $OUT/a_$label.log | grep "^\['engine" | sed "s/^/$label /"
+}
+
+case "${PART:-1}" in
+1)  # tune: the chained GEMM sweep writes its best pick per shape; the Engine runs use it
+  timeout 100 python3 -m pytest $T/test_gemv.py $T/test_fp8_matmul.py $T/test_elementwise.py \
+    $T/test_skinny_gemm.py -q -p no:cacheprovider 2>&1 | tee $OUT/pytest.log | tail -2
+  (cd benchmarks/gpu && timeout 170 python3 sweep_gemv.py --table $OUT/tiles.json 2>&1 \
+    | tee $OUT/sweep.log | tail -9)
+  [ -f $OUT/tiles.json ] && export SGDSL_DECODE_GEMM_TABLE=$OUT/tiles.json
+  engine $NEW new_fp8 --quantization fp8
+  engine $BASE base_fp8 --quantization fp8
+  engine $NEW new_bf16
+  engine $BASE base_bf16
+  (cd benchmarks/gpu && timeout 70 python3 profile_decode.py --sequence 24 2>&1 \
+    | tee $OUT/profile_bf16.log | tail -3)
+  ;;
+2)  # confirm: tests, profiles, Engine bf16/fp8 of both trees, twice
+  timeout 120 python3 -m pytest $T/test_gemv.py $T/test_fp8_matmul.py $T/test_elementwise.py \
+    $T/test_triton_backend.py tests/runtime/model/test_runner_cuda.py -q -p no:cacheprovider \
+    2>&1 | tee $OUT/pytest.log | tail -2
+  for i in 1 2; do
+    engine $NEW new_fp8_$i --quantization fp8
+    engine $BASE base_fp8_$i --quantization fp8
+    engine $NEW new_bf16_$i
+    engine $BASE base_bf16_$i
+  done
+  (cd benchmarks/gpu && timeout 70 python3 profile_decode.py --quantization fp8 --sequence 24 \
+    2>&1 | tee $OUT/profile_fp8.log | tail -3)
+  ;;
+esac

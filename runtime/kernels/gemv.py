@@ -1,0 +1,109 @@
+"""Matrix-vector product for batch-1 decode: ``x [1, K] @ W[N, K]^T`` with a plain (bf16/fp16)
+or fp8 weight (E4M3, one scale per output channel), streaming the weight once at close to the
+device's copy bandwidth.
+
+Why not the skinny GEMM (fp8_matmul.py) at one row: ``tl.dot`` pads the row to 16, stages each
+weight tile through shared memory in the dot's layout and needs BLOCK_N >= 16 columns per
+program, so long-K matrices get few, long programs (Llama's down_proj: 128 programs on 132 SMs,
+measured at 1.8 TB/s in fp8). Here each program owns a few output rows and walks their whole
+K: every thread loads 16 contiguous weight bytes, widens them to fp32 and multiplies by x in
+registers (no tensor cores: at one row the product is ~1 FLOP per weight byte), so a shape gets
+N / BLOCK_N programs, thousands for any Llama matrix, no split-K partial sums and no extra
+launches. The row sums are reduced once, at the end.
+
+A tile is ``(BLOCK_N, BLOCK_K in weight bytes, num_warps, PREFETCH)``; ``PREFETCH`` loads the
+next K-block's weights before this block is multiplied (register double-buffering). Triton's
+pipeliner does not stage loads that feed no ``tl.dot`` (no ``num_stages`` here: checked in the
+SASS, 2026-11-24), so the loads in flight are what the code asks for.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+Tile = tuple[int, int, int, bool]
+
+
+def default_tile(n: int, k: int, elem: int) -> Tile:
+    """The tile for an ``[n, k]`` weight of ``elem``-byte elements: one row per program, 2 KB
+    of it per block; 4 warps for 2-byte weights (one vector a thread), 1 warp for fp8 (four).
+    NOTE: from 71 tiles timed in 32-layer chains at the Llama-3.1-8B shapes (H100, 2026-11-24,
+    ``benchmarks/gpu/sweep_gemv.py``): within 2% of each shape's best tile, bf16 and fp8; the
+    best were all 1-2 rows a program, 1-2 KB blocks, prefetch or not alike."""
+    return (1, 2048, 4, False) if elem >= 2 else (1, 2048, 1, False)
+
+
+@triton.jit
+def _load_w(ptrs, mask, EVEN: tl.constexpr):
+    # streamed once per step: keep it out of L2's way (evict first)
+    if EVEN:
+        w = tl.load(ptrs, eviction_policy="evict_first")
+    else:
+        w = tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
+    return w
+
+
+@triton.jit
+def _gemv_kernel(X, W, S, Out, N, K, stride_wn, HAS_SCALE: tl.constexpr, EVEN_N: tl.constexpr,
+                 EVEN_K: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, VEC: tl.constexpr):
+    # Tiles are [BLOCK_N, BLOCK_K // VEC, VEC]: one 16-byte vector of a row on the last axis, so
+    # each thread sums its own vector in registers and keeps BLOCK_K // VEC partial sums per
+    # row, not BLOCK_K (the accumulator would otherwise cap the loads in flight per thread).
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = (tl.arange(0, BLOCK_K // VEC)[:, None] * VEC + tl.arange(0, VEC)[None, :])
+    mask_n = offs_n[:, None, None] < N
+    w_ptrs = W + offs_n[:, None, None].to(tl.int64) * stride_wn + offs_k[None, :, :]
+    even: tl.constexpr = EVEN_N and EVEN_K
+    acc = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+    if PREFETCH:
+        w_next = _load_w(w_ptrs, mask_n & (offs_k[None, :, :] < K), even)
+    for k0 in range(0, K, BLOCK_K):
+        if PREFETCH:
+            # NOTE: masked, not branched: behind a branch the compiler sank these loads below
+            # this block's arithmetic (nothing in flight during it); past K they are predicated
+            # off and read nothing
+            w = w_next
+            w_ptrs += BLOCK_K
+            if even:  # one predicate for the whole tile (a splat: no per-element compares)
+                more = (k0 + BLOCK_K + offs_k[None, :, :] * 0) < K
+            else:
+                more = mask_n & (offs_k[None, :, :] < K - k0 - BLOCK_K)
+            w_next = tl.load(w_ptrs, mask=more, other=0.0, eviction_policy="evict_first")
+        else:
+            w = _load_w(w_ptrs, mask_n & (offs_k[None, :, :] < K - k0), even)
+            w_ptrs += BLOCK_K
+        # NOTE: x's pointers have w's shape (every row reads the same x, from L1), so x is
+        # loaded in w's register layout: no layout conversion through shared memory per block
+        x_ptrs = X + k0 + offs_k[None, :, :] + offs_n[:, None, None] * 0
+        if EVEN_K:
+            x = tl.load(x_ptrs)
+        else:
+            x = tl.load(x_ptrs, mask=offs_k[None, :, :] < K - k0, other=0.0)
+        acc += tl.sum(w.to(tl.float32) * x.to(tl.float32), axis=2)
+    out = tl.sum(acc, axis=1)
+    if HAS_SCALE:
+        out = out * tl.load(S + offs_n, mask=offs_n < N, other=0.0)
+    tl.store(Out + offs_n, out.to(Out.dtype.element_ty), mask=offs_n < N)
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None,
+         tile: Tile | None = None) -> torch.Tensor:
+    """``x [1, K]`` (bf16/fp16/fp32) times ``w [N, K]``^T -> ``[1, N]`` in x's dtype. ``w`` is a
+    plain weight (``scale=None``) or fp8 with ``scale [N]`` fp32 per output channel; ``tile``
+    defaults to ``default_tile`` for the shape."""
+    assert x.dim() == 2 and x.shape[0] == 1, "gemv takes one row"
+    n, k = w.shape
+    assert x.shape[1] == k and x.stride(1) == 1 and w.stride(1) == 1
+    if scale is not None:
+        assert scale.shape == (n,) and scale.dtype == torch.float32 and scale.stride(0) == 1
+    block_n, block_bytes, warps, prefetch = tile or default_tile(n, k, w.element_size())
+    block_k = block_bytes // w.element_size()
+    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    _gemv_kernel[(triton.cdiv(n, block_n),)](
+        x, w, scale if scale is not None else w, out, n, k, w.stride(0),
+        HAS_SCALE=scale is not None, EVEN_N=n % block_n == 0, EVEN_K=k % block_k == 0,
+        PREFETCH=prefetch, BLOCK_N=block_n, BLOCK_K=block_k, VEC=16 // w.element_size(),
+        num_warps=warps, num_stages=1)
+    return out

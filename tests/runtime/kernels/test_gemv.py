@@ -1,0 +1,56 @@
+"""The batch-1 matrix-vector kernel (gemv.py) vs a float64 product: plain weights under Triton's
+interpreter on CPU (every tile variant, shapes that are not multiples of the tiles), fp8
+weights with per-channel scales on the GPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sgdsl.runtime.kernels.gemv import gemv
+from sgdsl.runtime.layers.quantization.fp8_utils import dequantize, quantize_rows
+
+from .conftest import ON_GPU, rel_err, tol
+
+
+TILES = [None, (2, 256, 1, False), (4, 512, 2, True), (16, 1024, 4, True)]
+
+
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("n,k", [(70, 300), (64, 1024), (5, 2048)])
+def test_gemv_plain_weight(device, dtype, tile, n, k):
+    gen = torch.Generator().manual_seed(n + k)
+    x = torch.randn(1, k, generator=gen).to(dtype).to(device)
+    w = torch.randn(n, k, generator=gen).to(dtype).to(device)
+    out = gemv(x, w, None, tile)
+    assert out.shape == (1, n) and out.dtype == dtype
+    assert rel_err(out, x.double() @ w.double().T) < tol(dtype)
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_gemv_with_and_without_prefetch(device, dtype, prefetch):
+    """Both loop shapes (the next block loaded ahead, or not) give the product."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 1000, generator=gen).to(dtype).to(device)
+    w = torch.randn(40, 1000, generator=gen).to(dtype).to(device)
+    out = gemv(x, w, None, (8, 256, 4, prefetch))
+    assert rel_err(out, x.double() @ w.double().T) < tol(dtype)
+
+
+def test_gemv_rejects_more_rows(device, dtype):
+    with pytest.raises(AssertionError, match="one row"):
+        gemv(torch.zeros(2, 64, dtype=dtype, device=device),
+             torch.zeros(8, 64, dtype=dtype, device=device))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="fp8 weights need CUDA")
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("n,k", [(384, 640), (4096, 14336), (6144, 4096)])
+def test_gemv_fp8_per_channel(tile, n, k):
+    gen = torch.Generator().manual_seed(n)
+    w = torch.randn(n, k, generator=gen) * 0.05
+    q, s = quantize_rows(w)
+    x = torch.randn(1, k, generator=gen).bfloat16().cuda()
+    out = gemv(x, q.cuda(), s.cuda(), tile)
+    ref = x.double().cpu() @ dequantize(q, s).double().T
+    assert out.dtype == torch.bfloat16 and rel_err(out.cpu(), ref) < 1e-2
