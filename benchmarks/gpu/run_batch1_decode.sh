@@ -6,7 +6,8 @@
 #   BASE=../tree-before PART=N bash benchmarks/gpu/run_batch1_decode.sh
 #   1 = kernel tests, chained GEMM sweep (its picks then used by this tree's Engine runs),
 #       Engine bf16/fp8 of both trees, bf16 decode-step profile
-#   2 = kernel + model tests, Engine bf16/fp8 of both trees twice, fp8 decode-step profile
+#   2 = kernel + model GPU tests, the sweep again (its picks used by this tree's Engine runs),
+#       Engine bf16/fp8 of both trees, fp8 decode-step profile
 set -o pipefail
 source benchmarks/gpu/device_env.sh
 NEW=$PWD
@@ -37,17 +38,21 @@ case "${PART:-1}" in
   (cd benchmarks/gpu && timeout 70 python3 profile_decode.py --sequence 24 2>&1 \
     | tee $OUT/profile_bf16.log | tail -3)
   ;;
-2)  # confirm: tests, profiles, Engine bf16/fp8 of both trees, twice
+2)  # confirm: GPU tests, the sweep's table in this tree's Engine runs, an fp8 step profile
   timeout 120 python3 -m pytest $T/test_gemv.py $T/test_fp8_matmul.py $T/test_elementwise.py \
-    $T/test_triton_backend.py tests/runtime/model/test_runner_cuda.py -q -p no:cacheprovider \
-    2>&1 | tee $OUT/pytest.log | tail -2
-  for i in 1 2; do
-    engine $NEW new_fp8_$i --quantization fp8
-    engine $BASE base_fp8_$i --quantization fp8
-    engine $NEW new_bf16_$i
-    engine $BASE base_bf16_$i
-  done
-  (cd benchmarks/gpu && timeout 70 python3 profile_decode.py --quantization fp8 --sequence 24 \
+    $T/test_triton_backend.py $T/test_decode_attention.py $T/test_gpu_model.py \
+    tests/runtime/model/test_runner_cuda.py -q -p no:cacheprovider 2>&1 | tee $OUT/pytest.log \
+    | tail -2
+  (cd benchmarks/gpu && timeout 110 python3 sweep_gemv.py --table $OUT/tiles.json 2>&1 \
+    | tee $OUT/sweep.log | tail -9)
+  [ -f $OUT/tiles.json ] && export SGDSL_DECODE_GEMM_TABLE=$OUT/tiles.json
+  engine $NEW new_fp8 --quantization fp8
+  engine $BASE base_fp8 --quantization fp8
+  engine $NEW new_bf16
+  engine $BASE base_bf16
+  (cd benchmarks/gpu && timeout 40 python3 bench_kernels.py --batch1 2>&1 \
+    | tee $OUT/attn_batch1.log | tail -12)
+  (cd benchmarks/gpu && timeout 60 python3 profile_decode.py --quantization fp8 --sequence 12 \
     2>&1 | tee $OUT/profile_fp8.log | tail -3)
   ;;
 esac

@@ -3,7 +3,7 @@ way a decode step runs them: 32 distinct weights of one shape back to back in a 
 weight in L2, no launch gaps), for every candidate of decode_gemm.py (cuBLAS, the skinny GEMM
 with split-K 1/2/4) and every tile of the matrix-vector kernel (gemv.py). Then all four shapes
 of 32 layers in one graph with each shape's best pick, the old picks and the default tile: the
-GEMM part of a decode step. Writes the best pick per shape as a ``SGDSL_DECODE_GEMM_TABLE``
+GEMM part of a decode step; and the bf16 lm_head (4 copies). Writes the best pick per shape as a ``SGDSL_DECODE_GEMM_TABLE``
 file (``--table``).
 
 Tiles compile in a process pool first (one Triton compile is ~1 s)."""
@@ -29,18 +29,14 @@ LAYERS = 32
 
 
 def tiles() -> list[tuple]:
-    """(BLOCK_N, BLOCK_K bytes, warps, prefetch) with 1 to 8 16-byte vectors per thread."""
-    out = []
-    for bn, kb, wp, pf in itertools.product((1, 2, 4, 8, 16), (512, 1024, 2048), (1, 2, 4, 8),
-                                            (False, True)):
-        if 1 <= bn * kb // 16 // (32 * wp) <= (4 if pf else 8):
-            out.append((bn, kb, wp, pf))
-    return out
+    """(BLOCK_N, BLOCK_K bytes, warps) with 1 to 8 16-byte vectors per thread."""
+    return [(bn, kb, wp) for bn, kb, wp in itertools.product((1, 2, 4, 8, 16), (512, 1024, 2048),
+                                                             (1, 2, 4, 8))
+            if 1 <= bn * kb // 16 // (32 * wp) <= 8]
 
 
 def name(tile: tuple) -> str:
-    bn, kb, wp, pf = tile
-    return f"gemv:{bn},{kb},{wp},{int(pf)}"
+    return "gemv:" + ",".join(map(str, tile))
 
 
 def _warm(args: tuple) -> int:
@@ -95,12 +91,13 @@ def chain_us(pick: str, ws: list[tuple], x: torch.Tensor) -> float:
     return graph_us(lambda: [decode_gemm._run(pick, x, w, s, None) for w, s in ws])
 
 
-def sweep_shape(label: str, n: int, k: int, fp8: bool) -> tuple[list, dict]:
-    ws = weights(n, k, fp8, LAYERS)
+def sweep_shape(label: str, n: int, k: int, fp8: bool, count: int = LAYERS) -> tuple[list, dict]:
+    ws = weights(n, k, fp8, count)
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
     nbytes = n * k * ws[0][0].element_size()
     old = decode_gemm._names(x, ws[0][0], ws[0][1], None)
-    times = {c: chain_us(c, ws, x) / LAYERS for c in old + ["gemv"] + [name(t) for t in tiles()]}
+    times = {c: chain_us(c, ws, x) / count
+             for c in old + ["gemv"] + [name(t) for t in tiles()]}
     del ws
     torch.cuda.empty_cache()
     ranked = sorted(times, key=times.get)
@@ -138,6 +135,11 @@ def main() -> None:
             rows += r
             table[f"{n},{k},{1 if fp8 else 2}"] = picks[nm]["best"]
             print(*r, sep="\n", flush=True)
+        if not fp8:  # the (bf16) lm_head, 4 copies of 1 GB
+            r, pick = sweep_shape("lm_head bf16", 128256, 4096, False, count=4)
+            rows += r
+            table["128256,4096,2"] = pick["best"]
+            print(*r, sep="\n", flush=True)
         step_bytes = sum(n * k for n, k in LLAMA.values()) * LAYERS * (1 if fp8 else 2)
         for label in ("old", "default", "best"):
             chosen = {nm: p[label] for nm, p in picks.items()}
@@ -149,7 +151,7 @@ def main() -> None:
         with open(a.table, "w") as f:
             json.dump(table, f, indent=1)
     print_table("one shape, 32 distinct weights in a CUDA graph (us per matrix, GB/s)",
-                ["shape", "candidate (gemv:BLOCK_N,BLOCK_K bytes,warps,prefetch)", "us",
+                ["shape", "candidate (gemv:BLOCK_N,BLOCK_K bytes,warps)", "us",
                  "GB/s"], rows)
     print_table("32 layers x 4 linears in one CUDA graph (us per step)",
                 ["weights / picks", "picks", "us", "GB/s"], steps)

@@ -137,7 +137,7 @@ def decode_attention_fwd(
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     num_kv_splits: torch.Tensor, mid_o: torch.Tensor, mid_lse: torch.Tensor,
     sm_scale: float, max_kv_splits: int | None = None, k_scale: float = 1.0,
-    v_scale: float = 1.0,
+    v_scale: float = 1.0, block_n: int = 32,
 ) -> torch.Tensor:
     """out[b, h] = softmax(q[b, h] . K[seq b]) V[seq b] over the request's whole paged sequence.
 
@@ -146,7 +146,8 @@ def decode_attention_fwd(
     num_kv_splits and sets the launch grid, so small values cost no empty programs."""
     max_kv_splits = max_kv_splits or mid_lse.shape[2]
     decode_stage1(q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, num_kv_splits,
-                  mid_o, mid_lse, sm_scale, max_kv_splits, k_scale=k_scale, v_scale=v_scale)
+                  mid_o, mid_lse, sm_scale, max_kv_splits, k_scale=k_scale, v_scale=v_scale,
+                  block_n=block_n)
     return decode_merge(mid_o, mid_lse, out, max_kv_splits)
 
 
@@ -155,10 +156,10 @@ def decode_stage1(
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     num_kv_splits: torch.Tensor, mid_o: torch.Tensor, mid_lse: torch.Tensor,
     sm_scale: float, max_kv_splits: int, starts: torch.Tensor | None = None,
-    k_scale: float = 1.0, v_scale: float = 1.0,
+    k_scale: float = 1.0, v_scale: float = 1.0, block_n: int = 32,
 ) -> None:
     """Split partials into ``mid_o``/``mid_lse[..., :max_kv_splits]``; with ``starts`` ([bs]
-    int64) only over tokens ``[starts[b], seq_lens[b])``."""
+    int64) only over tokens ``[starts[b], seq_lens[b])``. ``block_n``: keys per iteration."""
     bs, num_heads, head_dim = q.shape
     kv_heads = k_buf.shape[1]
     _check(q, k_buf, v_buf, q, req_to_token, bs, max_kv_splits)
@@ -178,7 +179,7 @@ def decode_stage1(
         v_buf.stride(1), req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         num_heads,
-        KV_GROUP=group, BLOCK_H=block_h, BLOCK_N=32, BLOCK_D=block_d, HEAD_DIM=head_dim,
+        KV_GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=head_dim,
         MAX_SPLITS=max_kv_splits, PRECISION=precision, HAS_STARTS=starts is not None,
         num_warps=4, num_stages=2,
     )

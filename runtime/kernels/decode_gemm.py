@@ -88,13 +88,13 @@ def _one_row(x: torch.Tensor, w: torch.Tensor, block: tuple[int, int] | None) ->
 def _run(name: str, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
          block: tuple[int, int] | None) -> torch.Tensor:
     """One candidate by name: ``cublas``, ``triton_split<S>``, ``gemv`` (the shape's default
-    tile) or ``gemv:<BLOCK_N>,<BLOCK_K bytes>,<warps>,<prefetch 0/1>``."""
+    tile) or ``gemv:<BLOCK_N>,<BLOCK_K bytes>,<warps>``."""
     if name == "cublas":
         return F.linear(x, w)
     if name.startswith("gemv"):
-        bn, kb, warps, pf = (int(v) for v in name.split(":")[1].split(",")) if ":" in name \
+        bn, kb, warps = (int(v) for v in name.split(":")[1].split(",")) if ":" in name \
             else default_tile(w.shape[0], w.shape[1], w.element_size())
-        return gemv(x, w, scale, (bn, kb, warps, bool(pf)))
+        return gemv(x, w, scale, (bn, kb, warps))
     return w8a16_matmul(x, w, scale, block, split_k=int(name.removeprefix("triton_split")))
 
 

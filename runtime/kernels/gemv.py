@@ -11,10 +11,11 @@ registers (no tensor cores: at one row the product is ~1 FLOP per weight byte), 
 N / BLOCK_N programs, thousands for any Llama matrix, no split-K partial sums and no extra
 launches. The row sums are reduced once, at the end.
 
-A tile is ``(BLOCK_N, BLOCK_K in weight bytes, num_warps, PREFETCH)``; ``PREFETCH`` loads the
-next K-block's weights before this block is multiplied (register double-buffering). Triton's
-pipeliner does not stage loads that feed no ``tl.dot`` (no ``num_stages`` here: checked in the
-SASS, 2026-11-24), so the loads in flight are what the code asks for.
+A tile is ``(BLOCK_N, BLOCK_K in weight bytes, num_warps)``. Triton's pipeliner does not stage
+loads that feed no ``tl.dot`` (no ``num_stages`` here: checked in the SASS, 2026-11-24), so the
+loads in flight are the block's. Measured and dropped (H100, 2026-11-24, 32-layer chains): the
+next block loaded ahead (register double-buffering) and a partial sum per weight element
+instead of per vector (fewer instructions in the SASS) were no faster.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-Tile = tuple[int, int, int, bool]
+Tile = tuple[int, int, int]
 
 
 def default_tile(n: int, k: int, elem: int) -> Tile:
@@ -30,8 +31,8 @@ def default_tile(n: int, k: int, elem: int) -> Tile:
     of it per block; 4 warps for 2-byte weights (one vector a thread), 1 warp for fp8 (four).
     NOTE: from 71 tiles timed in 32-layer chains at the Llama-3.1-8B shapes (H100, 2026-11-24,
     ``benchmarks/gpu/sweep_gemv.py``): within 2% of each shape's best tile, bf16 and fp8; the
-    best were all 1-2 rows a program, 1-2 KB blocks, prefetch or not alike."""
-    return (1, 2048, 4, False) if elem >= 2 else (1, 2048, 1, False)
+    best were all 1-2 rows a program and 1-2 KB blocks."""
+    return (1, 2048, 4) if elem >= 2 else (1, 2048, 1)
 
 
 @triton.jit
@@ -46,8 +47,8 @@ def _load_w(ptrs, mask, EVEN: tl.constexpr):
 
 @triton.jit
 def _gemv_kernel(X, W, S, Out, N, K, stride_wn, HAS_SCALE: tl.constexpr, EVEN_N: tl.constexpr,
-                 EVEN_K: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, VEC: tl.constexpr):
+                 EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 VEC: tl.constexpr):
     # Tiles are [BLOCK_N, BLOCK_K // VEC, VEC]: one 16-byte vector of a row on the last axis, so
     # each thread sums its own vector in registers and keeps BLOCK_K // VEC partial sums per
     # row, not BLOCK_K (the accumulator would otherwise cap the loads in flight per thread).
@@ -57,25 +58,13 @@ def _gemv_kernel(X, W, S, Out, N, K, stride_wn, HAS_SCALE: tl.constexpr, EVEN_N:
     w_ptrs = W + offs_n[:, None, None].to(tl.int64) * stride_wn + offs_k[None, :, :]
     even: tl.constexpr = EVEN_N and EVEN_K
     acc = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
-    if PREFETCH:
-        w_next = _load_w(w_ptrs, mask_n & (offs_k[None, :, :] < K), even)
     for k0 in range(0, K, BLOCK_K):
-        if PREFETCH:
-            # NOTE: masked, not branched: behind a branch the compiler sank these loads below
-            # this block's arithmetic (nothing in flight during it); past K they are predicated
-            # off and read nothing
-            w = w_next
-            w_ptrs += BLOCK_K
-            if even:  # one predicate for the whole tile (a splat: no per-element compares)
-                more = (k0 + BLOCK_K + offs_k[None, :, :] * 0) < K
-            else:
-                more = mask_n & (offs_k[None, :, :] < K - k0 - BLOCK_K)
-            w_next = tl.load(w_ptrs, mask=more, other=0.0, eviction_policy="evict_first")
-        else:
-            w = _load_w(w_ptrs, mask_n & (offs_k[None, :, :] < K - k0), even)
-            w_ptrs += BLOCK_K
+        w = _load_w(w_ptrs, mask_n & (offs_k[None, :, :] < K - k0), even)
+        w_ptrs += BLOCK_K
         # NOTE: x's pointers have w's shape (every row reads the same x, from L1), so x is
-        # loaded in w's register layout: no layout conversion through shared memory per block
+        # loaded in w's register layout: no layout conversion through shared memory per block.
+        # Recomputed from k0 each block: a version advancing them (and the loop reshaped) was
+        # unrolled differently and ran 2-4% slower in fp8 chains (H100, 2026-11-24)
         x_ptrs = X + k0 + offs_k[None, :, :] + offs_n[:, None, None] * 0
         if EVEN_K:
             x = tl.load(x_ptrs)
@@ -98,12 +87,12 @@ def gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None,
     assert x.shape[1] == k and x.stride(1) == 1 and w.stride(1) == 1
     if scale is not None:
         assert scale.shape == (n,) and scale.dtype == torch.float32 and scale.stride(0) == 1
-    block_n, block_bytes, warps, prefetch = tile or default_tile(n, k, w.element_size())
+    block_n, block_bytes, warps = tile or default_tile(n, k, w.element_size())
     block_k = block_bytes // w.element_size()
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, w, scale if scale is not None else w, out, n, k, w.stride(0),
         HAS_SCALE=scale is not None, EVEN_N=n % block_n == 0, EVEN_K=k % block_k == 0,
-        PREFETCH=prefetch, BLOCK_N=block_n, BLOCK_K=block_k, VEC=16 // w.element_size(),
+        BLOCK_N=block_n, BLOCK_K=block_k, VEC=16 // w.element_size(),
         num_warps=warps, num_stages=1)
     return out

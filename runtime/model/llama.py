@@ -25,7 +25,7 @@ from ..layers.activation import SiluAndMul
 from ..layers.attention.base import AttentionBackend
 from ..layers.linear import (LinearBase, MergedColumnParallelLinear, QKVParallelLinear,
                              RowParallelLinear, cpu_layout, split_matmul, split_matvec)
-from ..layers.quantization.base import QuantConfig, UnquantizedLinearMethod
+from ..layers.quantization.base import DECODE_ROWS, QuantConfig, UnquantizedLinearMethod
 from ..layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding, gather_logits
 from ..layers.weight_slices import copy_checked, materialize
 from ..layers.norm import RMSNorm
@@ -200,6 +200,10 @@ class LlamaForCausalLM(nn.Module):
                 return split_matvec(hidden, self._logits_weight, self._cpu_kernels)
             return split_matmul(hidden, self._logits_weight).float()
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        if hidden.is_cuda and hidden.shape[0] <= DECODE_ROWS:
+            from ..kernels.decode_gemm import decode_linear
+
+            return decode_linear(hidden, weight, None).float()  # decode: as the projections
         return F.linear(hidden, weight).float()
 
     def optimize_for_cpu(self, splits: int) -> None:

@@ -11,7 +11,7 @@ from .paged import ref_attention, scattered_pool
 
 
 def _run(seq_lens, heads, kv_heads, head_dim, max_splits, min_per_split, device, dtype, seed,
-         scratch_splits=None):
+         scratch_splits=None, block_n=32):
     gen = torch.Generator().manual_seed(seed)
     k_buf, v_buf, r2t, rows = scattered_pool(seq_lens, kv_heads, head_dim, dtype, device, gen)
     bs = len(seq_lens)
@@ -24,7 +24,7 @@ def _run(seq_lens, heads, kv_heads, head_dim, max_splits, min_per_split, device,
     mid_lse = torch.full((bs, heads, width), float("nan"), device=device)
     scale = head_dim ** -0.5
     decode_attention_fwd(q, k_buf, v_buf, out, r2t, rows, sl, splits, mid_o, mid_lse, scale,
-                         max_splits)
+                         max_splits, block_n=block_n)
     for i, n in enumerate(seq_lens):
         slots = r2t[rows[i], :n]
         ref = ref_attention(q[i:i + 1], k_buf[slots], v_buf[slots], n - 1, scale)
@@ -32,10 +32,11 @@ def _run(seq_lens, heads, kv_heads, head_dim, max_splits, min_per_split, device,
     return splits
 
 
-def test_gqa_split_k_non_power_of_two(device, dtype):
+@pytest.mark.parametrize("block_n", [16, 32, 64])
+def test_gqa_split_k_non_power_of_two(device, dtype, block_n):
     # group 3 (SmolLM2's 9/3), head_dim 48, lengths that are not multiples of any block.
     splits = _run([1, 37, 70, 5], heads=9, kv_heads=3, head_dim=48, max_splits=4,
-                  min_per_split=16, device=device, dtype=dtype, seed=0)
+                  min_per_split=16, device=device, dtype=dtype, seed=0, block_n=block_n)
     assert splits.tolist() == [1, 3, 4, 1]  # the long requests really are split
 
 

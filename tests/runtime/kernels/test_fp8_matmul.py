@@ -56,7 +56,7 @@ def test_decode_linear_every_candidate(m, monkeypatch):
     q, s = quantize_rows(w)
     names = decode_gemm._names(x, w.bfloat16().cuda(), None, None)
     if m == 1:
-        names += ["gemv", "gemv:4,512,2,0", "gemv:2,1024,4,1"]
+        names += ["gemv", "gemv:4,512,2", "gemv:2,1024,4"]
     for cand in names:
         monkeypatch.setenv("SGDSL_DECODE_GEMM", cand)
         decode_gemm._CHOICE.clear()
@@ -78,7 +78,7 @@ def test_decode_gemm_table_overrides_one_row(monkeypatch, tmp_path):
     from sgdsl.runtime.kernels import decode_gemm
 
     table = tmp_path / "tiles.json"
-    table.write_text('{"320,1000,1": "gemv:4,512,2,1", "320,1000,2": "cublas"}')
+    table.write_text('{"320,1000,1": "gemv:4,512,2", "320,1000,2": "cublas"}')
     monkeypatch.setenv("SGDSL_DECODE_GEMM_TABLE", str(table))
     decode_gemm._CHOICE.clear()
     x = torch.randn(1, 1000, device="cuda").bfloat16()
@@ -86,7 +86,7 @@ def test_decode_gemm_table_overrides_one_row(monkeypatch, tmp_path):
     q, s = quantize_rows(w)
     out8 = decode_gemm.decode_linear(x, q.cuda(), None, s.cuda())
     decode_gemm.decode_linear(x, w.bfloat16().cuda(), None)
-    assert sorted(decode_gemm.choices().values()) == ["cublas", "gemv:4,512,2,1"]
+    assert sorted(decode_gemm.choices().values()) == ["cublas", "gemv:4,512,2"]
     assert rel_err(out8.cpu(), x.double().cpu() @ dequantize(q, s).double().T) < 1e-2
     decode_gemm._CHOICE.clear()
 

@@ -1,5 +1,5 @@
 """The batch-1 matrix-vector kernel (gemv.py) vs a float64 product: plain weights under Triton's
-interpreter on CPU (every tile variant, shapes that are not multiples of the tiles), fp8
+interpreter on CPU (several tiles, shapes that are not multiples of the tiles), fp8
 weights with per-channel scales on the GPU."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from sgdsl.runtime.layers.quantization.fp8_utils import dequantize, quantize_row
 from .conftest import ON_GPU, rel_err, tol
 
 
-TILES = [None, (2, 256, 1, False), (4, 512, 2, True), (16, 1024, 4, True)]
+TILES = [None, (2, 256, 1), (4, 512, 2), (8, 1024, 4), (1, 2048, 1)]
 
 
 @pytest.mark.parametrize("tile", TILES)
@@ -23,16 +23,6 @@ def test_gemv_plain_weight(device, dtype, tile, n, k):
     w = torch.randn(n, k, generator=gen).to(dtype).to(device)
     out = gemv(x, w, None, tile)
     assert out.shape == (1, n) and out.dtype == dtype
-    assert rel_err(out, x.double() @ w.double().T) < tol(dtype)
-
-
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_gemv_with_and_without_prefetch(device, dtype, prefetch):
-    """Both loop shapes (the next block loaded ahead, or not) give the product."""
-    gen = torch.Generator().manual_seed(3)
-    x = torch.randn(1, 1000, generator=gen).to(dtype).to(device)
-    w = torch.randn(40, 1000, generator=gen).to(dtype).to(device)
-    out = gemv(x, w, None, (8, 256, 4, prefetch))
     assert rel_err(out, x.double() @ w.double().T) < tol(dtype)
 
 
