@@ -22,10 +22,13 @@ from ...model.forward_batch import ForwardBatch
 from .base import AttentionBackend, KVStoreTarget
 
 # NOTE: powers of two (stage 2 reduces over all of them). Small batches split each sequence
-# into chunks of >= 64 tokens so that a batch-1 decode still spreads over the SMs; large
-# batches already fill the GPU with (request, kv head) programs and get fewer splits.
+# into chunks of >= 32 tokens so that a batch-1 decode still spreads over the SMs; large
+# batches already fill the GPU with (request, kv head) programs and get fewer splits
+# (splits_cap). 32, not 64: one layer's batch-1 decode attention (stage 1 + merge, Llama-3.1-8B
+# shapes, CUDA graph) took 5.63 / 5.57 us at 160 / 384 tokens against 6.91 / 7.26 us with 64
+# (H100, 2026-11-24, ``bench_kernels.py --batch1``): one 32-key iteration per program.
 MAX_KV_SPLITS = 16
-MIN_TOKENS_PER_SPLIT = 64
+MIN_TOKENS_PER_SPLIT = 32
 
 
 def splits_cap(bs: int, kv_heads: int, num_sms: int) -> int:
