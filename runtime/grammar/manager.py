@@ -186,9 +186,14 @@ class GrammarManager(Forcing):
         jump = self.jump_forward and batch_size <= self.jump_max_batch
         live = [r for r in reqs if r.grammar is not None and not (
             r.finished and r.finish_reason.get("type") == "abort")]
-        handed = [] if prefetch is None or jump else self._hand_over(live, prefetch)
-        ids = {id(r) for r in handed}
-        kept = [r for r in live if id(r) not in ids]
+        handed = [] if prefetch is None or jump else [
+            r for r in live if self._can_hand(r, prefetch)]
+        if handed:
+            prefetch.start(handed)
+            ids = {id(r) for r in handed}
+            kept = [r for r in live if id(r) not in ids]
+        else:
+            kept = live
         self.stats.sampled_tokens += len(live)
         requeue = self._advance(kept, checker, jump)
         if handed:
@@ -198,26 +203,13 @@ class GrammarManager(Forcing):
                 self._advance_handed(req, ok, prefetch)
         return requeue
 
-    def _hand_over(self, live: list[Any], prefetch: MaskPrefetch) -> list[Any]:
-        """Start the prefetch job on the rows whose matcher has nothing to do this step but
-        accept and fill, then a second one on the rows whose due completion measurement could
-        be settled without the matcher (``CompletionTracker.settle``: Python work, done while
-        the first job runs, not before it starts). Returns the rows handed over, in order."""
-        free = [r for r in live if self._can_hand(r, prefetch)]
-        due = [r for r in live if self._can_hand(r, prefetch, due=True)]
-        if free:
-            prefetch.start(free)
-        settled = [r for r in due if self.completion.settle(r)]
-        if settled:
-            prefetch.start(settled)
-        return free + settled
-
-    def _can_hand(self, req: Any, prefetch: MaskPrefetch, due: bool = False) -> bool:
-        """Whether ``req``'s matcher has nothing to do this step but accept and fill, unless
-        a completion measurement is due (``due``: only such rows)."""
+    def _can_hand(self, req: Any, prefetch: MaskPrefetch) -> bool:
+        """Whether ``req``'s matcher has nothing to do this step but accept and fill (a
+        completion measurement due may be settled without it: ``CompletionTracker.settle``)."""
         return (req.grammar.thread_safe_batch and not req.finished and prefetch.covers(req)
                 and not (req.completion is not None and req.completion.finishing)
-                and due == bool(self.completion and self.completion.due(req)))
+                and not (self.completion and self.completion.due(req)
+                         and not self.completion.settle(req)))
 
     def _advance_handed(self, req: Any, ok: bool, prefetch: MaskPrefetch) -> None:
         """``_advance`` for a row the prefetch accepted: it can only be rejected, terminated

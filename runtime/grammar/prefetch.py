@@ -44,14 +44,14 @@ class MaskPrefetch:
         # (setting 4 MB to -1 each step at 256 rows cost ~1 ms of the scheduler thread)
         self.bitmask = allocate_bitmask(len(reqs), vocab_size, pin=pin, init=False)
         self.filled: set[int] = set()  # rows filled: by the job, or early (``fill``)
-        self._jobs: list[cf.Future] = []
+        self._job: cf.Future | None = None
 
     def covers(self, req: Any) -> bool:
         return id(req) in self.rows
 
     def start(self, reqs: Sequence[Any]) -> None:
         """Hand ``reqs`` over: accept each one's newest output token, then fill the rows of
-        those whose token fit. Called again, a further job runs after the first."""
+        those whose token fit."""
         grammars = [r.grammar for r in reqs]
         tokens = [r.output_ids[-1] for r in reqs]
         rows = [self.rows[id(r)] for r in reqs]
@@ -63,16 +63,13 @@ class MaskPrefetch:
                                  [rows[i] for i in keep])
             return accepted, {rows[i] for i in keep}
 
-        self._jobs.append(_executor().submit(job))
+        self._job = _executor().submit(job)
 
     def result(self) -> list[bool]:
-        """Wait for the jobs; whether each handed-over token was accepted (in the order of the
-        ``start`` calls). The matchers are the scheduler thread's again after this."""
-        accepted = []
-        for job in self._jobs:
-            oks, filled = job.result()
-            accepted += oks
-            self.filled |= filled
+        """Wait for the job; whether each handed-over token was accepted (``start``'s order).
+        The matchers are the scheduler thread's again after this."""
+        accepted, filled = self._job.result()
+        self.filled |= filled
         return accepted
 
     def fill(self, reqs: Sequence[Any]) -> None:
