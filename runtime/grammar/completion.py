@@ -105,7 +105,6 @@ class CompletionTracker:
         comma = tokenizer.encode(",", add_special_tokens=False)
         self._comma = comma[0] if len(comma) == 1 else None
         self.forced = 0  # requests completed by force
-        self.settled = 0  # due measurements settled without the matcher (``settle``)
         self.repetitions = 0  # of those, ended by the repetition guard
 
     @staticmethod
@@ -128,34 +127,6 @@ class CompletionTracker:
         if budget.job is not None:  # its answer is taken then
             budget.check_at = min(budget.check_at, budget.job.at + COLLECT_AFTER)
         return plan
-
-    def settle(self, req: Any) -> bool:
-        """This step's tracking of a due ``req`` as far as it needs no matcher: take an
-        estimate's answer, reuse a plan the output still follows, check for repetition. True
-        if that was all (the request's matcher is free for the prefetch job this step), False
-        if ``plan`` must still run. Does what ``plan`` would do first, so outcomes are equal."""
-        budget = req.completion
-        n = len(req.output_ids)
-        if budget is None or not budget.peak or self._repeating(req.output_ids):
-            return False
-        if budget.job is not None:
-            if n < budget.job.at + COLLECT_AFTER:
-                return False
-            self._collect(req, budget)
-        if n >= budget.search_at:
-            # NOTE: as ``_measure`` on the plan's rest; with the peak at its cap the rest
-            # needs no matcher (``_continued`` is not asked)
-            ahead = self._plan_ahead(req, budget)
-            if ahead is None or budget.peak < req.sampling_params.max_new_tokens // 4:
-                return False
-            self._record(req, budget, ahead, n, lambda: 0)
-        slack = req.sampling_params.max_new_tokens - n - budget.need - self._reserve(req, budget)
-        if budget.plan is None or slack <= 0:
-            return False
-        budget.search_at = min(budget.search_at, n + max(1, slack // 3))
-        budget.check_at = min(budget.search_at, self._next_repetition_check(n))
-        self.settled += 1
-        return True
 
     def _submit(self, req: Any, grammar: Grammar, budget: _Budget, n: int) -> bool:
         """Measure an estimate without searching on this thread, where it may come a few

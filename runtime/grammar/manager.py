@@ -204,12 +204,10 @@ class GrammarManager(Forcing):
         return requeue
 
     def _can_hand(self, req: Any, prefetch: MaskPrefetch) -> bool:
-        """Whether ``req``'s matcher has nothing to do this step but accept and fill (a
-        completion measurement due may be settled without it: ``CompletionTracker.settle``)."""
+        """Whether ``req``'s matcher has nothing to do this step but accept and fill."""
         return (req.grammar.thread_safe_batch and not req.finished and prefetch.covers(req)
                 and not (req.completion is not None and req.completion.finishing)
-                and not (self.completion and self.completion.due(req)
-                         and not self.completion.settle(req)))
+                and not (self.completion and self.completion.due(req)))
 
     def _advance_handed(self, req: Any, ok: bool, prefetch: MaskPrefetch) -> None:
         """``_advance`` for a row the prefetch accepted: it can only be rejected, terminated
