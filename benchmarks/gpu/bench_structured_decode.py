@@ -129,12 +129,24 @@ def build_runner(model: str, max_bs: int):
     return config, ModelRunner(config)
 
 
-def make_scheduler(runner, config, tokenizer, backend, jump: bool | None):
+# mode -> (jump-forward, forced-completion tracking): "-sync" keeps every completion
+# estimate on the scheduler thread, "-nocomplete" turns forced completion off (its cost)
+MODES = {"unconstrained": (None, None), "mask-only": (False, "async"),
+         "jump-forward": (True, "async"), "mask-only-sync": (False, "sync"),
+         "mask-only-nocomplete": (False, None)}
+
+
+def make_scheduler(runner, config, tokenizer, backend, mode: str):
+    from sgdsl.runtime.grammar.completion import CompletionConfig
     from sgdsl.runtime.grammar.manager import GrammarManager
     from sgdsl.runtime.scheduler.scheduler import Scheduler
 
+    jump, tracking = MODES[mode]
+    completion = None if tracking is None else CompletionConfig(
+        async_estimates=tracking == "async")
     grammar = None if jump is None else GrammarManager(
-        backend, tokenizer, int(runner.model_config.vocab_size), EOS, jump_forward=jump)
+        backend, tokenizer, int(runner.model_config.vocab_size), EOS, jump_forward=jump,
+        completion=completion)
     if grammar is not None:  # a serving engine's compile workers are up and the schema is
         # cached after its first request: compile it once before the clock starts (the cold
         # compile is measured by --compile)
@@ -245,7 +257,8 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32, 256])
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--max-new", type=int, default=96)
-    ap.add_argument("--modes", nargs="+", default=["unconstrained", "mask-only", "jump-forward"])
+    ap.add_argument("--modes", nargs="+", default=["unconstrained", "mask-only", "jump-forward"],
+                    choices=list(MODES))
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--compile", action="store_true")
@@ -283,7 +296,6 @@ def main() -> None:
 
     sys.setswitchinterval(a.switch_interval if a.switch_interval else SWITCH_INTERVAL_S)
     print(f"switch interval {sys.getswitchinterval() * 1e3:g} ms")
-    jump_of = {"unconstrained": None, "mask-only": False, "jump-forward": True}
     rows = []
     # NOTE: with --match-lengths the unconstrained run comes last and gives every request the
     # output length it had under mask-only (ignore_eos): constrained requests stop at their
@@ -296,7 +308,7 @@ def main() -> None:
         prompts = random_prompts(bs, a.prompt_len, seed=bs, vocab=min(vocab, 120000))
         summaries, lengths = {}, None
         for mode in modes:
-            sched = make_scheduler(runner, config, tok, backend, jump_of[mode])
+            sched = make_scheduler(runner, config, tok, backend, mode)
             matched = lengths if mode == "unconstrained" else None
             # warm-up at the measured batch size: grammar compile, the mask kernel's
             # specializations (Triton specializes on the row count), allocator sizes
