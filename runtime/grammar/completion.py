@@ -48,6 +48,8 @@ _LEVELS = 3  # closers a continuation is looked for behind (each costs a search)
 # An estimate goes to the helper thread only this many tokens or more before the one in hand
 # would force (more than estimate.COLLECT_AFTER: the answer comes that many steps late).
 _ASYNC_MARGIN = 8
+# What may follow a value string's closing quote in a plan (a key's is followed by ":").
+_AFTER_VALUE = frozenset(',}]')
 # Finish reason of a request that ends at a complete value without sampling its stop token
 # (one returning logprobs: a stop token it did not sample would have none).
 COMPLETED = {"type": "stop", "matched": None}
@@ -136,7 +138,7 @@ class CompletionTracker:
         remaining = req.sampling_params.max_new_tokens - n
         if (self.jobs is None or not budget.peak
                 or remaining - budget.need - self._reserve(req, budget) < _ASYNC_MARGIN
-                or self._plan_ahead(req, budget) is not None):
+                or self._plan_ahead(req, budget, estimate=True) is not None):
             return False
         hit, keys = self.search.cached(grammar, check=False)
         if hit is not None:
@@ -197,7 +199,7 @@ class CompletionTracker:
 
     def _measure(self, req: Any, grammar: Grammar, budget: _Budget, check: bool = True) -> None:
         n = len(req.output_ids)
-        ahead = self._plan_ahead(req, budget)
+        ahead = self._plan_ahead(req, budget, estimate=not check)
         budget.checked = check or (ahead is not None and budget.checked)
         if ahead is None:
             found = self.search.search(grammar, check=check)
@@ -271,14 +273,18 @@ class CompletionTracker:
                 del self._counts[next(iter(self._counts))]
         return n
 
-    def _plan_ahead(self, req: Any, budget: _Budget) -> str | None:
-        """The rest of the previous plan if the tokens sampled since spell its beginning."""
+    def _plan_ahead(self, req: Any, budget: _Budget, estimate: bool = False) -> str | None:
+        """The rest of the previous plan if the tokens sampled since spell its beginning.
+        ``estimate``: also the whole plan when it begins by closing a value string that the
+        tokens since only extended (see ``_same_string``)."""
         if budget.plan is None or not budget.plan_at:
             return None
         new = self._decode(req.output_ids[budget.plan_at:])
         if new and budget.plan.startswith(new) and "\ufffd" not in new:
             rest = budget.plan[len(new):]
             return rest if rest else None
+        if estimate and _same_string(budget.plan, new):
+            return budget.plan
         return None
 
     def _apply(self, req: Any, grammar: Grammar, text: str, remaining: int) -> JumpForward | None:
@@ -307,3 +313,16 @@ class CompletionTracker:
     def _next_repetition_check(self, n: int) -> int:
         window = self.config.repetition_window
         return n + max(1, window // 2) if window else 1 << 30
+
+
+def _same_string(plan: str, new: str) -> bool:
+    """Whether ``new`` (the text sampled since ``plan`` was found) only extended the value
+    string that ``plan`` begins by closing. NOTE: the rest of the plan then completes the
+    value as it did (the string's parent is the same), and closing costs the same; an
+    estimate only (a pattern or format may want more characters before the quote): the
+    measurement that forces is made from the state itself. This spares a search at most
+    steps of a long string, where the plan's beginning is never what the model writes."""
+    if not new or len(plan) < 1 or plan[0] != '"' or (len(plan) > 1 and plan[1] not in
+                                                       _AFTER_VALUE):
+        return False
+    return '"' not in new and "\\" not in new and "\ufffd" not in new

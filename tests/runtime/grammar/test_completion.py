@@ -244,3 +244,21 @@ def test_estimates_on_the_helper_thread_are_deterministic(backend, tokenizer):
     for (constraint, _), res in zip(LONG, off):
         assert res["finish"]["type"] == "stop"
         _check_value(constraint, tokenizer.decode(res["ids"][:-1]))
+
+
+@pytest.mark.parametrize("plan,new,same", [
+    ('", "age": 0}', "ovelace", True),  # a value string only extended: the plan still holds
+    ('"}', " and more", True),
+    ('"', "xyz", True),  # the string closes the whole value
+    ('", "age": 0}', 'ace", "a', False),  # the string was closed since
+    ('", "age": 0}', "a\\n", False),  # an escape: left to a search
+    ('": 0}', "ge", False),  # a key: its name decides what follows
+    ('0}', "12", False),  # not inside a string
+    ('", "age": 0}', "", False),
+])
+def test_a_plan_closing_a_string_holds_while_the_string_grows(plan, new, same):
+    """An estimate reuses a plan that begins by closing a value string while the output only
+    extends that string (no search at each token of a long string)."""
+    from sgdsl.runtime.grammar.completion import _same_string
+
+    assert _same_string(plan, new) is same
