@@ -317,12 +317,14 @@ class CompletionTracker:
 
 def _same_string(plan: str, new: str) -> bool:
     """Whether ``new`` (the text sampled since ``plan`` was found) only extended the value
-    string that ``plan`` begins by closing. NOTE: the rest of the plan then completes the
-    value as it did (the string's parent is the same), and closing costs the same; an
-    estimate only (a pattern or format may want more characters before the quote): the
+    string or number that ``plan`` begins by ending. NOTE: the rest of the plan then
+    completes the value as it did (the value's parent is the same), and ending it costs the
+    same; an estimate only (a pattern, format or range may want more characters first): the
     measurement that forces is made from the state itself. This spares a search at most
-    steps of a long string, where the plan's beginning is never what the model writes."""
-    if not new or len(plan) < 1 or plan[0] != '"' or (len(plan) > 1 and plan[1] not in
-                                                       _AFTER_VALUE):
+    steps of a long string or number, where the plan's beginning is never what the model
+    writes."""
+    if not new or not plan or "\ufffd" in new:
         return False
-    return '"' not in new and "\\" not in new and "\ufffd" not in new
+    if plan[0] == '"':  # inside a string: a value's, unless a ":" follows (a key's)
+        return (len(plan) == 1 or plan[1] in _AFTER_VALUE) and not ('"' in new or "\\" in new)
+    return plan[0] in _AFTER_VALUE and new.isdigit()  # more digits of a number
