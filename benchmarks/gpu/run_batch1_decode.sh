@@ -8,6 +8,8 @@
 #       Engine bf16/fp8 of both trees, bf16 decode-step profile
 #   2 = kernel + model GPU tests, the sweep again (its picks used by this tree's Engine runs),
 #       Engine bf16/fp8 of both trees, fp8 decode-step profile
+#   3 = matrix-vector + fusion GPU tests, Engine fp8/bf16 of this tree, MAIN and BASE (three
+#       trees, default tiles: no sweep), then an fp8 decode-step profile of this tree
 set -o pipefail
 source benchmarks/gpu/device_env.sh
 NEW=$PWD
@@ -52,6 +54,18 @@ case "${PART:-1}" in
   engine $BASE base_bf16
   (cd benchmarks/gpu && timeout 40 python3 bench_kernels.py --batch1 2>&1 \
     | tee $OUT/attn_batch1.log | tail -12)
+  (cd benchmarks/gpu && timeout 60 python3 profile_decode.py --quantization fp8 --sequence 12 \
+    2>&1 | tee $OUT/profile_fp8.log | tail -3)
+  ;;
+3)  # compare three trees (this one, MAIN, BASE) with the default tiles
+  timeout 110 python3 -m pytest $T/test_gemv.py $T/test_gemv_fusion.py $T/test_gpu_model.py \
+    -q -p no:cacheprovider 2>&1 | tee $OUT/pytest.log | tail -3
+  for q in fp8 bf16; do
+    args=$([ $q = fp8 ] && echo --quantization fp8)
+    engine $NEW new_$q $args
+    engine ${MAIN:-$PWD} main_$q $args
+    engine $BASE base_$q $args
+  done
   (cd benchmarks/gpu && timeout 60 python3 profile_decode.py --quantization fp8 --sequence 12 \
     2>&1 | tee $OUT/profile_fp8.log | tail -3)
   ;;

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .fp8_matmul import w8a16_matmul
-from .gemv import default_tile, gemv
+from .gemv import Tile, default_tile, gemv
 
 DECODE_ROWS = 16  # rows up to which the choice is made (decode batches)
 SPLITS = (1, 2, 4)
@@ -92,10 +92,26 @@ def _run(name: str, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None
     if name == "cublas":
         return F.linear(x, w)
     if name.startswith("gemv"):
-        bn, kb, warps = (int(v) for v in name.split(":")[1].split(",")) if ":" in name \
-            else default_tile(w.shape[0], w.shape[1], w.element_size())
-        return gemv(x, w, scale, (bn, kb, warps))
+        return gemv(x, w, scale, _gemv_tile(name, w))
     return w8a16_matmul(x, w, scale, block, split_k=int(name.removeprefix("triton_split")))
+
+
+def _gemv_tile(name: str, w: torch.Tensor) -> Tile:
+    if ":" in name:
+        bn, kb, warps = (int(v) for v in name.split(":")[1].split(","))
+        return bn, kb, warps
+    return default_tile(w.shape[0], w.shape[1], w.element_size())
+
+
+def one_row_tile(w: torch.Tensor, block: tuple[int, int] | None = None) -> Tile | None:
+    """The matrix-vector tile ``decode_linear`` uses for one row times ``w``, or None where
+    it may use another kernel (fp32 or block-scaled weights, a table's pick, any forced
+    candidate but ``gemv``): for callers that fuse neighbouring ops into that kernel."""
+    forced = os.environ.get("SGDSL_DECODE_GEMM", "auto")
+    if forced != "auto":
+        return _gemv_tile(forced, w) if forced.startswith("gemv") and block is None else None
+    name = _one_row(torch.empty(1, w.shape[1], device="meta"), w, block)
+    return None if name is None or not name.startswith("gemv") else _gemv_tile(name, w)
 
 
 def _choose(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,

@@ -46,9 +46,10 @@ def _load_w(ptrs, mask, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _gemv_kernel(X, W, S, Out, N, K, stride_wn, HAS_SCALE: tl.constexpr, EVEN_N: tl.constexpr,
-                 EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 VEC: tl.constexpr):
+def _gemv_kernel(X, W, S, Out, NW, Bias, Res, N, K, stride_wn, eps, HAS_SCALE: tl.constexpr,
+                 NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                 EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, VEC: tl.constexpr):
     # Tiles are [BLOCK_N, BLOCK_K // VEC, VEC]: one 16-byte vector of a row on the last axis, so
     # each thread sums its own vector in registers and keeps BLOCK_K // VEC partial sums per
     # row, not BLOCK_K (the accumulator would otherwise cap the loads in flight per thread).
@@ -58,6 +59,7 @@ def _gemv_kernel(X, W, S, Out, N, K, stride_wn, HAS_SCALE: tl.constexpr, EVEN_N:
     w_ptrs = W + offs_n[:, None, None].to(tl.int64) * stride_wn + offs_k[None, :, :]
     even: tl.constexpr = EVEN_N and EVEN_K
     acc = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+    sq = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)  # NORM: x's sum of squares
     for k0 in range(0, K, BLOCK_K):
         w = _load_w(w_ptrs, mask_n & (offs_k[None, :, :] < K - k0), even)
         w_ptrs += BLOCK_K
@@ -65,34 +67,68 @@ def _gemv_kernel(X, W, S, Out, N, K, stride_wn, HAS_SCALE: tl.constexpr, EVEN_N:
         # loaded in w's register layout: no layout conversion through shared memory per block.
         # Recomputed from k0 each block: a version advancing them (and the loop reshaped) was
         # unrolled differently and ran 2-4% slower in fp8 chains (H100, 2026-11-24)
-        x_ptrs = X + k0 + offs_k[None, :, :] + offs_n[:, None, None] * 0
+        x_offs = k0 + offs_k[None, :, :] + offs_n[:, None, None] * 0
         if EVEN_K:
-            x = tl.load(x_ptrs)
+            x = tl.load(X + x_offs).to(tl.float32)
         else:
-            x = tl.load(x_ptrs, mask=offs_k[None, :, :] < K - k0, other=0.0)
-        acc += tl.sum(w.to(tl.float32) * x.to(tl.float32), axis=2)
+            x = tl.load(X + x_offs, mask=offs_k[None, :, :] < K - k0, other=0.0).to(tl.float32)
+        if NORM:  # RMSNorm folded in: x * norm weight now, times 1 / rms(x) after the loop
+            sq += tl.sum(x * x, axis=2)
+            if EVEN_K:
+                x = x * tl.load(NW + x_offs).to(tl.float32)
+            else:
+                x = x * tl.load(NW + x_offs, mask=offs_k[None, :, :] < K - k0,
+                                other=0.0).to(tl.float32)
+        acc += tl.sum(w.to(tl.float32) * x, axis=2)
     out = tl.sum(acc, axis=1)
+    if NORM:
+        out = out / tl.sqrt(tl.sum(sq, axis=1) / K + eps)
     if HAS_SCALE:
         out = out * tl.load(S + offs_n, mask=offs_n < N, other=0.0)
-    tl.store(Out + offs_n, out.to(Out.dtype.element_ty), mask=offs_n < N)
+    # rounded at each step as the unfused ops round (bias add, then residual add)
+    out = out.to(Out.dtype.element_ty)
+    if HAS_BIAS:
+        b = tl.load(Bias + offs_n, mask=offs_n < N, other=0.0)
+        out = (out.to(tl.float32) + b.to(tl.float32)).to(Out.dtype.element_ty)
+    if HAS_RES:
+        r = tl.load(Res + offs_n, mask=offs_n < N, other=0.0)
+        out = (out.to(tl.float32) + r.to(tl.float32)).to(Out.dtype.element_ty)
+    tl.store(Out + offs_n, out, mask=offs_n < N)
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None,
-         tile: Tile | None = None) -> torch.Tensor:
+         tile: Tile | None = None, *, norm: tuple[torch.Tensor, float] | None = None,
+         bias: torch.Tensor | None = None, residual: torch.Tensor | None = None
+         ) -> torch.Tensor:
     """``x [1, K]`` (bf16/fp16/fp32) times ``w [N, K]``^T -> ``[1, N]`` in x's dtype. ``w`` is a
     plain weight (``scale=None``) or fp8 with ``scale [N]`` fp32 per output channel; ``tile``
-    defaults to ``default_tile`` for the shape."""
+    defaults to ``default_tile`` for the shape.
+
+    Fused neighbours of a decoder layer (batch-1 decode: each saves a launch of ~2 us):
+    ``norm=(weight [K], eps)`` multiplies ``RMSNorm(x)`` instead of x (the norm's weight is
+    applied in fp32 and 1 / rms to the row sums: no rounding of the normalized x, unlike the
+    separate kernel; every program sums x's squares from the x it loads anyway); ``bias [N]``
+    is added, then ``residual [1, N]`` (each rounded to x's dtype, as separate adds are)."""
     assert x.dim() == 2 and x.shape[0] == 1, "gemv takes one row"
     n, k = w.shape
     assert x.shape[1] == k and x.stride(1) == 1 and w.stride(1) == 1
     if scale is not None:
         assert scale.shape == (n,) and scale.dtype == torch.float32 and scale.stride(0) == 1
+    norm_w, eps = norm if norm is not None else (None, 0.0)
+    for name, t, size in (("norm weight", norm_w, k), ("bias", bias, n),
+                          ("residual", residual, n)):
+        assert t is None or (t.numel() == size and t.is_contiguous()), f"{name}: {size} values"
     block_n, block_bytes, warps = tile or default_tile(n, k, w.element_size())
     block_k = block_bytes // w.element_size()
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, w, scale if scale is not None else w, out, n, k, w.stride(0),
-        HAS_SCALE=scale is not None, EVEN_N=n % block_n == 0, EVEN_K=k % block_k == 0,
-        BLOCK_N=block_n, BLOCK_K=block_k, VEC=16 // w.element_size(),
-        num_warps=warps, num_stages=1)
+        x, w, scale if scale is not None else w, out, _or(norm_w, w), _or(bias, w),
+        _or(residual, w), n, k, w.stride(0), eps, HAS_SCALE=scale is not None,
+        NORM=norm is not None, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+        EVEN_N=n % block_n == 0, EVEN_K=k % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k,
+        VEC=16 // w.element_size(), num_warps=warps, num_stages=1)
     return out
+
+
+def _or(t: torch.Tensor | None, placeholder: torch.Tensor) -> torch.Tensor:
+    return placeholder if t is None else t

@@ -21,6 +21,7 @@ from torch import nn
 from ..errors import ModelLoadError
 from ..kernels.dispatch import use_triton
 from ..layers import cpu_kernels
+from ..layers import gemv_fusion
 from ..layers.activation import SiluAndMul
 from ..layers.attention.base import AttentionBackend
 from ..layers.linear import (LinearBase, MergedColumnParallelLinear, QKVParallelLinear,
@@ -85,13 +86,19 @@ class LlamaAttention(nn.Module):
 
     def forward(self, h: torch.Tensor, rope: Rope, batch: ForwardBatch,
                 attn: AttentionBackend) -> torch.Tensor:
-        n = h.shape[0]
-        heads = self.qkv_proj(h).view(n, -1, self.head_dim)  # q heads, then k, then v
+        return self.o_proj(self.attend(self.qkv_proj(h), rope, batch, attn))
+
+    def attend(self, qkv: torch.Tensor, rope: Rope, batch: ForwardBatch,
+               attn: AttentionBackend) -> torch.Tensor:
+        """The projected ``qkv [tokens, (heads + 2 * kv_heads) * head_dim]`` -> attention's
+        output ``[tokens, heads * head_dim]`` (before o_proj)."""
+        n = qkv.shape[0]
+        heads = qkv.view(n, -1, self.head_dim)  # q heads, then k, then v
         qk, kv_stored = self.qk_and_store(heads, rope, batch, attn)
         v = heads[:, self.num_heads + self.num_kv_heads:]
         out = attn.forward(qk[:, : self.num_heads], qk[:, self.num_heads:], v, self.layer_id,
                            batch, self.scaling, kv_stored=kv_stored)
-        return self.o_proj(out.reshape(n, self.q_size))
+        return out.reshape(n, self.q_size)
 
 
 class LlamaMLP(nn.Module):
@@ -124,7 +131,13 @@ class LlamaDecoderLayer(nn.Module):
                                                 device=device)
 
     def forward(self, h: torch.Tensor, residual: torch.Tensor | None, rope: Rope,
-                batch: ForwardBatch, attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+                batch: ForwardBatch, attn: AttentionBackend
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(out, residual)``: the next layer's input is ``out + residual``; residual None:
+        ``out`` is the whole residual stream (the first layer's input, a fused layer's output)."""
+        fused = self.gemv_fusion(h)
+        if fused is not None:
+            return self.forward_fused(h, residual, rope, batch, attn, fused), None
         if residual is None:
             residual, h = h, self.input_layernorm(h)
         else:
@@ -137,6 +150,30 @@ class LlamaDecoderLayer(nn.Module):
                  quant: QuantConfig | None) -> nn.Module:
         """The layer's feed-forward block (MoE models override this)."""
         return LlamaMLP(cfg, dtype, device, quant)
+
+    def gemv_fusion(self, h: torch.Tensor) -> list[gemv_fusion.Gemv] | None:
+        """The matrix-vector arguments of qkv, o, gate_up and down where this step can fold
+        the norms and residual adds into them (batch-1 decode, dense MLP); else None."""
+        if not gemv_fusion.enabled(h) or not isinstance(self.mlp, LlamaMLP):
+            return None
+        args = [gemv_fusion.gemv_args(linear) for linear in (
+            self.self_attn.qkv_proj, self.self_attn.o_proj, self.mlp.gate_up_proj,
+            self.mlp.down_proj)]
+        return None if None in args else args
+
+    def forward_fused(self, h: torch.Tensor, residual: torch.Tensor | None, rope: Rope,
+                      batch: ForwardBatch, attn: AttentionBackend,
+                      args: list[gemv_fusion.Gemv]) -> torch.Tensor:
+        """``forward`` in four launches besides attention and the activation: each RMSNorm in
+        the product after it, each residual add in the product before it (gemv_fusion.py)."""
+        if residual is not None:  # a pending add (the layer before ran unfused)
+            h = h + residual
+        attn_layer, mlp = self.self_attn, self.mlp
+        qkv = gemv_fusion.norm_linear(h, self.input_layernorm, attn_layer.qkv_proj, args[0])
+        h = gemv_fusion.linear_add(attn_layer.attend(qkv, rope, batch, attn),
+                                   attn_layer.o_proj, h, args[1])
+        up = gemv_fusion.norm_linear(h, self.post_attention_layernorm, mlp.gate_up_proj, args[2])
+        return gemv_fusion.linear_add(mlp.act(up), mlp.down_proj, h, args[3])
 
 
 class LlamaModel(nn.Module):
@@ -159,8 +196,7 @@ class LlamaModel(nn.Module):
         residual = None
         for layer in self.layers:
             h, residual = layer(h, residual, rope, batch, attn)
-        h, _ = self.norm(h, residual)
-        return h
+        return self.norm(h) if residual is None else self.norm(h, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):

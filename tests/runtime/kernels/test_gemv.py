@@ -44,3 +44,29 @@ def test_gemv_fp8_per_channel(tile, n, k):
     out = gemv(x, q.cuda(), s.cuda(), tile)
     ref = x.double().cpu() @ dequantize(q, s).double().T
     assert out.dtype == torch.bfloat16 and rel_err(out.cpu(), ref) < 1e-2
+
+
+def _rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x = x.double()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
+
+
+@pytest.mark.parametrize("tile", [None, (2, 256, 1), (4, 512, 2)])
+@pytest.mark.parametrize("n,k", [(70, 300), (64, 1024)])
+def test_gemv_fused_norm_bias_residual(device, dtype, tile, n, k):
+    """``norm=``, ``bias=``, ``residual=``: linear(RMSNorm(x)) + bias + residual in one launch,
+    each part alone and all together (the norm scaled away from 1: it must be applied)."""
+    gen = torch.Generator().manual_seed(n * k)
+    make = lambda *s, scale=1.0: (torch.randn(*s, generator=gen) * scale).to(dtype).to(device)  # noqa: E731
+    x, w = make(1, k, scale=3.0), make(n, k)
+    nw, bias, res = make(k, scale=0.5) + 1, make(n), make(1, n)
+    normed = _rmsnorm_ref(x, nw, 1e-5)
+    cases = {"norm": ({"norm": (nw, 1e-5)}, normed @ w.double().T),
+             "bias": ({"bias": bias}, x.double() @ w.double().T + bias.double()),
+             "residual": ({"residual": res}, x.double() @ w.double().T + res.double()),
+             "all": ({"norm": (nw, 1e-5), "bias": bias, "residual": res},
+                     normed @ w.double().T + bias.double() + res.double())}
+    for name, (kw, ref) in cases.items():
+        out = gemv(x, w, None, tile, **kw)
+        assert out.shape == (1, n) and out.dtype == dtype
+        assert rel_err(out, ref) < tol(dtype), name

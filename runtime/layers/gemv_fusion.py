@@ -1,0 +1,80 @@
+"""Batch-1 decode on the GPU: a decoder layer's RMSNorms and residual adds folded into the
+matrix-vector products beside them (``kernels/gemv.py``), two launches fewer per layer.
+
+A pre-norm layer computes ``s = x + residual; qkv(norm(s)) ... s' = o(attn) + s; gate_up(norm(s'))
+... down(act) + s'``. At one row every matrix-vector program loads the whole input vector, so the
+norm costs each program one more fp32 multiply-add per element (``gemv(norm=...)``), and the
+residual add is one more load per output element (``gemv(residual=...)``): the o_proj and
+down_proj kernels write the residual stream itself. Two separate RMSNorm launches per layer
+(~2 us each on an H100, 64 per Llama-3.1-8B step) go away.
+
+Used where the structure allows it: one row, the Triton path, tensor parallel size 1 (a row-
+parallel product must be all-reduced before the add), and weights ``decode_linear`` would give
+the matrix-vector kernel anyway (plain bf16/fp16, or fp8 with per-channel scales).
+``SGDSL_DISABLE_GEMV_FUSION=1`` turns it off (the separate kernels: A/B runs and tests).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..kernels.dispatch import use_triton
+from .linear import LinearBase
+from .norm import RMSNorm
+from .quantization.base import UnquantizedLinearMethod
+
+Gemv = tuple[torch.Tensor, torch.Tensor | None, tuple[int, int, int]]  # weight, scale, tile
+
+
+def enabled(x: torch.Tensor) -> bool:
+    """Whether ``x`` (a layer's input rows) is a batch-1 decode row on the Triton path."""
+    return (x.dim() == 2 and x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16)
+            and use_triton(x) and os.environ.get("SGDSL_DISABLE_GEMV_FUSION", "") not in
+            ("1", "true"))
+
+
+def gemv_args(linear: LinearBase) -> Gemv | None:
+    """(weight, per-channel scale or None, tile) where ``linear`` runs one row through the
+    matrix-vector kernel at tensor-parallel size 1; None otherwise. Memoized on the layer
+    (eager decode asks every step) until the weight or the GEMM overrides change."""
+    key = (linear.weight.data_ptr(), os.environ.get("SGDSL_DECODE_GEMM"),
+           os.environ.get("SGDSL_DECODE_GEMM_TABLE"))
+    memo = linear.__dict__.get("_gemv_args")
+    if memo is None or memo[0] != key:
+        memo = linear.__dict__["_gemv_args"] = (key, _gemv_args(linear))
+    return memo[1]
+
+
+def _gemv_args(linear: LinearBase) -> Gemv | None:
+    from ..kernels.decode_gemm import one_row_tile
+    from .quantization.fp8 import Fp8LinearMethod
+
+    method, w = linear.quant_method, linear.weight
+    if linear.tp_size != 1 or w.dim() != 2:
+        return None
+    if isinstance(method, UnquantizedLinearMethod) and w.element_size() == 2:
+        scale = None
+    elif isinstance(method, Fp8LinearMethod) and method.block is None and w.element_size() == 1:
+        scale = linear.weight_scale
+    else:
+        return None
+    tile = one_row_tile(w)
+    return None if tile is None else (w, scale, tile)
+
+
+def norm_linear(x: torch.Tensor, norm: RMSNorm, linear: LinearBase, args: Gemv) -> torch.Tensor:
+    """``linear(norm(x))`` for one row in one launch (``args`` from ``gemv_args``)."""
+    from ..kernels.gemv import gemv
+
+    w, scale, tile = args
+    return gemv(x, w, scale, tile, norm=(norm.weight, norm.eps), bias=linear.bias)
+
+
+def linear_add(x: torch.Tensor, linear: LinearBase, residual: torch.Tensor,
+               args: Gemv) -> torch.Tensor:
+    """``linear(x) + residual`` for one row in one launch (``args`` from ``gemv_args``)."""
+    from ..kernels.gemv import gemv
+
+    w, scale, tile = args
+    return gemv(x.contiguous(), w, scale, tile, bias=linear.bias, residual=residual)

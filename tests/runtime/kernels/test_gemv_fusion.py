@@ -1,0 +1,115 @@
+"""On the GPU: a batch-1 decoder layer with its RMSNorms and residual adds folded into the
+matrix-vector products (layers/gemv_fusion.py) against the same layer with the separate
+kernels (``SGDSL_DISABLE_GEMV_FUSION=1``), bf16 and fp8 weights; and a small bf16 Llama's
+decode logits (triton + CUDA graphs) with and without the fusion, on the same tokens."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from .conftest import rel_err
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks" / "gpu"))
+OFF = "SGDSL_DISABLE_GEMV_FUSION"
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=512, intermediate_size=1376, num_hidden_layers=3,
+                      num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+                      vocab_size=1000, max_position_embeddings=1024, tie_word_embeddings=False,
+                      eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.08) if p.dim() == 2 else p.uniform_(0.5, 1.5)  # norms too
+    path = tmp_path_factory.mktemp("tiny-llama-fusion")
+    model.save_pretrained(path)
+    return path
+
+
+def _layer(path, quant):
+    from sgdsl.runtime.layers.linear import LinearBase
+    from sgdsl.runtime.layers.quantization.base import QuantConfig
+    from sgdsl.runtime.model.llama import LlamaDecoderLayer
+    from sgdsl.runtime.model.model_config import ModelConfig
+
+    cfg = ModelConfig.from_dir(str(path))
+    layer = LlamaDecoderLayer(cfg, 0, torch.bfloat16, "cuda",
+                              QuantConfig("fp8") if quant else None)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5, generator=gen)
+            else:
+                p.normal_(0, 0.03, generator=gen)
+    for m in layer.modules():
+        if isinstance(m, LinearBase):
+            m.process_weights_after_loading()
+    # attention replaced by a fixed function of q|k|v (the layer's other parts are under test)
+    q_size = layer.self_attn.q_size
+    layer.self_attn.attend = lambda qkv, *_: torch.tanh(qkv[:, :q_size] * 0.5)
+    return layer
+
+
+@pytest.mark.parametrize("quant", [False, True], ids=["bf16", "fp8"])
+def test_fused_layer_matches_separate_kernels(tiny_dir, quant, monkeypatch):
+    layer = _layer(tiny_dir, quant)
+    hidden = layer.input_layernorm.hidden_size
+    h = torch.randn(1, hidden, device="cuda").bfloat16()
+    res = torch.randn(1, hidden, device="cuda").bfloat16()
+    with torch.no_grad():
+        assert layer.gemv_fusion(h) is not None, "the fused path must apply here"
+        fused = [layer(h, r, None, None, None) for r in (res, None)]
+        monkeypatch.setenv(OFF, "1")
+        assert layer.gemv_fusion(h) is None
+        plain = [layer(h, r, None, None, None) for r in (res, None)]
+    for (out, none), (ref_out, ref_res) in zip(fused, plain):
+        assert none is None  # the fused layer hands on the whole residual stream
+        assert rel_err(out, ref_out.float() + ref_res.float()) < 1e-2
+    # more than one row: the separate kernels, fusion or not
+    monkeypatch.delenv(OFF)
+    assert layer.gemv_fusion(torch.cat([h, h])) is None
+
+
+def _decode_logits(path, forced: list[int] | None) -> tuple[list[int], list[torch.Tensor]]:
+    from driver import Driver
+
+    from sgdsl.runtime.config import EngineConfig
+    from sgdsl.runtime.model.runner import ModelRunner
+
+    runner = ModelRunner(EngineConfig(model=str(path), dtype="bfloat16", device="cuda",
+                                      attention_backend="triton", max_total_tokens=2048,
+                                      max_running_requests=4, cuda_graph_max_bs=4))
+    assert runner.cuda_graph_runner is not None
+    logits, forward = [], runner.forward
+    # copies: a replayed graph's output is overwritten by the next replay
+    runner.forward = lambda batch: logits.append(forward(batch).float().clone()) or logits[-1]
+    d = Driver(runner)
+    seq = d.new_seq(torch.randint(0, 1000, (40,), generator=torch.Generator().manual_seed(2))
+                    .tolist())
+    d.extend([seq])
+    for i in range(16):
+        d.decode([seq])
+        if forced is not None:  # the same inputs as the other run
+            seq.tokens[-1] = seq.out[-1] = forced[i]
+    return seq.out[1:], logits[1:]
+
+
+def test_model_decode_fused_vs_separate(tiny_dir, monkeypatch):
+    tokens, fused = _decode_logits(tiny_dir, None)
+    monkeypatch.setenv(OFF, "1")
+    _, plain = _decode_logits(tiny_dir, tokens)
+    assert len(fused) == len(plain) == 16
+    for a, b in zip(fused, plain):
+        assert rel_err(a, b) < 2e-2
