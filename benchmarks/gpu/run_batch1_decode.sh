@@ -8,6 +8,8 @@
 #       Engine bf16/fp8 of both trees, bf16 decode-step profile
 #   2 = kernel + model GPU tests, the sweep again (its picks used by this tree's Engine runs),
 #       Engine bf16/fp8 of both trees, fp8 decode-step profile
+#   4 = fusion + sampler GPU tests, greedy argmax timing, the norm-fusion sweep (its table used by this tree's Engine runs),
+#       Engine fp8/bf16 of this tree and MAIN
 #   3 = matrix-vector + fusion GPU tests, Engine fp8/bf16 of this tree, MAIN and BASE (three
 #       trees, default tiles: no sweep), then an fp8 decode-step profile of this tree
 set -o pipefail
@@ -68,5 +70,19 @@ case "${PART:-1}" in
   done
   (cd benchmarks/gpu && timeout 60 python3 profile_decode.py --quantization fp8 --sequence 12 \
     2>&1 | tee $OUT/profile_fp8.log | tail -3)
+  ;;
+4)  # the norm-fusion tiles from a sweep, then this tree against MAIN
+  timeout 90 python3 -m pytest $T/test_gemv.py $T/test_gemv_fusion.py \
+    tests/runtime/layers/test_sampler_gpu.py -q -p no:cacheprovider 2>&1 | tee $OUT/pytest.log \
+    | tail -3
+  (cd benchmarks/gpu && timeout 30 python3 bench_argmax.py 2>&1 | tee $OUT/argmax.log | tail -2)
+  (cd benchmarks/gpu && timeout 120 python3 sweep_norm_gemv.py --table $OUT/tiles.json 2>&1 \
+    | tee $OUT/sweep_norm.log | tail -30)
+  [ -f $OUT/tiles.json ] && export SGDSL_DECODE_GEMM_TABLE=$OUT/tiles.json
+  for q in fp8 bf16; do
+    args=$([ $q = fp8 ] && echo --quantization fp8)
+    engine $NEW new_$q $args
+    engine ${MAIN:-$PWD} main_$q $args
+  done
   ;;
 esac

@@ -59,7 +59,9 @@ def _gemv_kernel(X, W, S, Out, NW, Bias, Res, N, K, stride_wn, eps, HAS_SCALE: t
     w_ptrs = W + offs_n[:, None, None].to(tl.int64) * stride_wn + offs_k[None, :, :]
     even: tl.constexpr = EVEN_N and EVEN_K
     acc = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
-    sq = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)  # NORM: x's sum of squares
+    # NORM: x's squares summed per element (one FFMA each; the sum over the block is taken
+    # once, after the loop) from x loaded once per program ([1, ...]: broadcast to the rows)
+    sq = tl.zeros((1, BLOCK_K // VEC, VEC), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         w = _load_w(w_ptrs, mask_n & (offs_k[None, :, :] < K - k0), even)
         w_ptrs += BLOCK_K
@@ -67,13 +69,16 @@ def _gemv_kernel(X, W, S, Out, NW, Bias, Res, N, K, stride_wn, eps, HAS_SCALE: t
         # loaded in w's register layout: no layout conversion through shared memory per block.
         # Recomputed from k0 each block: a version advancing them (and the loop reshaped) was
         # unrolled differently and ran 2-4% slower in fp8 chains (H100, 2026-11-24)
-        x_offs = k0 + offs_k[None, :, :] + offs_n[:, None, None] * 0
+        if NORM:
+            x_offs = k0 + offs_k[None, :, :]
+        else:
+            x_offs = k0 + offs_k[None, :, :] + offs_n[:, None, None] * 0
         if EVEN_K:
             x = tl.load(X + x_offs).to(tl.float32)
         else:
             x = tl.load(X + x_offs, mask=offs_k[None, :, :] < K - k0, other=0.0).to(tl.float32)
         if NORM:  # RMSNorm folded in: x * norm weight now, times 1 / rms(x) after the loop
-            sq += tl.sum(x * x, axis=2)
+            sq += x * x
             if EVEN_K:
                 x = x * tl.load(NW + x_offs).to(tl.float32)
             else:
@@ -82,7 +87,7 @@ def _gemv_kernel(X, W, S, Out, NW, Bias, Res, N, K, stride_wn, eps, HAS_SCALE: t
         acc += tl.sum(w.to(tl.float32) * x, axis=2)
     out = tl.sum(acc, axis=1)
     if NORM:
-        out = out / tl.sqrt(tl.sum(sq, axis=1) / K + eps)
+        out = out / tl.sqrt(tl.sum(tl.sum(tl.sum(sq, axis=2), axis=1), axis=0) / K + eps)
     if HAS_SCALE:
         out = out * tl.load(S + offs_n, mask=offs_n < N, other=0.0)
     # rounded at each step as the unfused ops round (bias add, then residual add)

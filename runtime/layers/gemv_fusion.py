@@ -15,6 +15,7 @@ the matrix-vector kernel anyway (plain bf16/fp16, or fp8 with per-channel scales
 """
 from __future__ import annotations
 
+import json
 import os
 
 import torch
@@ -34,19 +35,39 @@ def enabled(x: torch.Tensor) -> bool:
             ("1", "true"))
 
 
-def gemv_args(linear: LinearBase) -> Gemv | None:
+def gemv_args(linear: LinearBase, norm: bool = False) -> Gemv | None:
     """(weight, per-channel scale or None, tile) where ``linear`` runs one row through the
-    matrix-vector kernel at tensor-parallel size 1; None otherwise. Memoized on the layer
-    (eager decode asks every step) until the weight or the GEMM overrides change."""
-    key = (linear.weight.data_ptr(), os.environ.get("SGDSL_DECODE_GEMM"),
+    matrix-vector kernel at tensor-parallel size 1; None otherwise. ``norm``: the tile with an
+    RMSNorm folded in (``norm_tile``), None where the separate norm kernel is the faster.
+    Memoized on the layer (eager decode asks every step) until the weight or the GEMM
+    overrides change."""
+    key = (linear.weight.data_ptr(), norm, os.environ.get("SGDSL_DECODE_GEMM"),
            os.environ.get("SGDSL_DECODE_GEMM_TABLE"))
-    memo = linear.__dict__.get("_gemv_args")
-    if memo is None or memo[0] != key:
-        memo = linear.__dict__["_gemv_args"] = (key, _gemv_args(linear))
-    return memo[1]
+    memo = linear.__dict__.setdefault("_gemv_args", {})
+    if key not in memo:
+        memo.clear()
+        memo[key] = _gemv_args(linear, norm)
+    return memo[key]
 
 
-def _gemv_args(linear: LinearBase) -> Gemv | None:
+def norm_tile(w: torch.Tensor) -> tuple[int, int, int] | None:
+    """The matrix-vector tile with an RMSNorm folded in, for one row times ``w``, or None
+    (keep the norm kernel). ``SGDSL_DECODE_GEMM_TABLE`` may name it (``"norm:N,K,element
+    bytes": "gemv:BLOCK_N,BLOCK_K bytes,warps"`` or ``"off"``; benchmarks/gpu/sweep_norm_gemv.py
+    writes one). NOTE: the norm adds ~3 instructions per weight element at one row a program
+    (x * norm weight, x's squares), as many as x's own; programs of several rows share them."""
+    from ..kernels.gemv import default_tile
+
+    table = os.environ.get("SGDSL_DECODE_GEMM_TABLE")
+    if table:
+        with open(table) as f:
+            pick = json.load(f).get(f"norm:{w.shape[0]},{w.shape[1]},{w.element_size()}")
+        if pick is not None:
+            return None if pick == "off" else tuple(int(v) for v in pick.split(":")[1].split(","))
+    return default_tile(*w.shape, w.element_size())
+
+
+def _gemv_args(linear: LinearBase, norm: bool) -> Gemv | None:
     from ..kernels.decode_gemm import one_row_tile
     from .quantization.fp8 import Fp8LinearMethod
 
@@ -60,13 +81,19 @@ def _gemv_args(linear: LinearBase) -> Gemv | None:
     else:
         return None
     tile = one_row_tile(w)
+    if tile is not None and norm:
+        tile = norm_tile(w)
     return None if tile is None else (w, scale, tile)
 
 
-def norm_linear(x: torch.Tensor, norm: RMSNorm, linear: LinearBase, args: Gemv) -> torch.Tensor:
-    """``linear(norm(x))`` for one row in one launch (``args`` from ``gemv_args``)."""
+def norm_linear(x: torch.Tensor, norm: RMSNorm, linear: LinearBase,
+                args: Gemv | None) -> torch.Tensor:
+    """``linear(norm(x))`` for one row, in one launch where ``args`` (``gemv_args(linear,
+    norm=True)``) is given."""
     from ..kernels.gemv import gemv
 
+    if args is None:
+        return linear(norm(x))
     w, scale, tile = args
     return gemv(x, w, scale, tile, norm=(norm.weight, norm.eps), bias=linear.bias)
 

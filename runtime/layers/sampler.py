@@ -154,6 +154,32 @@ def apply_vocab_mask(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(~mask, float("-inf"))
 
 
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(-1)`` for ``[bs, vocab]``; on CUDA, for a wide vocabulary that splits
+    evenly, in two steps (each chunk's max, then the best chunk): the same first index of the
+    maximum. NOTE: torch's one-step argmax of one 128256-wide row ran as a single ~28 us
+    reduction in a Llama-3.1-8B decode step (H100, 2026-11-24), ~1% of an fp8 step."""
+    if logits.is_cuda and logits.dim() == 2:
+        chunks = argmax_chunks(logits.shape[1])
+        if chunks:
+            return two_step_argmax(logits, chunks)
+    return logits.argmax(dim=-1)
+
+
+def argmax_chunks(vocab: int) -> int | None:
+    """The chunk count of ``two_step_argmax`` for a vocabulary, None: one step."""
+    return next((c for c in (256, 128, 64) if vocab >= 32768 and vocab % c == 0), None)
+
+
+def two_step_argmax(logits: torch.Tensor, chunks: int) -> torch.Tensor:
+    """The first index of each row's maximum: per chunk (max over ``dim`` returns the first
+    index of a tie), then over the chunk maxima (the first chunk holding the maximum)."""
+    bs, vocab = logits.shape
+    vals, idx = logits.view(bs, chunks, vocab // chunks).max(dim=-1)
+    best = vals.argmax(dim=-1, keepdim=True)
+    return (best * (vocab // chunks) + idx.gather(1, best)).squeeze(1)
+
+
 class Sampler:
     """Draws the next token per row. Never modifies the caller's logits (logprobs need them)."""
 
@@ -165,7 +191,7 @@ class Sampler:
                vocab_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Next token ids ``[bs]`` int64 on the logits' device."""
         logits = self._process_logits(logits.float(), info, vocab_mask)
-        greedy_ids = logits.argmax(dim=-1)
+        greedy_ids = greedy_argmax(logits)
         if info.all_greedy:
             return greedy_ids
         probs = torch.softmax(logits / info.temperatures, dim=-1)

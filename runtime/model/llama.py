@@ -151,21 +151,25 @@ class LlamaDecoderLayer(nn.Module):
         """The layer's feed-forward block (MoE models override this)."""
         return LlamaMLP(cfg, dtype, device, quant)
 
-    def gemv_fusion(self, h: torch.Tensor) -> list[gemv_fusion.Gemv] | None:
+    def gemv_fusion(self, h: torch.Tensor) -> list[gemv_fusion.Gemv | None] | None:
         """The matrix-vector arguments of qkv, o, gate_up and down where this step can fold
-        the norms and residual adds into them (batch-1 decode, dense MLP); else None."""
+        the residual adds into o and down (and the norms into qkv and gate_up, where their
+        entries are not None): batch-1 decode, dense MLP; else None."""
         if not gemv_fusion.enabled(h) or not isinstance(self.mlp, LlamaMLP):
             return None
-        args = [gemv_fusion.gemv_args(linear) for linear in (
-            self.self_attn.qkv_proj, self.self_attn.o_proj, self.mlp.gate_up_proj,
-            self.mlp.down_proj)]
-        return None if None in args else args
+        attn, mlp = self.self_attn, self.mlp
+        o, down = gemv_fusion.gemv_args(attn.o_proj), gemv_fusion.gemv_args(mlp.down_proj)
+        if o is None or down is None:
+            return None
+        return [gemv_fusion.gemv_args(attn.qkv_proj, norm=True), o,
+                gemv_fusion.gemv_args(mlp.gate_up_proj, norm=True), down]
 
     def forward_fused(self, h: torch.Tensor, residual: torch.Tensor | None, rope: Rope,
                       batch: ForwardBatch, attn: AttentionBackend,
                       args: list[gemv_fusion.Gemv]) -> torch.Tensor:
-        """``forward`` in four launches besides attention and the activation: each RMSNorm in
-        the product after it, each residual add in the product before it (gemv_fusion.py)."""
+        """``forward`` with each residual add in the product before it and each RMSNorm in
+        the product after it (gemv_fusion.py): four launches besides attention and the
+        activation, or a norm kernel more for each norm ``args`` leaves out."""
         if residual is not None:  # a pending add (the layer before ran unfused)
             h = h + residual
         attn_layer, mlp = self.self_attn, self.mlp

@@ -57,7 +57,7 @@ def test_gemv_fused_norm_bias_residual(device, dtype, tile, n, k):
     """``norm=``, ``bias=``, ``residual=``: linear(RMSNorm(x)) + bias + residual in one launch,
     each part alone and all together (the norm scaled away from 1: it must be applied)."""
     gen = torch.Generator().manual_seed(n * k)
-    make = lambda *s, scale=1.0: (torch.randn(*s, generator=gen) * scale).to(dtype).to(device)  # noqa: E731
+    make = lambda *s, scale=1.0: (torch.randn(*s, generator=gen) * scale).to(dtype).to(device)
     x, w = make(1, k, scale=3.0), make(n, k)
     nw, bias, res = make(k, scale=0.5) + 1, make(n), make(1, n)
     normed = _rmsnorm_ref(x, nw, 1e-5)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from sgdsl.runtime.layers.sampler import (Sampler, SamplingBatchInfo, apply_vocab_mask,
-                                          mix_seed)
+                                          argmax_chunks, mix_seed, two_step_argmax)
 from sgdsl.runtime.sampling_params import SamplingParams as SP
 
 V = 8
@@ -202,3 +202,16 @@ def test_filter_and_merge_keep_rows_aligned() -> None:
     assert a.seeds == ref.seeds and a.steps == ref.steps == [1, 1, 2]
     logits = torch.randn(3, V)
     assert torch.equal(a.penalties.apply(logits), ref.penalties.apply(logits))
+
+
+def test_two_step_argmax_is_argmax_with_first_index_ties() -> None:
+    assert argmax_chunks(128256) == 256 and argmax_chunks(151936) == 128
+    assert argmax_chunks(32001) is None and argmax_chunks(1000) is None
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 128256, generator=gen)
+    logits[1, 7000] = logits[1, 90000] = 50.0  # ties in two chunks: the first wins
+    logits[2, 501 * 3 + 4] = logits[2, 501 * 3 + 9] = 50.0  # a tie inside a chunk
+    logits[3] = 1.0  # all equal: index 0
+    logits[4, 128255] = 60.0  # the last index
+    out = two_step_argmax(logits, 256)
+    assert out.tolist() == logits.argmax(dim=-1).tolist() == [out[0].item(), 7000, 1507, 0, 128255]

@@ -66,3 +66,13 @@ def test_packed_bitmask_on_cuda() -> None:
     packed = packed.to(torch.int32)  # two's complement: bit 31 becomes the sign bit
     out = apply_vocab_mask(torch.zeros(3, V, device="cuda"), packed.cuda())
     assert torch.equal(torch.isfinite(out).cpu(), allowed)
+
+
+def test_greedy_argmax_two_steps_on_cuda() -> None:
+    from sgdsl.runtime.layers.sampler import greedy_argmax
+
+    logits = torch.randn(3, 128256, generator=torch.Generator().manual_seed(3))
+    logits[1, 5000] = logits[1, 100000] = 40.0  # a tie across chunks: the first index
+    logits[2] = 0.5
+    out = greedy_argmax(logits.cuda())
+    assert out.dtype == torch.int64 and out.tolist() == logits.argmax(-1).tolist()
