@@ -8,10 +8,9 @@
 #       Engine bf16/fp8 of both trees, bf16 decode-step profile
 #   2 = kernel + model GPU tests, the sweep again (its picks used by this tree's Engine runs),
 #       Engine bf16/fp8 of both trees, fp8 decode-step profile
-#   4 = fusion + sampler GPU tests, greedy argmax timing, the norm-fusion sweep (its table used by this tree's Engine runs),
-#       Engine fp8/bf16 of this tree and MAIN
-#   3 = matrix-vector + fusion GPU tests, Engine fp8/bf16 of this tree, MAIN and BASE (three
-#       trees, default tiles: no sweep), then an fp8 decode-step profile of this tree
+#   4 = fusion + sampler GPU tests, greedy argmax timing, the norm-fusion sweep (its table
+#       used by this tree's Engine runs, SGDSL_GEMV_FUSION=1), Engine fp8/bf16 of this tree and
+#       MAIN (another tree's root: e.g. main before the change)
 set -o pipefail
 source benchmarks/gpu/device_env.sh
 NEW=$PWD
@@ -59,19 +58,7 @@ case "${PART:-1}" in
   (cd benchmarks/gpu && timeout 60 python3 profile_decode.py --quantization fp8 --sequence 12 \
     2>&1 | tee $OUT/profile_fp8.log | tail -3)
   ;;
-3)  # compare three trees (this one, MAIN, BASE) with the default tiles
-  timeout 110 python3 -m pytest $T/test_gemv.py $T/test_gemv_fusion.py $T/test_gpu_model.py \
-    -q -p no:cacheprovider 2>&1 | tee $OUT/pytest.log | tail -3
-  for q in fp8 bf16; do
-    args=$([ $q = fp8 ] && echo --quantization fp8)
-    engine $NEW new_$q $args
-    engine ${MAIN:-$PWD} main_$q $args
-    engine $BASE base_$q $args
-  done
-  (cd benchmarks/gpu && timeout 60 python3 profile_decode.py --quantization fp8 --sequence 12 \
-    2>&1 | tee $OUT/profile_fp8.log | tail -3)
-  ;;
-4)  # the norm-fusion tiles from a sweep, then this tree against MAIN
+4)  # the norm-fusion tiles from a sweep, then this tree (fusion on) against MAIN
   timeout 90 python3 -m pytest $T/test_gemv.py $T/test_gemv_fusion.py \
     tests/runtime/layers/test_sampler_gpu.py -q -p no:cacheprovider 2>&1 | tee $OUT/pytest.log \
     | tail -3
@@ -81,7 +68,7 @@ case "${PART:-1}" in
   [ -f $OUT/tiles.json ] && export SGDSL_DECODE_GEMM_TABLE=$OUT/tiles.json
   for q in fp8 bf16; do
     args=$([ $q = fp8 ] && echo --quantization fp8)
-    engine $NEW new_$q $args
+    SGDSL_GEMV_FUSION=1 engine $NEW new_$q $args
     engine ${MAIN:-$PWD} main_$q $args
   done
   ;;

@@ -11,7 +11,16 @@ down_proj kernels write the residual stream itself. Two separate RMSNorm launche
 Used where the structure allows it: one row, the Triton path, tensor parallel size 1 (a row-
 parallel product must be all-reduced before the add), and weights ``decode_linear`` would give
 the matrix-vector kernel anyway (plain bf16/fp16, or fp8 with per-channel scales).
-``SGDSL_DISABLE_GEMV_FUSION=1`` turns it off (the separate kernels: A/B runs and tests).
+
+Opt-in (``SGDSL_GEMV_FUSION=1``) until measured faster. NOTE: the first version (one row a
+program, the default tiles, norms folded into both qkv and gate_up) ran Llama-3.1-8B's Engine
+decode at 275.3 tok/s fp8 vs 290.4 without it, and 181.8 vs 182.2 bf16 (H100, 2026-11-24,
+same call): 64 norm launches fewer, but the fp8 products took ~300 us more per step (the norm
+costs each program ~3 instructions per weight element, as many as x's own, and the fp8 kernel
+is bound by instructions more than bytes). Since then x's squares are summed per element from
+x loaded once per program, and the norm is folded only where ``norm_tile`` names a tile
+(a ``SGDSL_DECODE_GEMM_TABLE`` from ``benchmarks/gpu/sweep_norm_gemv.py``, where several rows
+a program share x's work): not yet measured on a GPU.
 """
 from __future__ import annotations
 
@@ -31,8 +40,7 @@ Gemv = tuple[torch.Tensor, torch.Tensor | None, tuple[int, int, int]]  # weight,
 def enabled(x: torch.Tensor) -> bool:
     """Whether ``x`` (a layer's input rows) is a batch-1 decode row on the Triton path."""
     return (x.dim() == 2 and x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16)
-            and use_triton(x) and os.environ.get("SGDSL_DISABLE_GEMV_FUSION", "") not in
-            ("1", "true"))
+            and use_triton(x) and os.environ.get("SGDSL_GEMV_FUSION", "") in ("1", "true"))
 
 
 def gemv_args(linear: LinearBase, norm: bool = False) -> Gemv | None:
@@ -52,19 +60,17 @@ def gemv_args(linear: LinearBase, norm: bool = False) -> Gemv | None:
 
 def norm_tile(w: torch.Tensor) -> tuple[int, int, int] | None:
     """The matrix-vector tile with an RMSNorm folded in, for one row times ``w``, or None
-    (keep the norm kernel). ``SGDSL_DECODE_GEMM_TABLE`` may name it (``"norm:N,K,element
-    bytes": "gemv:BLOCK_N,BLOCK_K bytes,warps"`` or ``"off"``; benchmarks/gpu/sweep_norm_gemv.py
-    writes one). NOTE: the norm adds ~3 instructions per weight element at one row a program
-    (x * norm weight, x's squares), as many as x's own; programs of several rows share them."""
-    from ..kernels.gemv import default_tile
-
+    (keep the norm kernel): as a ``SGDSL_DECODE_GEMM_TABLE`` names it (``"norm:N,K,element
+    bytes": "gemv:BLOCK_N,BLOCK_K bytes,warps"`` or ``"off"``; ``sweep_norm_gemv.py`` writes
+    one), None for shapes it does not name."""
     table = os.environ.get("SGDSL_DECODE_GEMM_TABLE")
-    if table:
-        with open(table) as f:
-            pick = json.load(f).get(f"norm:{w.shape[0]},{w.shape[1]},{w.element_size()}")
-        if pick is not None:
-            return None if pick == "off" else tuple(int(v) for v in pick.split(":")[1].split(","))
-    return default_tile(*w.shape, w.element_size())
+    if not table:
+        return None
+    with open(table) as f:
+        pick = json.load(f).get(f"norm:{w.shape[0]},{w.shape[1]},{w.element_size()}")
+    if pick is None or pick == "off":
+        return None
+    return tuple(int(v) for v in pick.split(":")[1].split(","))
 
 
 def _gemv_args(linear: LinearBase, norm: bool) -> Gemv | None:

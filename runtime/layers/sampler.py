@@ -175,7 +175,7 @@ def two_step_argmax(logits: torch.Tensor, chunks: int) -> torch.Tensor:
     """The first index of each row's maximum: per chunk (max over ``dim`` returns the first
     index of a tie), then over the chunk maxima (the first chunk holding the maximum)."""
     bs, vocab = logits.shape
-    vals, idx = logits.view(bs, chunks, vocab // chunks).max(dim=-1)
+    vals, idx = logits.reshape(bs, chunks, vocab // chunks).max(dim=-1)
     best = vals.argmax(dim=-1, keepdim=True)
     return (best * (vocab // chunks) + idx.gather(1, best)).squeeze(1)
 

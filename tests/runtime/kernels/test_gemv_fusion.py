@@ -1,9 +1,11 @@
 """On the GPU: a batch-1 decoder layer with its RMSNorms and residual adds folded into the
-matrix-vector products (layers/gemv_fusion.py) against the same layer with the separate
-kernels (``SGDSL_DISABLE_GEMV_FUSION=1``), bf16 and fp8 weights; and a small bf16 Llama's
-decode logits (triton + CUDA graphs) with and without the fusion, on the same tokens."""
+matrix-vector products (layers/gemv_fusion.py, ``SGDSL_GEMV_FUSION=1``, the norms' tiles from
+a ``SGDSL_DECODE_GEMM_TABLE``) against the same layer with the separate kernels, bf16 and fp8
+weights; and a small bf16 Llama's decode logits (triton + CUDA graphs) with and without the
+fusion, on the same tokens, against the fp32 model's."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -16,7 +18,19 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks" / "gpu"))
-OFF = "SGDSL_DISABLE_GEMV_FUSION"
+ON = "SGDSL_GEMV_FUSION"
+TILES = ["gemv:1,2048,4", "gemv:2,2048,1"]  # per norm-folding shape (qkv, gate_up)
+
+
+@pytest.fixture()
+def fusion_on(tmp_path, monkeypatch):
+    """Fusion on, with a table folding the norms of the tiny model's qkv and gate_up (bf16 and
+    fp8 weights); the tables' rows are keyed ``norm:N,K,element bytes``."""
+    table = {f"norm:{n},512,{e}": tile for e in (1, 2)
+             for n, tile in zip((768, 2752), TILES)}
+    (tmp_path / "tiles.json").write_text(json.dumps(table))
+    monkeypatch.setenv("SGDSL_DECODE_GEMM_TABLE", str(tmp_path / "tiles.json"))
+    monkeypatch.setenv(ON, "1")
 
 
 @pytest.fixture(scope="module")
@@ -63,22 +77,23 @@ def _layer(path, quant):
 
 
 @pytest.mark.parametrize("quant", [False, True], ids=["bf16", "fp8"])
-def test_fused_layer_matches_separate_kernels(tiny_dir, quant, monkeypatch):
+def test_fused_layer_matches_separate_kernels(tiny_dir, quant, fusion_on, monkeypatch):
     layer = _layer(tiny_dir, quant)
     hidden = layer.input_layernorm.hidden_size
     h = torch.randn(1, hidden, device="cuda").bfloat16()
     res = torch.randn(1, hidden, device="cuda").bfloat16()
     with torch.no_grad():
-        assert layer.gemv_fusion(h) is not None, "the fused path must apply here"
+        args = layer.gemv_fusion(h)
+        assert args is not None and None not in args, "both norms must be folded here"
         fused = [layer(h, r, None, None, None) for r in (res, None)]
-        monkeypatch.setenv(OFF, "1")
+        monkeypatch.delenv(ON)
         assert layer.gemv_fusion(h) is None
         plain = [layer(h, r, None, None, None) for r in (res, None)]
     for (out, none), (ref_out, ref_res) in zip(fused, plain):
         assert none is None  # the fused layer hands on the whole residual stream
         assert rel_err(out, ref_out.float() + ref_res.float()) < 1e-2
     # more than one row: the separate kernels, fusion or not
-    monkeypatch.delenv(OFF)
+    monkeypatch.setenv(ON, "1")
     assert layer.gemv_fusion(torch.cat([h, h])) is None
 
 
@@ -106,12 +121,12 @@ def _decode_logits(path, forced: list[int] | None, dtype: str = "bfloat16"
     return seq.out[1:], logits[1:]
 
 
-def test_model_decode_fused_vs_separate(tiny_dir, monkeypatch):
+def test_model_decode_fused_vs_separate(tiny_dir, fusion_on, monkeypatch):
     """Teacher-forced on the fused run's tokens: the fused bf16 logits are as close to the
     fp32 model's (no fusion: fp32 weights keep cuBLAS) as the separate kernels' are."""
     tokens, fused = _decode_logits(tiny_dir, None)
     _, ref = _decode_logits(tiny_dir, tokens, "float32")
-    monkeypatch.setenv(OFF, "1")
+    monkeypatch.delenv(ON)
     _, plain = _decode_logits(tiny_dir, tokens)
     assert len(fused) == len(plain) == len(ref) == 16
     fused_err = max(rel_err(a, r) for a, r in zip(fused, ref))
