@@ -38,6 +38,7 @@ from ..errors import InvalidRequestError
 from .base import Grammar
 from .estimate import COLLECT_AFTER, EstimateJobs
 from .jump_forward import JumpForward, force_text
+from .plan_follow import rest_after
 from .runaway import is_runaway
 from .search_walk import completes
 from .shortest import CompletionSearch
@@ -48,8 +49,6 @@ _LEVELS = 3  # closers a continuation is looked for behind (each costs a search)
 # An estimate goes to the helper thread only this many tokens or more before the one in hand
 # would force (more than estimate.COLLECT_AFTER: the answer comes that many steps late).
 _ASYNC_MARGIN = 8
-# What may follow a value string's closing quote in a plan (a key's is followed by ":").
-_AFTER_VALUE = frozenset(',}]')
 # Finish reason of a request that ends at a complete value without sampling its stop token
 # (one returning logprobs: a stop token it did not sample would have none).
 COMPLETED = {"type": "stop", "matched": None}
@@ -90,6 +89,8 @@ class _Budget:
     peak: int = 0  # the largest need measured
     failures: int = 0  # searches in a row that found nothing (deep ones included)
     job: Any = None  # estimate.Pending: a search out on the helper thread
+    in_string: bool = False  # the output at plan_at ended inside a JSON string (see _lex)
+    lex: tuple[int, bool, bool] = (0, False, False)  # (tokens scanned, in a string, escape)
 
 
 class CompletionTracker:
@@ -215,6 +216,7 @@ class CompletionTracker:
         (None: nothing found); ``continued``: see ``_continued`` (called only if needed)."""
         n = len(req.output_ids)
         budget.plan, budget.plan_at = plan, at
+        budget.in_string = self._lex(req, budget, at)
         if plan is None:  # nothing found: try again later, less often each time in a row
             budget.failures += 1
             budget.need, budget.search_at = 0, n + (8 << min(budget.failures - 1, 3))
@@ -275,17 +277,34 @@ class CompletionTracker:
 
     def _plan_ahead(self, req: Any, budget: _Budget, estimate: bool = False) -> str | None:
         """The rest of the previous plan if the tokens sampled since spell its beginning.
-        ``estimate``: also the whole plan when it begins by closing a value string that the
-        tokens since only extended (see ``_same_string``)."""
+        ``estimate``: also where they wrote other values in the plan's structure
+        (``plan_follow.rest_after``; an estimate: the plan's values were the shortest)."""
         if budget.plan is None or not budget.plan_at:
             return None
         new = self._decode(req.output_ids[budget.plan_at:])
-        if new and budget.plan.startswith(new) and "\ufffd" not in new:
+        if not new or "\ufffd" in new:
+            return None
+        if budget.plan.startswith(new):
             rest = budget.plan[len(new):]
             return rest if rest else None
-        if estimate and _same_string(budget.plan, new):
-            return budget.plan
-        return None
+        return rest_after(budget.plan, new, budget.in_string) or None if estimate else None
+
+    def _lex(self, req: Any, budget: _Budget, at: int) -> bool:
+        """Whether the first ``at`` output tokens end inside a JSON string, scanning only
+        the tokens since the last call (quotes and backslashes are ASCII: a slice that
+        splits a multi-byte character does not change the answer)."""
+        done, string, escape = budget.lex
+        if at < done:  # an older state's measurement: scan from the start
+            done, string, escape = 0, False, False
+        for ch in self._decode(req.output_ids[done:at]):
+            if escape:
+                escape = False
+            elif string and ch == "\\":
+                escape = True
+            elif ch == '"':
+                string = not string
+        budget.lex = (at, string, escape)
+        return string
 
     def _apply(self, req: Any, grammar: Grammar, text: str, remaining: int) -> JumpForward | None:
         """Force ``text`` (leaving one token for the stop); None if it does not fit or does not
@@ -314,17 +333,3 @@ class CompletionTracker:
         window = self.config.repetition_window
         return n + max(1, window // 2) if window else 1 << 30
 
-
-def _same_string(plan: str, new: str) -> bool:
-    """Whether ``new`` (the text sampled since ``plan`` was found) only extended the value
-    string or number that ``plan`` begins by ending. NOTE: the rest of the plan then
-    completes the value as it did (the value's parent is the same), and ending it costs the
-    same; an estimate only (a pattern, format or range may want more characters first): the
-    measurement that forces is made from the state itself. This spares a search at most
-    steps of a long string or number, where the plan's beginning is never what the model
-    writes."""
-    if not new or not plan or "\ufffd" in new:
-        return False
-    if plan[0] == '"':  # inside a string: a value's, unless a ":" follows (a key's)
-        return (len(plan) == 1 or plan[1] in _AFTER_VALUE) and not ('"' in new or "\\" in new)
-    return plan[0] in _AFTER_VALUE and new.isdigit()  # more digits of a number

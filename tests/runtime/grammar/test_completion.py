@@ -245,23 +245,3 @@ def test_estimates_on_the_helper_thread_are_deterministic(backend, tokenizer):
         assert res["finish"]["type"] == "stop"
         _check_value(constraint, tokenizer.decode(res["ids"][:-1]))
 
-
-@pytest.mark.parametrize("plan,new,same", [
-    ('", "age": 0}', "ovelace", True),  # a value string only extended: the plan still holds
-    ('"}', " and more", True),
-    ('"', "xyz", True),  # the string closes the whole value
-    ('", "age": 0}', 'ace", "a', False),  # the string was closed since
-    ('", "age": 0}', "a\\n", False),  # an escape: left to a search
-    ('": 0}', "ge", False),  # a key: its name decides what follows
-    ('0}', "12", False),  # inside a number, the plan writes more of it: a search
-    (', "city": ""}', "12", True),  # a number only extended by digits
-    (', "city": ""}', "1.", False),
-    (', "city": ""}', '"x', False),
-    ('", "age": 0}', "", False),
-])
-def test_a_plan_closing_a_string_holds_while_the_string_grows(plan, new, same):
-    """An estimate reuses a plan that begins by ending a value string (or number) while the
-    output only extends that value (no search at each token of a long string)."""
-    from sgdsl.runtime.grammar.completion import _same_string
-
-    assert _same_string(plan, new) is same
