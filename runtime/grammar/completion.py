@@ -200,8 +200,12 @@ class CompletionTracker:
 
     def _measure(self, req: Any, grammar: Grammar, budget: _Budget, check: bool = True) -> None:
         n = len(req.output_ids)
-        ahead = self._plan_ahead(req, budget, estimate=not check)
-        budget.checked = check or (ahead is not None and budget.checked)
+        ahead = self._plan_ahead(req, budget)
+        if ahead is not None:  # the output followed the plan: checked if the plan was
+            budget.checked = check or budget.checked
+        else:  # NOTE: a plan followed in structure only is an estimate, never "checked"
+            ahead = None if check else self._plan_ahead(req, budget, estimate=True)
+            budget.checked = check
         if ahead is None:
             found = self.search.search(grammar, check=check)
             if found is None and budget.failures < 4:  # the rare path: search harder
