@@ -33,3 +33,30 @@ def test_rest_after_outside_a_string():
     assert rest_after(plan, '{"name": "Bob", "tags": ["xy') == '"]}'
     assert rest_after("0, \"c\": 1}", "36") == ', "c": 1}'  # more digits of a number
     assert rest_after("abc.", "de") is None  # not JSON: no estimate from it
+
+
+def test_tracker_knows_when_the_output_ends_inside_a_string(tokenizer):
+    """The lexer state the structural estimate starts from, scanned incrementally (the tokens
+    since the last measurement only), escapes included."""
+    from types import SimpleNamespace
+
+    from sgdsl.runtime.grammar.completion import CompletionTracker, _Budget
+
+    from .helpers import EOS, VOCAB
+
+    tracker = CompletionTracker(tokenizer, VOCAB, [EOS])
+    ids = tokenizer.encode('{"a": "x\\"y", "b": "z', add_special_tokens=False)
+    req, budget = SimpleNamespace(output_ids=ids), _Budget()
+    cuts = list(range(1, len(ids) + 1))
+    seen = [tracker._lex(req, budget, k) for k in cuts]  # one token more each time
+    fresh = [CompletionTracker(tokenizer, VOCAB, [EOS])._lex(req, _Budget(), k) for k in cuts]
+    assert seen == fresh
+    assert seen[-1] is True  # inside "z
+    text_at = [tokenizer.decode(ids[:k]) for k in cuts]
+    for text, inside in zip(text_at, seen):
+        if text.endswith('", "b": "'):
+            assert inside is True
+        if text.endswith('y",'):
+            assert inside is False
+    # an older state is scanned again from the start: after {"a": the key is closed
+    assert tracker._lex(req, budget, 3) is False and budget.lex[0] == 3
