@@ -89,8 +89,9 @@ class _Budget:
     peak: int = 0  # the largest need measured
     failures: int = 0  # searches in a row that found nothing (deep ones included)
     job: Any = None  # estimate.Pending: a search out on the helper thread
-    in_string: bool = False  # the output at plan_at ended inside a JSON string (see _lex)
-    lex: tuple[int, bool, bool] = (0, False, False)  # (tokens scanned, in a string, escape)
+    # (tokens scanned, the output there ends inside a JSON string, after a backslash): kept
+    # at plan_at by _record (see _lex)
+    lex: tuple[int, bool, bool] = (0, False, False)
 
 
 class CompletionTracker:
@@ -220,7 +221,7 @@ class CompletionTracker:
         (None: nothing found); ``continued``: see ``_continued`` (called only if needed)."""
         n = len(req.output_ids)
         budget.plan, budget.plan_at = plan, at
-        budget.in_string = self._lex(req, budget, at)
+        self._lex(req, budget, at)
         if plan is None:  # nothing found: try again later, less often each time in a row
             budget.failures += 1
             budget.need, budget.search_at = 0, n + (8 << min(budget.failures - 1, 3))
@@ -290,8 +291,11 @@ class CompletionTracker:
             return None
         if budget.plan.startswith(new):
             rest = budget.plan[len(new):]
-            return rest if rest else None
-        return rest_after(budget.plan, new, budget.in_string) or None if estimate else None
+        elif estimate:
+            rest = rest_after(budget.plan, new, in_string=budget.lex[1])
+        else:
+            rest = None
+        return rest or None
 
     def _lex(self, req: Any, budget: _Budget, at: int) -> bool:
         """Whether the first ``at`` output tokens end inside a JSON string, scanning only
@@ -336,4 +340,3 @@ class CompletionTracker:
     def _next_repetition_check(self, n: int) -> int:
         window = self.config.repetition_window
         return n + max(1, window // 2) if window else 1 << 30
-

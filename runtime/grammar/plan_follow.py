@@ -32,8 +32,7 @@ def rest_after(plan: str, new: str, in_string: bool = False) -> str | None:
     where ``plan`` would have started), or None if ``new`` left the plan's structure.
     ``in_string``: both start inside a string (the plan's first quote closes it)."""
     if in_string:  # seen from the string's opening quote
-        rest = rest_after('"' + plan, '"' + new)
-        return None if rest is None else rest
+        return rest_after('"' + plan, '"' + new)
     ours, theirs = _events(plan), _events(new)
     if ours is None or theirs is None or not theirs or len(theirs) > len(ours):
         return None
@@ -58,8 +57,9 @@ def _same(mine: _Event, got: _Event, ours: list[_Event], i: int, last: bool) -> 
     if mine.kind == "s":
         if not _is_key(ours, i):
             return True  # a value string: its content does not matter
-        return (mine.text.startswith(got.text) and not got.closed) if last and not got.closed \
-            else mine.text == got.text and mine.closed == got.closed
+        if last and not got.closed:  # a key being written: so far the plan's
+            return mine.text.startswith(got.text)
+        return mine.text == got.text and mine.closed == got.closed
     if mine.kind == "l":
         return got.closed or (last and any(w.startswith(got.text) for w in _LITERALS))
     return True  # punctuation (kinds equal) or a number

@@ -106,8 +106,8 @@ class XGrammarGrammar(Grammar):
         key = _STATE_KEYS.get((text, done))
         if key is None:  # NOTE: lockstep requests reach the same states at the same step
             key = _STATE_KEYS[text, done] = _state_key(text, done)
-            if len(_STATE_KEYS) > 4096:
-                del _STATE_KEYS[next(iter(_STATE_KEYS))]
+            if len(_STATE_KEYS) > 4096:  # oldest out (pop: the helper thread may too)
+                _STATE_KEYS.pop(next(iter(_STATE_KEYS), None), None)
         return key
 
     def cache_scope(self) -> Any:
