@@ -27,17 +27,22 @@ engine() {  # engine TREE LABEL [ARGS]: bench_a_decode.py --modes engine on TREE
     | tee $OUT/a_$label.log | grep "^\['engine" | sed "s/^/$label /"
 }
 
-case "${PART:-1}" in
-1)  # tune: the chained GEMM sweep writes its best pick per shape; the Engine runs use it
-  timeout 100 python3 -m pytest $T/test_gemv.py $T/test_fp8_matmul.py $T/test_elementwise.py \
-    $T/test_skinny_gemm.py -q -p no:cacheprovider 2>&1 | tee $OUT/pytest.log | tail -2
-  (cd benchmarks/gpu && timeout 170 python3 sweep_gemv.py --table $OUT/tiles.json 2>&1 \
+# the chained GEMM sweep's table (limit $1 s), then fp8 and bf16 Engine runs of both trees
+sweep_then_engines() {
+  (cd benchmarks/gpu && timeout $1 python3 sweep_gemv.py --table $OUT/tiles.json 2>&1 \
     | tee $OUT/sweep.log | tail -9)
   [ -f $OUT/tiles.json ] && export SGDSL_DECODE_GEMM_TABLE=$OUT/tiles.json
   engine $NEW new_fp8 --quantization fp8
   engine $BASE base_fp8 --quantization fp8
   engine $NEW new_bf16
   engine $BASE base_bf16
+}
+
+case "${PART:-1}" in
+1)  # tune: the chained GEMM sweep writes its best pick per shape; the Engine runs use it
+  timeout 100 python3 -m pytest $T/test_gemv.py $T/test_fp8_matmul.py $T/test_elementwise.py \
+    $T/test_skinny_gemm.py -q -p no:cacheprovider 2>&1 | tee $OUT/pytest.log | tail -2
+  sweep_then_engines 170
   (cd benchmarks/gpu && timeout 70 python3 profile_decode.py --sequence 24 2>&1 \
     | tee $OUT/profile_bf16.log | tail -3)
   ;;
@@ -46,13 +51,7 @@ case "${PART:-1}" in
     $T/test_triton_backend.py $T/test_decode_attention.py $T/test_gpu_model.py \
     tests/runtime/model/test_runner_cuda.py -q -p no:cacheprovider 2>&1 | tee $OUT/pytest.log \
     | tail -2
-  (cd benchmarks/gpu && timeout 110 python3 sweep_gemv.py --table $OUT/tiles.json 2>&1 \
-    | tee $OUT/sweep.log | tail -9)
-  [ -f $OUT/tiles.json ] && export SGDSL_DECODE_GEMM_TABLE=$OUT/tiles.json
-  engine $NEW new_fp8 --quantization fp8
-  engine $BASE base_fp8 --quantization fp8
-  engine $NEW new_bf16
-  engine $BASE base_bf16
+  sweep_then_engines 110
   (cd benchmarks/gpu && timeout 40 python3 bench_kernels.py --batch1 2>&1 \
     | tee $OUT/attn_batch1.log | tail -12)
   (cd benchmarks/gpu && timeout 60 python3 profile_decode.py --quantization fp8 --sequence 12 \
