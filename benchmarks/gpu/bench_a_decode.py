@@ -15,7 +15,7 @@ import gc
 
 import torch
 
-from common import Timer, model_dir, print_table
+from common import Timer, model_dir, print_table, time_decode
 from driver import Driver
 from sgdsl.runtime.config import EngineConfig
 from sgdsl.runtime.model.runner import ModelRunner
@@ -50,8 +50,6 @@ def run(backend: str, graphs: bool, prompt_len: int, out_len: int, model: str,
 def run_engine_mode(overlap: bool, prompt_len: int, out_len: int, model: str,
                     repeat: int = 1, **engine_kw) -> list[list]:
     """One Engine, ``repeat`` measurements (one row each: the spread without a reload)."""
-    import time
-
     from sgdsl.runtime import Engine
 
     prompt = torch.randint(0, 1000, (prompt_len,), generator=torch.Generator().manual_seed(0))
@@ -64,15 +62,8 @@ def run_engine_mode(overlap: bool, prompt_len: int, out_len: int, model: str,
                 disable_overlap_schedule=not overlap, **engine_kw) as engine:
         engine.generate(input_ids=ids, sampling_params=params(out_len))  # warm-up
         for _ in range(repeat):
-            times = {}
-            for n in (1, out_len):
-                engine.flush_cache()  # both runs prefill the whole prompt
-                t0 = time.perf_counter()
-                out = engine.generate(input_ids=ids, sampling_params=params(n))
-                times[n] = time.perf_counter() - t0
-                assert len(out["output_ids"]) == n
-            dec = (times[out_len] - times[1]) / (out_len - 1)
-            rows.append([name, times[1] * 1e3, dec * 1e3, 1 / dec])
+            first, dec = time_decode(engine, ids, out_len)
+            rows.append([name, first * 1e3, dec * 1e3, 1 / dec])
     return rows
 
 

@@ -14,11 +14,10 @@ Needs 2 GPUs (the device tool's nvidia-h200-x2 kind):
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
-from common import model_dir, print_table, random_prompts, run_engine
+from common import model_dir, print_table, random_prompts, run_engine, time_decode
 
 HBM_TB_S = 4.3  # per GPU, as issue 10 states the floor (H200 spec sheet: 4.8)
 BF16_TFLOPS = 989.0  # dense bf16 per H100/H200 SXM
@@ -33,14 +32,7 @@ def decode_tok_s(model: str, tp: int, prompt_len: int, out_len: int) -> float:
     with Engine(model=model_dir(model), load_format="dummy", tp_size=tp, max_running_requests=4,
                 cuda_graph_max_bs=4, context_length=4096, grammar_backend="none") as engine:
         engine.generate(input_ids=ids, sampling_params=params(out_len))  # warm-up
-        times = {}
-        for n in (1, out_len):
-            engine.flush_cache()  # both runs prefill the whole prompt
-            t0 = time.perf_counter()
-            out = engine.generate(input_ids=ids, sampling_params=params(n))
-            times[n] = time.perf_counter() - t0
-            assert len(out["output_ids"]) == n
-    return (out_len - 1) / (times[out_len] - times[1])
+        return 1 / time_decode(engine, ids, out_len)[1]
 
 
 def decode_row(model: str, tp: int, a: argparse.Namespace) -> list:

@@ -78,3 +78,18 @@ def run_engine(model: str, prompts: list[list[int]], out_lens: list[int] | int,
     query = stats["cache_query_tokens"] - before["cache_query_tokens"]
     return {"wall_s": wall, "in_tokens": sum(map(len, prompts)), "out_tokens": gen_tokens,
             "hit_rate": hit / query if query else 0.0}
+
+
+def time_decode(engine, ids: list[int], out_len: int) -> tuple[float, float]:
+    """(seconds for a 1-token request, seconds per decoded token) of greedy requests on
+    ``engine``: a 1-token and an ``out_len``-token run of the same prompt, both prefilling the
+    whole prompt (cache flushed), the difference spread over the extra tokens."""
+    params = lambda n: {"max_new_tokens": n, "ignore_eos": True, "temperature": 0.0}  # noqa: E731
+    times = {}
+    for n in (1, out_len):
+        engine.flush_cache()
+        t0 = time.perf_counter()
+        out = engine.generate(input_ids=ids, sampling_params=params(n))
+        times[n] = time.perf_counter() - t0
+        assert len(out["output_ids"]) == n
+    return times[1], (times[out_len] - times[1]) / (out_len - 1)
