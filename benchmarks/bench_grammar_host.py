@@ -72,6 +72,8 @@ def _sample(scores: torch.Tensor, mask: torch.Tensor, step: int, vocab: int) -> 
 def run(a: argparse.Namespace) -> None:
     mgr, eos, vocab = _manager(a.model, a.backend)
     reqs, checker = _requests(mgr, a.batch, a.max_new, eos)
+    if mgr.completion.jobs is not None:  # the estimate worker: up before timing, as in serving
+        assert mgr.completion.jobs.worker.wait_ready(120), mgr.completion.jobs.worker.dead
     gen = torch.Generator().manual_seed(a.seed)
     scores = torch.rand(a.batch, vocab, generator=gen, dtype=torch.float32)
     tracker = mgr.completion
@@ -113,6 +115,7 @@ def run(a: argparse.Namespace) -> None:
         t_fill += t2 - t1
         steps += 1
     _report(a, reqs, steps, t_after, t_fill, plan_time, mgr)
+    mgr.shutdown()
     if prof:
         pstats.Stats(prof).sort_stats("cumulative").print_stats(a.profile)
 
@@ -127,7 +130,7 @@ def _report(a, reqs, steps, t_after, t_fill, plan_time, mgr) -> None:
             valid += 1
         except ValueError:
             pass
-    stats = mgr.stats_dict()
+    stats, jobs = mgr.stats_dict(), mgr.completion.jobs
     print(f"batch {a.batch} | max_new {a.max_new} | steps {steps} | output tokens {tokens} | "
           f"parseable {valid}/{len(reqs)}")
     print(f"per step: after_sample {1e3 * t_after / steps:.2f} ms (tracker.plan "
@@ -135,7 +138,8 @@ def _report(a, reqs, steps, t_after, t_fill, plan_time, mgr) -> None:
           f"fill_bitmask {1e3 * t_fill / steps:.2f} ms")
     print(f"searches {stats['grammar_completion_searches']}, shared "
           f"{stats['grammar_completion_shared']}, forced {stats['grammar_forced_completions']}, "
-          f"on the helper {mgr.completion.jobs.submitted if mgr.completion.jobs else 0}")
+          f"in the estimate worker {jobs.submitted if jobs else 0} "
+          f"({jobs.answered if jobs else 0} answers taken from it)")
 
 
 def main() -> None:

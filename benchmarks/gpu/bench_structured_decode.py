@@ -130,7 +130,7 @@ def build_runner(model: str, max_bs: int):
 
 
 # mode -> (jump-forward, forced-completion tracking): "-sync" keeps every completion
-# estimate on the scheduler thread, "-nocomplete" turns forced completion off (its cost)
+# estimate on the scheduler thread (no estimate worker), "-nocomplete" turns forced completion off (its cost)
 MODES = {"unconstrained": (None, None), "mask-only": (False, "async"),
          "jump-forward": (True, "async"), "mask-only-sync": (False, "sync"),
          "mask-only-nocomplete": (False, None)}
@@ -153,6 +153,9 @@ def make_scheduler(runner, config, tokenizer, backend, mode: str):
         from sgdsl.runtime.grammar import GrammarKey
 
         grammar.compiler.compile(GrammarKey.from_constraint("json_schema", json.dumps(SCHEMA)))
+        jobs = grammar.completion.jobs if grammar.completion else None
+        if jobs is not None:  # the completion-estimate worker, likewise up in a serving engine
+            assert jobs.worker.wait_ready(120), jobs.worker.dead
     return Scheduler(runner, config, EOS, None, lambda msg: None, grammar=grammar)
 
 
@@ -333,6 +336,10 @@ def main() -> None:
             # unconstrained run, last, then retracted and re-prefilled: 35 extends, not 8)
             sched.memory.flush()
             if sched.grammar:
+                jobs = sched.grammar.completion.jobs if sched.grammar.completion else None
+                if jobs is not None:
+                    print(f"estimates in the worker: {jobs.submitted} sent, {jobs.answered} "
+                          "answers taken from it", flush=True)
                 sched.grammar.shutdown()
         base = summaries.get("unconstrained", next(iter(summaries.values())))[1]
         for mode in a.modes:

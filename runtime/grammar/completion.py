@@ -12,9 +12,8 @@ then at geometrically shrinking intervals (a third of the slack left), so a requ
 about ``log(max_new_tokens)`` times before it nears its budget and every step only in the last
 ``slack_tokens + need`` tokens; a plan still ahead of the output (the model sampled its next
 token) is reused without searching. An estimate far from the end that the answer cache
-lacks is searched on a helper thread from a copy of the matcher and taken a fixed number of
-steps later (``estimate.py``); the measurement that forces is made here, from the request's
-own state.
+lacks is searched in a worker process and taken a fixed number of steps later
+(``estimate.py``); the measurement that forces is made here, from the request's own state.
 
 One sampled token can raise ``need`` by far more than the slack: a ``,`` opening another array
 item whose required keys and date-time take 40 tokens, a level of recursive nesting (jump-
@@ -35,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..errors import InvalidRequestError
-from .base import Grammar
+from .base import Grammar, GrammarKey
 from .estimate import COLLECT_AFTER, EstimateJobs
 from .jump_forward import JumpForward, force_text
 from .plan_follow import rest_after
@@ -46,7 +45,7 @@ from .vocab import fast_decoder
 
 _COUNT_CACHE = 4096
 _LEVELS = 3  # closers a continuation is looked for behind (each costs a search)
-# An estimate goes to the helper thread only this many tokens or more before the one in hand
+# An estimate goes to the worker only this many tokens or more before the one in hand
 # would force (more than estimate.COLLECT_AFTER: the answer comes that many steps late).
 _ASYNC_MARGIN = 8
 # Finish reason of a request that ends at a complete value without sampling its stop token
@@ -63,7 +62,7 @@ class CompletionConfig:
     slack_tokens: int = 4
     repetition_window: int = 32  # 0 turns the repetition guard off
     max_expansions: int = 256  # search work per measurement
-    async_estimates: bool = True  # estimates far from the end on a helper thread
+    async_estimates: bool = True  # estimates far from the end in a worker process
 
     def __post_init__(self) -> None:
         for name in ("slack_tokens", "repetition_window", "max_expansions"):
@@ -96,7 +95,9 @@ class _Budget:
 
 class CompletionTracker:
     def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: Sequence[int],
-                 config: CompletionConfig = CompletionConfig()) -> None:
+                 config: CompletionConfig = CompletionConfig(), backend: Any = None) -> None:
+        """``backend``: the ``GrammarBackend`` whose grammars are tracked; with a ``spec``
+        (it can be rebuilt in another process) estimates go to a worker (estimate.py)."""
         self.tokenizer = tokenizer
         self._decode = fast_decoder(tokenizer)
         self.config = config
@@ -104,8 +105,9 @@ class CompletionTracker:
                                        max_expansions=config.max_expansions)
         self._counts: dict[str, int] = {}  # text -> token count (see _count)
         self._continuations: dict[tuple, int] = {}  # see _continued
-        # estimates far from the budget's end, searched on a helper thread (estimate.py)
-        self.jobs = EstimateJobs(self.search) if config.async_estimates else None
+        # estimates far from the budget's end, searched in a worker process (estimate.py)
+        self.jobs = (EstimateJobs(self.search, backend) if config.async_estimates
+                     and getattr(backend, "spec", None) is not None else None)
         comma = tokenizer.encode(",", add_special_tokens=False)
         self._comma = comma[0] if len(comma) == 1 else None
         self.forced = 0  # requests completed by force
@@ -136,7 +138,7 @@ class CompletionTracker:
         """Measure an estimate without searching on this thread, where it may come a few
         steps late: not the first measurement and not near the end of the budget. The
         previous plan or the answer cache may answer at once; else the search goes to the
-        helper thread (estimate.py). False: measure here."""
+        worker (estimate.py). False: measure here."""
         remaining = req.sampling_params.max_new_tokens - n
         if (self.jobs is None or not budget.peak
                 or remaining - budget.need - self._reserve(req, budget) < _ASYNC_MARGIN
@@ -147,14 +149,16 @@ class CompletionTracker:
             budget.checked = False
             self._record(req, budget, hit.text, n, lambda: self._continued(grammar, hit.text))
             return True
-        budget.job = self.jobs.submit(grammar, n, keys, budget.failures < 4)
+        budget.job = self.jobs.submit(
+            grammar, req.output_ids, keys, budget.failures < 4,
+            lambda: GrammarKey.from_constraint(*req.sampling_params.constraint))
         return budget.job is not None
 
     def _collect(self, req: Any, budget: _Budget) -> None:
         """Take the answer of ``req``'s estimate (``COLLECT_AFTER`` steps after it was asked,
-        always, so that when a request is forced never depends on threads)."""
+        always, so that when a request is forced never depends on the worker)."""
         pending, budget.job = budget.job, None
-        found = pending.answer()
+        found = self.jobs.answer(pending)
         if pending.shared != "full":
             if pending.shared == "local" and (found is None or not completes(
                     pending.grammar, found.token_ids)):  # another state's: not this one's

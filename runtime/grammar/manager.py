@@ -74,7 +74,8 @@ class GrammarManager(Forcing):
         # (the scheduler sets this on CUDA; torch's caching host allocator recycles them).
         self.pin_memory = False
         # complete: forced completion within the budget (completion.py); None when disabled.
-        self.completion = (CompletionTracker(tokenizer, vocab_size, self.eos, completion)
+        self.completion = (CompletionTracker(tokenizer, vocab_size, self.eos, completion,
+                                             backend)
                            if completion is not None and completion.enabled else None)
 
     # -- admission ------------------------------------------------------------------------------
@@ -86,6 +87,8 @@ class GrammarManager(Forcing):
             return False
         req.grammar_pending = self.compiler.submit(GrammarKey.from_constraint(*constraint))
         self.pending.append(req)
+        if self.completion is not None and self.completion.jobs is not None:
+            self.completion.jobs.start()  # up while the grammar compiles
         return True
 
     def poll(self) -> tuple[list[Any], list[tuple[Any, InvalidRequestError]]]:

@@ -31,7 +31,7 @@ from typing import Any, BinaryIO, Callable
 FRAME_HEADER = struct.Struct(">Q")
 # Compiles are background work: on a busy host the scheduler's decode steps come first.
 WORKER_NICE = 5
-PARENT_ENV = "SGDSL_GRAMMAR_WORKER_PARENT"  # the pid that started us (see _die_with_parent)
+PARENT_ENV = "SGDSL_GRAMMAR_WORKER_PARENT"  # the pid that started us (see die_with_parent)
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def data_bytes() -> int:
 def main() -> None:
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # a stray print() in a library must not corrupt the frames
-    _die_with_parent()
+    die_with_parent()
     try:
         os.nice(WORKER_NICE)
     except OSError:
@@ -128,7 +128,7 @@ def _limit_memory(budget: int) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: SIGKILL this worker when the thread that started it (a pool slot) exits."""
     if not sys.platform.startswith("linux"):
         return

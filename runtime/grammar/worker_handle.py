@@ -1,5 +1,6 @@
-"""The parent's handle on one compile worker process (``worker.py``): start it, talk to it in
-length-prefixed pickle frames over its pipes, wait for a reply with a deadline, kill it.
+"""The parent's handle on one worker process (a compile worker, ``worker.py``, or the
+completion-estimate worker, ``estimate_worker.py``): start it, talk to it in length-prefixed
+pickle frames over its pipes, wait for a reply with a deadline, kill it.
 
 The pipes are read as raw file descriptors with ``select``, so a deadline is exact and no
 buffered byte hides from ``select``.
@@ -15,9 +16,9 @@ import sys
 import time
 from typing import Any
 
-from .worker import FRAME_HEADER, PARENT_ENV, WorkerInit
+from .worker import FRAME_HEADER, PARENT_ENV
 
-_WORKER_CMD = "from sgdsl.runtime.grammar.worker import main; main()"
+COMPILE_WORKER = "from sgdsl.runtime.grammar.worker import main; main()"
 STARTUP_TIMEOUT_S = 120.0  # imports and the backend's tokenizer tables; slow on a loaded box
 
 
@@ -28,13 +29,15 @@ class WorkerStartError(Exception):
 class WorkerHandle:
     """One worker process and its pipes (raw file descriptors: ``select`` must see all data)."""
 
-    def __init__(self, init: WorkerInit) -> None:
+    def __init__(self, init: Any, command: str = COMPILE_WORKER) -> None:
+        """``init``: the first frame the worker reads (``worker.WorkerInit`` for a compile
+        worker); ``command``: the Python code that runs the worker's ``main``."""
         # NOTE: the parent's sys.path goes along so the worker unpickles the same modules
         # (a backend defined outside the installed packages, e.g. in a test, included).
         env = {**os.environ, PARENT_ENV: str(os.getpid()), "OMP_NUM_THREADS": "1",
                "RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self.proc = subprocess.Popen([sys.executable, "-c", _WORKER_CMD], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-c", command], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, bufsize=0, env=env)
         self._in = self.proc.stdin.fileno()  # type: ignore[union-attr]
         self._out = self.proc.stdout.fileno()  # type: ignore[union-attr]

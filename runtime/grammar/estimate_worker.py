@@ -1,0 +1,123 @@
+"""The completion-estimate worker process: searches shortest completions (``shortest.py``) for
+the forced-completion tracker of its parent's scheduler (``estimate.py`` is the parent's side).
+
+Why a process: the search is Python (a move per expansion, tens per answer). On a helper
+thread of the scheduler's process it held the GIL while the scheduler thread wanted it back
+for the sampling and forward launches; measured on the H100 host at 32 constrained rows, the
+sampling launch took 1.2-2.3 ms of host time instead of 0.55 (benchmarks/RESULTS.md). Here it
+shares nothing with the scheduler.
+
+Started like a compile worker (a fresh interpreter, ``worker_handle.WorkerHandle``) and talks
+over its pipes in the same length-prefixed pickle frames:
+
+- parent -> worker, once: ``EstimateInit``; worker -> parent: ``("ready", None)`` or
+  ``("startup_error", message)``.
+- parent -> worker: ``("grammar", gid, key, payload)``: a compiled grammar (the backend's
+  ``serialize``d bytes) and its ``GrammarKey``, known from then on as ``gid`` (the last
+  ``_GRAMMARS`` kept; a later frame with the same gid replaces it).
+- parent -> worker: ``("job", job_id, gid, token_ids, deep)``: a fresh matcher of grammar
+  ``gid`` is advanced by ``token_ids`` (the request's output so far) and searched, then
+  ``search_deep`` if asked and nothing was found; worker -> parent: ``(job_id, completion,
+  None)``, the completion None when none was found, or ``(job_id, None, reason)`` when the job
+  could not run (an unknown gid, tokens the grammar rejects, an error's text).
+"""
+from __future__ import annotations
+
+import sys
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from .worker import die_with_parent, read_frame, write_frame
+
+_GRAMMARS = 256  # compiled grammars kept (least recently used dropped)
+
+
+@dataclass(frozen=True)
+class EstimateInit:
+    """What the worker needs: the backend's picklable factory (``registry.BackendSpec``) and
+    the search's settings (``CompletionSearch``'s)."""
+
+    factory: Callable[[], Any]
+    tokenizer: Any
+    vocab_size: int
+    stop_ids: tuple[int, ...]
+    max_expansions: int
+    deep_seconds: float
+
+
+class _Estimator:
+    def __init__(self, init: EstimateInit) -> None:
+        from .shortest import CompletionSearch
+
+        self.backend = init.factory()
+        self.tokenizer, self.vocab_size = init.tokenizer, init.vocab_size
+        self.search = CompletionSearch(init.tokenizer, init.vocab_size, init.stop_ids,
+                                       max_expansions=init.max_expansions,
+                                       deep_seconds=init.deep_seconds)
+        self.grammars: OrderedDict[int, tuple[Any, Any]] = OrderedDict()  # gid -> (key, compiled)
+        self._quotes: Any = None
+
+    def add(self, gid: int, key: Any, payload: bytes) -> None:
+        self.grammars[gid] = (key, self.backend.deserialize(payload))
+        self.grammars.move_to_end(gid)
+        while len(self.grammars) > _GRAMMARS:
+            self.grammars.popitem(last=False)
+
+    def run(self, job_id: int, gid: int, token_ids: Sequence[int], deep: bool) -> tuple:
+        entry = self.grammars.get(gid)
+        if entry is None:
+            return (job_id, None, f"grammar {gid} unknown")
+        self.grammars.move_to_end(gid)
+        grammar = self._matcher(*entry)
+        if not grammar.accept_tokens(token_ids):
+            return (job_id, None, "the grammar rejects the output")
+        found = self.search.fresh(grammar)
+        if found is None and deep:
+            found = self.search.search_deep(grammar, len(token_ids))
+        return (job_id, found, None)
+
+    def _matcher(self, key: Any, compiled: Any) -> Any:
+        """A fresh matcher as the parent's manager makes one (unique keys guarded alike)."""
+        from .unique_keys import build_quote_tokens, guard_keys
+
+        if self._quotes is None:
+            self._quotes = build_quote_tokens(self.tokenizer, self.vocab_size)
+        return guard_keys(self.backend.new_grammar(compiled), key, self._quotes,
+                          self.backend.name)
+
+
+def main() -> None:
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # a stray print() in a library must not corrupt the frames
+    die_with_parent()
+    try:
+        estimator = _Estimator(read_frame(stdin))
+    except EOFError:
+        return
+    except BaseException as e:  # noqa: BLE001 - the parent must learn why, not see a dead pipe
+        write_frame(stdout, ("startup_error", f"{type(e).__name__}: {e}"))
+        return
+    write_frame(stdout, ("ready", None))
+    while True:
+        try:
+            message = read_frame(stdin)
+        except EOFError:
+            return
+        if message[0] == "grammar":
+            try:
+                estimator.add(*message[1:])
+            except Exception as e:  # noqa: BLE001 - its jobs answer "unknown" instead
+                print(f"estimate worker: grammar {message[1]}: {type(e).__name__}: {e}",
+                      file=sys.stderr)
+            continue
+        job_id = message[1]
+        try:
+            reply = estimator.run(*message[1:])
+        except Exception as e:  # noqa: BLE001 - an estimate: the parent searches itself
+            reply = (job_id, None, f"{type(e).__name__}: {e}")
+        write_frame(stdout, reply)
+
+
+if __name__ == "__main__":
+    main()
