@@ -149,9 +149,8 @@ class CompletionTracker:
             budget.checked = False
             self._record(req, budget, hit.text, n, lambda: self._continued(grammar, hit.text))
             return True
-        budget.job = self.jobs.submit(
-            grammar, req.output_ids, keys, budget.failures < 4,
-            lambda: GrammarKey.from_constraint(*req.sampling_params.constraint))
+        budget.job = self.jobs.submit(grammar, req.output_ids, keys, budget.failures < 4,
+                                      GrammarKey.from_constraint(*req.sampling_params.constraint))
         return budget.job is not None
 
     def _collect(self, req: Any, budget: _Budget) -> None:

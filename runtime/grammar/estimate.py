@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Hashable, Sequence
 
 from .base import Grammar
 from .estimate_process import EstimateProcess
@@ -55,33 +55,32 @@ class EstimateJobs:
         self._search = search
         init = EstimateInit(backend.spec, search.tokenizer, search.vocab_size,
                             tuple(search.stop_ids), search.max_expansions, search.deep_seconds)
-        self.worker = EstimateProcess(init, backend.serialize)
+        self.worker = EstimateProcess(init)
         self._inflight: dict[Hashable, cf.Future] = {}  # cache key -> job not stored yet
         self.submitted = 0  # searches sent to the worker
         self.answered = 0  # of those taken, answered by the worker
 
-    def start(self) -> None:
-        """Start the worker in the background (a constrained request arrived)."""
-        self.worker.start()
+    def prepare(self, key: Any) -> None:
+        """A request's grammar, of ``GrammarKey`` ``key``, compiled: the worker (started in
+        the background if need be) compiles its own copy while the request waits."""
+        self.worker.prepare(key)
 
     def submit(self, grammar: Grammar, output_ids: Sequence[int], keys: tuple[Hashable, ...],
-               deep: bool, key: Callable[[], Any]) -> Pending | None:
+               deep: bool, key: Any) -> Pending | None:
         """Search from ``grammar``'s state, which ``output_ids`` reached from the start of
-        its compiled grammar (whose ``GrammarKey`` ``key()`` gives); None: search here now
-        (the worker is dead or full, or the grammar cannot be rebuilt there)."""
+        the grammar of ``GrammarKey`` ``key``; None: search here now (the worker is dead or
+        full, or the grammar is not searched there)."""
         # NOTE: outlines grammars are measured here as before this worker (then for the GIL):
         # taking their estimates late cut an output in test_completion's new-array-item test
         # (an item opened after the estimate; not understood yet), xgrammar's never
-        scope = grammar.cache_scope()
-        if (not grammar.thread_safe_batch or scope is None
-                or grammar.num_accepted != len(output_ids)):
+        if not grammar.thread_safe_batch or grammar.num_accepted != len(output_ids):
             return None
         at = len(output_ids)
         for kind, cache_key in zip(("full", "local"), keys):
             job = self._inflight.get(cache_key)
             if job is not None:
                 return Pending(job, grammar.copy(), at, keys, deep, kind)
-        job = self.worker.submit(scope, key, output_ids, deep)
+        job = self.worker.submit(key, output_ids, deep)
         if job is None:
             return None
         self.submitted += 1

@@ -5,9 +5,12 @@ The worker starts in the background on first use. The scheduler thread only queu
 scheduler, and a reader thread completes each job's future from the worker's replies. Both
 threads spend their time in system calls, not Python.
 
-A job is a ``concurrent.futures.Future``. ``outcome`` takes it: a job not sent while the worker
-is still starting is cancelled and reported unanswered, as is one with no reply within
-``ANSWER_WAIT_S``; the caller then searches itself. Since the search is
+Grammars are named to the worker by their ``GrammarKey`` once (``prepare``, at admission: the
+worker compiles it meanwhile), then by a small id. A job is a ``concurrent.futures.Future``.
+``outcome`` takes it: a job not sent while the worker is still starting is cancelled and
+reported unanswered, as is one with no reply within ``ANSWER_WAIT_S`` (after which the link
+counts as behind: later jobs are not waited for until the worker answers again); the caller
+then searches itself. Since the search is
 deterministic, what a request sees does not depend on whether the worker answered.
 
 If the worker dies or cannot start, the link is marked dead (``dead`` says why, logged once)
@@ -22,8 +25,8 @@ import logging
 import queue
 import threading
 import time
-import weakref
-from typing import Any, Callable, Sequence
+from collections import OrderedDict
+from typing import Any, Sequence
 
 from .estimate_worker import EstimateInit
 from .worker_handle import WorkerHandle, WorkerStartError
@@ -31,24 +34,25 @@ from .worker_handle import WorkerHandle, WorkerStartError
 logger = logging.getLogger(__name__)
 
 ESTIMATE_WORKER = "from sgdsl.runtime.grammar.estimate_worker import main; main()"
-ANSWER_WAIT_S = 0.25  # a job sent but unanswered this long is searched by the caller instead
-_SENT_BOUND = 1024  # compiled grammars remembered as sent (dead references pruned past it)
+# A job is taken COLLECT_AFTER decode steps after it was asked (tens of ms at batch); one
+# sent but unanswered this much later yet is searched by the caller instead.
+ANSWER_WAIT_S = 0.05
+_GIDS = 1024  # grammar keys named to the worker (as many as it keeps)
 
 
 class EstimateProcess:
-    def __init__(self, init: EstimateInit, serialize: Callable[[Any], bytes],
-                 max_inflight: int = 1024) -> None:
+    def __init__(self, init: EstimateInit, max_inflight: int = 1024) -> None:
         self._init = init
-        self._serialize = serialize  # the backend's: a compiled grammar as the worker reads it
         self.max_inflight = max_inflight
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._jobs: dict[int, cf.Future] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count()
-        self._sent: dict[int, weakref.ref] = {}  # id(compiled) -> the compiled grammar sent
+        self._gids: OrderedDict[Any, int] = OrderedDict()  # GrammarKey -> its id there
         self._handle: WorkerHandle | None = None
         self._started = False
         self._up = threading.Event()  # set once the worker answered its handshake, or died
+        self._behind = False  # a job went unanswered and no reply came since
         self.dead: str | None = None  # why the worker is gone (None while usable)
 
     def start(self) -> None:
@@ -65,20 +69,24 @@ class EstimateProcess:
         self._up.wait(timeout_s)
         return self._up.is_set() and self.dead is None
 
-    def submit(self, compiled: Any, key: Callable[[], Any], token_ids: Sequence[int],
-               deep: bool) -> cf.Future | None:
-        """Search from a fresh matcher of ``compiled`` (whose ``GrammarKey`` ``key()`` gives)
-        advanced by ``token_ids``; None if the worker is dead or too many jobs are out."""
+    def prepare(self, key: Any) -> int:
+        """Name the ``GrammarKey`` ``key`` to the worker (it compiles it now); its id."""
+        self.start()
+        gid = self._gids.get(key)
+        if gid is None:
+            gid = self._gids[key] = next(self._ids)
+            self._queue.put(("grammar", gid, key))
+            while len(self._gids) > _GIDS:
+                self._gids.popitem(last=False)
+        self._gids.move_to_end(key)
+        return gid
+
+    def submit(self, key: Any, token_ids: Sequence[int], deep: bool) -> cf.Future | None:
+        """Search from a fresh matcher of the ``GrammarKey`` ``key`` advanced by
+        ``token_ids``; None if the worker is dead or too many jobs are out."""
         if self.dead is not None or len(self._jobs) >= self.max_inflight:
             return None
-        self.start()
-        gid = id(compiled)
-        sent = self._sent.get(gid)
-        if sent is None or sent() is not compiled:  # new, or its id was reused
-            if len(self._sent) >= _SENT_BOUND:
-                self._sent = {g: r for g, r in self._sent.items() if r() is not None}
-            self._sent[gid] = weakref.ref(compiled)
-            self._queue.put(("grammar", gid, key(), compiled))
+        gid = self.prepare(key)
         job_id, future = next(self._ids), cf.Future()
         with self._lock:
             self._jobs[job_id] = future
@@ -87,13 +95,16 @@ class EstimateProcess:
 
     def outcome(self, future: cf.Future) -> tuple[bool, Any]:
         """(answered, completion or None); (False, None) when the caller must search."""
-        if not self._up.is_set() and future.cancel():  # never sent: the worker is starting
+        if (not self._up.is_set() or self._behind) and future.cancel():  # not sent yet
             return False, None
         try:
-            return True, future.result(timeout=ANSWER_WAIT_S)
+            return True, future.result(timeout=0 if self._behind else ANSWER_WAIT_S)
         except cf.TimeoutError:
             future.cancel()  # if it has not gone out yet, it never will
-            logger.warning("completion estimate: no answer within %.2f s", ANSWER_WAIT_S)
+            if not self._behind:
+                self._behind = True
+                logger.info("completion estimates: no answer within %.2f s; searching here "
+                            "until the worker catches up", ANSWER_WAIT_S)
             return False, None
         except Exception as e:  # noqa: BLE001 - the reason the worker gave, or its death
             logger.debug("completion estimate not answered: %s", e)
@@ -128,13 +139,7 @@ class EstimateProcess:
                 return
 
     def _send(self, handle: WorkerHandle, message: tuple) -> bool:
-        if message[0] == "grammar":
-            try:
-                message = (*message[:3], self._serialize(message[3]))
-            except Exception:  # noqa: BLE001 - its jobs come back "unknown": searched here
-                logger.exception("completion estimate: a grammar did not serialize")
-                return True
-        else:
+        if message[0] == "job":
             with self._lock:
                 future = self._jobs.get(message[1])
             if future is None or not future.set_running_or_notify_cancel():
@@ -158,6 +163,7 @@ class EstimateProcess:
             if reply is None:
                 continue
             job_id, found, reason = reply
+            self._behind = False
             with self._lock:
                 future = self._jobs.pop(job_id, None)
             if future is None:

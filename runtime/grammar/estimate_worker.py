@@ -12,9 +12,11 @@ over its pipes in the same length-prefixed pickle frames:
 
 - parent -> worker, once: ``EstimateInit``; worker -> parent: ``("ready", None)`` or
   ``("startup_error", message)``.
-- parent -> worker: ``("grammar", gid, key, payload)``: a compiled grammar (the backend's
-  ``serialize``d bytes) and its ``GrammarKey``, known from then on as ``gid`` (the last
-  ``_GRAMMARS`` kept; a later frame with the same gid replaces it).
+- parent -> worker: ``("grammar", gid, key)``: a ``GrammarKey`` that just compiled in a compile
+  worker (within its deadline and memory limit), known from then on as ``gid``; compiled here
+  at once, while its request waits for its prefill. The last
+  ``_KEYS`` keys and ``_COMPILED`` compiled grammars are kept (least recently used dropped;
+  a dropped grammar is compiled again when a job needs it).
 - parent -> worker: ``("job", job_id, gid, token_ids, deep)``: a fresh matcher of grammar
   ``gid`` is advanced by ``token_ids`` (the request's output so far) and searched, then
   ``search_deep`` if asked and nothing was found; worker -> parent: ``(job_id, completion,
@@ -30,7 +32,8 @@ from typing import Any, Callable, Sequence
 
 from .worker import die_with_parent, read_frame, write_frame
 
-_GRAMMARS = 256  # compiled grammars kept (least recently used dropped)
+_KEYS = 1024  # grammar keys kept
+_COMPILED = 16  # compiled grammars kept (each within the compile workers' memory limit)
 
 
 @dataclass(frozen=True)
@@ -51,25 +54,32 @@ class _Estimator:
         from .shortest import CompletionSearch
 
         self.backend = init.factory()
-        self.tokenizer, self.vocab_size = init.tokenizer, init.vocab_size
         self.search = CompletionSearch(init.tokenizer, init.vocab_size, init.stop_ids,
                                        max_expansions=init.max_expansions,
                                        deep_seconds=init.deep_seconds)
-        self.grammars: OrderedDict[int, tuple[Any, Any]] = OrderedDict()  # gid -> (key, compiled)
-        self._quotes: Any = None
+        self.keys: OrderedDict[int, Any] = OrderedDict()  # gid -> GrammarKey
+        self.compiled: OrderedDict[int, Any] = OrderedDict()  # gid -> compiled grammar
+        # NOTE: built now (the tokenizer's bytes per token, ~0.1-0.5 s at a 128k vocabulary):
+        # the parent waits ANSWER_WAIT_S at most for an answer, and a first job paying for it
+        # was answered too late (measured on the H100 host)
+        from .unique_keys import build_quote_tokens
 
-    def add(self, gid: int, key: Any, payload: bytes) -> None:
-        self.grammars[gid] = (key, self.backend.deserialize(payload))
-        self.grammars.move_to_end(gid)
-        while len(self.grammars) > _GRAMMARS:
-            self.grammars.popitem(last=False)
+        self.quotes = build_quote_tokens(init.tokenizer, init.vocab_size)
+
+    def add(self, gid: int, key: Any) -> None:
+        self.keys[gid] = key
+        _bound(self.keys, _KEYS)
+        try:
+            self._compiled(gid)
+        except BaseException:
+            del self.keys[gid]  # its jobs answer "unknown" rather than compile it again
+            raise
 
     def run(self, job_id: int, gid: int, token_ids: Sequence[int], deep: bool) -> tuple:
-        entry = self.grammars.get(gid)
-        if entry is None:
+        compiled = self._compiled(gid)
+        if compiled is None:
             return (job_id, None, f"grammar {gid} unknown")
-        self.grammars.move_to_end(gid)
-        grammar = self._matcher(*entry)
+        grammar = self._matcher(self.keys[gid], compiled)
         if not grammar.accept_tokens(token_ids):
             return (job_id, None, "the grammar rejects the output")
         found = self.search.fresh(grammar)
@@ -77,14 +87,28 @@ class _Estimator:
             found = self.search.search_deep(grammar, len(token_ids))
         return (job_id, found, None)
 
+    def _compiled(self, gid: int) -> Any:
+        if gid not in self.keys:
+            return None
+        compiled = self.compiled.get(gid)
+        if compiled is None:
+            compiled = self.compiled[gid] = self.backend.compile(self.keys[gid])
+            _bound(self.compiled, _COMPILED)
+        self.compiled.move_to_end(gid)
+        self.keys.move_to_end(gid)
+        return compiled
+
     def _matcher(self, key: Any, compiled: Any) -> Any:
         """A fresh matcher as the parent's manager makes one (unique keys guarded alike)."""
-        from .unique_keys import build_quote_tokens, guard_keys
+        from .unique_keys import guard_keys
 
-        if self._quotes is None:
-            self._quotes = build_quote_tokens(self.tokenizer, self.vocab_size)
-        return guard_keys(self.backend.new_grammar(compiled), key, self._quotes,
+        return guard_keys(self.backend.new_grammar(compiled), key, self.quotes,
                           self.backend.name)
+
+
+def _bound(table: OrderedDict, size: int) -> None:
+    while len(table) > size:
+        table.popitem(last=False)
 
 
 def main() -> None:
@@ -107,7 +131,7 @@ def main() -> None:
         if message[0] == "grammar":
             try:
                 estimator.add(*message[1:])
-            except Exception as e:  # noqa: BLE001 - its jobs answer "unknown" instead
+            except Exception as e:  # noqa: BLE001 - its jobs fail alike: searched by the parent
                 print(f"estimate worker: grammar {message[1]}: {type(e).__name__}: {e}",
                       file=sys.stderr)
             continue

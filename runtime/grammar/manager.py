@@ -87,8 +87,6 @@ class GrammarManager(Forcing):
             return False
         req.grammar_pending = self.compiler.submit(GrammarKey.from_constraint(*constraint))
         self.pending.append(req)
-        if self.completion is not None and self.completion.jobs is not None:
-            self.completion.jobs.start()  # up while the grammar compiles
         return True
 
     def poll(self) -> tuple[list[Any], list[tuple[Any, InvalidRequestError]]]:
@@ -130,9 +128,14 @@ class GrammarManager(Forcing):
         return ready, failed
 
     def _guard(self, req: Any, grammar: Any) -> Any:
-        """JSON grammars get unique object keys (unique_keys.py says why a CFG cannot)."""
-        return guard_keys(grammar, GrammarKey.from_constraint(*req.sampling_params.constraint),
-                          self.quote_tokens, self.compiler.backend.name)
+        """JSON grammars get unique object keys (unique_keys.py says why a CFG cannot).
+        Called once a request's grammar compiled: the completion-estimate worker compiles
+        its own copy meanwhile (never before: a key that fails its deadline or memory limit
+        here must not run unbounded there)."""
+        key = GrammarKey.from_constraint(*req.sampling_params.constraint)
+        if self.completion is not None and self.completion.jobs is not None:
+            self.completion.jobs.prepare(key)
+        return guard_keys(grammar, key, self.quote_tokens, self.compiler.backend.name)
 
     def wait_pending(self, timeout_s: float) -> None:
         """Block up to ``timeout_s`` for a pending compile (only when nothing else can run)."""

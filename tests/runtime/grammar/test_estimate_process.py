@@ -39,7 +39,7 @@ def test_the_worker_answers_what_this_process_would_find(jobs, backends, tokeniz
     assert jobs.worker.wait_ready(120), jobs.worker.dead
     for text in ('{"name": "Ada', '{"name": "Ada", "tags": ["x"', '{"name": "Ada", "tags": ['):
         grammar, ids = _state(backends, tokenizer, text)
-        pending = jobs.submit(grammar, ids, (text,), False, lambda: KEY)
+        pending = jobs.submit(grammar, ids, (text,), False, KEY)
         answered, found = jobs.worker.outcome(pending.job)
         assert answered, text
         assert found == jobs._search.fresh(grammar) and found is not None, text
@@ -50,7 +50,7 @@ def test_the_worker_answers_what_this_process_would_find(jobs, backends, tokeniz
 def test_a_job_not_sent_yet_is_searched_by_its_caller(jobs, backends, tokenizer):
     """Asked while the worker starts: ``answer`` cancels the job and searches the kept copy."""
     grammar, ids = _state(backends, tokenizer, '{"name": "Ada", "tags": ["x", "y"')
-    pending = jobs.submit(grammar, ids, ("b",), False, lambda: KEY)
+    pending = jobs.submit(grammar, ids, ("b",), False, KEY)
     found = jobs.answer(pending)
     assert found is not None and found == jobs._search.fresh(grammar)
     assert jobs.answered in (0, 1)  # 1 only if the worker came up and answered in between
@@ -58,7 +58,7 @@ def test_a_job_not_sent_yet_is_searched_by_its_caller(jobs, backends, tokenizer)
 
 def test_a_mismatched_state_is_not_sent(jobs, backends, tokenizer):
     grammar, ids = _state(backends, tokenizer, '{"name": "A')
-    assert jobs.submit(grammar, ids[:-1], ("c",), False, lambda: KEY) is None
+    assert jobs.submit(grammar, ids[:-1], ("c",), False, KEY) is None
 
 
 def test_a_dead_worker_means_searching_here(jobs, backends, tokenizer):
@@ -69,13 +69,13 @@ def test_a_dead_worker_means_searching_here(jobs, backends, tokenizer):
     grammar, ids = _state(backends, tokenizer, '{"name": "Ada", "tags": ["x"')
     deadline = time.monotonic() + 10
     while jobs.worker.dead is None and time.monotonic() < deadline:
-        pending = jobs.submit(grammar, ids, ("d",), False, lambda: KEY)
+        pending = jobs.submit(grammar, ids, ("d",), False, KEY)
         if pending is not None:  # sent before the death was noticed: searched here
             assert jobs.answer(pending) == jobs._search.fresh(grammar)
             jobs.taken(pending)
         time.sleep(0.05)
     assert "exited" in (jobs.worker.dead or "") and "SIGKILL" in jobs.worker.dead
-    assert jobs.submit(grammar, ids, ("e",), False, lambda: KEY) is None
+    assert jobs.submit(grammar, ids, ("e",), False, KEY) is None
 
 
 def test_shutdown_leaves_no_process(backends, tokenizer):
