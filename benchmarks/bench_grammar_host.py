@@ -139,7 +139,8 @@ def _report(a, reqs, steps, t_after, t_fill, plan_time, mgr) -> None:
     print(f"searches {stats['grammar_completion_searches']}, shared "
           f"{stats['grammar_completion_shared']}, forced {stats['grammar_forced_completions']}, "
           f"in the estimate worker {jobs.submitted if jobs else 0} "
-          f"({jobs.answered if jobs else 0} answers taken from it)")
+          f"({jobs.answered if jobs else 0} answers taken from it, "
+          f"{jobs.searched_here if jobs else 0} searched here)")
 
 
 def main() -> None:

@@ -339,7 +339,7 @@ def main() -> None:
                 jobs = sched.grammar.completion.jobs if sched.grammar.completion else None
                 if jobs is not None:
                     print(f"estimates in the worker: {jobs.submitted} sent, {jobs.answered} "
-                          "answers taken from it", flush=True)
+                          f"answers taken from it, {jobs.searched_here} searched here", flush=True)
                 sched.grammar.shutdown()
         base = summaries.get("unconstrained", next(iter(summaries.values())))[1]
         for mode in a.modes:

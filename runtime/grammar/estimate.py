@@ -58,7 +58,8 @@ class EstimateJobs:
         self.worker = EstimateProcess(init)
         self._inflight: dict[Hashable, cf.Future] = {}  # cache key -> job not stored yet
         self.submitted = 0  # searches sent to the worker
-        self.answered = 0  # of those taken, answered by the worker
+        self.answered = 0  # answers taken from the worker (a shared job's counted per taker)
+        self.searched_here = 0  # taken unanswered: searched in this process
 
     def prepare(self, key: Any) -> None:
         """A request's grammar, of ``GrammarKey`` ``key``, compiled: the worker (started in
@@ -94,6 +95,7 @@ class EstimateJobs:
         if answered:
             self.answered += 1
             return found
+        self.searched_here += 1
         found = self._search.fresh(pending.grammar)
         if found is None and pending.deep:
             found = self._search.search_deep(pending.grammar, pending.at)
