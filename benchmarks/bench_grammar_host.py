@@ -69,7 +69,24 @@ def _sample(scores: torch.Tensor, mask: torch.Tensor, step: int, vocab: int) -> 
     return shifted.masked_fill(~allowed, float("-inf")).argmax(dim=1).tolist()
 
 
+def _replayed(rows, ids: list[int], recorded: list[list[int]], mask, vocab: int) -> list[int]:
+    """The token each row had in the recorded run where the mask allows it (the tracker may
+    have forced other text here than there: then the stand-in's choice)."""
+    from sgdsl.runtime.layers.bitmask import unpack_bitmask
+
+    allowed = unpack_bitmask(mask, vocab)
+    out = []
+    for i, (req, fallback) in enumerate(zip(rows, ids)):
+        rec, n = recorded[int(req.rid[1:])], len(req.output_ids)
+        out.append(rec[n] if n < len(rec) and bool(allowed[i, rec[n]]) else fallback)
+    return out
+
+
 def run(a: argparse.Namespace) -> None:
+    recorded = None
+    if a.replay:
+        recorded = json.loads(Path(a.replay).read_text())["output_ids"]
+        a.batch = len(recorded)
     mgr, eos, vocab = _manager(a.model, a.backend)
     reqs, checker = _requests(mgr, a.batch, a.max_new, eos)
     if mgr.completion.jobs is not None:  # the estimate worker: up before timing, as in serving
@@ -96,6 +113,8 @@ def run(a: argparse.Namespace) -> None:
     steps = 0
     while rows:
         ids = _sample(scores[[int(r.rid[1:]) for r in rows]], mask, steps, vocab)
+        if recorded is not None:
+            ids = _replayed(rows, ids, recorded, mask, vocab)
         for req, token in zip(rows, ids):
             req.output_ids.append(token)
             req.finish_reason = checker.check(req)
@@ -151,6 +170,9 @@ def main() -> None:
     ap.add_argument("--backend", default="xgrammar")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", type=int, default=0, help="print the top N functions")
+    ap.add_argument("--replay", default=None, metavar="JSON",
+                    help="sample the tokens of a GPU run instead (bench_structured_decode.py "
+                         "--dump-outputs); --batch is then its request count")
     a = ap.parse_args()
     run(a)
     import os

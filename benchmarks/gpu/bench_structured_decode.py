@@ -159,6 +159,32 @@ def make_scheduler(runner, config, tokenizer, backend, mode: str):
     return Scheduler(runner, config, EOS, None, lambda msg: None, grammar=grammar)
 
 
+def profile_plan(sched):
+    """Profile every ``CompletionTracker.plan`` call of ``sched`` (None without tracking)."""
+    import cProfile
+
+    tracker = sched.grammar.completion if sched.grammar else None
+    if tracker is None:
+        return None
+    prof, plan = cProfile.Profile(), tracker.plan
+
+    def profiled(req, grammar):
+        prof.enable()
+        try:
+            return plan(req, grammar)
+        finally:
+            prof.disable()
+    tracker.plan = profiled
+    return prof
+
+
+def dump_outputs(folder: str, bs: int, mode: str, res: dict) -> None:
+    path = Path(folder) / f"outputs_bs{bs}_{mode}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ids = [res["by_rid"][f"r{i}"]["output_ids"] for i in range(bs)]
+    path.write_text(json.dumps({"schema": SCHEMA, "output_ids": ids}))
+
+
 def run_mode(sched, prompts: list[list[int]], constrained: bool, max_new: int,
              lengths: list[int] | None = None) -> dict:
     """Submit all prompts at once and step to the end; wall times and the finished Reqs.
@@ -264,6 +290,11 @@ def main() -> None:
                     choices=list(MODES))
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--breakdown", action="store_true")
+    ap.add_argument("--profile-plan", type=int, default=0, metavar="N",
+                    help="cProfile the completion tracker's plan() in timed runs: top N")
+    ap.add_argument("--dump-outputs", default=None, metavar="DIR",
+                    help="write each constrained run's output ids to DIR (replayed on the CPU "
+                         "by benchmarks/bench_grammar_host.py --replay)")
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--warmup-tokens", type=int, default=16,
                     help="max_new_tokens of each mode's warm-up run")
@@ -320,13 +351,22 @@ def main() -> None:
             sched.memory.flush()
             if a.timeline:
                 step_timeline.start()
+            prof = profile_plan(sched) if a.profile_plan and mode != "unconstrained" else None
             res = run_mode(sched, prompts, mode != "unconstrained", a.max_new, matched)
+            if prof is not None:
+                import pstats
+
+                sched.grammar.completion.plan = type(sched.grammar.completion).plan.__get__(
+                    sched.grammar.completion)
+                pstats.Stats(prof).sort_stats("cumulative").print_stats(a.profile_plan)
             if a.timeline:
                 tl = step_timeline.stop()
                 print(f"timeline bs={bs} {mode}: " + ", ".join(
                     f"{k} {v:.3f}" for k, v in tl.items()), flush=True)
             if mode == "mask-only" and a.match_lengths:
                 lengths = [len(res["by_rid"][f"r{i}"]["output_ids"]) for i in range(bs)]
+            if a.dump_outputs and mode != "unconstrained":
+                dump_outputs(a.dump_outputs, bs, mode, res)
             summaries[mode] = (res, summarize(res, tok))
             print(mode, bs, summaries[mode][1], flush=True)
             if a.breakdown and bs >= 32:

@@ -84,7 +84,13 @@ class CompletionSearch:
         alpha = np.array([i for _, i in self._alphabet], dtype=np.int64)
         # numpy, not torch: small CPU ops per expansion (see ``allocate_bitmask``)
         self._words, self._shifts = alpha // 32, (alpha % 32).astype(np.uint32)
-        self._lengths: torch.Tensor | None = None  # token lengths, built on first need
+        # NOTE: built now, not on first need: the first search to need it stalled a decode
+        # step by the 0.2 s token_bytes takes at a 128k vocabulary (shared with the backend's)
+        from .vocab import token_bytes
+
+        big = 1 << 20  # special tokens: never the shortest
+        self._lengths = torch.tensor([len(b) if b else big for b in
+                                      token_bytes(tokenizer, vocab_size)], dtype=torch.int32)
         # (id of the compiled grammar, state key) -> (weak reference to that grammar, answer),
         # least recently used first; the reference tells a reused id from the grammar's own.
         self._cache: OrderedDict[Hashable, tuple[Any, Completion]] = OrderedDict()
@@ -353,18 +359,8 @@ class CompletionSearch:
                 allowed[t] = False
         if not bool(allowed.any()):
             return None
-        lengths = torch.where(allowed, self._token_lengths(), torch.iinfo(torch.int32).max)
+        lengths = torch.where(allowed, self._lengths, torch.iinfo(torch.int32).max)
         return int(torch.argmin(lengths))
-
-    def _token_lengths(self) -> torch.Tensor:
-        if self._lengths is None:
-            from .vocab import token_bytes
-
-            big = 1 << 20  # special tokens: never the shortest
-            self._lengths = torch.tensor([len(b) if b else big for b in
-                                          token_bytes(self.tokenizer, self.vocab_size)],
-                                         dtype=torch.int32)
-        return self._lengths
 
 
 def _single_token(tokenizer: Any, char: str) -> int | None:

@@ -28,8 +28,24 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, cs)}
 
 
-def token_bytes(tokenizer: Any, vocab_size: int) -> list[bytes | None]:
-    """``result[i]`` = the bytes token ``i`` decodes to, or None for special/unused ids."""
+_KEPT: dict[tuple[int, int], tuple[Any, tuple[bytes | None, ...]]] = {}
+
+
+def token_bytes(tokenizer: Any, vocab_size: int) -> tuple[bytes | None, ...]:
+    """``result[i]`` = the bytes token ``i`` decodes to, or None for special/unused ids.
+    Kept for the last few tokenizers: the grammar backend, the manager's quote tokens and the
+    completion search each need it (0.2 s of Python at a 128k vocabulary; measured on the
+    H100 host, a search that built it lazily stalled a decode step by that much)."""
+    key = (id(tokenizer), vocab_size)
+    kept = _KEPT.get(key)
+    if kept is None or kept[0] is not tokenizer:  # NOTE: the id of a collected one reused
+        kept = _KEPT[key] = (tokenizer, tuple(_token_bytes(tokenizer, vocab_size)))
+        while len(_KEPT) > 4:
+            del _KEPT[next(iter(_KEPT))]
+    return kept[1]
+
+
+def _token_bytes(tokenizer: Any, vocab_size: int) -> list[bytes | None]:
     vocab: dict[str, int] = tokenizer.get_vocab()
     added = {int(i) for i in getattr(tokenizer, "added_tokens_decoder", {})}
     added |= set(getattr(tokenizer, "all_special_ids", []) or [])
