@@ -89,3 +89,13 @@ def fast_decoder(tokenizer: Any) -> Any:
     if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
         return tokenizer.decode
     return lambda ids: backend.decode(list(ids), skip_special_tokens=False)
+
+
+def fast_encoder(tokenizer: Any) -> Any:
+    """``tokenizer.encode(text, add_special_tokens=False)`` as a list of ids, through a fast
+    tokenizer's Rust encoder where there is one (~10x cheaper per call than the wrapper's;
+    the completion tracker counts the tokens of each new plan)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return lambda text: tokenizer.encode(text, add_special_tokens=False)
+    return lambda text: backend.encode(text, add_special_tokens=False).ids
