@@ -14,6 +14,7 @@ ended, and a real search from the request's state makes the measurement that for
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 _NUMBER = frozenset("-+.0123456789eE")
@@ -33,7 +34,7 @@ def rest_after(plan: str, new: str, in_string: bool = False) -> str | None:
     ``in_string``: both start inside a string (the plan's first quote closes it)."""
     if in_string:  # seen from the string's opening quote
         return rest_after('"' + plan, '"' + new)
-    ours, theirs = _events(plan), _events(new)
+    ours, theirs = _plan_events(plan), _events(new)
     if ours is None or theirs is None or not theirs or len(theirs) > len(ours):
         return None
     for i, (mine, got) in enumerate(zip(ours, theirs)):
@@ -69,6 +70,27 @@ def _is_key(events: list[_Event], i: int) -> bool:
     return i + 1 < len(events) and events[i + 1].kind == ":"
 
 
+@functools.lru_cache(maxsize=4096)
+def _plan_events(plan: str) -> list[_Event] | None:
+    """``_events`` of a plan: a batch of one schema's requests shares a few plans (the
+    same keys and shortest values from the same states). Callers do not modify the list."""
+    return _events(plan)
+
+
+def _string_end(text: str, start: int) -> int:
+    """The offset of the quote closing the string whose content starts at ``start`` (an
+    escaped quote does not close it), or ``len(text)`` if it is still open."""
+    j = start
+    while (k := text.find('"', j)) >= 0:
+        b = k
+        while b > start and text[b - 1] == "\\":
+            b -= 1
+        if (k - b) % 2 == 0:  # an even run of backslashes before it: not escaped
+            return k
+        j = k + 1
+    return len(text)
+
+
 def _events(text: str) -> list[_Event] | None:
     """JSON events of ``text`` (whitespace skipped); None where it is not JSON-like."""
     out: list[_Event] = []
@@ -81,10 +103,7 @@ def _events(text: str) -> list[_Event] | None:
             out.append(_Event(c, c, i + 1, True))
             i += 1
         elif c == '"':
-            j, escape = i + 1, False
-            while j < n and (escape or text[j] != '"'):
-                escape = not escape and text[j] == "\\"
-                j += 1
+            j = _string_end(text, i + 1)
             out.append(_Event("s", text[i + 1:j], j + 1, j < n))
             i = j + 1
         elif c in _NUMBER:
