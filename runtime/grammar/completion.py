@@ -20,8 +20,10 @@ item whose required keys and date-time take 40 tokens, a level of recursive nest
 forward adds its keys at once) 20 more each step. So the reserve kept beside ``need`` is the
 largest ``need`` the request has shown (at least ``slack_tokens``, at most a quarter of
 ``max_new_tokens``): a value it needed once can be opened again (the next array item, another
-level of the same recursion), and the value is completed while the budget still holds it. When the bounded search finds nothing, ``search_deep``
-tries again (scaled by the output's length, capped in time); repeated failures back off.
+level of the same recursion), and the value is completed while the budget still holds it. When
+the bounded search finds nothing, ``search_deep`` tries again (scaled by the output's length,
+capped in time); repeated failures back off, except in the last quarter of the budget, where
+searches keep coming and a few deep ones more are allowed.
 
 The repetition guard ends runaway output early (``runaway.py``): when the last
 ``repetition_window`` tokens repeat one pattern of at most 4 tokens, or a longer one (up to half
@@ -48,6 +50,9 @@ _LEVELS = 3  # closers a continuation is looked for behind (each costs a search)
 # An estimate goes to the worker only this many tokens or more before the one in hand
 # would force (more than estimate.COLLECT_AFTER: the answer comes that many steps late).
 _ASYNC_MARGIN = 8
+# Deep searches a request may still make in the last quarter of its budget after repeated
+# failures (each capped by CompletionSearch.deep_seconds, on the scheduler thread).
+_LAST_RESORTS = 3
 # Finish reason of a request that ends at a complete value without sampling its stop token
 # (one returning logprobs: a stop token it did not sample would have none).
 COMPLETED = {"type": "stop", "matched": None}
@@ -87,6 +92,7 @@ class _Budget:
     checked: bool = False  # the plan was replayed from this state (not a shared estimate)
     peak: int = 0  # the largest need measured
     failures: int = 0  # searches in a row that found nothing (deep ones included)
+    last_resorts: int = 0  # deep searches made after repeated failures (_last_resort)
     job: Any = None  # estimate.Pending: a search out on the helper thread
     # (tokens scanned, the output there ends inside a JSON string, after a backslash): kept
     # at plan_at by _record (see _lex)
@@ -205,6 +211,21 @@ class CompletionTracker:
         cap = req.sampling_params.max_new_tokens // 4
         return max(self.config.slack_tokens, min(budget.peak, cap))
 
+    @staticmethod
+    def _end_zone(req: Any) -> bool:
+        """In the last quarter of the budget."""
+        return 4 * len(req.output_ids) >= 3 * req.sampling_params.max_new_tokens
+
+    def _last_resort(self, req: Any, budget: _Budget) -> bool:
+        """A deep search after repeated failures: allowed in the end zone, up to
+        ``_LAST_RESORTS`` times per request. NOTE: without it a request whose searches all
+        failed earlier (from inside a long string of an array item, outlines) ran to its
+        budget with nothing to force (JsonSchemaStore__bootstraprc in the schema suite)."""
+        if budget.last_resorts >= _LAST_RESORTS or not self._end_zone(req):
+            return False
+        budget.last_resorts += 1
+        return True
+
     def _measure(self, req: Any, grammar: Grammar, budget: _Budget, check: bool = True) -> None:
         n = len(req.output_ids)
         ahead = self._plan_ahead(req, budget)
@@ -215,8 +236,8 @@ class CompletionTracker:
             budget.checked = check
         if ahead is None:
             found = self.search.search(grammar, check=check)
-            if found is None and budget.failures < 4:  # the rare path: search harder
-                found = self.search.search_deep(grammar, n)
+            if found is None and (budget.failures < 4 or self._last_resort(req, budget)):
+                found = self.search.search_deep(grammar, n)  # the rare path: search harder
                 budget.checked = True  # searched from this very state
             ahead = None if found is None else found.text
         self._record(req, budget, ahead, n, lambda: self._continued(grammar, ahead))
@@ -230,7 +251,10 @@ class CompletionTracker:
         self._lex(req, budget, at)
         if plan is None:  # nothing found: try again later, less often each time in a row
             budget.failures += 1
-            budget.need, budget.search_at = 0, n + (8 << min(budget.failures - 1, 3))
+            wait = 8 << min(budget.failures - 1, 3)
+            if self._end_zone(req):  # but never past the end: a later state may be easier
+                wait = min(wait, max(1, (req.sampling_params.max_new_tokens - n) // 4))
+            budget.need, budget.search_at = 0, n + wait
             return
         budget.need, budget.failures = self._count(plan) + 1, 0
         if budget.peak < req.sampling_params.max_new_tokens // 4:  # else the cap holds it
