@@ -68,6 +68,8 @@ class GrammarManager(Forcing):
         # above this decode batch size forced text is sampled token by token instead.
         self.jump_max_batch = jump_max_batch
         self.pending: list[Any] = []
+        # measurements after_sample left for plan_deferred (rows the prefetch handled)
+        self.deferred: list[Any] = []
         self.quote_tokens = build_quote_tokens(tokenizer, vocab_size)
         self.stats = GrammarStats()
         # Bitmasks go to the device with a non-blocking copy, which needs pinned host memory
@@ -188,7 +190,9 @@ class GrammarManager(Forcing):
         extend. ``batch_size``: requests decoding now (jump-forward only up to
         ``jump_max_batch``). ``prefetch``: the next step's (see ``prefetch``); rows with
         nothing else to do this step are accepted and filled there, on a helper thread, and
-        the others' rows are filled here as soon as they are advanced, while that job runs."""
+        the others' rows are filled here as soon as they are advanced, while that job runs;
+        the handed rows' completion measurements are left for ``plan_deferred``, which the
+        caller runs once the step's sampling is launched."""
         jump = self.jump_forward and batch_size <= self.jump_max_batch
         live = [r for r in reqs if r.grammar is not None and not (
             r.finished and r.finish_reason.get("type") == "abort")]
@@ -207,32 +211,36 @@ class GrammarManager(Forcing):
             prefetch.fill([r for r in kept if not r.finished and id(r) not in back])
             for req, ok in zip(handed, prefetch.result()):
                 self._advance_handed(req, ok, prefetch)
-            requeue += self._plan_handed(handed, checker)
+            self.deferred += [r for r in handed if not r.finished and self.completion
+                              and self.completion.due(r)]
         return requeue
 
     def _can_hand(self, req: Any, prefetch: MaskPrefetch) -> bool:
-        """Whether ``req``'s matcher has nothing to do this step but accept and fill (and
-        a completion measurement, made once the prefetch is done: ``_plan_handed``)."""
+        """Whether ``req``'s matcher has nothing to do before the sampling launch but accept
+        and fill (a completion measurement due is made after it: ``plan_deferred``)."""
         return (req.grammar.thread_safe_batch and not req.finished and prefetch.covers(req)
                 and not (req.completion is not None and req.completion.finishing))
 
-    def _plan_handed(self, handed: list[Any], checker: Any) -> list[Any]:
-        """Completion measurements of rows the prefetch accepted and filled (their matchers
-        are this thread's again). NOTE: made after the prefetch, not beside it: this Python
-        work on the scheduler thread delayed the prefetch job's own GIL turns (H100 host, 256
-        rows, same call: after_sample 9.1-11.2 ms beside, 8.9-10.2 after, 0.92-0.95x vs
-        0.94-0.96x of unconstrained tokens/s). A request forced here leaves the batch; its
-        filled row is dropped (``settle``)."""
+    def plan_deferred(self, checker: Any) -> tuple[list[Any], list[Any]]:
+        """The completion measurements ``after_sample`` deferred (rows the prefetch accepted
+        and filled), made once the step's sampling is launched: (the requests measured, those
+        of them forced that must go back to the queue for an extend; the others forced are
+        finished). A request forced here leaves the batch like one finished by the read: the
+        token sampled for it meanwhile is dropped.
+
+        NOTE: made after the launch rather than before it, this Python work (~1.3 ms at 256
+        rows on the H100 host) takes the host's idle time while the device samples, instead
+        of delaying the sampling launch; made beside the prefetch job it delayed the job's
+        own GIL turns (after_sample 9.1-11.2 ms against 8.9-10.2 after the job)."""
+        reqs, self.deferred = self.deferred, []
         requeue = []
-        if self.completion is None:
-            return requeue
-        for req in handed:
+        for req in reqs:
             if req.finished or not self.completion.due(req):
                 continue
             plan = self.completion.plan(req, req.grammar)
             if plan is not None and self._force(req, req.grammar, plan, checker, final=True):
                 requeue.append(req)
-        return requeue
+        return reqs, requeue
 
     def _advance_handed(self, req: Any, ok: bool, prefetch: MaskPrefetch) -> None:
         """``_advance`` for a row the prefetch accepted: it can only be rejected, terminated

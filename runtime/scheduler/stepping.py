@@ -74,6 +74,8 @@ class Stepping:
         mask = self._decode_mask(step) if self.grammar else None  # grammar
         self._sample(step, logits, self.running.info, mask, self.running.rows)
         self._apply_batch_changes()
+        if self.grammar is not None and self.grammar.deferred:
+            self._plan_deferred()
         self.ratio = max(self.ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
         return step
 
@@ -96,6 +98,18 @@ class Stepping:
                 self._prefetch = None
         skip = [r.epoch != e for r, e in zip(step.reqs, step.epochs)]
         return self.grammar.fill_bitmask(step.reqs, skip, prefetch)
+
+    def _plan_deferred(self) -> None:
+        """grammar: the completion measurements of the read's prefetched rows, made now that
+        the sampling is launched; forced requests leave the batch as at a read."""
+        reqs, requeue = self.grammar.plan_deferred(self.checker)
+        for req in requeue:
+            req.jumped = True
+        if any(r.finished or r.jumped for r in reqs):
+            stay = [r for r in self.running.reqs if not r.finished and not r.jumped]
+            self.running.filter(stay)
+        self._requeue_jumped(reqs)
+        self._finish_and_send([r for r in reqs if r.finished])
 
     def _apply_batch_changes(self) -> None:
         changes, self._batch_changes = getattr(self, "_batch_changes", None), None

@@ -176,20 +176,25 @@ def _prefetch_case(backend, tokenizer, prefetched: bool):
     manager.after_sample(reqs, FinishChecker([EOS], None), batch_size=len(reqs),
                          prefetch=prefetch)
     bitmask = manager.fill_bitmask(reqs, None, prefetch)
+    deferred = list(manager.deferred)  # the scheduler measures these after its launch
+    measured, requeued = manager.plan_deferred(FinishChecker([EOS], None))
+    assert measured == deferred and not requeued and manager.deferred == []
     manager.shutdown()
-    return reqs, bitmask, prefetch
+    return reqs, bitmask, (prefetch, deferred)
 
 
 def test_prefetched_rows_match_the_scheduler_thread(backends, tokenizer):
     """Rows handed to the mask prefetch (accepted and filled on a helper thread) come out as on
     the scheduler thread: same bitmask rows, a rejected token aborts, a value down to its stop
-    token finishes with it; the request due for a measurement stays on the scheduler thread,
-    which fills its row as soon as it is measured (before the job is waited for)."""
+    token finishes with it; the request due for a completion measurement is handed over too,
+    and measured once the step's sampling is launched (``plan_deferred``); without a prefetch
+    it is measured on the scheduler thread at once."""
     backend = backends["xgrammar"]
-    ref, ref_mask, _ = _prefetch_case(backend, tokenizer, prefetched=False)
-    got, mask, prefetch = _prefetch_case(backend, tokenizer, prefetched=True)
-    # row 0 handed over, 1 finished, 2 kept (filled early on this thread), 3 rejected
+    ref, ref_mask, (_, ref_deferred) = _prefetch_case(backend, tokenizer, prefetched=False)
+    got, mask, (prefetch, deferred) = _prefetch_case(backend, tokenizer, prefetched=True)
+    # rows 0 and 2 handed over (2 due for a measurement), 1 finished, 3 rejected
     assert prefetch is not None and prefetch.filled == {0, 2}
+    assert ref_deferred == [] and deferred == [got[2]]
     assert [r.finish_reason for r in got] == [r.finish_reason for r in ref]
     assert [r.finish_reason and r.finish_reason["type"] for r in got] == [
         None, "stop", None, "abort"]
@@ -198,7 +203,8 @@ def test_prefetched_rows_match_the_scheduler_thread(backends, tokenizer):
     for row in (0, 2):  # the rows still decoding
         assert torch.equal(mask[row], ref_mask[row])
     assert (mask[1] == -1).all() and (mask[3] == -1).all()  # left the step: open
-    assert got[2].completion is not None  # measured on the scheduler thread
+    assert got[2].completion is not None and ref[2].completion is not None  # measured
+    assert got[2].completion.plan == ref[2].completion.plan
 
 
 def test_and_rows_over_runs_and_threads():
