@@ -93,7 +93,7 @@ class _Budget:
     peak: int = 0  # the largest need measured
     failures: int = 0  # searches in a row that found nothing (deep ones included)
     last_resorts: int = 0  # deep searches made after repeated failures (_last_resort)
-    job: Any = None  # estimate.Pending: a search out on the helper thread
+    job: Any = None  # estimate.Pending: a search out in the estimate worker
     # (tokens scanned, the output there ends inside a JSON string, after a backslash): kept
     # at plan_at by _record (see _lex)
     lex: tuple[int, bool, bool] = (0, False, False)

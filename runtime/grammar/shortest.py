@@ -94,7 +94,7 @@ class CompletionSearch:
         # (id of the compiled grammar, state key) -> (weak reference to that grammar, answer),
         # least recently used first; the reference tells a reused id from the grammar's own.
         self._cache: OrderedDict[Hashable, tuple[Any, Completion]] = OrderedDict()
-        # NOTE: the scheduler thread's only: the estimate thread searches with ``fresh``
+        # NOTE: the scheduler thread's only: other searchers use ``fresh``
         self.cache_size = cache_size
         self.searches = 0
         self.deep_searches = 0
