@@ -130,7 +130,8 @@ def build_runner(model: str, max_bs: int):
 
 
 # mode -> (jump-forward, forced-completion tracking): "-sync" keeps every completion
-# estimate on the scheduler thread (no estimate worker), "-nocomplete" turns forced completion off (its cost)
+# estimate on the scheduler thread (no estimate worker), "-nocomplete" turns forced
+# completion off (its cost)
 MODES = {"unconstrained": (None, None), "mask-only": (False, "async"),
          "jump-forward": (True, "async"), "mask-only-sync": (False, "sync"),
          "mask-only-nocomplete": (False, None)}
@@ -379,7 +380,8 @@ def main() -> None:
                 jobs = sched.grammar.completion.jobs if sched.grammar.completion else None
                 if jobs is not None:
                     print(f"estimates in the worker: {jobs.submitted} sent, {jobs.answered} "
-                          f"answers taken from it, {jobs.searched_here} searched here", flush=True)
+                          f"answers taken from it, {jobs.searched_here} searched here",
+                          flush=True)
                 sched.grammar.shutdown()
         base = summaries.get("unconstrained", next(iter(summaries.values())))[1]
         for mode in a.modes:
