@@ -41,6 +41,8 @@ _GIDS = 1024  # grammar keys named to the worker (as many as it keeps)
 
 
 class EstimateProcess:
+    """One estimate worker and its two pipe threads (see the module doc)."""
+
     def __init__(self, init: EstimateInit, max_inflight: int = 1024) -> None:
         self._init = init
         self.max_inflight = max_inflight

@@ -33,7 +33,9 @@ from typing import Any, Callable, Sequence
 from .worker import die_with_parent, read_frame, write_frame
 
 _KEYS = 1024  # grammar keys kept
-_COMPILED = 16  # compiled grammars kept (each within the compile workers' memory limit)
+# NOTE: each compiled within the compile workers' memory limit there; a few are enough (a
+# batch rarely mixes many schemas), and fewer bound what this unlimited process holds
+_COMPILED = 8
 
 
 @dataclass(frozen=True)
