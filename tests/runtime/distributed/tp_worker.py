@@ -37,6 +37,7 @@ def logits_of(runner, prompts: list[list[int]]) -> list[torch.Tensor]:
 def run_rank(rank: int, size: int, init_method: str, dirs: list[str],
              prompts: list[list[int]], results) -> None:
     from sgdsl.runtime.config import EngineConfig
+    from sgdsl.runtime.distributed.collectives import barrier
     from sgdsl.runtime.distributed.state import destroy_tp_group, init_tp_group
     from sgdsl.runtime.model.runner import ModelRunner
 
@@ -50,6 +51,10 @@ def run_rank(rank: int, size: int, init_method: str, dirs: list[str],
             kv = tuple(runner.token_kv_pool.k_buffer[0].shape)
             # numpy: a torch tensor would travel as shared memory that dies with this process
             results.put((rank, model_dir, kv, [t.numpy() for t in logits] if rank == 0 else None))
+        # NOTE: leave together: a rank tearing its gloo group down while a peer still ran
+        # its last collective aborted one rank at exit ("terminate called without an active
+        # exception") on a loaded 2-core CI box
+        barrier(timeout_s=120)
     finally:
         destroy_tp_group()
 
