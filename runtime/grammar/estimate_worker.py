@@ -30,7 +30,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from .worker import die_with_parent, read_frame, write_frame
+from .worker import serve
 
 _KEYS = 1024  # grammar keys kept
 # NOTE: each compiled within the compile workers' memory limit there; a few are enough (a
@@ -113,36 +113,22 @@ def _bound(table: OrderedDict, size: int) -> None:
         table.popitem(last=False)
 
 
-def main() -> None:
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # a stray print() in a library must not corrupt the frames
-    die_with_parent()
+def _handle(estimator: _Estimator, message: tuple) -> tuple | None:
+    if message[0] == "grammar":
+        try:
+            estimator.add(*message[1:])
+        except Exception as e:  # noqa: BLE001 - its jobs fail alike: searched by the parent
+            print(f"estimate worker: grammar {message[1]}: {type(e).__name__}: {e}",
+                  file=sys.stderr)
+        return None
     try:
-        estimator = _Estimator(read_frame(stdin))
-    except EOFError:
-        return
-    except BaseException as e:  # noqa: BLE001 - the parent must learn why, not see a dead pipe
-        write_frame(stdout, ("startup_error", f"{type(e).__name__}: {e}"))
-        return
-    write_frame(stdout, ("ready", None))
-    while True:
-        try:
-            message = read_frame(stdin)
-        except EOFError:
-            return
-        if message[0] == "grammar":
-            try:
-                estimator.add(*message[1:])
-            except Exception as e:  # noqa: BLE001 - its jobs fail alike: searched by the parent
-                print(f"estimate worker: grammar {message[1]}: {type(e).__name__}: {e}",
-                      file=sys.stderr)
-            continue
-        job_id = message[1]
-        try:
-            reply = estimator.run(*message[1:])
-        except Exception as e:  # noqa: BLE001 - an estimate: the parent searches itself
-            reply = (job_id, None, f"{type(e).__name__}: {e}")
-        write_frame(stdout, reply)
+        return estimator.run(*message[1:])
+    except Exception as e:  # noqa: BLE001 - an estimate: the parent searches itself
+        return (message[1], None, f"{type(e).__name__}: {e}")
+
+
+def main() -> None:
+    serve(_Estimator, _handle)
 
 
 if __name__ == "__main__":

@@ -73,18 +73,16 @@ def data_bytes() -> int:
     return 0
 
 
-def main() -> None:
+def serve(setup: Callable[[Any], Any], handle: Callable[[Any, Any], Any]) -> None:
+    """The worker side of the frame protocol (this one's and ``estimate_worker``'s): the first
+    frame goes to ``setup``, whose failure is answered ``("startup_error", text)`` and whose
+    result is the worker's state; then every frame goes to ``handle(state, frame)``, whose
+    result, unless None, is sent back. Returns when the parent closes the pipe."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # a stray print() in a library must not corrupt the frames
     die_with_parent()
     try:
-        os.nice(WORKER_NICE)
-    except OSError:
-        pass
-    try:
-        init: WorkerInit = read_frame(stdin)
-        backend = init.factory()
-        _limit_memory(init.memory_bytes)
+        state = setup(read_frame(stdin))
     except EOFError:
         return
     except BaseException as e:  # noqa: BLE001 - the parent must learn why, not see a dead pipe
@@ -93,10 +91,26 @@ def main() -> None:
     write_frame(stdout, ("ready", None))
     while True:
         try:
-            job_id, key = read_frame(stdin)
+            message = read_frame(stdin)
         except EOFError:
             return
-        write_frame(stdout, _compile(backend, job_id, key))
+        reply = handle(state, message)
+        if reply is not None:
+            write_frame(stdout, reply)
+
+
+def main() -> None:
+    try:
+        os.nice(WORKER_NICE)
+    except OSError:
+        pass
+    serve(_setup, lambda backend, job: _compile(backend, *job))
+
+
+def _setup(init: WorkerInit) -> Any:
+    backend = init.factory()
+    _limit_memory(init.memory_bytes)
+    return backend
 
 
 def _compile(backend: Any, job_id: int, key: Any) -> tuple:
