@@ -20,7 +20,8 @@ item whose required keys and date-time take 40 tokens, a level of recursive nest
 forward adds its keys at once) 20 more each step. So the reserve kept beside ``need`` is the
 largest ``need`` the request has shown (at least ``slack_tokens``, at most a quarter of
 ``max_new_tokens``): a value it needed once can be opened again (the next array item, another
-level of the same recursion), and the value is completed while the budget still holds it. When
+level of the same recursion; continuation.py measures the jumps a "," after the plan's closers
+would bring), and the value is completed while the budget still holds it. When
 the bounded search finds nothing, ``search_deep`` tries again (scaled by the output's length,
 capped in time); repeated failures back off, except in the last quarter of the budget, where
 searches keep coming and a few deep ones more are allowed.
@@ -37,6 +38,7 @@ from typing import Any, Callable, Sequence
 
 from ..errors import InvalidRequestError
 from .base import Grammar, GrammarKey
+from .continuation import Continuations
 from .estimate import COLLECT_AFTER, EstimateJobs
 from .jump_forward import JumpForward, force_text
 from .plan_follow import rest_after
@@ -46,7 +48,6 @@ from .shortest import CompletionSearch
 from .vocab import fast_decoder, fast_encoder
 
 _COUNT_CACHE = 4096
-_LEVELS = 3  # closers a continuation is looked for behind (each costs a search)
 # An estimate goes to the worker only this many tokens or more before the one in hand
 # would force (more than estimate.COLLECT_AFTER: the answer comes that many steps late).
 _ASYNC_MARGIN = 8
@@ -113,12 +114,11 @@ class CompletionTracker:
         self.search = CompletionSearch(tokenizer, vocab_size, stop_ids,
                                        max_expansions=config.max_expansions)
         self._counts: dict[str, int] = {}  # text -> token count (see _count)
-        self._continuations: dict[tuple, int] = {}  # see _continued
+        # peak rises a new item or key after the plan's closers would bring (continuation.py)
+        self.continuations = Continuations(tokenizer, self.search, self._count)
         # estimates far from the budget's end, searched in a worker process (estimate.py)
         self.jobs = (EstimateJobs(self.search, backend) if config.async_estimates
                      and getattr(backend, "spec", None) is not None else None)
-        comma = tokenizer.encode(",", add_special_tokens=False)
-        self._comma = comma[0] if len(comma) == 1 else None
         self.forced = 0  # requests completed by force
         self.repetitions = 0  # of those, ended by the repetition guard
 
@@ -156,7 +156,7 @@ class CompletionTracker:
         hit, keys = self.search.cached(grammar, check=False)
         if hit is not None:
             budget.checked = False
-            self._record(req, budget, hit.text, n, lambda: self._continued(grammar, hit.text))
+            self._record(req, budget, hit.text, n, lambda: self.continuations.most(grammar, hit.text))
             return True
         budget.job = self.jobs.submit(grammar, req.output_ids, keys, budget.failures < 4,
                                       GrammarKey.from_constraint(*req.sampling_params.constraint))
@@ -179,7 +179,7 @@ class CompletionTracker:
         text = None if found is None else found.text
         budget.checked = False
         self._record(req, budget, text, pending.at,
-                     lambda: self._continued(pending.grammar, text))
+                     lambda: self.continuations.most(pending.grammar, text))
 
     def _decide(self, req: Any, grammar: Grammar, budget: _Budget, n: int,
                 repeating: bool) -> JumpForward | None:
@@ -240,12 +240,12 @@ class CompletionTracker:
                 found = self.search.search_deep(grammar, n)  # the rare path: search harder
                 budget.checked = True  # searched from this very state
             ahead = None if found is None else found.text
-        self._record(req, budget, ahead, n, lambda: self._continued(grammar, ahead))
+        self._record(req, budget, ahead, n, lambda: self.continuations.most(grammar, ahead))
 
     def _record(self, req: Any, budget: _Budget, plan: str | None, at: int,
                 continued: Callable[[], int]) -> None:
         """Keep a measurement: ``plan`` found from the state after ``at`` output tokens
-        (None: nothing found); ``continued``: see ``_continued`` (called only if needed)."""
+        (None: nothing found); ``continued``: see ``Continuations.most`` (called only if needed)."""
         n = len(req.output_ids)
         budget.plan, budget.plan_at = plan, at
         self._lex(req, budget, at)
@@ -260,44 +260,6 @@ class CompletionTracker:
         if budget.peak < req.sampling_params.max_new_tokens // 4:  # else the cap holds it
             budget.peak = max(budget.peak, budget.need, continued())
         budget.search_at = 1 << 62  # plan() sets the next search from the slack
-
-    def _continued(self, grammar: Grammar, plan: str) -> int:
-        """Where the plan starts by closing values (``"}]}``): the largest need if the model
-        writes "," after any of those closers instead (a new array item, another key), which
-        the peak must hold; 0 elsewhere. NOTE: the first new item was otherwise a jump the
-        peak had not seen yet (a ``},`` token closes an item and opens the next at once)."""
-        closers = len(plan) - len(plan.lstrip('"]}'))
-        if self._comma is None or not closers:
-            return 0
-        # NOTE: kept per compiled grammar, local state and closers (the end-zone steps of
-        # many requests ask again); an estimate like the peak it feeds, so a key that joins
-        # two states (or an id reused by a later grammar) costs accuracy, not validity
-        state, scope = grammar.state_key(), grammar.cache_scope()
-        if state is None or scope is None:
-            return self._continue(grammar, plan, closers)
-        key = (id(scope), state.local, plan[:min(closers, _LEVELS)])
-        most = self._continuations.get(key)
-        if most is None:
-            most = self._continuations[key] = self._continue(grammar, plan, closers)
-            if len(self._continuations) > _COUNT_CACHE:
-                del self._continuations[next(iter(self._continuations))]
-        return most
-
-    def _continue(self, grammar: Grammar, plan: str, closers: int) -> int:
-        most = 0
-        # NOTE: a closing quote counts (a '"},' token ends a string, an item, opens the next)
-        for k in range(int(plan[0] == '"'), min(closers, _LEVELS) + 1):
-            ids = self._encode(plan[:k]) if k else []
-            ids.append(self._comma)
-            if not grammar.accept_tokens(ids):
-                continue
-            try:
-                found = self.search.search(grammar, check=False)
-            finally:
-                grammar.rollback(len(ids))
-            if found is not None:
-                most = max(most, len(ids) + self._count(found.text) + 1)
-        return most
 
     def _count(self, text: str) -> int:
         """Tokens ``text`` encodes to. NOTE: requests sharing a search answer (or the rest of
