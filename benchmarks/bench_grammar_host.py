@@ -82,6 +82,22 @@ def _replayed(rows, ids: list[int], recorded: list[list[int]], mask, vocab: int)
     return out
 
 
+def _time_plans(tracker) -> list:
+    """Wrap ``tracker.plan`` to add up its calls: [seconds, calls], updated in place."""
+    plan, plan_time = tracker.plan, [0.0, 0]
+
+    def timed_plan(req, grammar):
+        t0 = time.perf_counter()
+        try:
+            return plan(req, grammar)
+        finally:
+            plan_time[0] += time.perf_counter() - t0
+            plan_time[1] += 1
+
+    tracker.plan = timed_plan
+    return plan_time
+
+
 def run(a: argparse.Namespace) -> None:
     recorded = None
     if a.replay:
@@ -93,19 +109,7 @@ def run(a: argparse.Namespace) -> None:
         assert mgr.completion.jobs.worker.wait_ready(120), mgr.completion.jobs.worker.dead
     gen = torch.Generator().manual_seed(a.seed)
     scores = torch.rand(a.batch, vocab, generator=gen, dtype=torch.float32)
-    tracker = mgr.completion
-    plan = tracker.plan
-    plan_time = [0.0, 0]
-
-    def timed_plan(req, grammar):
-        t0 = time.perf_counter()
-        try:
-            return plan(req, grammar)
-        finally:
-            plan_time[0] += time.perf_counter() - t0
-            plan_time[1] += 1
-
-    tracker.plan = timed_plan
+    plan_time = _time_plans(mgr.completion)
     prof = cProfile.Profile() if a.profile else None
     rows = list(reqs)
     mask = mgr.fill_bitmask(rows)

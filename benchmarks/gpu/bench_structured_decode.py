@@ -30,6 +30,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import step_timeline  # noqa: E402
 from common import device_line, model_dir, print_table, random_prompts  # noqa: E402
+from host_profile import (TIMES, dump_outputs, gc_timer, instrument,  # noqa: E402
+                          print_breakdown, profile_plan)
 
 SCHEMA = {
     "type": "object",
@@ -45,73 +47,6 @@ SCHEMA = {
 }
 EOS: list[int] = []  # the model config's eos_token_id (Llama-3.1: 128001, 128008, 128009)
 SUITE = Path(__file__).resolve().parents[2] / "tests" / "data" / "schemas" / "json"
-
-# (owner path, attribute) of the functions timed for the breakdown; missing ones are skipped,
-# so the same script profiles older and newer code.
-HOT = [
-    ("sgdsl.runtime.scheduler.scheduler:Scheduler", "step"),
-    ("sgdsl.runtime.scheduler.scheduler:Scheduler", "_schedule_prefill"),
-    ("sgdsl.runtime.scheduler.stepping:Stepping", "_launch_extend"),
-    ("sgdsl.runtime.scheduler.stepping:Stepping", "_launch_decode"),
-    ("sgdsl.runtime.scheduler.stepping:Stepping", "_read"),
-    ("sgdsl.runtime.scheduler.stepping:Stepping", "_sample"),
-    ("sgdsl.runtime.scheduler.inflight:HostIds", "tolist"),
-    ("sgdsl.runtime.scheduler.sample_step:BatchSampler", "sample_ids"),
-    ("sgdsl.runtime.grammar.manager:GrammarManager", "fill_bitmask"),
-    ("sgdsl.runtime.grammar.manager:GrammarManager", "_fill"),
-    ("sgdsl.runtime.grammar.manager:GrammarManager", "after_sample"),
-    ("sgdsl.runtime.grammar.manager:GrammarManager", "_jump"),
-    ("sgdsl.runtime.grammar.completion:CompletionTracker", "plan"),
-    ("sgdsl.runtime.grammar.shortest:CompletionSearch", "search"),
-    ("sgdsl.runtime.grammar.shortest:CompletionSearch", "_search"),
-    ("sgdsl.runtime.grammar.manager:GrammarManager", "upload_mask"),
-    ("sgdsl.runtime.grammar.jump_forward:", "only_stop_allowed"),
-    ("sgdsl.runtime.grammar.xgrammar_backend:XGrammarGrammar", "fill_bitmask_batch"),
-    ("sgdsl.runtime.grammar.xgrammar_backend:XGrammarGrammar", "accept_token_batch"),
-    ("sgdsl.runtime.model.runner:ModelRunner", "forward"),
-    ("concurrent.futures:Future", "result"),
-]
-TIMES: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-
-
-def instrument() -> None:
-    """Wrap the HOT functions with wall-clock accumulators (thread-safe enough: += on floats
-    from the helper thread only races with itself)."""
-    import importlib
-
-    for owner, attr in HOT:
-        mod_name, _, cls_name = owner.partition(":")
-        mod = importlib.import_module(mod_name)
-        obj = getattr(mod, cls_name) if cls_name else mod
-        fn = getattr(obj, attr, None)
-        if fn is None:
-            continue
-        key = f"{cls_name or mod_name.rsplit('.', 1)[-1]}.{attr}"
-
-        def wrapped(*a, __fn=fn, __key=key, **kw):
-            t0 = time.perf_counter()
-            try:
-                return __fn(*a, **kw)
-            finally:
-                acc = TIMES[__key]
-                acc[0] += time.perf_counter() - t0
-                acc[1] += 1
-        setattr(obj, attr, wrapped)
-        if not cls_name and attr == "only_stop_allowed":  # imported by name into manager
-            import sgdsl.runtime.grammar.manager as mgr
-            if hasattr(mgr, attr):
-                setattr(mgr, attr, wrapped)
-
-
-def _gc_timer(phase: str, info: dict) -> None:
-    """gc.callbacks hook: time spent in collections (a breakdown row, ``gc.collect``)."""
-    acc = TIMES["gc.collect"]
-    if phase == "start":
-        acc.append(time.perf_counter())
-    elif len(acc) > 2:
-        acc[0] += time.perf_counter() - acc.pop()
-        acc[1] += 1
-
 
 def sync() -> None:
     if torch.cuda.is_available():
@@ -158,32 +93,6 @@ def make_scheduler(runner, config, tokenizer, backend, mode: str):
         if jobs is not None:  # the completion-estimate worker, likewise up in a serving engine
             assert jobs.worker.wait_ready(120), jobs.worker.dead
     return Scheduler(runner, config, EOS, None, lambda msg: None, grammar=grammar)
-
-
-def profile_plan(sched):
-    """Profile every ``CompletionTracker.plan`` call of ``sched`` (None without tracking)."""
-    import cProfile
-
-    tracker = sched.grammar.completion if sched.grammar else None
-    if tracker is None:
-        return None
-    prof, plan = cProfile.Profile(), tracker.plan
-
-    def profiled(req, grammar):
-        prof.enable()
-        try:
-            return plan(req, grammar)
-        finally:
-            prof.disable()
-    tracker.plan = profiled
-    return prof
-
-
-def dump_outputs(folder: str, bs: int, mode: str, res: dict) -> None:
-    path = Path(folder) / f"outputs_bs{bs}_{mode}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ids = [res["by_rid"][f"r{i}"]["output_ids"] for i in range(bs)]
-    path.write_text(json.dumps({"schema": SCHEMA, "output_ids": ids}))
 
 
 def run_mode(sched, prompts: list[list[int]], constrained: bool, max_new: int,
@@ -254,14 +163,6 @@ def summarize(res: dict, tokenizer) -> dict:
             "dec_ms": 1e3 * res["t_dec"] / max(res["n_dec"], 1), "steps": res["steps"]}
 
 
-def print_breakdown(title: str, res: dict) -> None:
-    steps = max(res["steps"], 1)
-    rows = [[k, f"{1e3 * t / steps:.3f}", n, f"{1e6 * t / max(n, 1):.1f}"]
-            for k, (t, n) in sorted(res["prof"].items(), key=lambda kv: -kv[1][0])]
-    print_table(f"breakdown {title}: ms per step (all {steps} steps)",
-                ["function", "ms/step", "calls", "us/call"], rows)
-
-
 def compile_times(tokenizer, vocab: int) -> list[float]:
     """Cold compile time of each suite schema through the backend (no cache)."""
     from sgdsl.runtime.errors import InvalidRequestError
@@ -282,7 +183,7 @@ def compile_times(tokenizer, vocab: int) -> list[float]:
     return sorted(times)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32, 256])
     ap.add_argument("--prompt-len", type=int, default=256)
@@ -306,7 +207,73 @@ def main() -> None:
     ap.add_argument("--no-match-lengths", dest="match_lengths", action="store_false",
                     help="unconstrained requests run to max_new (ignore_eos) instead of the "
                          "lengths the mask-only run produced")
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def measure_mode(a: argparse.Namespace, sched, prompts: list[list[int]], bs: int, mode: str,
+                 lengths: list[int] | None) -> dict:
+    """One mode at one batch size: a warm-up run, then the timed run (with the profiles and
+    dumps asked for); the scheduler is shut down after."""
+    constrained = mode != "unconstrained"
+    # warm-up at the measured batch size: grammar compile, the mask kernel's
+    # specializations (Triton specializes on the row count), allocator sizes
+    # (16 tokens: jump-forward's first extends with a cached prefix JIT-compile too)
+    run_mode(sched, prompts, constrained, a.warmup_tokens)
+    sched.memory.flush()
+    if a.timeline:
+        step_timeline.start()
+    prof = profile_plan(sched) if a.profile_plan and constrained else None
+    res = run_mode(sched, prompts, constrained, a.max_new, None if constrained else lengths)
+    if prof is not None:
+        import pstats
+
+        del sched.grammar.completion.plan  # the class's own again
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(a.profile_plan)
+    if a.timeline:
+        tl = step_timeline.stop()
+        print(f"timeline bs={bs} {mode}: " + ", ".join(
+            f"{k} {v:.3f}" for k, v in tl.items()), flush=True)
+    if a.dump_outputs and constrained:
+        dump_outputs(a.dump_outputs, bs, mode, res, SCHEMA)
+    # NOTE: the KV pool is the runner's and outlives this scheduler: its radix cache
+    # must give the slots back, or the next mode runs on a smaller pool (the
+    # unconstrained run, last, then retracted and re-prefilled: 35 extends, not 8)
+    sched.memory.flush()
+    if sched.grammar:
+        jobs = sched.grammar.completion.jobs if sched.grammar.completion else None
+        if jobs is not None:
+            print(f"estimates in the worker: {jobs.submitted} sent, {jobs.answered} "
+                  f"answers taken from it, {jobs.searched_here} searched here", flush=True)
+        sched.grammar.shutdown()
+    return res
+
+
+def table_row(bs: int, mode: str, res: dict, s: dict, base: dict) -> list:
+    return [bs, mode, s["tokens"], f"{res['wall']:.2f}", f"{s['tok_s']:.0f}",
+            f"{s['tok_s'] / base['tok_s']:.2f}x", s["steps"], f"{s['dec_ms']:.2f}",
+            f"{base['dec_ms'] / s['dec_ms']:.2f}x",
+            f"{s['valid']}/{s['n']}" if mode != "unconstrained" else "-"]
+
+
+def prepare_host(a: argparse.Namespace) -> None:
+    """Probes asked for, then the process set up as the engine's scheduler process is."""
+    if a.timeline:
+        step_timeline.install()
+    if a.breakdown:
+        instrument()
+        gc.callbacks.append(gc_timer)
+    # as the engine does after startup (scheduler/process.py): full collections then scan only
+    # what the run allocates, not the model, tokenizer and grammar state built before
+    gc.collect()
+    gc.freeze()
+    from sgdsl.runtime.scheduler.process import SWITCH_INTERVAL_S  # and its switch interval
+
+    sys.setswitchinterval(a.switch_interval if a.switch_interval else SWITCH_INTERVAL_S)
+    print(f"switch interval {sys.getswitchinterval() * 1e3:g} ms")
+
+
+def main() -> None:
+    a = parse_args()
     from transformers import AutoTokenizer
 
     from sgdsl.runtime.grammar import create_grammar_backend
@@ -318,19 +285,7 @@ def main() -> None:
     config, runner = build_runner(a.model, max(a.batches))
     vocab = int(runner.model_config.vocab_size)
     backend = create_grammar_backend("xgrammar", tok, vocab, EOS)
-    if a.timeline:
-        step_timeline.install()
-    if a.breakdown:
-        instrument()
-        gc.callbacks.append(_gc_timer)
-    # as the engine does after startup (scheduler/process.py): full collections then scan only
-    # what the run allocates, not the model, tokenizer and grammar state built before
-    gc.collect()
-    gc.freeze()
-    from sgdsl.runtime.scheduler.process import SWITCH_INTERVAL_S  # and its switch interval
-
-    sys.setswitchinterval(a.switch_interval if a.switch_interval else SWITCH_INTERVAL_S)
-    print(f"switch interval {sys.getswitchinterval() * 1e3:g} ms")
+    prepare_host(a)
     rows = []
     # NOTE: with --match-lengths the unconstrained run comes last and gives every request the
     # output length it had under mask-only (ignore_eos): constrained requests stop at their
@@ -344,52 +299,16 @@ def main() -> None:
         summaries, lengths = {}, None
         for mode in modes:
             sched = make_scheduler(runner, config, tok, backend, mode)
-            matched = lengths if mode == "unconstrained" else None
-            # warm-up at the measured batch size: grammar compile, the mask kernel's
-            # specializations (Triton specializes on the row count), allocator sizes
-            # (16 tokens: jump-forward's first extends with a cached prefix JIT-compile too)
-            run_mode(sched, prompts, mode != "unconstrained", a.warmup_tokens)
-            sched.memory.flush()
-            if a.timeline:
-                step_timeline.start()
-            prof = profile_plan(sched) if a.profile_plan and mode != "unconstrained" else None
-            res = run_mode(sched, prompts, mode != "unconstrained", a.max_new, matched)
-            if prof is not None:
-                import pstats
-
-                sched.grammar.completion.plan = type(sched.grammar.completion).plan.__get__(
-                    sched.grammar.completion)
-                pstats.Stats(prof).sort_stats("cumulative").print_stats(a.profile_plan)
-            if a.timeline:
-                tl = step_timeline.stop()
-                print(f"timeline bs={bs} {mode}: " + ", ".join(
-                    f"{k} {v:.3f}" for k, v in tl.items()), flush=True)
+            res = measure_mode(a, sched, prompts, bs, mode, lengths)
             if mode == "mask-only" and a.match_lengths:
                 lengths = [len(res["by_rid"][f"r{i}"]["output_ids"]) for i in range(bs)]
-            if a.dump_outputs and mode != "unconstrained":
-                dump_outputs(a.dump_outputs, bs, mode, res)
             summaries[mode] = (res, summarize(res, tok))
             print(mode, bs, summaries[mode][1], flush=True)
             if a.breakdown and bs >= 32:
                 print_breakdown(f"bs={bs} {mode}", res)
-            # NOTE: the KV pool is the runner's and outlives this scheduler: its radix cache
-            # must give the slots back, or the next mode runs on a smaller pool (the
-            # unconstrained run, last, then retracted and re-prefilled: 35 extends, not 8)
-            sched.memory.flush()
-            if sched.grammar:
-                jobs = sched.grammar.completion.jobs if sched.grammar.completion else None
-                if jobs is not None:
-                    print(f"estimates in the worker: {jobs.submitted} sent, {jobs.answered} "
-                          f"answers taken from it, {jobs.searched_here} searched here",
-                          flush=True)
-                sched.grammar.shutdown()
         base = summaries.get("unconstrained", next(iter(summaries.values())))[1]
         for mode in a.modes:
-            res, s = summaries[mode]
-            rows.append([bs, mode, s["tokens"], f"{res['wall']:.2f}", f"{s['tok_s']:.0f}",
-                         f"{s['tok_s'] / base['tok_s']:.2f}x", s["steps"],
-                         f"{s['dec_ms']:.2f}", f"{base['dec_ms'] / s['dec_ms']:.2f}x",
-                         f"{s['valid']}/{s['n']}" if mode != "unconstrained" else "-"])
+            rows.append(table_row(bs, mode, *summaries[mode], base))
             print(rows[-1], flush=True)
     print_table("structured decode (Llama-3.1-8B dummy, xgrammar, graphs + overlap)",
                 ["batch", "mode", "out tokens", "wall s", "tok/s", "vs unconstr.", "steps",
