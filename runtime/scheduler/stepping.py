@@ -105,11 +105,16 @@ class Stepping:
         reqs, requeue = self.grammar.plan_deferred(self.checker)
         for req in requeue:
             req.jumped = True
-        if any(r.finished or r.jumped for r in reqs):
-            stay = [r for r in self.running.reqs if not r.finished and not r.jumped]
-            self.running.filter(stay)
+        self._leave_batch(reqs)
         self._requeue_jumped(reqs)
         self._finish_and_send([r for r in reqs if r.finished])
+
+    def _leave_batch(self, reqs: list[Req]) -> None:
+        """Those of ``reqs`` that finished or jumped leave the running batch (now, or after
+        the sampling launch in flight: ``_change_batch``)."""
+        if any(r.finished or r.jumped for r in reqs):
+            stay = [r for r in self.running.reqs if not r.finished and not r.jumped]
+            self._change_batch(lambda: self.running.filter(stay))
 
     def _apply_batch_changes(self) -> None:
         changes, self._batch_changes = getattr(self, "_batch_changes", None), None
@@ -175,9 +180,8 @@ class Stepping:
                       and not step.sampled[i].jumped]
             if joined:
                 self._change_batch(lambda: self._join_running(step, joined))
-        elif any(r.finished or r.jumped for r in reqs):
-            stay = [r for r in self.running.reqs if not r.finished and not r.jumped]
-            self._change_batch(lambda: self.running.filter(stay))
+        else:
+            self._leave_batch(reqs)
         self._requeue_jumped(reqs)
 
     def _join_running(self, step: InflightStep, joined: list[int]) -> None:
