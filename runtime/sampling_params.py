@@ -85,6 +85,13 @@ class SamplingParams:
         return self.temperature == 0.0 or self.top_k == 1
 
     @property
+    def has_penalties(self) -> bool:
+        """Whether sampling depends on the tokens generated so far (penalty counts, the
+        min_new_tokens stop mask)."""
+        return (self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+                or self.repetition_penalty != 1.0 or self.min_new_tokens > 0)
+
+    @property
     def constraint(self) -> tuple[str, str] | None:
         """(kind, text) of the grammar constraint, if any."""
         for kind in ("json_schema", "regex", "ebnf"):

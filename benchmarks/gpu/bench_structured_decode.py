@@ -72,7 +72,7 @@ MODES = {"unconstrained": (None, None), "mask-only": (False, "async"),
          "mask-only-nocomplete": (False, None)}
 
 
-def make_scheduler(runner, config, tokenizer, backend, mode: str):
+def make_scheduler(runner, config, tokenizer, backend, mode: str, jump_max_batch: int = 8):
     from sgdsl.runtime.grammar.completion import CompletionConfig
     from sgdsl.runtime.grammar.manager import GrammarManager
     from sgdsl.runtime.scheduler.scheduler import Scheduler
@@ -82,7 +82,7 @@ def make_scheduler(runner, config, tokenizer, backend, mode: str):
         async_estimates=tracking == "async")
     grammar = None if jump is None else GrammarManager(
         backend, tokenizer, int(runner.model_config.vocab_size), EOS, jump_forward=jump,
-        completion=completion)
+        jump_max_batch=jump_max_batch, completion=completion)
     if grammar is not None:  # a serving engine's compile workers are up and the schema is
         # cached after its first request: compile it once before the clock starts (the cold
         # compile is measured by --compile)
@@ -197,6 +197,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--dump-outputs", default=None, metavar="DIR",
                     help="write each constrained run's output ids to DIR (replayed on the CPU "
                          "by benchmarks/bench_grammar_host.py --replay)")
+    ap.add_argument("--jump-max-batch", type=int, default=8,
+                    help="the GrammarManager's jump_max_batch (jump-forward above it is off)")
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--warmup-tokens", type=int, default=16,
                     help="max_new_tokens of each mode's warm-up run")
@@ -298,7 +300,7 @@ def main() -> None:
         prompts = random_prompts(bs, a.prompt_len, seed=bs, vocab=min(vocab, 120000))
         summaries, lengths = {}, None
         for mode in modes:
-            sched = make_scheduler(runner, config, tok, backend, mode)
+            sched = make_scheduler(runner, config, tok, backend, mode, a.jump_max_batch)
             res = measure_mode(a, sched, prompts, bs, mode, lengths)
             if mode == "mask-only" and a.match_lengths:
                 lengths = [len(res["by_rid"][f"r{i}"]["output_ids"]) for i in range(bs)]

@@ -8,10 +8,10 @@ queue; failures come back with their ``InvalidRequestError``), ``fill_bitmask`` 
 on the device), and ``after_sample`` once tokens are appended (one batch accept call): it
 advances each matcher, finishes requests whose grammar terminated or admits only a stop token,
 and applies jump-forward and forced completions (forcing.py: forced text appended without
-sampling; those requests return to the queue so their forced tokens get KV in the next extend,
-the prefix before them coming back from the radix cache). A request that returns logprobs
-jumps too: it owes the forced tokens' logprobs (``forced_logprobs_owed``), which that extend's
-rows supply; a jump that would finish it is undone and the tokens are sampled. With overlap
+sampling; the scheduler feeds those tokens in the request's next decode step, as extend rows
+of a mixed step). A request that returns logprobs jumps too, through the queue: it owes the
+forced tokens' logprobs (``forced_logprobs_owed``), which the rows of its next extend supply;
+a jump that would finish it is undone and the tokens are sampled. With overlap
 scheduling, ``prefetch`` lets the rows with nothing else to do be accepted and filled on a
 helper thread while the rest of the step runs (prefetch.py).
 
@@ -51,7 +51,7 @@ class GrammarStats:
 class GrammarManager(Forcing):
     def __init__(self, backend: GrammarBackend, tokenizer: Any, vocab_size: int,
                  eos_token_ids: Sequence[int], *, timeout_s: float = 10.0,
-                 jump_forward: bool = True, jump_max_batch: int = 8,
+                 jump_forward: bool = True, jump_max_batch: int | None = None,
                  completion: CompletionConfig | None = CompletionConfig(),
                  pool: PoolLimits | None = None,
                  compiler: GrammarCompiler | None = None) -> None:
@@ -62,10 +62,9 @@ class GrammarManager(Forcing):
         self.vocab_size = vocab_size
         self.eos = tuple(eos_token_ids)
         self.jump_forward = jump_forward
-        # NOTE: a jump sends the request back for an extend of its own, which the whole decode
-        # batch waits for. Measured (H100, Llama-3.1-8B, benchmarks/RESULTS.md): that pays at
-        # batch 1 (1.03x vs 0.97x mask-only) and loses from batch 32 on (0.25x vs 0.45x), so
-        # above this decode batch size forced text is sampled token by token instead.
+        # Above this many decoding requests forced text is sampled token by token (None: no
+        # limit). NOTE: a jumping request stays in the decode batch, whose next step feeds
+        # its forced tokens (scheduler: a mixed step), so no limit is needed by default.
         self.jump_max_batch = jump_max_batch
         self.pending: list[Any] = []
         # measurements after_sample left for plan_deferred (rows the prefetch handled)
@@ -193,11 +192,11 @@ class GrammarManager(Forcing):
         the others' rows are filled here as soon as they are advanced, while that job runs;
         the handed rows' completion measurements are left for ``plan_deferred``, which the
         caller runs once the step's sampling is launched."""
-        jump = self.jump_forward and batch_size <= self.jump_max_batch
+        jump = self.jump_forward and (
+            self.jump_max_batch is None or batch_size <= self.jump_max_batch)
         live = [r for r in reqs if r.grammar is not None and not (
             r.finished and r.finish_reason.get("type") == "abort")]
-        handed = [] if prefetch is None or jump else [
-            r for r in live if self._can_hand(r, prefetch)]
+        handed = [] if prefetch is None else [r for r in live if self._can_hand(r, prefetch)]
         if handed:
             prefetch.start(handed)
             ids = {id(r) for r in handed}
@@ -211,8 +210,16 @@ class GrammarManager(Forcing):
             prefetch.fill([r for r in kept if not r.finished and id(r) not in back])
             for req, ok in zip(handed, prefetch.result()):
                 self._advance_handed(req, ok, prefetch)
-            self.deferred += [r for r in handed if not r.finished and self.completion
-                              and self.completion.due(r)]
+                if req.finished:
+                    continue
+                # NOTE: a completion measurement due waits for the sampling launch unless a
+                # jump-forward may follow it (which must come before the read's stream output:
+                # it may respell the last token)
+                if (self.completion and self.completion.due(req)
+                        and not (jump and req.grammar.jump_forward_string())):
+                    self.deferred.append(req)
+                elif self._settle(req, req.grammar, checker, jump):
+                    requeue.append(req)
         return requeue
 
     def _can_hand(self, req: Any, prefetch: MaskPrefetch) -> bool:
@@ -275,13 +282,17 @@ class GrammarManager(Forcing):
             if grammar.is_terminated() or not req.return_logprob and only_stop_allowed(
                     grammar, self.vocab_size, self.eos):
                 self._finish_with_stop(req, grammar)
-            elif self.completion and self.completion.due(req) and (  # complete: see completion.py
-                    plan := self.completion.plan(req, grammar)) is not None:
-                if self._force(req, grammar, plan, checker, final=True):
-                    requeue.append(req)
-            elif jump and self._jump(req, grammar, checker):
+            elif self._settle(req, grammar, checker, jump):
                 requeue.append(req)
         return requeue
+
+    def _settle(self, req: Any, grammar: Any, checker: Any, jump: bool) -> bool:
+        """A forced completion when one is due (completion.py), else a jump-forward; True if
+        forced tokens were appended to a request still running."""
+        if self.completion and self.completion.due(req) and (
+                plan := self.completion.plan(req, grammar)) is not None:
+            return self._force(req, grammar, plan, checker, final=True)
+        return jump and self._jump(req, grammar, checker)
 
     def stats_dict(self) -> dict:
         """Counters for ``Engine.stats()``."""

@@ -93,6 +93,20 @@ class KVMemory:
         self.req_pool.req_to_token[batch.rows, batch.pos] = slots_dev
         return slots_dev
 
+    def reserve_at(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor | None:
+        """One KV slot per (request row, column) pair (host tensors), written into the table:
+        a mixed step's tokens (grammar jump-forward rows feed several). Device slots."""
+        slots = self.alloc_slots(int(rows.numel()))
+        if slots is None:
+            return None
+        self.host_table[rows, cols] = slots
+        if self.host_table is self.req_pool.req_to_token:
+            return slots
+        slots_dev = to_device(slots, self.device)
+        self.req_pool.req_to_token[to_device(rows, self.device),
+                                   to_device(cols, self.device)] = slots_dev
+        return slots_dev
+
     # -- release ----------------------------------------------------------------------------
     def cache_chunk(self, req: Req) -> None:
         """After a non-final prefill chunk: hand the computed tokens to the tree and keep the

@@ -60,6 +60,10 @@ class Req:
         self.grammar: Any = None
         self.grammar_pending: Any = None
         self.jumped = False
+        # grammar: a jump-forward while decoding appended tokens that have no KV yet; the
+        # request stays in the running batch and its next step feeds them from the host
+        # (a mixed step: running.py ``mixed_batch``).
+        self.pending_forced = False
         # grammar: trailing output tokens appended by jump-forward whose logprobs are still
         # owed; the next extend recomputes the rows that score them (output.py records them).
         self.forced_logprobs_owed = 0
@@ -139,6 +143,7 @@ class Req:
         self.kv_len = 0
         self.extend_len = 0
         self.extend_slots = _EMPTY
+        self.pending_forced = False
 
     def __repr__(self) -> str:
         return (f"Req({self.rid!r}, state={self.state.value}, prompt={self.prompt_len}, "

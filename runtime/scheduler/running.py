@@ -132,6 +132,59 @@ class RunningBatch:
             seq_lens_cpu=[p + 1 for p in pos_list], extend_prefix_lens_cpu=pos_list,
             extend_seq_lens_cpu=[1] * bs, shared_prefix=self._shared_prefix())
 
+    # -- a mixed step (grammar: jump-forward rows) ------------------------------------------
+    def forced(self) -> bool:
+        """Whether some request's next step feeds jump-forward tokens (``pending_forced``)."""
+        return any(r.pending_forced for r in self.reqs)
+
+    def next_tokens(self) -> int:
+        """Tokens the next step feeds: one per request, more for jump-forward rows."""
+        return len(self.reqs) + sum(r.seq_len - r.kv_len - 1 for r in self.reqs
+                                    if r.pending_forced)
+
+    def mixed_batch(self, memory: Any) -> ForwardBatch:
+        """The next step as an extend: each jump-forward row feeds its tokens without KV (from
+        the host), every other row its last sampled token (from the device, as a decode).
+        Reserves the KV slots and advances the batch (the mixed ``advance``).
+
+        NOTE: the rows stay in the batch and its sampling rows (no filter/merge, no trip
+        through the queue and the radix cache): at 256 rows jump-forward then costs one
+        eager forward instead of an extra extend that the whole decode batch waits for."""
+        reqs = self.reqs
+        lens = [r.seq_len - r.kv_len if r.pending_forced else 1 for r in reqs]
+        pos = [r.kv_len for r in reqs]
+        lens_t, pos_t = torch.tensor(lens), torch.tensor(pos)
+        starts_t = torch.cumsum(lens_t, 0) - lens_t
+        rows = self.rows_host.repeat_interleave(lens_t)
+        cols = (pos_t.repeat_interleave(lens_t) + torch.arange(int(lens_t.sum()))
+                - starts_t.repeat_interleave(lens_t))
+        slots = memory.reserve_at(rows, cols)
+        assert slots is not None, "mixed-step KV reservation failed after retraction"
+        input_ids = self.last_token.index_select(0, to_device(rows, self.device))
+        at, ids = [], []
+        for i, (req, start) in enumerate(zip(reqs, starts_t.tolist())):
+            if req.pending_forced:
+                at.extend(range(start, start + lens[i]))
+                ids.extend(req.all_ids[req.kv_len:req.seq_len])
+                # seeded sampling: the step number of the token sampled next (the token
+                # sampled for it in flight, if any, was dropped)
+                self.info.steps[i] = len(req.output_ids)
+        input_ids.index_copy_(0, to_device(torch.tensor(at), self.device),
+                              to_device(torch.tensor(ids), self.device))
+        dev = lambda t: to_device(t, self.device)  # noqa: E731
+        seq_t = pos_t + lens_t
+        batch = ForwardBatch(
+            mode=ForwardMode.EXTEND, batch_size=len(reqs), input_ids=input_ids,
+            positions=dev(cols), req_pool_indices=self.rows, seq_lens=dev(seq_t),
+            out_cache_loc=slots, extend_prefix_lens=dev(pos_t), extend_seq_lens=dev(lens_t),
+            extend_start_loc=dev(starts_t), logits_indices=dev(starts_t + lens_t - 1),
+            seq_lens_cpu=seq_t.tolist(), extend_prefix_lens_cpu=pos, extend_seq_lens_cpu=lens)
+        self.pos_host, self.pos = seq_t, dev(seq_t)
+        for req, n in zip(reqs, lens):
+            req.kv_len += n
+            req.pending_forced = False
+        return batch
+
     def _shared_prefix(self) -> SharedPrefix | None:
         """Groups sharing a cached prefix, recomputed only when the batch changed."""
         if self.prefix_members is None or self.tree is None or self.tree.disable:

@@ -213,8 +213,8 @@ class Scheduler(Stepping):
 
     # -- retraction ---------------------------------------------------------------------------
     def _make_room_for_decode(self) -> None:
-        """Retract requests until every running one can get its next KV slot."""
-        while self.memory.available() < len(self.running):
+        """Retract requests until every running one can get its next KV slots."""
+        while self.memory.available() < self.running.next_tokens():
             if self.chunked is not None:
                 victim, self.chunked = self.chunked, None
             elif len(self.running) > 1:

@@ -59,18 +59,21 @@ class Stepping:
         return step
 
     def _launch_decode(self) -> InflightStep | None:
-        if self.pending is not None and self.memory.available() < len(self.running):
+        if self.pending is not None and self.memory.available() < self.running.next_tokens():
             self._read(self.pending)  # requests it finished free KV: retract only if still short
         self._make_room_for_decode()
         if not self.running:
             return None
         reqs = self.running.reqs
-        slots = self.memory.reserve_decode(self.running)
-        assert slots is not None, "decode KV reservation failed after retraction"
         step = InflightStep.launched(ForwardMode.DECODE, reqs, self._must_sync(reqs))
         step.sampled = reqs
-        logits = self.runner.forward(self.running.forward_batch(slots))
-        self.running.advance()
+        if self.running.forced():  # grammar: jump-forward rows feed their forced tokens
+            logits = self.runner.forward(self.running.mixed_batch(self.memory))
+        else:
+            slots = self.memory.reserve_decode(self.running)
+            assert slots is not None, "decode KV reservation failed after retraction"
+            logits = self.runner.forward(self.running.forward_batch(slots))
+            self.running.advance()
         mask = self._decode_mask(step) if self.grammar else None  # grammar
         self._sample(step, logits, self.running.info, mask, self.running.rows)
         self._apply_batch_changes()
@@ -101,10 +104,10 @@ class Stepping:
 
     def _plan_deferred(self) -> None:
         """grammar: the completion measurements of the read's prefetched rows, made now that
-        the sampling is launched; forced requests leave the batch as at a read."""
-        reqs, requeue = self.grammar.plan_deferred(self.checker)
-        for req in requeue:
-            req.jumped = True
+        the sampling is launched; forced requests are handled as at a read."""
+        reqs, forced = self.grammar.plan_deferred(self.checker)
+        for req in forced:
+            self._jumped(req)
         self._leave_batch(reqs)
         self._requeue_jumped(reqs)
         self._finish_and_send([r for r in reqs if r.finished])
@@ -174,7 +177,7 @@ class Stepping:
             batch = max(len(self.running), len(reqs))
             prefetch = getattr(self, "_prefetch", None)
             for req in self.grammar.after_sample(reqs, self.checker, batch, prefetch):
-                req.jumped = True
+                self._jumped(req)
         if step.mode is ForwardMode.EXTEND:
             joined = [i for i in keep if not step.sampled[i].finished
                       and not step.sampled[i].jumped]
@@ -183,6 +186,23 @@ class Stepping:
         else:
             self._leave_batch(reqs)
         self._requeue_jumped(reqs)
+
+    def _jumped(self, req: Req) -> None:
+        """grammar: ``req`` took a jump-forward (its forced tokens have no KV). It keeps its
+        place in the batch and its KV, and its next step feeds them (``pending_forced``); a
+        request whose sampling state follows every output token (logprobs owed for the forced
+        tokens, penalties) goes back to the queue for an extend instead (``jumped``)."""
+        params = req.sampling_params
+        if req.return_logprob or params.has_penalties:
+            req.jumped = True
+            return
+        # NOTE: a step launched before this read sampled a token after the replaced or
+        # superseded one: the epoch drops it, and the replaced token's KV goes.
+        req.epoch += 1
+        if req.jump_kv_valid:
+            self.memory.truncate(req, req.jump_kv_valid)
+            req.jump_kv_valid = 0
+        req.pending_forced = True
 
     def _join_running(self, step: InflightStep, joined: list[int]) -> None:
         if len(joined) != len(step.sampled):

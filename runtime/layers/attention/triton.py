@@ -58,6 +58,19 @@ class TritonExtendMetadata:
     max_extend_len: int
 
 
+@dataclass
+class TritonMixedMetadata:
+    """An extend with one-token rows: those (``rows``, their tokens ``tok``) through the decode
+    kernel, the others (``ext``) through the extend kernel."""
+
+    decode: TritonDecodeMetadata
+    tok: torch.Tensor
+    req_pool_indices: torch.Tensor  # of ``rows``
+    seq_lens: torch.Tensor  # of ``rows``
+    ext: list[torch.Tensor]  # extend kernel's pool rows, prefix lens, lens, start locs
+    max_extend_len: int
+
+
 class TritonAttnBackend(AttentionBackend):
     def __init__(self, runner: Any) -> None:
         self.req_to_token = runner.req_to_token_pool.req_to_token
@@ -101,22 +114,49 @@ class TritonAttnBackend(AttentionBackend):
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         if batch.mode.is_decode:
-            mid_o, mid_lse = self._scratch(batch.batch_size)
-            cap = splits_cap(batch.batch_size, self.kv_heads, self.num_sms)
-            shared = batch.shared_prefix
-            lengths = batch.seq_lens
-            if shared is not None:
-                # NOTE: the suffix and prefix partials share the scratch's split slots; the
-                # prefix slots of requests in no tile must weigh 0 in the merge (-inf).
-                cap = min(cap, MAX_KV_SPLITS // 2)
-                lengths = batch.seq_lens - shared.prefix_lens
-                mid_lse[:, :, cap:2 * cap].fill_(float("-inf"))
-            batch.attn_metadata = TritonDecodeMetadata(
-                num_kv_splits_for(lengths, cap, MIN_TOKENS_PER_SPLIT), cap, mid_o, mid_lse,
-                shared)
-        else:
-            lengths = batch.extend_seq_lens_cpu or batch.extend_seq_lens.tolist()
+            batch.attn_metadata = self._decode_meta(batch.batch_size, batch.seq_lens,
+                                                    batch.shared_prefix)
+            return
+        lengths = batch.extend_seq_lens_cpu or batch.extend_seq_lens.tolist()
+        single = [i for i, n in enumerate(lengths) if n == 1]
+        if not single:
             batch.attn_metadata = TritonExtendMetadata(max(lengths) if lengths else 0)
+        else:
+            batch.attn_metadata = self._mixed_meta(batch, lengths, single)
+
+    def _decode_meta(self, bs: int, seq_lens: torch.Tensor,
+                     shared: Any = None) -> TritonDecodeMetadata:
+        mid_o, mid_lse = self._scratch(bs)
+        cap = splits_cap(bs, self.kv_heads, self.num_sms)
+        lengths = seq_lens
+        if shared is not None:
+            # NOTE: the suffix and prefix partials share the scratch's split slots; the
+            # prefix slots of requests in no tile must weigh 0 in the merge (-inf).
+            cap = min(cap, MAX_KV_SPLITS // 2)
+            lengths = seq_lens - shared.prefix_lens
+            mid_lse[:, :, cap:2 * cap].fill_(float("-inf"))
+        return TritonDecodeMetadata(num_kv_splits_for(lengths, cap, MIN_TOKENS_PER_SPLIT), cap,
+                                    mid_o, mid_lse, shared)
+
+    def _mixed_meta(self, batch: ForwardBatch, lengths: list[int],
+                    single: list[int]) -> "TritonMixedMetadata":
+        """An extend whose one-token rows (decode rows of a mixed step, grammar jump-forward)
+        run the split-K decode kernel: the extend kernel gives each (row, query head) one
+        program over the whole prefix, with no split and the kv group re-read per head."""
+        starts, at = [], 0
+        for n in lengths:
+            starts.append(at)
+            at += n
+        multi = [i for i, n in enumerate(lengths) if n > 1]
+        dev = lambda v: _index(v, self.device)  # noqa: E731
+        rows, ext = dev(single), dev(multi)
+        seq_lens = batch.seq_lens.index_select(0, rows)
+        return TritonMixedMetadata(
+            self._decode_meta(len(single), seq_lens), dev([starts[i] for i in single]),
+            batch.req_pool_indices.index_select(0, rows), seq_lens,
+            [t.index_select(0, ext) for t in (batch.req_pool_indices, batch.extend_prefix_lens,
+                                              batch.extend_seq_lens, batch.extend_start_loc)],
+            max((lengths[i] for i in multi), default=0))
 
     def kv_store_target(self, layer_id: int, batch: ForwardBatch) -> KVStoreTarget:
         pool = self.kv_pool
@@ -135,6 +175,8 @@ class TritonAttnBackend(AttentionBackend):
         meta = batch.attn_metadata
         if isinstance(meta, TritonDecodeMetadata) and meta.shared is not None:
             return self._cascade_decode(q, k_buf, v_buf, out, batch, meta, scaling, scales)
+        if isinstance(meta, TritonMixedMetadata):
+            return self._mixed(q, k, v, out, k_buf, v_buf, batch, meta, scaling, scales)
         if isinstance(meta, TritonDecodeMetadata):
             return decode_attention_fwd(
                 q, k_buf, v_buf, out, self.req_to_token, batch.req_pool_indices,
@@ -158,3 +200,26 @@ class TritonAttnBackend(AttentionBackend):
                                 s.tile_members, meta.mid_o, meta.mid_lse, scaling, cap, cap,
                                 **scales)
         return decode_merge(meta.mid_o, meta.mid_lse, out, 2 * cap)
+
+    def _mixed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+               k_buf: torch.Tensor, v_buf: torch.Tensor, batch: ForwardBatch,
+               meta: TritonMixedMetadata, scaling: float,
+               scales: dict[str, float]) -> torch.Tensor:
+        """Decode kernel over the one-token rows (their k/v are stored already), extend
+        kernel over the rest, each writing its own rows of ``out``."""
+        d = meta.decode
+        q_dec = q.index_select(0, meta.tok)
+        out_dec = decode_attention_fwd(
+            q_dec, k_buf, v_buf, torch.empty_like(q_dec), self.req_to_token,
+            meta.req_pool_indices, meta.seq_lens, d.num_kv_splits, d.mid_o, d.mid_lse,
+            scaling, d.max_kv_splits, **scales)
+        out.index_copy_(0, meta.tok, out_dec)
+        if meta.max_extend_len:
+            extend_attention_fwd(q, k, v, out, k_buf, v_buf, self.req_to_token, *meta.ext,
+                                 meta.max_extend_len, scaling, **scales)
+        return out
+
+
+def _index(values: list[int], device: torch.device) -> torch.Tensor:
+    t = torch.tensor(values, dtype=torch.int64)
+    return t if device.type == "cpu" else t.pin_memory().to(device, non_blocking=True)

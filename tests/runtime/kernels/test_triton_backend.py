@@ -11,7 +11,7 @@ import torch
 
 from sgdsl.runtime.cache.pool import ReqToTokenPool, TokenKVPool
 from sgdsl.runtime.layers.attention.torch_native import TorchNativeAttnBackend
-from sgdsl.runtime.layers.attention.triton import TritonAttnBackend
+from sgdsl.runtime.layers.attention.triton import TritonAttnBackend, TritonMixedMetadata
 from sgdsl.runtime.model.forward_batch import ForwardBatch, ForwardMode
 
 from .conftest import ON_GPU, rel_err, tol
@@ -78,3 +78,28 @@ def test_extend_then_decode_matches_torch_native(device, dtype, kv_dtype):
         ours_kv, ref_kv = (getattr(r.token_kv_pool, name)[0] for r in runners)
         assert torch.equal(ours_kv.view(torch.uint8) if kv_dtype else ours_kv,
                            ref_kv.view(torch.uint8) if kv_dtype else ref_kv)
+
+
+def test_mixed_extend_matches_torch_native(device, dtype):
+    """One-token rows beside multi-token rows (a decode step carrying jump-forward tokens):
+    the one-token rows go through the decode kernel, the others through the extend kernel,
+    interleaved in the token order."""
+    gen = torch.Generator().manual_seed(1)
+    runners = [_runner(device, dtype, gen) for _ in range(2)]
+    for name in ("k_buffer", "v_buffer"):
+        getattr(runners[1].token_kv_pool, name)[0].copy_(getattr(runners[0].token_kv_pool, name)[0])
+    # (row, prefix slots, new slots): one-token rows 2 and 1 around multi-token rows 0 and 3
+    layout = [(2, [40, 41, 42, 43, 44], [3]), (0, [], [20, 21, 22, 23]),
+              (1, [10, 11, 12], [13]), (3, [30, 31], [32, 33, 34])]
+    for r in runners:
+        for row, prefix, new in layout:
+            r.req_to_token_pool.req_to_token[row, :len(prefix) + len(new)] = torch.tensor(
+                prefix + new)
+    backends = [TritonAttnBackend(runners[0]), TorchNativeAttnBackend(runners[1])]
+    batch = _batch(ForwardMode.EXTEND, [row for row, _, _ in layout],
+                   [len(p) for _, p, _ in layout], [len(n) for _, _, n in layout],
+                   [s for _, _, n in layout for s in n], device)
+    backends[0].init_forward_metadata(batch)
+    assert isinstance(batch.attn_metadata, TritonMixedMetadata)
+    ours, ref = _step(backends, batch, gen, device, dtype)
+    assert rel_err(ours, ref) < tol(dtype)

@@ -1,0 +1,91 @@
+"""Batched jump-forward: a request whose grammar forces text keeps its place in the decode batch,
+and the batch's next step feeds the forced tokens (a mixed step: extend rows beside decode rows).
+
+The stand-in model (``HashRunner``) derives each logits row from the token ids stored in the KV
+pool, so a wrong slot, position or input token changes the outputs. The reference is the same
+requests through the queue (a jump sends the request back for an extend of its own: what a
+request with ``min_new_tokens`` still does, since its sampling state follows every output token).
+Outputs must be identical, with and without overlap scheduling, and every slot freed after.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sgdsl.runtime.config import EngineConfig
+from sgdsl.runtime.grammar.manager import GrammarManager
+from sgdsl.runtime.ipc import messages as m
+from sgdsl.runtime.model.forward_batch import ForwardMode
+from sgdsl.runtime.sampling_params import SamplingParams
+from sgdsl.runtime.scheduler.scheduler import Scheduler
+
+from .helpers import EOS, VOCAB, shared_compiler
+from .test_batch_step import SCHEMA
+from .test_jump_logprobs import HashRunner
+
+N = 12  # above the old jump-forward batch limit (8)
+
+
+class CountingRunner(HashRunner):
+    """Counts mixed steps: extends with one-token rows on a cached prefix beside longer rows."""
+
+    def __init__(self) -> None:
+        super().__init__(num_slots=4096, max_reqs=16)
+        self.mixed = 0
+
+    def forward(self, b):
+        lens = b.extend_seq_lens_cpu
+        if b.mode is ForwardMode.EXTEND and 1 in lens and max(lens) > 1 and any(
+                p > 0 for p, n in zip(b.extend_prefix_lens_cpu, lens) if n == 1):
+            self.mixed += 1
+        return super().forward(b)
+
+
+def _run(backend, tokenizer, overlap: bool, through_queue: bool) -> tuple[dict, int, int]:
+    manager = GrammarManager(backend, tokenizer, VOCAB, [EOS], compiler=shared_compiler(backend))
+    outs: dict = {}
+
+    def send(msg) -> None:
+        for o in msg.outs:
+            rec = outs.setdefault(o.rid, {"ids": [], "finish": None})
+            rec["ids"] += o.new_ids
+            rec["finish"] = o.finish_reason or rec["finish"]
+    runner = CountingRunner()
+    config = EngineConfig(max_running_requests=16, disable_overlap_schedule=not overlap)
+    sched = Scheduler(runner, config, [EOS], None, send, grammar=manager)
+    for i in range(N):
+        prompt = tokenizer.encode(f"Person {i} as JSON: ", add_special_tokens=False)
+        sampled = dict(temperature=0.9, seed=i) if i % 3 == 1 else dict(temperature=0.0)
+        # min_new_tokens=1 changes nothing here (a JSON value cannot stop at its first token)
+        # but sends a jumping request through the queue
+        params = SamplingParams(max_new_tokens=64, json_schema=json.dumps(SCHEMA),
+                                min_new_tokens=1 if through_queue else 0, **sampled)
+        sched.handle(m.TokenizedGenerateReq(f"r{i}", prompt, params, stream=i % 4 == 3))
+    for _ in range(2000):
+        if not sched.step():
+            break
+    manager.shutdown()
+    assert sched._integrity_resp(0).ok  # every request done, every slot free or cached
+    return outs, manager.stats.jump_forward_tokens, runner.mixed
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_jumps_stay_in_the_batch_with_the_outputs_of_the_queue_path(backends, tokenizer,
+                                                                    overlap):
+    backend = backends["xgrammar"]
+    mixed, jumped, mixed_steps = _run(backend, tokenizer, overlap, through_queue=False)
+    queued, jumped_q, mixed_q = _run(backend, tokenizer, overlap, through_queue=True)
+    assert mixed_steps > 0 and mixed_q == 0
+    assert jumped == jumped_q > N  # every request took several jumps
+    assert mixed == queued
+    for rid, rec in mixed.items():
+        if rec["finish"]["type"] == "stop":
+            value = json.loads(tokenizer.decode([t for t in rec["ids"] if t != EOS]))
+            assert set(value) == set(SCHEMA["properties"]), rid
+    assert sum(rec["finish"]["type"] == "stop" for rec in mixed.values()) >= N // 2
+
+
+def test_sync_and_overlap_agree_on_mixed_steps(backends, tokenizer):
+    backend = backends["xgrammar"]
+    assert _run(backend, tokenizer, False, False)[:2] == _run(backend, tokenizer, True, False)[:2]
