@@ -72,7 +72,8 @@ MODES = {"unconstrained": (None, None), "mask-only": (False, "async"),
          "mask-only-nocomplete": (False, None)}
 
 
-def make_scheduler(runner, config, tokenizer, backend, mode: str, jump_max_batch: int = 8):
+def make_scheduler(runner, config, tokenizer, backend, mode: str,
+                   jump_max_batch: int | None = None):
     from sgdsl.runtime.grammar.completion import CompletionConfig
     from sgdsl.runtime.grammar.manager import GrammarManager
     from sgdsl.runtime.scheduler.scheduler import Scheduler
@@ -197,8 +198,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--dump-outputs", default=None, metavar="DIR",
                     help="write each constrained run's output ids to DIR (replayed on the CPU "
                          "by benchmarks/bench_grammar_host.py --replay)")
-    ap.add_argument("--jump-max-batch", type=int, default=8,
-                    help="the GrammarManager's jump_max_batch (jump-forward above it is off)")
+    ap.add_argument("--jump-max-batch", type=int, default=None,
+                    help="the GrammarManager's jump_max_batch (jump-forward above it is off; "
+                         "default: no limit)")
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--warmup-tokens", type=int, default=16,
                     help="max_new_tokens of each mode's warm-up run")

@@ -135,6 +135,11 @@ class ModelRunner:
         from .cuda_graph_runner import CudaGraphRunner
 
         max_bs = min(self.config.cuda_graph_max_bs, self.config.max_running_requests)
+        if self.config.grammar_backend != "none" and not self.config.disable_jump_forward:
+            # grammar: a decode step also feeds jump-forward tokens, one row each (scheduler:
+            # RunningBatch.mixed_batch); graphs for some more rows than requests let a full
+            # batch feed them in one step
+            max_bs += max(8, max_bs // 4)
         if self.tp_size > 1:
             # NOTE: NCCL creates its communicator on the first collective, which cannot happen
             # inside a graph capture: do one before capturing (the graphs then hold the

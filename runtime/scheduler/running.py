@@ -142,48 +142,77 @@ class RunningBatch:
         return len(self.reqs) + sum(r.seq_len - r.kv_len - 1 for r in self.reqs
                                     if r.pending_forced)
 
-    def mixed_batch(self, memory: Any) -> ForwardBatch:
-        """The next step as an extend: each jump-forward row feeds its tokens without KV (from
-        the host), every other row its last sampled token (from the device, as a decode).
-        Reserves the KV slots and advances the batch (the mixed ``advance``).
+    def mixed_batch(self, memory: Any, max_rows: int | None = None
+                    ) -> tuple[ForwardBatch, torch.Tensor, list[Req]]:
+        """The next step with jump-forward rows: each such request feeds its tokens without
+        KV (from the host), every other one its last sampled token (from the device). Every
+        fed token is a query row of a decode batch (a request's rows share its table row, with
+        increasing lengths: each row attends to the KV up to its own token, all of which is
+        stored before any attention), so the step replays a captured decode graph.
 
-        NOTE: the rows stay in the batch and its sampling rows (no filter/merge, no trip
-        through the queue and the radix cache): at 256 rows jump-forward then costs one
-        eager forward instead of an extra extend that the whole decode batch waits for."""
+        ``max_rows``: the largest batch a graph covers; a request whose tokens do not all fit
+        feeds what fits (one at least) and the rest next step. Returns the batch, the rows of
+        each request's last fed token (its logits) and the requests not fed in full (their
+        token sampled this step must be dropped). Reserves the KV slots and advances the batch.
+
+        NOTE: the requests stay in the batch and its sampling rows (no filter/merge, no trip
+        through the queue, the radix cache and an extend the whole batch would wait for)."""
         reqs = self.reqs
-        lens = [r.seq_len - r.kv_len if r.pending_forced else 1 for r in reqs]
-        pos = [r.kv_len for r in reqs]
-        lens_t, pos_t = torch.tensor(lens), torch.tensor(pos)
+        lens, partial = self._fed_lengths(max_rows)
+        lens_t, pos_t = torch.tensor(lens), torch.tensor([r.kv_len for r in reqs])
+        total = int(lens_t.sum())
         starts_t = torch.cumsum(lens_t, 0) - lens_t
         rows = self.rows_host.repeat_interleave(lens_t)
-        cols = (pos_t.repeat_interleave(lens_t) + torch.arange(int(lens_t.sum()))
+        cols = (pos_t.repeat_interleave(lens_t) + torch.arange(total)
                 - starts_t.repeat_interleave(lens_t))
         slots = memory.reserve_at(rows, cols)
         assert slots is not None, "mixed-step KV reservation failed after retraction"
-        input_ids = self.last_token.index_select(0, to_device(rows, self.device))
+        rows_dev = to_device(rows, self.device)
+        input_ids = self.last_token.index_select(0, rows_dev)
         at, ids = [], []
         for i, (req, start) in enumerate(zip(reqs, starts_t.tolist())):
             if req.pending_forced:
                 at.extend(range(start, start + lens[i]))
-                ids.extend(req.all_ids[req.kv_len:req.seq_len])
+                ids.extend(req.all_ids[req.kv_len:req.kv_len + lens[i]])
                 # seeded sampling: the step number of the token sampled next (the token
                 # sampled for it in flight, if any, was dropped)
                 self.info.steps[i] = len(req.output_ids)
         input_ids.index_copy_(0, to_device(torch.tensor(at), self.device),
                               to_device(torch.tensor(ids), self.device))
-        dev = lambda t: to_device(t, self.device)  # noqa: E731
-        seq_t = pos_t + lens_t
+        if self.ones.shape[0] < total:
+            self.ones = torch.ones(2 * total, dtype=torch.int64, device=self.device)
+            self.arange = torch.arange(2 * total, dtype=torch.int64, device=self.device)
+        cols_dev, cols_list = to_device(cols, self.device), cols.tolist()
         batch = ForwardBatch(
-            mode=ForwardMode.EXTEND, batch_size=len(reqs), input_ids=input_ids,
-            positions=dev(cols), req_pool_indices=self.rows, seq_lens=dev(seq_t),
-            out_cache_loc=slots, extend_prefix_lens=dev(pos_t), extend_seq_lens=dev(lens_t),
-            extend_start_loc=dev(starts_t), logits_indices=dev(starts_t + lens_t - 1),
-            seq_lens_cpu=seq_t.tolist(), extend_prefix_lens_cpu=pos, extend_seq_lens_cpu=lens)
-        self.pos_host, self.pos = seq_t, dev(seq_t)
+            mode=ForwardMode.DECODE, batch_size=total, input_ids=input_ids, positions=cols_dev,
+            req_pool_indices=rows_dev, seq_lens=cols_dev + 1, out_cache_loc=slots,
+            extend_prefix_lens=cols_dev, extend_seq_lens=self.ones[:total],
+            extend_start_loc=self.arange[:total], seq_lens_cpu=[c + 1 for c in cols_list],
+            extend_prefix_lens_cpu=cols_list, extend_seq_lens_cpu=[1] * total)
+        self.pos_host = pos_t + lens_t
+        self.pos = to_device(self.pos_host, self.device)
+        done = {id(r) for r in partial}
         for req, n in zip(reqs, lens):
             req.kv_len += n
-            req.pending_forced = False
-        return batch
+            req.pending_forced = id(req) in done
+        return batch, to_device(starts_t + lens_t - 1, self.device), partial
+
+    def _fed_lengths(self, max_rows: int | None) -> tuple[list[int], list[Req]]:
+        """Tokens each request feeds next step, within ``max_rows`` in all (first come first
+        served among jump-forward rows), and the requests left with some unfed."""
+        room = None if max_rows is None else max(max_rows - len(self.reqs), 0)
+        lens, partial = [], []
+        for req in self.reqs:
+            n = 1
+            if req.pending_forced:
+                want = req.seq_len - req.kv_len
+                n = want if room is None else 1 + min(want - 1, room)
+                if room is not None:
+                    room -= n - 1
+                if n < want:
+                    partial.append(req)
+            lens.append(n)
+        return lens, partial
 
     def _shared_prefix(self) -> SharedPrefix | None:
         """Groups sharing a cached prefix, recomputed only when the batch changed."""

@@ -68,7 +68,12 @@ class Stepping:
         step = InflightStep.launched(ForwardMode.DECODE, reqs, self._must_sync(reqs))
         step.sampled = reqs
         if self.running.forced():  # grammar: jump-forward rows feed their forced tokens
-            logits = self.runner.forward(self.running.mixed_batch(self.memory))
+            graphs = getattr(self.runner, "cuda_graph_runner", None)
+            batch, last, partial = self.running.mixed_batch(
+                self.memory, graphs.max_bs if graphs is not None else None)
+            logits = self.runner.forward(batch).index_select(0, last)
+            for req in partial:  # more forced tokens to feed: this step's token is dropped
+                req.epoch += 1
         else:
             slots = self.memory.reserve_decode(self.running)
             assert slots is not None, "decode KV reservation failed after retraction"

@@ -10,6 +10,7 @@ Outputs must be identical, with and without overlap scheduling, and every slot f
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -28,21 +29,26 @@ N = 12  # above the old jump-forward batch limit (8)
 
 
 class CountingRunner(HashRunner):
-    """Counts mixed steps: extends with one-token rows on a cached prefix beside longer rows."""
+    """Counts mixed steps: decode batches where some request has several query rows.
+    ``max_bs``: as a runner with CUDA graphs up to that batch size (the mixed step must fit)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_bs: int | None = None) -> None:
         super().__init__(num_slots=4096, max_reqs=16)
         self.mixed = 0
+        if max_bs is not None:
+            self.cuda_graph_runner = SimpleNamespace(max_bs=max_bs)
 
     def forward(self, b):
-        lens = b.extend_seq_lens_cpu
-        if b.mode is ForwardMode.EXTEND and 1 in lens and max(lens) > 1 and any(
-                p > 0 for p, n in zip(b.extend_prefix_lens_cpu, lens) if n == 1):
+        rows = b.req_pool_indices.tolist()
+        if b.mode is ForwardMode.DECODE and len(set(rows)) < len(rows):
             self.mixed += 1
+            graphs = getattr(self, "cuda_graph_runner", None)
+            assert graphs is None or len(rows) <= graphs.max_bs
         return super().forward(b)
 
 
-def _run(backend, tokenizer, overlap: bool, through_queue: bool) -> tuple[dict, int, int]:
+def _run(backend, tokenizer, overlap: bool, through_queue: bool,
+         max_bs: int | None = None) -> tuple[dict, int, int]:
     manager = GrammarManager(backend, tokenizer, VOCAB, [EOS], compiler=shared_compiler(backend))
     outs: dict = {}
 
@@ -51,7 +57,7 @@ def _run(backend, tokenizer, overlap: bool, through_queue: bool) -> tuple[dict, 
             rec = outs.setdefault(o.rid, {"ids": [], "finish": None})
             rec["ids"] += o.new_ids
             rec["finish"] = o.finish_reason or rec["finish"]
-    runner = CountingRunner()
+    runner = CountingRunner(max_bs)
     config = EngineConfig(max_running_requests=16, disable_overlap_schedule=not overlap)
     sched = Scheduler(runner, config, [EOS], None, send, grammar=manager)
     for i in range(N):
@@ -89,3 +95,14 @@ def test_jumps_stay_in_the_batch_with_the_outputs_of_the_queue_path(backends, to
 def test_sync_and_overlap_agree_on_mixed_steps(backends, tokenizer):
     backend = backends["xgrammar"]
     assert _run(backend, tokenizer, False, False)[:2] == _run(backend, tokenizer, True, False)[:2]
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_forced_tokens_beyond_the_graph_size_wait_a_step(backends, tokenizer, overlap):
+    """With room for one extra row per step (graphs up to N + 1), jump-forward rows feed their
+    tokens over several steps, dropping the tokens sampled meanwhile: same outputs."""
+    backend = backends["xgrammar"]
+    tight, jumped, steps = _run(backend, tokenizer, overlap, False, max_bs=N + 1)
+    free, jumped_free, _ = _run(backend, tokenizer, overlap, False)
+    assert steps > 0 and jumped == jumped_free
+    assert tight == free
