@@ -24,7 +24,14 @@ HOT = [
     ("sgdsl.runtime.grammar.manager:GrammarManager", "fill_bitmask"),
     ("sgdsl.runtime.grammar.manager:GrammarManager", "_fill"),
     ("sgdsl.runtime.grammar.manager:GrammarManager", "after_sample"),
-    ("sgdsl.runtime.grammar.manager:GrammarManager", "_jump"),
+    ("sgdsl.runtime.grammar.manager:GrammarManager", "_jump_batch"),
+    ("sgdsl.runtime.grammar.manager:GrammarManager", "_advance"),
+    ("sgdsl.runtime.grammar.manager:GrammarManager", "_settle"),
+    ("sgdsl.runtime.grammar.manager:GrammarManager", "plan_deferred"),
+    ("sgdsl.runtime.grammar.prefetch:MaskPrefetch", "result"),
+    ("sgdsl.runtime.grammar.forcing:", "jump_forward_batch"),
+    ("sgdsl.runtime.scheduler.running:RunningBatch", "mixed_batch"),
+    ("sgdsl.runtime.scheduler.stepping:Stepping", "_jumped"),
     ("sgdsl.runtime.grammar.completion:CompletionTracker", "plan"),
     ("sgdsl.runtime.grammar.shortest:CompletionSearch", "search"),
     ("sgdsl.runtime.grammar.shortest:CompletionSearch", "_search"),
@@ -35,7 +42,8 @@ HOT = [
     ("sgdsl.runtime.model.runner:ModelRunner", "forward"),
     ("concurrent.futures:Future", "result"),
 ]
-TIMES: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+# name -> [wall s, calls, thread CPU s]: wall well above CPU is waiting (device, GIL, locks)
+TIMES: dict[str, list[float]] = defaultdict(lambda: [0.0, 0, 0.0])
 
 
 def instrument() -> None:
@@ -53,13 +61,14 @@ def instrument() -> None:
         key = f"{cls_name or mod_name.rsplit('.', 1)[-1]}.{attr}"
 
         def wrapped(*a, __fn=fn, __key=key, **kw):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 return __fn(*a, **kw)
             finally:
                 acc = TIMES[__key]
                 acc[0] += time.perf_counter() - t0
                 acc[1] += 1
+                acc[2] += time.thread_time() - c0
         setattr(obj, attr, wrapped)
         if not cls_name and attr == "only_stop_allowed":  # imported by name into manager
             import sgdsl.runtime.grammar.manager as mgr
@@ -106,7 +115,8 @@ def dump_outputs(folder: str, bs: int, mode: str, res: dict, schema: dict) -> No
 
 def print_breakdown(title: str, res: dict) -> None:
     steps = max(res["steps"], 1)
-    rows = [[k, f"{1e3 * t / steps:.3f}", n, f"{1e6 * t / max(n, 1):.1f}"]
-            for k, (t, n) in sorted(res["prof"].items(), key=lambda kv: -kv[1][0])]
+    rows = [[k, f"{1e3 * t / steps:.3f}", f"{1e3 * cpu / steps:.3f}", n,
+             f"{1e6 * t / max(n, 1):.1f}"]
+            for k, (t, n, cpu) in sorted(res["prof"].items(), key=lambda kv: -kv[1][0])]
     print_table(f"breakdown {title}: ms per step (all {steps} steps)",
-                ["function", "ms/step", "calls", "us/call"], rows)
+                ["function", "ms/step", "cpu ms/step", "calls", "us/call"], rows)

@@ -207,6 +207,30 @@ def accept_token_grouped(grammars: Sequence[Grammar], token_ids: Sequence[int]) 
     return accepted
 
 
+def accept_tokens_grouped(grammars: Sequence[Grammar],
+                          token_lists: Sequence[Sequence[int]]) -> list[bool]:
+    """``grammars[i].accept_tokens(token_lists[i])`` (all or nothing each), one batch accept per
+    token position: the k-th tokens of every list still going in one native call."""
+    done = [0] * len(grammars)
+    going = [i for i, ids in enumerate(token_lists) if ids]
+    while going:
+        oks = accept_token_grouped([grammars[i] for i in going],
+                                   [token_lists[i][done[i]] for i in going])
+        nxt = []
+        for i, ok in zip(going, oks):
+            if ok:
+                done[i] += 1
+                if done[i] < len(token_lists[i]):
+                    nxt.append(i)
+            elif done[i]:
+                grammars[i].rollback(done[i])
+                done[i] = -1
+            else:
+                done[i] = -1
+        going = nxt
+    return [n == len(ids) and n > 0 for n, ids in zip(done, token_lists)]
+
+
 def _by_class(grammars: Sequence[Grammar]) -> dict[type, list[int]]:
     groups: dict[type, list[int]] = {}
     for i, g in enumerate(grammars):

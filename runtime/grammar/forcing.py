@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .completion import COMPLETED
-from .jump_forward import jump_forward
+from .jump_forward import jump_forward_batch
 
 
 class Forcing:
@@ -24,10 +24,14 @@ class Forcing:
             grammar.accept_token(self.eos[0])
         req.finish_reason = {"type": "stop", "matched": req.output_ids[-1]}
 
-    def _jump(self, req: Any, grammar: Any, checker: Any) -> bool:
-        budget = req.sampling_params.max_new_tokens - len(req.output_ids)
-        plan = jump_forward(grammar, self.tokenizer, req.output_ids, budget)
-        return plan is not None and self._force(req, grammar, plan, checker)
+    def _jump_batch(self, reqs: list[Any], checker: Any) -> list[Any]:
+        """Jump-forward for each of ``reqs`` where its grammar forces text (accepted in batch
+        calls); returns those that took forced tokens and are still running."""
+        plans = jump_forward_batch(
+            [r.grammar for r in reqs], self.tokenizer, [r.output_ids for r in reqs],
+            [r.sampling_params.max_new_tokens - len(r.output_ids) for r in reqs])
+        return [r for r, plan in zip(reqs, plans)
+                if plan is not None and self._force(r, r.grammar, plan, checker)]
 
     def _force(self, req: Any, grammar: Any, plan: Any, checker: Any, final: bool = False) -> bool:
         """Append a plan already applied to ``grammar``; True if the request must go back to

@@ -14,7 +14,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .base import Grammar, allocate_bitmask
+from .base import Grammar, accept_tokens_grouped, allocate_bitmask
+from .vocab import fast_decoder, fast_encoder
 
 
 @dataclass(frozen=True)
@@ -34,10 +35,44 @@ def jump_forward(grammar: Grammar, tokenizer: Any, output_ids: Sequence[int],
     ``budget`` is how many more output tokens the request may hold; the forced tokens are cut
     to it. Returns None (grammar untouched) when nothing is forced or nothing fits.
     """
-    forced = grammar.jump_forward_string()
-    if not forced or grammar.is_terminated() or budget <= 0:
-        return None
-    return force_text(grammar, tokenizer, output_ids, forced, budget)
+    return jump_forward_batch([grammar], tokenizer, [output_ids], [budget])[0]
+
+
+def jump_forward_batch(grammars: Sequence[Grammar], tokenizer: Any,
+                       outputs: Sequence[Sequence[int]],
+                       budgets: Sequence[int]) -> list[JumpForward | None]:
+    """``jump_forward`` for many requests, their forced tokens accepted in batch calls (one
+    per token position: native and threaded for xgrammar) instead of one call per token.
+
+    NOTE: at 256 decoding rows ~30 requests jump per step; accepting their tokens one call at
+    a time cost ~8 ms of host time per step on the H100 host."""
+    encode, decode = fast_encoder(tokenizer), fast_decoder(tokenizer)
+    todo = []  # (row, last token merged or None, ids, forced text)
+    for i, (grammar, out, budget) in enumerate(zip(grammars, outputs, budgets)):
+        text = grammar.jump_forward_string()
+        if not text or budget <= 0 or grammar.is_terminated():
+            continue
+        last = int(out[-1]) if out and grammar.num_accepted > 0 else None
+        last_text = decode([last]) if last is not None else ""
+        if last is None or "\ufffd" in last_text:  # merge only with a whole character
+            last, ids = None, tuple(encode(text))[:budget]
+        else:
+            ids = tuple(encode(last_text + text))[:budget + 1]
+            grammar.rollback(1)
+        todo.append((i, last, ids, text))
+    oks = accept_tokens_grouped([grammars[i] for i, *_ in todo], [ids for _, _, ids, _ in todo])
+    plans: list[JumpForward | None] = [None] * len(grammars)
+    for (i, last, ids, text), ok in zip(todo, oks):
+        if not ok and last is not None:  # restore, then the forced text on its own
+            grammars[i].accept_token(last)
+            plans[i] = force_text(grammars[i], tokenizer, (), text, budgets[i])
+        elif ok and last is None:
+            plans[i] = JumpForward(0, ids, text)
+        elif ok and ids[0] != last:
+            plans[i] = JumpForward(1, ids, text)
+        elif ok and len(ids) > 1:
+            plans[i] = JumpForward(0, ids[1:], text)
+    return plans
 
 
 def force_text(grammar: Grammar, tokenizer: Any, output_ids: Sequence[int], text: str,
@@ -47,25 +82,22 @@ def force_text(grammar: Grammar, tokenizer: Any, output_ids: Sequence[int], text
     Returns None (grammar untouched) when the grammar rejects it or nothing fits."""
     if budget <= 0:
         return None
+    encode = fast_encoder(tokenizer)
     if output_ids and grammar.num_accepted > 0:
         last = int(output_ids[-1])
-        last_text = tokenizer.decode([last])
+        last_text = fast_decoder(tokenizer)([last])
         if "\ufffd" not in last_text:  # a whole character: safe to merge with the text
-            ids = _encode(tokenizer, last_text + text, budget + 1)
+            ids = tuple(encode(last_text + text))[:budget + 1]
             grammar.rollback(1)
             if ids and grammar.accept_tokens(ids):
                 if ids[0] != last:
                     return JumpForward(1, ids, text)
                 return JumpForward(0, ids[1:], text) if len(ids) > 1 else None
             grammar.accept_token(last)  # restore the state we rolled back
-    ids = _encode(tokenizer, text, budget)
+    ids = tuple(encode(text))[:budget]
     if ids and grammar.accept_tokens(ids):
         return JumpForward(0, ids, text)
     return None
-
-
-def _encode(tokenizer: Any, text: str, limit: int) -> tuple[int, ...]:
-    return tuple(tokenizer.encode(text, add_special_tokens=False))[:limit]
 
 
 def only_stop_allowed(grammar: Grammar, vocab_size: int, stop_ids: Sequence[int]) -> bool:

@@ -204,7 +204,8 @@ class GrammarManager(Forcing):
         else:
             kept = live
         self.stats.sampled_tokens += len(live)
-        requeue = self._advance(kept, checker, jump)
+        jumpers: list[Any] | None = [] if jump else None  # jump-forward tried at the end
+        requeue = self._advance(kept, checker, jumpers)
         if handed:
             back = {id(r) for r in requeue}
             prefetch.fill([r for r in kept if not r.finished and id(r) not in back])
@@ -218,8 +219,10 @@ class GrammarManager(Forcing):
                 if (self.completion and self.completion.due(req)
                         and not (jump and req.grammar.jump_forward_string())):
                     self.deferred.append(req)
-                elif self._settle(req, req.grammar, checker, jump):
+                elif self._settle(req, req.grammar, checker, jumpers):
                     requeue.append(req)
+        if jumpers:
+            requeue += self._jump_batch(jumpers, checker)
         return requeue
 
     def _can_hand(self, req: Any, prefetch: MaskPrefetch) -> bool:
@@ -260,7 +263,7 @@ class GrammarManager(Forcing):
                 stop_only_row(prefetch.row(req), self.vocab_size, self.eos)):
             self._finish_with_stop(req, grammar)
 
-    def _advance(self, live: list[Any], checker: Any, jump: bool) -> list[Any]:
+    def _advance(self, live: list[Any], checker: Any, jumpers: list[Any] | None) -> list[Any]:
         accepted = accept_token_grouped([r.grammar for r in live],
                                         [r.output_ids[-1] for r in live])
         requeue = []
@@ -282,17 +285,20 @@ class GrammarManager(Forcing):
             if grammar.is_terminated() or not req.return_logprob and only_stop_allowed(
                     grammar, self.vocab_size, self.eos):
                 self._finish_with_stop(req, grammar)
-            elif self._settle(req, grammar, checker, jump):
+            elif self._settle(req, grammar, checker, jumpers):
                 requeue.append(req)
         return requeue
 
-    def _settle(self, req: Any, grammar: Any, checker: Any, jump: bool) -> bool:
-        """A forced completion when one is due (completion.py), else a jump-forward; True if
-        forced tokens were appended to a request still running."""
+    def _settle(self, req: Any, grammar: Any, checker: Any, jumpers: list[Any] | None) -> bool:
+        """A forced completion when one is due (completion.py; True if its tokens were
+        appended to a request still running), else the request joins ``jumpers`` (None:
+        jump-forward off), whose jump-forwards are made in one batch (``_jump_batch``)."""
         if self.completion and self.completion.due(req) and (
                 plan := self.completion.plan(req, grammar)) is not None:
             return self._force(req, grammar, plan, checker, final=True)
-        return jump and self._jump(req, grammar, checker)
+        if jumpers is not None:
+            jumpers.append(req)
+        return False
 
     def stats_dict(self) -> dict:
         """Counters for ``Engine.stats()``."""

@@ -94,18 +94,18 @@ class KVMemory:
         return slots_dev
 
     def reserve_at(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor | None:
-        """One KV slot per (request row, column) pair (host tensors), written into the table:
-        a mixed step's tokens (grammar jump-forward rows feed several). Device slots."""
+        """One KV slot per (request row, column) pair (host tensors): a mixed step's tokens
+        (grammar jump-forward rows feed several). Written into the host table; the caller
+        uploads the slots and writes the device table (``write_table``). Host slots."""
         slots = self.alloc_slots(int(rows.numel()))
-        if slots is None:
-            return None
-        self.host_table[rows, cols] = slots
-        if self.host_table is self.req_pool.req_to_token:
-            return slots
-        slots_dev = to_device(slots, self.device)
-        self.req_pool.req_to_token[to_device(rows, self.device),
-                                   to_device(cols, self.device)] = slots_dev
-        return slots_dev
+        if slots is not None:
+            self.host_table[rows, cols] = slots
+        return slots
+
+    def write_table(self, rows: torch.Tensor, cols: torch.Tensor, slots: torch.Tensor) -> None:
+        """The device table's side of ``reserve_at`` (device tensors; nothing on the CPU)."""
+        if self.host_table is not self.req_pool.req_to_token:
+            self.req_pool.req_to_token[rows, cols] = slots
 
     # -- release ----------------------------------------------------------------------------
     def cache_chunk(self, req: Req) -> None:

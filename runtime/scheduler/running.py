@@ -20,6 +20,7 @@ from ..layers.attention.shared_prefix import SharedPrefix, build_shared_prefix
 from ..model.forward_batch import ForwardBatch, ForwardMode
 from .prefix_groups import find_prefix_groups
 from .req import Req
+from .upload import HostUpload
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -66,6 +67,7 @@ class RunningBatch:
         self.last_token = torch.zeros(num_rows, device=device, **i64)
         self.ones = torch.ones(0, device=device, **i64)
         self.arange = torch.arange(0, device=device, **i64)
+        self.upload = HostUpload(device)  # a mixed step's indices (grammar jump-forward)
 
     def __len__(self) -> int:
         return len(self.reqs)
@@ -167,35 +169,40 @@ class RunningBatch:
                 - starts_t.repeat_interleave(lens_t))
         slots = memory.reserve_at(rows, cols)
         assert slots is not None, "mixed-step KV reservation failed after retraction"
-        rows_dev = to_device(rows, self.device)
-        input_ids = self.last_token.index_select(0, rows_dev)
         at, ids = [], []
         for i, (req, start) in enumerate(zip(reqs, starts_t.tolist())):
             if req.pending_forced:
                 at.extend(range(start, start + lens[i]))
-                ids.extend(req.all_ids[req.kv_len:req.kv_len + lens[i]])
+                fed = req.kv_len - req.prompt_len  # NOTE: never a prompt token (kv_len > prompt)
+                ids.extend(req.output_ids[fed:fed + lens[i]])
                 # seeded sampling: the step number of the token sampled next (the token
                 # sampled for it in flight, if any, was dropped)
                 self.info.steps[i] = len(req.output_ids)
-        input_ids.index_copy_(0, to_device(torch.tensor(at), self.device),
-                              to_device(torch.tensor(ids), self.device))
+        self.pos_host = pos_t + lens_t
+        # NOTE: one pinned upload for every index this step needs (each upload of its own
+        # took a pinned buffer and a copy launch)
+        parts = [rows, cols, slots, torch.tensor(at, dtype=torch.int64),
+                 torch.tensor(ids, dtype=torch.int64), starts_t + lens_t - 1, self.pos_host]
+        rows_d, cols_d, slots_d, at_d, ids_d, last_d, self.pos = self.upload(
+            torch.cat(parts)).split([int(p.numel()) for p in parts])
+        memory.write_table(rows_d, cols_d, slots_d)
+        input_ids = self.last_token.index_select(0, rows_d)
+        input_ids.index_copy_(0, at_d, ids_d)
         if self.ones.shape[0] < total:
             self.ones = torch.ones(2 * total, dtype=torch.int64, device=self.device)
             self.arange = torch.arange(2 * total, dtype=torch.int64, device=self.device)
-        cols_dev, cols_list = to_device(cols, self.device), cols.tolist()
+        cols_list = cols.tolist()
         batch = ForwardBatch(
-            mode=ForwardMode.DECODE, batch_size=total, input_ids=input_ids, positions=cols_dev,
-            req_pool_indices=rows_dev, seq_lens=cols_dev + 1, out_cache_loc=slots,
-            extend_prefix_lens=cols_dev, extend_seq_lens=self.ones[:total],
+            mode=ForwardMode.DECODE, batch_size=total, input_ids=input_ids, positions=cols_d,
+            req_pool_indices=rows_d, seq_lens=cols_d + 1, out_cache_loc=slots_d,
+            extend_prefix_lens=cols_d, extend_seq_lens=self.ones[:total],
             extend_start_loc=self.arange[:total], seq_lens_cpu=[c + 1 for c in cols_list],
             extend_prefix_lens_cpu=cols_list, extend_seq_lens_cpu=[1] * total)
-        self.pos_host = pos_t + lens_t
-        self.pos = to_device(self.pos_host, self.device)
         done = {id(r) for r in partial}
         for req, n in zip(reqs, lens):
             req.kv_len += n
             req.pending_forced = id(req) in done
-        return batch, to_device(starts_t + lens_t - 1, self.device), partial
+        return batch, last_d, partial
 
     def _fed_lengths(self, max_rows: int | None) -> tuple[list[int], list[Req]]:
         """Tokens each request feeds next step, within ``max_rows`` in all (first come first

@@ -106,3 +106,51 @@ def test_forced_tokens_beyond_the_graph_size_wait_a_step(backends, tokenizer, ov
     free, jumped_free, _ = _run(backend, tokenizer, overlap, False)
     assert steps > 0 and jumped == jumped_free
     assert tight == free
+
+
+@pytest.mark.parametrize("name", ["xgrammar", "outlines"])
+def test_batch_jump_forward_matches_one_at_a_time(backends, tokenizer, name):
+    """Forced tokens accepted one position at a time across requests give each request the
+    plan and grammar state ``force_text`` gives it alone (merged with its last token or not,
+    cut to its budget)."""
+    from sgdsl.runtime.grammar import GrammarKey
+    from sgdsl.runtime.grammar.jump_forward import force_text, jump_forward_batch
+
+    backend = backends[name]
+    compiled = backend.compile(GrammarKey.from_constraint("json_schema", json.dumps(SCHEMA)))
+    texts = ['{"', '{"name": "ab",', '{"name": "ab", "age": 1', '{"name": "x", "age": 12,',
+             '{"name": "x", "age": 12, "job": "doctor"', '{"name": "ab']
+    budgets = [64, 64, 64, 2, 64, 64]
+
+    def prepared():
+        out = []
+        for text in texts:
+            g = backend.new_grammar(compiled)
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            assert g.accept_tokens(ids), text
+            out.append((g, ids))
+        return out
+    batch, alone = prepared(), prepared()
+    plans = jump_forward_batch([g for g, _ in batch], tokenizer, [ids for _, ids in batch],
+                               budgets)
+    for (g, ids), budget, plan in zip(alone, budgets, plans):
+        forced = g.jump_forward_string()
+        ref = force_text(g, tokenizer, ids, forced, budget) if forced else None
+        assert plan == ref
+    assert sum(p is not None for p in plans) >= 4
+    for (g, _), (ref, _) in zip(batch, alone):
+        assert g.num_accepted == ref.num_accepted
+        assert g.jump_forward_string() == ref.jump_forward_string()
+
+
+def test_grouped_accept_is_all_or_nothing(backends, tokenizer):
+    from sgdsl.runtime.grammar import GrammarKey
+    from sgdsl.runtime.grammar.base import accept_tokens_grouped
+
+    backend = backends["xgrammar"]
+    compiled = backend.compile(GrammarKey.from_constraint("json_schema", json.dumps(SCHEMA)))
+    gs = [backend.new_grammar(compiled) for _ in range(3)]
+    enc = lambda t: tokenizer.encode(t, add_special_tokens=False)  # noqa: E731
+    good, bad = enc('{"name": "a'), enc('{"name": 12')  # a number where a string must go
+    assert accept_tokens_grouped(gs, [good, bad, []]) == [True, False, False]
+    assert [g.num_accepted for g in gs] == [len(good), 0, 0]
