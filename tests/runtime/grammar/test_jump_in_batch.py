@@ -117,9 +117,12 @@ def test_batch_jump_forward_matches_one_at_a_time(backends, tokenizer, name):
     from sgdsl.runtime.grammar.jump_forward import force_text, jump_forward_batch
 
     backend = backends[name]
-    compiled = backend.compile(GrammarKey.from_constraint("json_schema", json.dumps(SCHEMA)))
+    schema = {**SCHEMA, "properties": {**SCHEMA["properties"], "age": {"type": "integer"}}}
+    compiled = backend.compile(GrammarKey.from_constraint("json_schema", json.dumps(schema)))
     texts = ['{"', '{"name": "ab",', '{"name": "ab", "age": 1', '{"name": "x", "age": 12,',
              '{"name": "x", "age": 12, "job": "doctor"', '{"name": "ab']
+    if name == "outlines":  # its JSON spelling has no spaces after separators
+        texts = [t.replace(": ", ":").replace(", ", ",") for t in texts]
     budgets = [64, 64, 64, 2, 64, 64]
 
     def prepared():
