@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import step_timeline  # noqa: E402
 from common import device_line, model_dir, print_table, random_prompts  # noqa: E402
 from host_profile import (TIMES, dump_outputs, gc_timer, instrument,  # noqa: E402
-                          print_breakdown, profile_plan)
+                          print_breakdown, profile_method)
 
 SCHEMA = {
     "type": "object",
@@ -195,6 +195,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--profile-plan", type=int, default=0, metavar="N",
                     help="cProfile the completion tracker's plan() in timed runs: top N")
+    ap.add_argument("--profile-mixed", type=int, default=0, metavar="N",
+                    help="cProfile the mixed steps' batch builder (jump-forward): top N")
     ap.add_argument("--dump-outputs", default=None, metavar="DIR",
                     help="write each constrained run's output ids to DIR (replayed on the CPU "
                          "by benchmarks/bench_grammar_host.py --replay)")
@@ -226,13 +228,17 @@ def measure_mode(a: argparse.Namespace, sched, prompts: list[list[int]], bs: int
     sched.memory.flush()
     if a.timeline:
         step_timeline.start()
-    prof = profile_plan(sched) if a.profile_plan and constrained else None
+    # cProfiles asked for: the completion tracker's plan, the mixed-step batch builder
+    targets = [(sched.grammar.completion if sched.grammar else None, "plan", a.profile_plan),
+               (sched.running, "mixed_batch", a.profile_mixed)]
+    profs = [(obj, attr, n, profile_method(obj, attr)) for obj, attr, n in targets
+             if n and constrained and obj is not None]
     res = run_mode(sched, prompts, constrained, a.max_new, None if constrained else lengths)
-    if prof is not None:
+    for obj, attr, n, prof in profs:
         import pstats
 
-        del sched.grammar.completion.plan  # the class's own again
-        pstats.Stats(prof).sort_stats("cumulative").print_stats(a.profile_plan)
+        delattr(obj, attr)  # the class's own again
+        pstats.Stats(prof).sort_stats("tottime").print_stats(n)
     if a.timeline:
         tl = step_timeline.stop()
         print(f"timeline bs={bs} {mode}: " + ", ".join(

@@ -86,22 +86,22 @@ def gc_timer(phase: str, info: dict) -> None:
         acc[1] += 1
 
 
-def profile_plan(sched):
-    """Profile every ``CompletionTracker.plan`` call of ``sched`` (None without tracking)."""
+def profile_method(obj, attr: str):
+    """A cProfile of every call of ``obj.attr`` from now on (an instance attribute shadowing
+    the class's: ``del obj.attr`` restores it); None when ``obj`` is None."""
     import cProfile
 
-    tracker = sched.grammar.completion if sched.grammar else None
-    if tracker is None:
+    if obj is None:
         return None
-    prof, plan = cProfile.Profile(), tracker.plan
+    prof, fn = cProfile.Profile(), getattr(obj, attr)
 
-    def profiled(req, grammar):
+    def profiled(*a, **kw):
         prof.enable()
         try:
-            return plan(req, grammar)
+            return fn(*a, **kw)
         finally:
             prof.disable()
-    tracker.plan = profiled
+    setattr(obj, attr, profiled)
     return prof
 
 
