@@ -72,7 +72,7 @@ class XGrammarGrammar(Grammar):
         # rows measured by the completion tracker are accepted on the path to the sampling
         # launch: ~2 ms in one call on the H100 host at 256 rows)
         chunk = max(_MIN_ACCEPT_CHUNK, -(-len(matchers) // _fill_threads()))
-        if len(matchers) < 2 * _MIN_ACCEPT_CHUNK or _fill_threads() == 1:
+        if len(matchers) < _MIN_THREADED_ACCEPT or _fill_threads() == 1:
             oks = xgr.BatchGrammarMatcher.batch_accept_token(matchers, tokens)
         else:  # NOTE: xgrammar releases the GIL in native calls: chunks run in parallel
             spans = [(i, i + chunk) for i in range(0, len(matchers), chunk)]
@@ -240,6 +240,10 @@ def _batch_filler() -> Any:
 
 
 _MIN_ACCEPT_CHUNK = 16  # rows per accept task: below this a thread hop costs more than it saves
+# NOTE: fewer rows are accepted in one native call on the calling thread: jump-forward accepts
+# its forced tokens one position at a time for ~30 requests (256 decoding, H100 host), and
+# the pool's round trips (~150 us of waiting per task) cost more than the accepts themselves
+_MIN_THREADED_ACCEPT = 64
 _ACCEPT_POOL: Any = None
 
 

@@ -58,13 +58,13 @@ def test_batch_accept_matches_single_accept(backends, tokenizer):
 
 
 def test_parallel_batch_accept_keeps_row_order(backends, tokenizer, monkeypatch):
-    monkeypatch.setenv("SGDSL_GRAMMAR_FILL_THREADS", "2")  # 2 chunks of 20 rows, in threads
-    gs = _grammars(backends["xgrammar"], 40)
+    monkeypatch.setenv("SGDSL_GRAMMAR_FILL_THREADS", "2")  # 2 chunks of 40 rows, in threads
+    gs = _grammars(backends["xgrammar"], 80)
     good = tokenizer.encode('{"', add_special_tokens=False)[0]
     bad = tokenizer.encode("x", add_special_tokens=False)[0]
-    tokens = [bad if i % 7 == 3 else good for i in range(40)]
+    tokens = [bad if i % 7 == 3 else good for i in range(80)]
     oks = type(gs[0]).accept_token_batch(gs, tokens)
-    assert oks == [i % 7 != 3 for i in range(40)]
+    assert oks == [i % 7 != 3 for i in range(80)]
     assert [g.num_accepted for g in gs] == [int(ok) for ok in oks]
 
 
