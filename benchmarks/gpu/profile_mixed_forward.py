@@ -1,7 +1,11 @@
-"""What one mixed step costs (grammar jump-forward at batch): an extend forward whose rows are
+"""What an eager mixed forward costs (grammar jump-forward at batch): an extend whose rows are
 decode rows (one token on a cached prefix) beside a few jump-forward rows (several tokens),
 against the captured decode step of the same batch. Host time of the launch (no sync) and
 device time per forward, then a cProfile of the eager launch (top functions by own time).
+
+It is why the scheduler feeds jump-forward tokens as decode rows that replay the graphs
+(``RunningBatch.mixed_batch``) rather than as such an extend: on the H100 the eager forward
+of Llama-3.1-8B was launch-bound at ~20 ms (benchmarks/RESULTS.md, seventh session).
 
     python benchmarks/gpu/profile_mixed_forward.py --batches 32 256 --jumpers 4 --forced 6
 """
