@@ -216,8 +216,10 @@ class GrammarManager(Forcing):
                 # NOTE: a completion measurement due waits for the sampling launch unless a
                 # jump-forward may follow it (which must come before the read's stream output:
                 # it may respell the last token)
-                if (self.completion and self.completion.due(req)
-                        and not (jump and req.grammar.jump_forward_string())):
+                if not (self.completion and self.completion.due(req)):
+                    if jumpers is not None:
+                        jumpers.append(req)
+                elif not (jump and req.grammar.jump_forward_string()):
                     self.deferred.append(req)
                 elif self._settle(req, req.grammar, checker, jumpers):
                     requeue.append(req)

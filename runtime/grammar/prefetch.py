@@ -46,6 +46,7 @@ class MaskPrefetch:
         self.bitmask = allocate_bitmask(len(reqs), vocab_size, pin=pin, init=False)
         self.filled: set[int] = set()  # rows filled: by the job, or early (``fill``)
         self._job: cf.Future | None = None
+        self._fill_job: cf.Future | None = None
 
     def covers(self, req: Any) -> bool:
         return id(req) in self.rows
@@ -65,6 +66,21 @@ class MaskPrefetch:
             return accepted, {rows[i] for i in keep}
 
         self._job = _executor().submit(job)
+
+    def start_fill(self, reqs: Sequence[Any]) -> None:
+        """Fill the rows of ``reqs`` (matchers already advanced, untouched by the read: the
+        jump-forward rows this step fed) on the helper thread now, before any handed job."""
+        reqs = [r for r in reqs if self.covers(r) and r.grammar is not None
+                and r.grammar.thread_safe_batch and not r.finished]
+        if not reqs:
+            return
+        grammars, rows = [r.grammar for r in reqs], [self.rows[id(r)] for r in reqs]
+
+        def job() -> set[int]:
+            fill_bitmask_grouped(grammars, self.bitmask, rows)
+            return set(rows)
+
+        self._fill_job = _executor().submit(job)
 
     def result(self) -> list[bool]:
         """Wait for the job; whether each handed-over token was accepted (``start``'s order).
@@ -90,6 +106,9 @@ class MaskPrefetch:
         """The step's constrained ``rows`` are final: rows filled here whose request left are
         no longer filled, every row not filled here is opened (its contents were undefined);
         returns the rows of ``rows`` still to fill."""
+        if self._fill_job is not None:
+            self.filled |= self._fill_job.result()
+            self._fill_job = None
         self.filled.intersection_update(rows)
         open_rows(self.bitmask, [i for i in range(self.bitmask.shape[0]) if i not in self.filled])
         return [i for i in rows if i not in self.filled]

@@ -67,19 +67,22 @@ class Stepping:
         reqs = self.running.reqs
         step = InflightStep.launched(ForwardMode.DECODE, reqs, self._must_sync(reqs))
         step.sampled = reqs
+        fed: list[Req] = []  # grammar: jump-forward rows fed in full (their masks known now)
         if self.running.forced():  # grammar: jump-forward rows feed their forced tokens
             graphs = getattr(self.runner, "cuda_graph_runner", None)
+            fed = [r for r in reqs if r.pending_forced]
             batch, last, partial = self.running.mixed_batch(
                 self.memory, graphs.max_bs if graphs is not None else None)
             logits = self.runner.forward(batch).index_select(0, last)
             for req in partial:  # more forced tokens to feed: this step's token is dropped
                 req.epoch += 1
+            fed = [r for r in fed if not r.pending_forced]
         else:
             slots = self.memory.reserve_decode(self.running)
             assert slots is not None, "decode KV reservation failed after retraction"
             logits = self.runner.forward(self.running.forward_batch(slots))
             self.running.advance()
-        mask = self._decode_mask(step) if self.grammar else None  # grammar
+        mask = self._decode_mask(step, fed) if self.grammar else None  # grammar
         self._sample(step, logits, self.running.info, mask, self.running.rows)
         self._apply_batch_changes()
         if self.grammar is not None and self.grammar.deferred:
@@ -87,11 +90,12 @@ class Stepping:
         self.ratio = max(self.ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
         return step
 
-    def _decode_mask(self, step: InflightStep) -> torch.Tensor | None:
+    def _decode_mask(self, step: InflightStep, fed: list[Req]) -> torch.Tensor | None:
         """grammar: the bitmask of a decode step whose forward is already queued. With
         overlap, the previous step is read first (its tokens advance the matchers) while the
         device runs this forward; changes to the running batch wait until this step sampled,
-        and rows whose request left meanwhile stay open (their tokens are dropped)."""
+        and rows whose request left meanwhile stay open (their tokens are dropped). ``fed``:
+        jump-forward rows this step fed in full, whose rows are filled during the read."""
         if not self.running.grammar_rows:
             return None
         prefetch = None
@@ -100,6 +104,9 @@ class Stepping:
             # the rows with nothing else to do get accepted and filled on a helper thread
             # while the read goes on (grammar/prefetch.py)
             prefetch = self._prefetch = self.grammar.prefetch(step.reqs)
+            if prefetch is not None and fed:  # not in the read: their matchers are free
+                live = {id(r) for r in self.pending.live()}
+                prefetch.start_fill([r for r in fed if id(r) not in live])
             try:
                 self._read(self.pending)
             finally:

@@ -30,6 +30,30 @@ def shutdown_shared_compilers() -> None:
         _SHARED.popitem()[1].shutdown()
 
 
+def run_to_end(runner, config, manager, requests: list, max_steps: int = 2000) -> dict:
+    """Step a Scheduler over ``requests`` (TokenizedGenerateReq) until it idles; rid ->
+    {"ids", "finish"}. Shuts ``manager`` down and asserts the idle invariant (every request
+    done, every slot free or cached)."""
+    from sgdsl.runtime.scheduler.scheduler import Scheduler
+
+    outs: dict = {}
+
+    def send(msg) -> None:
+        for o in msg.outs:
+            rec = outs.setdefault(o.rid, {"ids": [], "finish": None})
+            rec["ids"] += o.new_ids
+            rec["finish"] = o.finish_reason or rec["finish"]
+    sched = Scheduler(runner, config, [EOS], None, send, grammar=manager)
+    for req in requests:
+        sched.handle(req)
+    for _ in range(max_steps):
+        if not sched.step():
+            break
+    manager.shutdown()
+    assert sched._integrity_resp(0).ok
+    return outs
+
+
 def allowed_mask(grammar: Grammar) -> torch.Tensor:
     row = allocate_bitmask(1, VOCAB)
     grammar.fill_bitmask(row, 0)

@@ -14,9 +14,8 @@ from sgdsl.runtime.grammar import GrammarKey, allocate_bitmask, only_stop_allowe
 from sgdsl.runtime.grammar.manager import GrammarManager
 from sgdsl.runtime.ipc import messages as m
 from sgdsl.runtime.sampling_params import SamplingParams
-from sgdsl.runtime.scheduler.scheduler import Scheduler
 
-from .helpers import EOS, VOCAB, feed_text, shared_compiler
+from .helpers import EOS, VOCAB, feed_text, run_to_end, shared_compiler
 from .test_jump_logprobs import HashRunner
 
 SCHEMA = {"type": "object", "properties": {
@@ -81,26 +80,15 @@ def _run(backend, tokenizer, overlap: bool, jump: bool, n: int = 5, max_new: int
          **kw) -> dict:
     manager = GrammarManager(backend, tokenizer, VOCAB, [EOS], jump_forward=jump,
                              compiler=shared_compiler(backend), **kw)
-    outs: dict = {}
-
-    def send(msg) -> None:
-        for o in msg.outs:
-            rec = outs.setdefault(o.rid, {"ids": [], "finish": None})
-            rec["ids"] += o.new_ids
-            rec["finish"] = o.finish_reason or rec["finish"]
-    config = EngineConfig(max_running_requests=8, disable_overlap_schedule=not overlap)
-    sched = Scheduler(HashRunner(num_slots=2048), config, [EOS], None, send, grammar=manager)
+    requests = []
     for i in range(n):
         prompt = tokenizer.encode(f"Person {i} as JSON: ", add_special_tokens=False)
         sampled = dict(temperature=0.9, seed=i) if i % 2 else dict(temperature=0.0)
         extra = {} if i in (2, 5) else {"json_schema": json.dumps(SCHEMA)}  # mixed batch
         params = SamplingParams(max_new_tokens=max_new, **sampled, **extra)
-        sched.handle(m.TokenizedGenerateReq(f"r{i}", prompt, params, stream=i == 3))
-    for _ in range(1000):
-        if not sched.step():
-            break
-    manager.shutdown()
-    assert sched._integrity_resp(0).ok  # every request done, every slot free or cached
+        requests.append(m.TokenizedGenerateReq(f"r{i}", prompt, params, stream=i == 3))
+    config = EngineConfig(max_running_requests=8, disable_overlap_schedule=not overlap)
+    outs = run_to_end(HashRunner(num_slots=2048), config, manager, requests, 1000)
     outs["jumped"] = manager.stats.jump_forward_tokens
     return outs
 

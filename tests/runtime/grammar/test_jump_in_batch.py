@@ -19,9 +19,8 @@ from sgdsl.runtime.grammar.manager import GrammarManager
 from sgdsl.runtime.ipc import messages as m
 from sgdsl.runtime.model.forward_batch import ForwardMode
 from sgdsl.runtime.sampling_params import SamplingParams
-from sgdsl.runtime.scheduler.scheduler import Scheduler
 
-from .helpers import EOS, VOCAB, shared_compiler
+from .helpers import EOS, VOCAB, run_to_end, shared_compiler
 from .test_batch_step import SCHEMA
 from .test_jump_logprobs import HashRunner
 
@@ -50,16 +49,7 @@ class CountingRunner(HashRunner):
 def _run(backend, tokenizer, overlap: bool, through_queue: bool,
          max_bs: int | None = None) -> tuple[dict, int, int]:
     manager = GrammarManager(backend, tokenizer, VOCAB, [EOS], compiler=shared_compiler(backend))
-    outs: dict = {}
-
-    def send(msg) -> None:
-        for o in msg.outs:
-            rec = outs.setdefault(o.rid, {"ids": [], "finish": None})
-            rec["ids"] += o.new_ids
-            rec["finish"] = o.finish_reason or rec["finish"]
-    runner = CountingRunner(max_bs)
-    config = EngineConfig(max_running_requests=16, disable_overlap_schedule=not overlap)
-    sched = Scheduler(runner, config, [EOS], None, send, grammar=manager)
+    requests = []
     for i in range(N):
         prompt = tokenizer.encode(f"Person {i} as JSON: ", add_special_tokens=False)
         sampled = dict(temperature=0.9, seed=i) if i % 3 == 1 else dict(temperature=0.0)
@@ -67,12 +57,10 @@ def _run(backend, tokenizer, overlap: bool, through_queue: bool,
         # but sends a jumping request through the queue
         params = SamplingParams(max_new_tokens=64, json_schema=json.dumps(SCHEMA),
                                 min_new_tokens=1 if through_queue else 0, **sampled)
-        sched.handle(m.TokenizedGenerateReq(f"r{i}", prompt, params, stream=i % 4 == 3))
-    for _ in range(2000):
-        if not sched.step():
-            break
-    manager.shutdown()
-    assert sched._integrity_resp(0).ok  # every request done, every slot free or cached
+        requests.append(m.TokenizedGenerateReq(f"r{i}", prompt, params, stream=i % 4 == 3))
+    runner = CountingRunner(max_bs)
+    config = EngineConfig(max_running_requests=16, disable_overlap_schedule=not overlap)
+    outs = run_to_end(runner, config, manager, requests)
     return outs, manager.stats.jump_forward_tokens, runner.mixed
 
 
