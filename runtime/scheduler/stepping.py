@@ -69,14 +69,7 @@ class Stepping:
         step.sampled = reqs
         fed: list[Req] = []  # grammar: jump-forward rows fed in full (their masks known now)
         if self.running.forced():  # grammar: jump-forward rows feed their forced tokens
-            graphs = getattr(self.runner, "cuda_graph_runner", None)
-            fed = [r for r in reqs if r.pending_forced]
-            batch, last, partial = self.running.mixed_batch(
-                self.memory, graphs.max_bs if graphs is not None else None)
-            logits = self.runner.forward(batch).index_select(0, last)
-            for req in partial:  # more forced tokens to feed: this step's token is dropped
-                req.epoch += 1
-            fed = [r for r in fed if not r.pending_forced]
+            logits, fed = self._forward_mixed(reqs)
         else:
             slots = self.memory.reserve_decode(self.running)
             assert slots is not None, "decode KV reservation failed after retraction"
@@ -89,6 +82,21 @@ class Stepping:
             self._plan_deferred()
         self.ratio = max(self.ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
         return step
+
+    def _forward_mixed(self, reqs: list[Req]) -> tuple[torch.Tensor, list[Req]]:
+        """grammar: a decode step that also feeds jump-forward tokens (as decode rows: the
+        graphs replay; ``RunningBatch.mixed_batch``). Returns the logits of each request's
+        last fed token and the jump-forward requests fed in full; the others feed the rest
+        next step and this step's token for them is dropped."""
+        graphs = getattr(self.runner, "cuda_graph_runner", None)
+        # within the graphs' size, unless the batch runs eager anyway
+        max_rows = graphs.max_bs if graphs is not None and len(reqs) <= graphs.max_bs else None
+        fed = [r for r in reqs if r.pending_forced]
+        batch, last, partial = self.running.mixed_batch(self.memory, max_rows)
+        logits = self.runner.forward(batch).index_select(0, last)
+        for req in partial:
+            req.epoch += 1
+        return logits, [r for r in fed if not r.pending_forced]
 
     def _decode_mask(self, step: InflightStep, fed: list[Req]) -> torch.Tensor | None:
         """grammar: the bitmask of a decode step whose forward is already queued. With

@@ -33,7 +33,7 @@ class CountingRunner(HashRunner):
 
     def __init__(self, max_bs: int | None = None) -> None:
         super().__init__(num_slots=4096, max_reqs=16)
-        self.mixed = 0
+        self.mixed = self.eager = 0  # mixed steps; of them, larger than the graphs
         if max_bs is not None:
             self.cuda_graph_runner = SimpleNamespace(max_bs=max_bs)
 
@@ -42,12 +42,14 @@ class CountingRunner(HashRunner):
         if b.mode is ForwardMode.DECODE and len(set(rows)) < len(rows):
             self.mixed += 1
             graphs = getattr(self, "cuda_graph_runner", None)
-            assert graphs is None or len(rows) <= graphs.max_bs
+            # extra rows only within the graphs (a batch larger than them runs eager anyway)
+            assert graphs is None or len(rows) <= graphs.max_bs or len(set(rows)) > graphs.max_bs
+            self.eager += graphs is not None and len(rows) > graphs.max_bs
         return super().forward(b)
 
 
 def _run(backend, tokenizer, overlap: bool, through_queue: bool,
-         max_bs: int | None = None) -> tuple[dict, int, int]:
+         max_bs: int | None = None) -> tuple[dict, int, CountingRunner]:
     manager = GrammarManager(backend, tokenizer, VOCAB, [EOS], compiler=shared_compiler(backend))
     requests = []
     for i in range(N):
@@ -61,16 +63,16 @@ def _run(backend, tokenizer, overlap: bool, through_queue: bool,
     runner = CountingRunner(max_bs)
     config = EngineConfig(max_running_requests=16, disable_overlap_schedule=not overlap)
     outs = run_to_end(runner, config, manager, requests)
-    return outs, manager.stats.jump_forward_tokens, runner.mixed
+    return outs, manager.stats.jump_forward_tokens, runner
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
 def test_jumps_stay_in_the_batch_with_the_outputs_of_the_queue_path(backends, tokenizer,
                                                                     overlap):
     backend = backends["xgrammar"]
-    mixed, jumped, mixed_steps = _run(backend, tokenizer, overlap, through_queue=False)
-    queued, jumped_q, mixed_q = _run(backend, tokenizer, overlap, through_queue=True)
-    assert mixed_steps > 0 and mixed_q == 0
+    mixed, jumped, runner = _run(backend, tokenizer, overlap, through_queue=False)
+    queued, jumped_q, runner_q = _run(backend, tokenizer, overlap, through_queue=True)
+    assert runner.mixed > 0 and runner_q.mixed == 0
     assert jumped == jumped_q > N  # every request took several jumps
     assert mixed == queued
     for rid, rec in mixed.items():
@@ -85,14 +87,17 @@ def test_sync_and_overlap_agree_on_mixed_steps(backends, tokenizer):
     assert _run(backend, tokenizer, False, False)[:2] == _run(backend, tokenizer, True, False)[:2]
 
 
-@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
-def test_forced_tokens_beyond_the_graph_size_wait_a_step(backends, tokenizer, overlap):
+@pytest.mark.parametrize("overlap,max_bs", [(False, N + 1), (True, N + 1), (True, 4)],
+                         ids=["sync", "overlap", "batch-above-graphs"])
+def test_forced_tokens_beyond_the_graph_size_wait_a_step(backends, tokenizer, overlap, max_bs):
     """With room for one extra row per step (graphs up to N + 1), jump-forward rows feed their
-    tokens over several steps, dropping the tokens sampled meanwhile: same outputs."""
+    tokens over several steps, dropping the tokens sampled meanwhile: same outputs. A batch
+    larger than the graphs runs eager anyway and feeds every token at once."""
     backend = backends["xgrammar"]
-    tight, jumped, steps = _run(backend, tokenizer, overlap, False, max_bs=N + 1)
+    tight, jumped, runner = _run(backend, tokenizer, overlap, False, max_bs=max_bs)
     free, jumped_free, _ = _run(backend, tokenizer, overlap, False)
-    assert steps > 0 and jumped == jumped_free
+    assert runner.mixed > 0 and jumped == jumped_free
+    assert (runner.eager > 0) == (max_bs < N)
     assert tight == free
 
 
