@@ -140,9 +140,10 @@ class TritonAttnBackend(AttentionBackend):
 
     def _mixed_meta(self, batch: ForwardBatch, lengths: list[int],
                     single: list[int]) -> "TritonMixedMetadata":
-        """An extend whose one-token rows (decode rows of a mixed step, grammar jump-forward)
-        run the split-K decode kernel: the extend kernel gives each (row, query head) one
-        program over the whole prefix, with no split and the kv group re-read per head."""
+        """An extend whose one-token rows run the split-K decode kernel: requests whose
+        prompt is cached but for its last token (forks of one prompt, requests resumed after a
+        retraction). The extend kernel gives each (row, query head) one program over the
+        whole prefix, with no split and the kv group re-read per head."""
         starts, at = [], 0
         for n in lengths:
             starts.append(at)

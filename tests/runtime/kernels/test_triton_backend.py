@@ -81,7 +81,7 @@ def test_extend_then_decode_matches_torch_native(device, dtype, kv_dtype):
 
 
 def test_mixed_extend_matches_torch_native(device, dtype):
-    """One-token rows beside multi-token rows (a decode step carrying jump-forward tokens):
+    """One-token rows beside multi-token rows (prompts cached but for their last token):
     the one-token rows go through the decode kernel, the others through the extend kernel,
     interleaved in the token order."""
     gen = torch.Generator().manual_seed(1)
