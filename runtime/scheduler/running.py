@@ -9,6 +9,8 @@ and ``merge`` the rows. No per-step Python loop builds tensors and nothing syncs
 The token fed to a decode step is never read from the host: it is gathered on the device from
 ``last_token`` (one entry per request row, written by every sampling step), so the next step
 can be launched before the previous step's tokens reached the host (overlap scheduling).
+The exception (grammar): a request that took a jump-forward feeds its forced tokens, known on
+the host, in its next step (``mixed_batch``: one decode row per token).
 """
 from __future__ import annotations
 
