@@ -203,6 +203,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--jump-max-batch", type=int, default=None,
                     help="the GrammarManager's jump_max_batch (jump-forward above it is off; "
                          "default: no limit)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="rounds per batch size (modes interleaved); medians printed at the end")
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--warmup-tokens", type=int, default=16,
                     help="max_new_tokens of each mode's warm-up run")
@@ -282,6 +284,22 @@ def prepare_host(a: argparse.Namespace) -> None:
     print(f"switch interval {sys.getswitchinterval() * 1e3:g} ms")
 
 
+def run_round(a: argparse.Namespace, runner, config, tok, backend, prompts: list[list[int]],
+              bs: int, modes: list[str]) -> dict:
+    """Every mode once at one batch size: mode -> (run, summary)."""
+    summaries, lengths = {}, None
+    for mode in modes:
+        sched = make_scheduler(runner, config, tok, backend, mode, a.jump_max_batch)
+        res = measure_mode(a, sched, prompts, bs, mode, lengths)
+        if mode == "mask-only" and a.match_lengths:
+            lengths = [len(res["by_rid"][f"r{i}"]["output_ids"]) for i in range(bs)]
+        summaries[mode] = (res, summarize(res, tok))
+        print(mode, bs, summaries[mode][1], flush=True)
+        if a.breakdown and bs >= 32:
+            print_breakdown(f"bs={bs} {mode}", res)
+    return summaries
+
+
 def main() -> None:
     a = parse_args()
     from transformers import AutoTokenizer
@@ -304,25 +322,27 @@ def main() -> None:
     modes = list(a.modes)
     if a.match_lengths and "unconstrained" in modes and "mask-only" in modes:
         modes = [m for m in modes if m != "unconstrained"] + ["unconstrained"]
+    ratios: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
     for bs in a.batches:
         prompts = random_prompts(bs, a.prompt_len, seed=bs, vocab=min(vocab, 120000))
-        summaries, lengths = {}, None
-        for mode in modes:
-            sched = make_scheduler(runner, config, tok, backend, mode, a.jump_max_batch)
-            res = measure_mode(a, sched, prompts, bs, mode, lengths)
-            if mode == "mask-only" and a.match_lengths:
-                lengths = [len(res["by_rid"][f"r{i}"]["output_ids"]) for i in range(bs)]
-            summaries[mode] = (res, summarize(res, tok))
-            print(mode, bs, summaries[mode][1], flush=True)
-            if a.breakdown and bs >= 32:
-                print_breakdown(f"bs={bs} {mode}", res)
-        base = summaries.get("unconstrained", next(iter(summaries.values())))[1]
-        for mode in a.modes:
-            rows.append(table_row(bs, mode, *summaries[mode], base))
-            print(rows[-1], flush=True)
+        for _ in range(a.repeat):  # NOTE: rounds interleave the modes (the host drifts)
+            summaries = run_round(a, runner, config, tok, backend, prompts, bs, modes)
+            base = summaries.get("unconstrained", next(iter(summaries.values())))
+            for mode in a.modes:
+                rows.append(table_row(bs, mode, *summaries[mode], base[1]))
+                ratios[bs, mode].append((summaries[mode][1]["tok_s"] / base[1]["tok_s"],
+                                         base[0]["wall"] / summaries[mode][0]["wall"]))
+                print(rows[-1], flush=True)
     print_table("structured decode (Llama-3.1-8B dummy, xgrammar, graphs + overlap)",
                 ["batch", "mode", "out tokens", "wall s", "tok/s", "vs unconstr.", "steps",
                  "ms/decode step", "step vs unconstr.", "valid JSON"], rows)
+    if a.repeat > 1:
+        med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
+        print_table(f"medians over {a.repeat} rounds (vs unconstrained in the same round)",
+                    ["batch", "mode", "tok/s ratio", "speed (unconstr. wall / wall)", "all"],
+                    [[bs, mode, f"{med([r for r, _ in v]):.2f}x", f"{med([w for _, w in v]):.2f}x",
+                      " ".join(f"{r:.2f}/{w:.2f}" for r, w in v)]
+                     for (bs, mode), v in ratios.items()])
     if a.compile:
         t = compile_times(tok, vocab)
         p = lambda q: 1e3 * t[min(len(t) - 1, int(q * len(t)))]  # noqa: E731
