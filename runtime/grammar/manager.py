@@ -8,8 +8,8 @@ queue; failures come back with their ``InvalidRequestError``), ``fill_bitmask`` 
 on the device), and ``after_sample`` once tokens are appended (one batch accept call): it
 advances each matcher, finishes requests whose grammar terminated or admits only a stop token,
 and applies jump-forward and forced completions (forcing.py: forced text appended without
-sampling; the scheduler feeds those tokens in the request's next decode step, as extend rows
-of a mixed step). A request that returns logprobs jumps too, through the queue: it owes the
+sampling; the scheduler feeds those tokens in the request's next decode step, one decode row
+each: a mixed step). A request that returns logprobs jumps too, through the queue: it owes the
 forced tokens' logprobs (``forced_logprobs_owed``), which the rows of its next extend supply;
 a jump that would finish it is undone and the tokens are sampled. With overlap
 scheduling, ``prefetch`` lets the rows with nothing else to do be accepted and filled on a
