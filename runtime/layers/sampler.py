@@ -21,6 +21,7 @@ import torch
 from ..sampling_params import SamplingParams
 from .bitmask import apply_packed_fused_, fit_vocab, unpack_bitmask
 from .penalties import Penalties, PenaltyContext
+from .upload import to_device
 
 _MASK64 = (1 << 64) - 1
 
@@ -63,7 +64,7 @@ class SamplingBatchInfo:
         greedy = [p.is_greedy for p in params]
 
         def col(values: list, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-            return _to_device(torch.tensor(values, dtype=dtype), dev)
+            return to_device(torch.tensor(values, dtype=dtype), dev)
 
         ctx = PenaltyContext(params, vocab_size, dev, tuple(eos_token_ids), prompt_ids, output_ids)
         host = {"greedy": greedy, "top_p": [p.top_p for p in params],
@@ -106,7 +107,7 @@ class SamplingBatchInfo:
         """Keep only rows ``keep`` (in that order): requests left the batch."""
         idx = torch.as_tensor(keep, dtype=torch.int64)
         rows = idx.tolist()
-        dev_idx = _to_device(idx, self.device) if idx.device.type == "cpu" else idx
+        dev_idx = to_device(idx, self.device) if idx.device.type == "cpu" else idx
         for name in ("temperatures", "top_ps", "top_ks", "min_ps", "is_greedy"):
             setattr(self, name, getattr(self, name)[dev_idx])
         self.seeds = [self.seeds[i] for i in rows]
@@ -124,13 +125,6 @@ class SamplingBatchInfo:
         self.host = {k: v + other.host[k] for k, v in self.host.items()}
         self.penalties.merge(other.penalties)
         self._refresh_flags()
-
-
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host -> device without blocking on queued device work (pinned, non-blocking copy)."""
-    if device.type == "cpu":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 def apply_vocab_mask(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

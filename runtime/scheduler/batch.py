@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..layers.upload import to_device
 from ..model.forward_batch import ForwardBatch, ForwardMode
 from .req import Req
-from .running import to_device
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,9 @@ from typing import Any
 
 import torch
 
+from ..layers.upload import to_device
 from .req import Req
-from .running import RunningBatch, to_device
+from .running import RunningBatch
 
 
 class KVMemory:

@@ -21,18 +21,8 @@ import torch
 from ..layers.attention.shared_prefix import SharedPrefix, build_shared_prefix
 from ..model.forward_batch import ForwardBatch, ForwardMode
 from .prefix_groups import find_prefix_groups
+from ..layers.upload import HostUpload, to_device
 from .req import Req
-from .upload import HostUpload
-
-
-def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host -> device without waiting for queued device work (pinned, non-blocking); a plain
-    ``.to`` on the CPU. NOTE: a blocking copy would stall the CPU until the forward in flight
-    ends, which is exactly what overlap scheduling avoids."""
-    if device.type == "cpu":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
-
 
 def needs_sync(req: Req) -> bool:
     """Its steps must be read before the next launch: logprobs need that step's logits.

@@ -12,12 +12,12 @@ from typing import Any
 
 import torch
 
+from ..layers.upload import to_device
 from ..model.forward_batch import ForwardMode
 from .batch import build_extend
 from .inflight import HostIds, InflightStep
 from .output import record_forced_logprobs, record_output_logprobs, record_prompt_logprobs
 from .req import Req, ReqState
-from .running import to_device
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 # NOTE: share of a running request's remaining tokens that admission keeps free for its decode

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..upload import to_device
+
 
 @dataclass(frozen=True)
 class SharedPrefix:
@@ -54,6 +56,4 @@ def build_shared_prefix(groups: list[tuple[int, int, list[int]]], bs: int,
             rows[i], lens[i] = row, plen
             members[i, :len(chunk)] = torch.tensor(chunk, dtype=torch.int64)
             i += 1
-    move = (lambda x: x) if device.type == "cpu" else (
-        lambda x: x.pin_memory().to(device, non_blocking=True))
-    return SharedPrefix(move(prefix_lens), move(rows), move(lens), move(members))
+    return SharedPrefix(*(to_device(t, device) for t in (prefix_lens, rows, lens, members)))

@@ -19,6 +19,7 @@ from ...kernels.extend_attention import extend_attention_fwd
 from ...kernels.prefix_decode_attention import prefix_block_members, prefix_decode_attention
 from ...kernels.kv_store import store_kv
 from ...model.forward_batch import ForwardBatch
+from ..upload import to_device
 from .base import AttentionBackend, KVStoreTarget
 
 # NOTE: powers of two (stage 2 reduces over all of them). Small batches split each sequence
@@ -149,7 +150,7 @@ class TritonAttnBackend(AttentionBackend):
             starts.append(at)
             at += n
         multi = [i for i, n in enumerate(lengths) if n > 1]
-        dev = lambda v: _index(v, self.device)  # noqa: E731
+        dev = lambda v: to_device(torch.tensor(v, dtype=torch.int64), self.device)  # noqa: E731
         rows, ext = dev(single), dev(multi)
         seq_lens = batch.seq_lens.index_select(0, rows)
         return TritonMixedMetadata(
@@ -219,8 +220,3 @@ class TritonAttnBackend(AttentionBackend):
             extend_attention_fwd(q, k, v, out, k_buf, v_buf, self.req_to_token, *meta.ext,
                                  meta.max_extend_len, scaling, **scales)
         return out
-
-
-def _index(values: list[int], device: torch.device) -> torch.Tensor:
-    t = torch.tensor(values, dtype=torch.int64)
-    return t if device.type == "cpu" else t.pin_memory().to(device, non_blocking=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sgdsl.runtime.scheduler.upload import HostUpload
+from sgdsl.runtime.layers.upload import HostUpload
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
