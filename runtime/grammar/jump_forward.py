@@ -41,37 +41,17 @@ def jump_forward(grammar: Grammar, tokenizer: Any, output_ids: Sequence[int],
 def jump_forward_batch(grammars: Sequence[Grammar], tokenizer: Any,
                        outputs: Sequence[Sequence[int]],
                        budgets: Sequence[int]) -> list[JumpForward | None]:
-    """``jump_forward`` for many requests, their forced tokens accepted in batch calls (one
-    per token position: native and threaded for xgrammar) instead of one call per token.
-
-    NOTE: at 256 decoding rows ~30 requests jump per step; accepting their tokens one call at
-    a time cost ~8 ms of host time per step on the H100 host."""
-    encode, decode = fast_encoder(tokenizer), fast_decoder(tokenizer)
-    todo = []  # (row, last token merged or None, ids, forced text)
-    for i, (grammar, out, budget) in enumerate(zip(grammars, outputs, budgets)):
-        text = grammar.jump_forward_string()
-        if not text or budget <= 0 or grammar.is_terminated():
-            continue
-        last = int(out[-1]) if out and grammar.num_accepted > 0 else None
-        last_text = decode([last]) if last is not None else ""
-        if last is None or "\ufffd" in last_text:  # merge only with a whole character
-            last, ids = None, tuple(encode(text))[:budget]
-        else:
-            ids = tuple(encode(last_text + text))[:budget + 1]
-            grammar.rollback(1)
-        todo.append((i, last, ids, text))
-    oks = accept_tokens_grouped([grammars[i] for i, *_ in todo], [ids for _, _, ids, _ in todo])
+    """``jump_forward`` for many requests, their forced tokens accepted in batch calls
+    (``force_texts``)."""
+    rows = [i for i, (g, budget) in enumerate(zip(grammars, budgets))
+            if budget > 0 and not g.is_terminated()]
+    texts = {i: grammars[i].jump_forward_string() for i in rows}
+    rows = [i for i in rows if texts[i]]
     plans: list[JumpForward | None] = [None] * len(grammars)
-    for (i, last, ids, text), ok in zip(todo, oks):
-        if not ok and last is not None:  # restore, then the forced text on its own
-            grammars[i].accept_token(last)
-            plans[i] = force_text(grammars[i], tokenizer, (), text, budgets[i])
-        elif ok and last is None:
-            plans[i] = JumpForward(0, ids, text)
-        elif ok and ids[0] != last:
-            plans[i] = JumpForward(1, ids, text)
-        elif ok and len(ids) > 1:
-            plans[i] = JumpForward(0, ids[1:], text)
+    found = force_texts([grammars[i] for i in rows], tokenizer, [outputs[i] for i in rows],
+                        [texts[i] for i in rows], [budgets[i] for i in rows])
+    for i, plan in zip(rows, found):
+        plans[i] = plan
     return plans
 
 
@@ -80,24 +60,42 @@ def force_text(grammar: Grammar, tokenizer: Any, output_ids: Sequence[int], text
     """Append ``text`` (which the grammar must accept) as tokens: retokenized together with
     the last output token where that token is a whole character, cut to ``budget`` new tokens.
     Returns None (grammar untouched) when the grammar rejects it or nothing fits."""
-    if budget <= 0:
-        return None
-    encode = fast_encoder(tokenizer)
-    if output_ids and grammar.num_accepted > 0:
-        last = int(output_ids[-1])
-        last_text = fast_decoder(tokenizer)([last])
-        if "\ufffd" not in last_text:  # a whole character: safe to merge with the text
+    return force_texts([grammar], tokenizer, [output_ids], [text], [budget])[0]
+
+
+def force_texts(grammars: Sequence[Grammar], tokenizer: Any, outputs: Sequence[Sequence[int]],
+                texts: Sequence[str], budgets: Sequence[int]) -> list[JumpForward | None]:
+    """``force_text`` for many requests, the tokens accepted in batch calls (one per token
+    position: native and threaded for xgrammar) instead of one call per token.
+
+    NOTE: at 256 decoding rows ~30 requests jump per step; accepting their tokens one call at
+    a time cost ~8 ms of host time per step on the H100 host."""
+    encode, decode = fast_encoder(tokenizer), fast_decoder(tokenizer)
+    todo = []  # (row, last token merged or None, ids)
+    for i, (grammar, out, text, budget) in enumerate(zip(grammars, outputs, texts, budgets)):
+        if budget <= 0:
+            continue
+        last = int(out[-1]) if out and grammar.num_accepted > 0 else None
+        last_text = decode([last]) if last is not None else ""
+        if last is None or "\ufffd" in last_text:  # merge only with a whole character
+            last, ids = None, tuple(encode(text))[:budget]
+        else:
             ids = tuple(encode(last_text + text))[:budget + 1]
             grammar.rollback(1)
-            if ids and grammar.accept_tokens(ids):
-                if ids[0] != last:
-                    return JumpForward(1, ids, text)
-                return JumpForward(0, ids[1:], text) if len(ids) > 1 else None
-            grammar.accept_token(last)  # restore the state we rolled back
-    ids = tuple(encode(text))[:budget]
-    if ids and grammar.accept_tokens(ids):
-        return JumpForward(0, ids, text)
-    return None
+        todo.append((i, last, ids))
+    oks = accept_tokens_grouped([grammars[i] for i, _, _ in todo], [ids for _, _, ids in todo])
+    plans: list[JumpForward | None] = [None] * len(grammars)
+    for (i, last, ids), ok in zip(todo, oks):
+        if not ok and last is not None:  # restore, then the text on its own
+            grammars[i].accept_token(last)
+            plans[i] = force_text(grammars[i], tokenizer, (), texts[i], budgets[i])
+        elif ok and last is None:
+            plans[i] = JumpForward(0, ids, texts[i])
+        elif ok and ids[0] != last:
+            plans[i] = JumpForward(1, ids, texts[i])
+        elif ok and len(ids) > 1:
+            plans[i] = JumpForward(0, ids[1:], texts[i])
+    return plans
 
 
 def only_stop_allowed(grammar: Grammar, vocab_size: int, stop_ids: Sequence[int]) -> bool:
