@@ -185,8 +185,8 @@ class GrammarManager(Forcing):
     def after_sample(self, reqs: Sequence[Any], checker: Any, batch_size: int = 1,
                      prefetch: MaskPrefetch | None = None) -> list[Any]:
         """Advance matchers by each request's newest token (one batch call per grammar class);
-        returns the requests that took a jump-forward and must go back to the queue for an
-        extend. ``batch_size``: requests decoding now (jump-forward only up to
+        returns the requests that took forced tokens (jump-forward, a forced completion) and
+        are still running: their tokens have no KV yet. ``batch_size``: requests decoding now (jump-forward only up to
         ``jump_max_batch``). ``prefetch``: the next step's (see ``prefetch``); rows with
         nothing else to do this step are accepted and filled there, on a helper thread, and
         the others' rows are filled here as soon as they are advanced, while that job runs;
@@ -209,20 +209,8 @@ class GrammarManager(Forcing):
         if handed:
             back = {id(r) for r in requeue}
             prefetch.fill([r for r in kept if not r.finished and id(r) not in back])
-            for req, ok in zip(handed, prefetch.result()):
-                self._advance_handed(req, ok, prefetch)
-                if req.finished:
-                    continue
-                # NOTE: a completion measurement due waits for the sampling launch unless a
-                # jump-forward may follow it (which must come before the read's stream output:
-                # it may respell the last token)
-                if not (self.completion and self.completion.due(req)):
-                    if jumpers is not None:
-                        jumpers.append(req)
-                elif not (jump and req.grammar.jump_forward_string()):
-                    self.deferred.append(req)
-                elif self._settle(req, req.grammar, checker, jumpers):
-                    requeue.append(req)
+            requeue += [req for req, ok in zip(handed, prefetch.result())
+                        if self._advance_handed(req, ok, prefetch, checker, jumpers)]
         if jumpers:
             requeue += self._jump_batch(jumpers, checker)
         return requeue
@@ -254,9 +242,11 @@ class GrammarManager(Forcing):
                 requeue.append(req)
         return reqs, requeue
 
-    def _advance_handed(self, req: Any, ok: bool, prefetch: MaskPrefetch) -> None:
-        """``_advance`` for a row the prefetch accepted: it can only be rejected, terminated
-        or down to a stop token (its filled row says which)."""
+    def _advance_handed(self, req: Any, ok: bool, prefetch: MaskPrefetch, checker: Any,
+                        jumpers: list[Any] | None) -> bool:
+        """``_advance`` for a row the prefetch accepted (rejected, terminated or down to a stop
+        token: its filled row says which; else ``_settle``); True if forced tokens were
+        appended to a request still running."""
         grammar = req.grammar
         if not ok:
             req.finish_reason = {"type": "abort",
@@ -264,6 +254,19 @@ class GrammarManager(Forcing):
         elif grammar.is_terminated() or not req.return_logprob and grammar.is_completed() and (
                 stop_only_row(prefetch.row(req), self.vocab_size, self.eos)):
             self._finish_with_stop(req, grammar)
+        if req.finished:
+            return False
+        # NOTE: a completion measurement due waits for the sampling launch unless a
+        # jump-forward may follow it (which must come before the read's stream output: it may
+        # respell the last token)
+        if not (self.completion and self.completion.due(req)):
+            if jumpers is not None:
+                jumpers.append(req)
+            return False
+        if jumpers is None or not grammar.jump_forward_string():
+            self.deferred.append(req)
+            return False
+        return self._settle(req, grammar, checker, jumpers)
 
     def _advance(self, live: list[Any], checker: Any, jumpers: list[Any] | None) -> list[Any]:
         accepted = accept_token_grouped([r.grammar for r in live],
