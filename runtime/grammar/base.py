@@ -107,10 +107,16 @@ def open_rows(bitmask: torch.Tensor, rows: Sequence[int]) -> None:
 class StateKey(NamedTuple):
     """A matcher state as far as a backend can tell cheaply. ``local``: the newest parse step
     alone (equal for the states a digit run passes through); ``full``: all the backend knows,
-    which identifies the state exactly when ``Grammar.exact_state_key``."""
+    which identifies the state exactly when ``Grammar.exact_state_key``; ``merge``: what the
+    shortest-completion search merges states by (``full`` when None), coarser where states
+    differ only in ways no shortest completion uses (the keys an object already has)."""
 
     local: Hashable
     full: Hashable
+    merge: Hashable = None
+
+    def merge_key(self) -> Hashable:
+        return self.full if self.merge is None else self.merge
 
 
 class Grammar(ABC):

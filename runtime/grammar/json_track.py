@@ -98,15 +98,17 @@ class JsonTrack(NamedTuple):
                 return _decode(buf + data[:i]) in self.frames[-1].names
         return False
 
-    def summary(self) -> tuple:
+    def summary(self, names: bool = True) -> tuple:
         """The state as far as the future goes (hashable): an open string that is no prefix
-        of a name its container has cannot collide, so all such strings are one state."""
+        of a name its container has cannot collide, so all such strings are one state.
+        ``names=False`` leaves out the names each container has (the open string still
+        counts as colliding or not)."""
         buf = self.buf
         if buf is not None and not any(isinstance(k, str) and k.startswith(_prefix(buf))
                                        for k in self.frames[-1].names):
             buf = b"*"
-        frames = tuple((f.kind, f.names, f.expect_key, f.unique, tuple(map(id, f.cands)))
-                       for f in self.frames)
+        frames = tuple((f.kind, f.names if names else None, f.expect_key, f.unique,
+                        tuple(map(id, f.cands))) for f in self.frames)
         return frames, self.string, buf, self.escape
 
 

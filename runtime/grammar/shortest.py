@@ -209,7 +209,7 @@ class CompletionSearch:
         order = itertools.count()
         heap: list[tuple[int, int, tuple[int, ...]]] = [(0, next(order), ())]
         root = grammar.state_key()
-        best: dict[Hashable, int] = {} if root is None else {root.full: 0}
+        best: dict[Hashable, int] = {} if root is None else {root.merge_key(): 0}
         for _ in bound.steps():
             if not heap:
                 return None
@@ -220,9 +220,10 @@ class CompletionSearch:
                 return path
             for ids, step, key in self._moves(grammar, set()):
                 if key is not None:
-                    if best.get(key.full, cost + step + 1) <= cost + step:
+                    merged = key.merge_key()
+                    if best.get(merged, cost + step + 1) <= cost + step:
                         continue
-                    best[key.full] = cost + step
+                    best[merged] = cost + step
                 heapq.heappush(heap, (cost + step, next(order), path + ids))
         return None
 

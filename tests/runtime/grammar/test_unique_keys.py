@@ -79,6 +79,28 @@ def test_completion_picks_a_fresh_key(backends, quotes, tokenizer):
     assert 2 <= len(value) <= 3, found.text
 
 
+def test_search_merges_states_apart_only_in_their_keys(backends, quotes, tokenizer):
+    """The uniform-cost search (outlines: exact keys) merges states by structure, not by the
+    keys each object has: with those in the key, ``,"":""`` then ``,"1":""`` ... each made a
+    new state, and the search spent its 256 expansions adding members of every spelling to the
+    free-keyed object instead of closing it and writing the required rest (Snowplow sp_264
+    was cut at max_new_tokens: the tracker never had a plan)."""
+    strings = {"type": "array", "items": {"type": "string"}}
+    later = ["mktContent", "mktMedium", "mktSource", "mktTerm"]
+    schema = {"type": "object", "required": ["fields", "vendor"], "properties": {
+        "fields": {"type": "object", "required": ["a", *later], "properties": {
+            "a": {"type": "object", "additionalProperties": {"type": "string"}},
+            **{name: strings for name in later}}},
+        "vendor": {"type": "string"}}}
+    g = _guarded(backends["outlines"], quotes, schema)
+    prefix = '{"fields":{"a":{",":"","11'
+    assert feed_text(g, tokenizer, prefix)
+    found = CompletionSearch(tokenizer, VOCAB, [EOS], max_expansions=256).search(g)
+    assert found is not None
+    value = json.loads(prefix + found.text)
+    assert value["fields"]["a"] == {",": "", "11": ""} and value["vendor"] == "", found.text
+
+
 def test_random_walks_never_repeat_keys(backends, quotes, tokenizer, walker):
     rng = random.Random(0)
     done = 0
