@@ -29,7 +29,7 @@ from bench_structured_decode import SCHEMA  # noqa: E402
 from common import model_dir  # noqa: E402
 
 
-def _manager(model: str, backend: str):
+def _manager(model: str, backend: str, jump_forward: bool = False):
     from transformers import AutoTokenizer
 
     from sgdsl.runtime.grammar.manager import GrammarManager
@@ -41,7 +41,7 @@ def _manager(model: str, backend: str):
     eos = eos if isinstance(eos, list) else [eos]
     vocab = config["vocab_size"]
     grammar_backend = create_grammar_backend(backend, tok, vocab, eos)
-    mgr = GrammarManager(grammar_backend, tok, vocab, eos, jump_forward=False)
+    mgr = GrammarManager(grammar_backend, tok, vocab, eos, jump_forward=jump_forward)
     return mgr, eos, vocab
 
 
@@ -103,10 +103,12 @@ def run(a: argparse.Namespace) -> None:
     if a.replay:
         recorded = json.loads(Path(a.replay).read_text())["output_ids"]
         a.batch = len(recorded)
-    mgr, eos, vocab = _manager(a.model, a.backend)
+    mgr, eos, vocab = _manager(a.model, a.backend, a.jump_forward)
     reqs, checker = _requests(mgr, a.batch, a.max_new, eos)
     if mgr.completion.jobs is not None:  # the estimate worker: up before timing, as in serving
         assert mgr.completion.jobs.worker.wait_ready(120), mgr.completion.jobs.worker.dead
+    from sgdsl.runtime.grammar.base import fill_bitmask_grouped
+
     gen = torch.Generator().manual_seed(a.seed)
     scores = torch.rand(a.batch, vocab, generator=gen, dtype=torch.float32)
     plan_time = _time_plans(mgr.completion)
@@ -126,10 +128,18 @@ def run(a: argparse.Namespace) -> None:
         if prof:
             prof.enable()
         t0 = time.perf_counter()
-        assert not mgr.after_sample(rows, checker, len(rows), prefetch)
+        jumped = mgr.after_sample(rows, checker, len(rows), prefetch)
+        # jump-forward: the forced tokens are appended and accepted; the scheduler feeds them
+        # next step, which changes nothing for the matchers (their rows are filled below)
+        assert a.jump_forward or not jumped
         t1 = time.perf_counter()
         mask = mgr.fill_bitmask(rows, [r.finished for r in rows], prefetch)
         t2 = time.perf_counter()
+        if jumped:  # their rows were filled before the jump (the scheduler drops that token
+            # and fills them again on the helper thread during the next read: not counted)
+            at = {id(r): i for i, r in enumerate(rows)}
+            fill_bitmask_grouped([r.grammar for r in jumped], mask, [at[id(r)] for r in jumped])
+            t2 = time.perf_counter()
         # the scheduler makes these after the sampling launch (counted apart: the host waits
         # for the device then), forced rows leave
         measured, requeued = mgr.plan_deferred(checker)
@@ -180,6 +190,8 @@ def main() -> None:
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--backend", default="xgrammar")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jump-forward", action="store_true",
+                    help="jump-forward on (as in serving); off: the mask-only path")
     ap.add_argument("--profile", type=int, default=0, help="print the top N functions")
     ap.add_argument("--replay", default=None, metavar="JSON",
                     help="sample the tokens of a GPU run instead (bench_structured_decode.py "
