@@ -160,6 +160,12 @@ class Grammar(ABC):
         """``grammars[i].accept_token(token_ids[i])`` for every i."""
         return [g.accept_token(t) for g, t in zip(grammars, token_ids)]
 
+    @classmethod
+    def accept_tokens_batch(cls, grammars: Sequence["Grammar"],
+                            token_lists: Sequence[Sequence[int]]) -> list[bool]:
+        """``grammars[i].accept_tokens(token_lists[i])`` (all or nothing each) for every i."""
+        return accept_positions(grammars, token_lists, cls.accept_token_batch)
+
     @abstractmethod
     def jump_forward_string(self) -> str:
         """The longest text every valid continuation starts with ("" if none). Pure."""
@@ -215,13 +221,24 @@ def accept_token_grouped(grammars: Sequence[Grammar], token_ids: Sequence[int]) 
 
 def accept_tokens_grouped(grammars: Sequence[Grammar],
                           token_lists: Sequence[Sequence[int]]) -> list[bool]:
-    """``grammars[i].accept_tokens(token_lists[i])`` (all or nothing each), one batch accept per
-    token position: the k-th tokens of every list still going in one native call."""
+    """``grammars[i].accept_tokens(token_lists[i])`` (all or nothing each): one
+    ``accept_tokens_batch`` per class."""
+    accepted = [False] * len(grammars)
+    for cls, idx in _by_class(grammars).items():
+        oks = cls.accept_tokens_batch([grammars[i] for i in idx], [token_lists[i] for i in idx])
+        for i, ok in zip(idx, oks):
+            accepted[i] = ok
+    return accepted
+
+
+def accept_positions(grammars: Sequence[Grammar], token_lists: Sequence[Sequence[int]],
+                     accept_batch: Callable[[list, list], list[bool]]) -> list[bool]:
+    """All-or-nothing acceptance of each list, one ``accept_batch(grammars, tokens)`` call per
+    token position: the k-th tokens of every list still going in one (native) call."""
     done = [0] * len(grammars)
     going = [i for i, ids in enumerate(token_lists) if ids]
     while going:
-        oks = accept_token_grouped([grammars[i] for i in going],
-                                   [token_lists[i][done[i]] for i in going])
+        oks = accept_batch([grammars[i] for i in going], [token_lists[i][done[i]] for i in going])
         nxt = []
         for i, ok in zip(going, oks):
             if ok:

@@ -150,3 +150,30 @@ def test_grouped_accept_is_all_or_nothing(backends, tokenizer):
     good, bad = enc('{"name": "a'), enc('{"name": 12')  # a number where a string must go
     assert accept_tokens_grouped(gs, [good, bad, []]) == [True, False, False]
     assert [g.num_accepted for g in gs] == [len(good), 0, 0]
+
+
+@pytest.mark.parametrize("threads", ["1", "4"])
+def test_many_token_accept_split_over_the_pool(backends, tokenizer, monkeypatch, threads):
+    """xgrammar's ``accept_tokens_batch`` splits enough tokens over the accept pool, a share
+    of the rows per task through all positions: the same results and states as one position
+    at a time on this thread (4 threads here even on a 2-core box), failures rolled back."""
+    from sgdsl.runtime.grammar import GrammarKey
+    from sgdsl.runtime.grammar.base import accept_positions, accept_tokens_grouped
+
+    monkeypatch.setenv("SGDSL_GRAMMAR_FILL_THREADS", threads)
+    backend = backends["xgrammar"]
+    compiled = backend.compile(GrammarKey.from_constraint("json_schema", json.dumps(SCHEMA)))
+    enc = lambda t: tokenizer.encode(t, add_special_tokens=False)  # noqa: E731
+    texts = [f'{{"name": "p{i}", "age": {i}, "job": "teacher", "ok": true}}' if i % 5 else
+             f'{{"name": "p{i}", "age": {i}, "job": 12' for i in range(24)]  # 12: not a job
+    lists = [enc(t) for t in texts]
+    assert sum(map(len, lists)) >= 4 * 32  # enough for 4 tasks
+    gs = [backend.new_grammar(compiled) for _ in lists]
+    refs = [backend.new_grammar(compiled) for _ in lists]
+    oks = accept_tokens_grouped(gs, lists)
+    want = accept_positions(refs, lists, lambda g, t: [x.accept_token(y) for x, y in zip(g, t)])
+    assert oks == want == [bool(i % 5) for i in range(24)]
+    assert [g.num_accepted for g in gs] == [len(ids) if ok else 0 for ids, ok in zip(lists, oks)]
+    for g, ref in zip(gs, refs):
+        assert g.jump_forward_string() == ref.jump_forward_string()
+        assert g.state_key() == ref.state_key()
