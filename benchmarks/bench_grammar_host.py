@@ -108,6 +108,9 @@ def run(a: argparse.Namespace) -> None:
     if mgr.completion.jobs is not None:  # the estimate worker: up before timing, as in serving
         assert mgr.completion.jobs.worker.wait_ready(120), mgr.completion.jobs.worker.dead
     from sgdsl.runtime.grammar.base import fill_bitmask_grouped
+    from sgdsl.runtime.scheduler.process import SWITCH_INTERVAL_S
+
+    sys.setswitchinterval(SWITCH_INTERVAL_S)  # as in the scheduler process
 
     gen = torch.Generator().manual_seed(a.seed)
     scores = torch.rand(a.batch, vocab, generator=gen, dtype=torch.float32)
