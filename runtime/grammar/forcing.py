@@ -24,12 +24,15 @@ class Forcing:
             grammar.accept_token(self.eos[0])
         req.finish_reason = {"type": "stop", "matched": req.output_ids[-1]}
 
-    def _jump_batch(self, reqs: list[Any], checker: Any) -> list[Any]:
-        """Jump-forward for each of ``reqs`` where its grammar forces text (accepted in batch
-        calls); returns those that took forced tokens and are still running."""
+    def _jump_batch(self, jumpers: list[tuple[Any, str | None]], checker: Any) -> list[Any]:
+        """Jump-forward for each (request, its forced text or None: ask its grammar) where
+        the grammar forces text (accepted in batch calls); returns the requests that took
+        forced tokens and are still running."""
+        reqs = [r for r, _ in jumpers]
         plans = jump_forward_batch(
             [r.grammar for r in reqs], self.tokenizer, [r.output_ids for r in reqs],
-            [r.sampling_params.max_new_tokens - len(r.output_ids) for r in reqs])
+            [r.sampling_params.max_new_tokens - len(r.output_ids) for r in reqs],
+            [text for _, text in jumpers])
         return [r for r, plan in zip(reqs, plans)
                 if plan is not None and self._force(r, r.grammar, plan, checker)]
 

@@ -39,13 +39,16 @@ def jump_forward(grammar: Grammar, tokenizer: Any, output_ids: Sequence[int],
 
 
 def jump_forward_batch(grammars: Sequence[Grammar], tokenizer: Any,
-                       outputs: Sequence[Sequence[int]],
-                       budgets: Sequence[int]) -> list[JumpForward | None]:
+                       outputs: Sequence[Sequence[int]], budgets: Sequence[int],
+                       known: Sequence[str | None] | None = None) -> list[JumpForward | None]:
     """``jump_forward`` for many requests, their forced tokens accepted in batch calls
-    (``force_texts``)."""
+    (``force_texts``). ``known[i]``: grammar i's jump-forward text where the caller has it
+    (grammar/prefetch.py reads it on its helper thread), None to ask the grammar."""
+    known = known or [None] * len(grammars)
     rows = [i for i, (g, budget) in enumerate(zip(grammars, budgets))
             if budget > 0 and not g.is_terminated()]
-    texts = {i: grammars[i].jump_forward_string() for i in rows}
+    texts = {i: known[i] if known[i] is not None else grammars[i].jump_forward_string()
+             for i in rows}
     rows = [i for i in rows if texts[i]]
     plans: list[JumpForward | None] = [None] * len(grammars)
     found = force_texts([grammars[i] for i in rows], tokenizer, [outputs[i] for i in rows],

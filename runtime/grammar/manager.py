@@ -198,20 +198,20 @@ class GrammarManager(Forcing):
             r.finished and r.finish_reason.get("type") == "abort")]
         handed = [] if prefetch is None else [r for r in live if self._can_hand(r, prefetch)]
         if handed:
-            prefetch.start(handed)
+            prefetch.start(handed, jump)
             ids = {id(r) for r in handed}
             kept = [r for r in live if id(r) not in ids]
         else:
             kept = live
         self.stats.sampled_tokens += len(live)
-        jumpers: list[Any] | None = [] if jump else None  # jump-forward tried at the end
+        # (request, its jump-forward text or None: not asked yet), jumped at the end
+        jumpers: list[tuple[Any, str | None]] | None = [] if jump else None
         requeue = self._advance(kept, checker, jumpers)
         if handed:
             back = {id(r) for r in requeue}
             prefetch.fill([r for r in kept if not r.finished and id(r) not in back])
-            requeue += [req for req, ok in zip(handed, prefetch.result())
-                        if self._advance_handed(req, ok, prefetch, checker, jumpers)]
-        if jumpers:
+            requeue += self._advance_handed(handed, prefetch, checker, jumpers)
+        elif jumpers:
             requeue += self._jump_batch(jumpers, checker)
         return requeue
 
@@ -242,31 +242,50 @@ class GrammarManager(Forcing):
                 requeue.append(req)
         return reqs, requeue
 
-    def _advance_handed(self, req: Any, ok: bool, prefetch: MaskPrefetch, checker: Any,
-                        jumpers: list[Any] | None) -> bool:
-        """``_advance`` for a row the prefetch accepted (rejected, terminated or down to a stop
-        token: its filled row says which; else ``_settle``); True if forced tokens were
-        appended to a request still running."""
-        grammar = req.grammar
-        if not ok:
-            req.finish_reason = {"type": "abort",
-                                 "message": "the sampled token does not fit the grammar"}
-        elif grammar.is_terminated() or not req.return_logprob and grammar.is_completed() and (
-                stop_only_row(prefetch.row(req), self.vocab_size, self.eos)):
-            self._finish_with_stop(req, grammar)
-        if req.finished:
-            return False
-        # NOTE: a completion measurement due waits for the sampling launch unless a
-        # jump-forward may follow it (which must come before the read's stream output: it may
-        # respell the last token)
+    def _advance_handed(self, handed: list[Any], prefetch: MaskPrefetch, checker: Any,
+                        jumpers: list | None) -> list[Any]:
+        """``_advance`` for the rows the prefetch accepted, from its ``RowFacts``; then the
+        jump-forwards (``jumpers``, with the kept rows') while the job fills the other rows.
+        A complete value is decided once its row is filled (only a stop token left?).
+        Returns the requests that took forced tokens and are still running."""
+        requeue, complete = [], []
+        for req, facts in zip(handed, prefetch.result()):
+            if not facts.ok:
+                req.finish_reason = {"type": "abort",
+                                     "message": "the sampled token does not fit the grammar"}
+            elif facts.terminated:
+                self._finish_with_stop(req, req.grammar)
+            elif facts.completed:  # filled even with a jump text: decided once filled
+                complete.append((req, facts))
+            elif self._decide(req, facts.jump, checker, jumpers):
+                requeue.append(req)
+        if jumpers:
+            requeue += self._jump_batch(jumpers, checker)
+        prefetch.wait_filled()
+        if not complete:
+            return requeue
+        late: list | None = None if jumpers is None else []
+        for req, facts in complete:
+            if not req.return_logprob and stop_only_row(prefetch.row(req), self.vocab_size,
+                                                        self.eos):
+                self._finish_with_stop(req, req.grammar)
+            elif self._decide(req, facts.jump, checker, late):
+                requeue.append(req)
+        return requeue + (self._jump_batch(late, checker) if late else [])
+
+    def _decide(self, req: Any, text: str, checker: Any, jumpers: list | None) -> bool:
+        """A handed row still running: a completion measurement due waits for the sampling
+        launch (``deferred``) unless a jump-forward (``text``) may follow it, which must come
+        before the read's stream output (it may respell the last token); True if forced
+        tokens were appended to a request still running."""
         if not (self.completion and self.completion.due(req)):
-            if jumpers is not None:
-                jumpers.append(req)
+            if jumpers is not None and text:
+                jumpers.append((req, text))
             return False
-        if jumpers is None or not grammar.jump_forward_string():
+        if jumpers is None or not text:
             self.deferred.append(req)
             return False
-        return self._settle(req, grammar, checker, jumpers)
+        return self._settle(req, req.grammar, checker, jumpers, text)
 
     def _advance(self, live: list[Any], checker: Any, jumpers: list[Any] | None) -> list[Any]:
         accepted = accept_token_grouped([r.grammar for r in live],
@@ -294,15 +313,17 @@ class GrammarManager(Forcing):
                 requeue.append(req)
         return requeue
 
-    def _settle(self, req: Any, grammar: Any, checker: Any, jumpers: list[Any] | None) -> bool:
+    def _settle(self, req: Any, grammar: Any, checker: Any, jumpers: list | None,
+                text: str | None = None) -> bool:
         """A forced completion when one is due (completion.py; True if its tokens were
         appended to a request still running), else the request joins ``jumpers`` (None:
-        jump-forward off), whose jump-forwards are made in one batch (``_jump_batch``)."""
+        jump-forward off; ``text``: its jump-forward text if known), whose jump-forwards are
+        made in one batch (``_jump_batch``)."""
         if self.completion and self.completion.due(req) and (
                 plan := self.completion.plan(req, grammar)) is not None:
             return self._force(req, grammar, plan, checker, final=True)
         if jumpers is not None:
-            jumpers.append(req)
+            jumpers.append((req, text))
         return False
 
     def stats_dict(self) -> dict:

@@ -13,18 +13,40 @@ launch (``GrammarManager.plan_deferred``). Measured on the H100 host at 256 rows
 
 While the job runs, its matchers belong to it: the scheduler thread must not touch them (a fill
 walks the matcher's parser forward and back), which is why only rows with nothing else to do
-this step are handed over (``GrammarManager.after_sample`` decides).
+this step are handed over (``GrammarManager.after_sample`` decides). The job reports what the
+scheduler thread needs to know of each row (``RowFacts``: accepted, terminated, completed, the
+jump-forward text) as soon as the accepts are done, then fills the rows that do not jump; so
+the scheduler thread applies the jump-forwards while the fill runs, and never fills a row whose
+token the jump drops.
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 
 from .base import accept_token_grouped, allocate_bitmask, fill_bitmask_grouped, open_rows
 
 _EXECUTOR: cf.ThreadPoolExecutor | None = None
+
+
+class RowFacts(NamedTuple):
+    """A handed row's matcher after the job's accept (read on the helper thread: the scheduler
+    thread may not touch a matcher while it is filled)."""
+
+    ok: bool  # the token was accepted
+    terminated: bool
+    completed: bool
+    jump: str  # the jump-forward text ("" if none or not asked); such a row is not filled
+
+
+def _facts(grammar: Any, ok: bool, jump: bool) -> RowFacts:
+    if not ok:
+        return RowFacts(False, False, False, "")
+    terminated = grammar.is_terminated()
+    text = grammar.jump_forward_string() if jump and not terminated else ""
+    return RowFacts(True, terminated, not terminated and grammar.is_completed(), text)
 
 
 def _executor() -> cf.ThreadPoolExecutor:
@@ -46,25 +68,38 @@ class MaskPrefetch:
         self.bitmask = allocate_bitmask(len(reqs), vocab_size, pin=pin, init=False)
         self.filled: set[int] = set()  # rows filled: by the job, or early (``fill``)
         self._job: cf.Future | None = None
+        self._facts: cf.Future | None = None
         self._fill_job: cf.Future | None = None
 
     def covers(self, req: Any) -> bool:
         return id(req) in self.rows
 
-    def start(self, reqs: Sequence[Any]) -> None:
-        """Hand ``reqs`` over: accept each one's newest output token, then fill the rows of
-        those whose token fit."""
+    def start(self, reqs: Sequence[Any], jump: bool = False) -> None:
+        """Hand ``reqs`` over: accept each one's newest output token, report ``RowFacts``
+        (``jump``: with the jump-forward text), then fill the rows of those whose token fit
+        and that do not jump."""
         grammars = [r.grammar for r in reqs]
         tokens = [r.output_ids[-1] for r in reqs]
         rows = [self.rows[id(r)] for r in reqs]
+        facts: cf.Future = cf.Future()
 
-        def job() -> tuple[list[bool], set[int]]:
-            accepted = accept_token_grouped(grammars, tokens)
-            keep = [i for i, ok in enumerate(accepted) if ok]
+        def job() -> set[int]:
+            try:
+                accepted = accept_token_grouped(grammars, tokens)
+                found = [_facts(g, ok, jump) for g, ok in zip(grammars, accepted)]
+            except BaseException as e:
+                facts.set_exception(e)
+                raise
+            facts.set_result(found)
+            # NOTE: a complete value is filled even with a jump text: whether only a stop
+            # token may follow is read from its row (the scheduler thread waits for it)
+            keep = [i for i, f in enumerate(found) if f.ok and not f.terminated
+                    and (f.completed or not f.jump)]
             fill_bitmask_grouped([grammars[i] for i in keep], self.bitmask,
                                  [rows[i] for i in keep])
-            return accepted, {rows[i] for i in keep}
+            return {rows[i] for i in keep}
 
+        self._facts = facts
         self._job = _executor().submit(job)
 
     def start_fill(self, reqs: Sequence[Any]) -> None:
@@ -82,12 +117,17 @@ class MaskPrefetch:
 
         self._fill_job = _executor().submit(job)
 
-    def result(self) -> list[bool]:
-        """Wait for the job; whether each handed-over token was accepted (``start``'s order).
-        The matchers are the scheduler thread's again after this."""
-        accepted, filled = self._job.result()
-        self.filled |= filled
-        return accepted
+    def result(self) -> list[RowFacts]:
+        """Wait for the accepts; each handed-over row's ``RowFacts`` (``start``'s order). The
+        matchers of rows that jump, or whose token was rejected, are the scheduler thread's
+        again now; the others' after ``wait_filled``."""
+        return self._facts.result()
+
+    def wait_filled(self) -> None:
+        """Wait for the job's fill: every handed matcher is the scheduler thread's again."""
+        if self._job is not None:
+            self.filled |= self._job.result()
+            self._job = None
 
     def fill(self, reqs: Sequence[Any]) -> None:
         """Fill the rows of ``reqs`` (not handed over; done with their matchers this step) on
@@ -109,6 +149,7 @@ class MaskPrefetch:
         if self._fill_job is not None:
             self.filled |= self._fill_job.result()
             self._fill_job = None
+        self.wait_filled()
         self.filled.intersection_update(rows)
         open_rows(self.bitmask, [i for i in range(self.bitmask.shape[0]) if i not in self.filled])
         return [i for i in rows if i not in self.filled]
