@@ -203,10 +203,6 @@ class RunningBatch:
             pos.append(p + n)
         return rows, cols, last, at, ids, pos
 
-    def rows_wanted(self) -> int:
-        """Query rows the next step has if every jump-forward row feeds all its tokens."""
-        return sum(r.seq_len - r.kv_len if r.pending_forced else 1 for r in self.reqs)
-
     def _fed_lengths(self, max_rows: int | None) -> tuple[list[int], list[Req]]:
         """Tokens each request feeds next step, within ``max_rows`` in all (first come first
         served among jump-forward rows), and the requests left with some unfed."""
@@ -245,17 +241,3 @@ class RunningBatch:
     def record_tokens(self, rows: torch.Tensor, ids: torch.Tensor) -> None:
         """Sampled ids (device) of the requests in ``rows`` (device): the next decode's inputs."""
         self.last_token.index_copy_(0, rows, ids)
-
-
-def mixed_rows_cap(wanted: int, requests: int, graph_rows: int | None) -> int | None:
-    """The most query rows a mixed step of ``requests`` wanting ``wanted`` rows may have:
-    the largest graph's ``graph_rows`` when the rest fits in one more step's extra rows (a
-    request fed in part drops its sampled token and waits a step), else None: the step runs
-    eager and feeds everything.
-
-    NOTE: requests in lockstep jump together: 256 requests forcing `"name": "` (3 tokens)
-    want 768 extra rows at once; 64 at a time that was 12 graph steps (~20 ms each on the
-    H100 host) in which the batch sampled almost nothing, against one eager step."""
-    if graph_rows is None or requests > graph_rows:
-        return None  # eager anyway
-    return graph_rows if wanted - graph_rows <= graph_rows - requests else None

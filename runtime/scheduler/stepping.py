@@ -18,7 +18,6 @@ from .batch import build_extend
 from .inflight import HostIds, InflightStep
 from .output import record_forced_logprobs, record_output_logprobs, record_prompt_logprobs
 from .req import Req, ReqState
-from .running import mixed_rows_cap
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 # NOTE: share of a running request's remaining tokens that admission keeps free for its decode
@@ -90,8 +89,8 @@ class Stepping:
         last fed token and the jump-forward requests fed in full; the others feed the rest
         next step and this step's token for them is dropped."""
         graphs = getattr(self.runner, "cuda_graph_runner", None)
-        max_rows = mixed_rows_cap(self.running.rows_wanted(), len(reqs),
-                                  None if graphs is None else graphs.max_bs)
+        # within the graphs' size, unless the batch runs eager anyway
+        max_rows = graphs.max_bs if graphs is not None and len(reqs) <= graphs.max_bs else None
         fed = [r for r in reqs if r.pending_forced]
         batch, last, partial = self.running.mixed_batch(self.memory, max_rows)
         logits = self.runner.forward(batch).index_select(0, last)

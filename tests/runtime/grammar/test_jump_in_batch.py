@@ -33,8 +33,7 @@ class CountingRunner(HashRunner):
 
     def __init__(self, max_bs: int | None = None) -> None:
         super().__init__(num_slots=4096, max_reqs=16)
-        # mixed steps; of them, larger than the graphs (eager) and filling them (capped)
-        self.mixed = self.eager = self.capped = 0
+        self.mixed = self.eager = 0  # mixed steps; of them, larger than the graphs
         if max_bs is not None:
             self.cuda_graph_runner = SimpleNamespace(max_bs=max_bs)
 
@@ -43,8 +42,9 @@ class CountingRunner(HashRunner):
         if b.mode is ForwardMode.DECODE and len(set(rows)) < len(rows):
             self.mixed += 1
             graphs = getattr(self, "cuda_graph_runner", None)
+            # extra rows only within the graphs (a batch larger than them runs eager anyway)
+            assert graphs is None or len(rows) <= graphs.max_bs or len(set(rows)) > graphs.max_bs
             self.eager += graphs is not None and len(rows) > graphs.max_bs
-            self.capped += graphs is not None and len(rows) == graphs.max_bs
         return super().forward(b)
 
 
@@ -87,32 +87,18 @@ def test_sync_and_overlap_agree_on_mixed_steps(backends, tokenizer):
     assert _run(backend, tokenizer, False, False)[:2] == _run(backend, tokenizer, True, False)[:2]
 
 
-@pytest.mark.parametrize("overlap,max_bs,capped", [(False, 16, False), (True, 16, True),
-                                                   (True, 4, False)],
+@pytest.mark.parametrize("overlap,max_bs", [(False, N + 1), (True, N + 1), (True, 4)],
                          ids=["sync", "overlap", "batch-above-graphs"])
-def test_forced_tokens_beyond_the_graph_size(backends, tokenizer, overlap, max_bs, capped):
-    """With graphs up to 16 rows (4 extra for 12 requests), jump-forward rows whose tokens
-    overflow them by at most one more step's room feed the rest next step, dropping the token
-    sampled meanwhile (``capped`` steps); a larger wave runs one eager step that feeds all;
-    a batch larger than the graphs runs eager anyway. Same outputs as without graphs. (Which
-    waves fit one more step depends on the seeded outputs: the overlap run has both kinds.)"""
+def test_forced_tokens_beyond_the_graph_size_wait_a_step(backends, tokenizer, overlap, max_bs):
+    """With room for one extra row per step (graphs up to N + 1), jump-forward rows feed their
+    tokens over several steps, dropping the tokens sampled meanwhile: same outputs. A batch
+    larger than the graphs runs eager anyway and feeds every token at once."""
     backend = backends["xgrammar"]
     tight, jumped, runner = _run(backend, tokenizer, overlap, False, max_bs=max_bs)
     free, jumped_free, _ = _run(backend, tokenizer, overlap, False)
     assert runner.mixed > 0 and jumped == jumped_free
-    assert runner.eager > 0 and (runner.capped > 0 or not capped)
+    assert (runner.eager > 0) == (max_bs < N)
     assert tight == free
-
-
-def test_mixed_rows_cap():
-    from sgdsl.runtime.scheduler.running import mixed_rows_cap
-
-    assert mixed_rows_cap(300, 256, 320) == 320  # fits the graphs
-    assert mixed_rows_cap(384, 256, 320) == 320  # 64 left: one more step
-    assert mixed_rows_cap(385, 256, 320) is None  # more: one eager step
-    assert mixed_rows_cap(257, 256, 256) is None  # no extra rows captured
-    assert mixed_rows_cap(400, 330, 320) is None  # above the graphs: eager anyway
-    assert mixed_rows_cap(10, 8, None) is None  # no graphs
 
 
 @pytest.mark.parametrize("name", ["xgrammar", "outlines"])
