@@ -211,21 +211,21 @@ def fill_bitmask_grouped(grammars: Sequence[Grammar], bitmask: torch.Tensor,
 
 def accept_token_grouped(grammars: Sequence[Grammar], token_ids: Sequence[int]) -> list[bool]:
     """``grammars[i].accept_token(token_ids[i])``: one ``accept_token_batch`` per class."""
-    accepted = [False] * len(grammars)
-    for cls, idx in _by_class(grammars).items():
-        oks = cls.accept_token_batch([grammars[i] for i in idx], [token_ids[i] for i in idx])
-        for i, ok in zip(idx, oks):
-            accepted[i] = ok
-    return accepted
+    return _per_class(grammars, token_ids, "accept_token_batch")
 
 
 def accept_tokens_grouped(grammars: Sequence[Grammar],
                           token_lists: Sequence[Sequence[int]]) -> list[bool]:
     """``grammars[i].accept_tokens(token_lists[i])`` (all or nothing each): one
     ``accept_tokens_batch`` per class."""
+    return _per_class(grammars, token_lists, "accept_tokens_batch")
+
+
+def _per_class(grammars: Sequence[Grammar], args: Sequence[Any], method: str) -> list[bool]:
+    """``cls.<method>(grammars of cls, their args)`` per grammar class, results in order."""
     accepted = [False] * len(grammars)
     for cls, idx in _by_class(grammars).items():
-        oks = cls.accept_tokens_batch([grammars[i] for i in idx], [token_lists[i] for i in idx])
+        oks = getattr(cls, method)([grammars[i] for i in idx], [args[i] for i in idx])
         for i, ok in zip(idx, oks):
             accepted[i] = ok
     return accepted
