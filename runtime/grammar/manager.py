@@ -274,10 +274,16 @@ class GrammarManager(Forcing):
         return requeue + (self._jump_batch(late, checker) if late else [])
 
     def _decide(self, req: Any, text: str, checker: Any, jumpers: list | None) -> bool:
-        """A handed row still running: a completion measurement due waits for the sampling
-        launch (``deferred``) unless a jump-forward (``text``) may follow it, which must come
-        before the read's stream output (it may respell the last token); True if forced
-        tokens were appended to a request still running."""
+        """A handed row still running: it jumps forward where its grammar forces ``text``,
+        and a completion measurement due waits for the sampling launch (``deferred``). True
+        if forced tokens were appended to a request still running.
+
+        NOTE: measured after its jump, a request forced to complete finishes as well as
+        before it: every completion starts with the forced text, so the jump shortens the
+        budget and the completion alike. Not where the jump could use up the budget, nor for
+        a request owing logprobs (its forced tokens are scored by an extend, whose
+        bookkeeping a second forcing would overwrite): those are measured first, as the
+        jump must come before the read's stream output (it may respell the last token)."""
         if not (self.completion and self.completion.due(req)):
             if jumpers is not None and text:
                 jumpers.append((req, text))
@@ -285,7 +291,12 @@ class GrammarManager(Forcing):
         if jumpers is None or not text:
             self.deferred.append(req)
             return False
-        return self._settle(req, req.grammar, checker, jumpers, text)
+        budget = req.sampling_params.max_new_tokens - len(req.output_ids)
+        if req.return_logprob or budget <= len(text) + 1:
+            return self._settle(req, req.grammar, checker, jumpers, text)
+        jumpers.append((req, text))
+        self.deferred.append(req)
+        return False
 
     def _advance(self, live: list[Any], checker: Any, jumpers: list[Any] | None) -> list[Any]:
         accepted = accept_token_grouped([r.grammar for r in live],
