@@ -107,7 +107,6 @@ def run(a: argparse.Namespace) -> None:
     reqs, checker = _requests(mgr, a.batch, a.max_new, eos)
     if mgr.completion.jobs is not None:  # the estimate worker: up before timing, as in serving
         assert mgr.completion.jobs.worker.wait_ready(120), mgr.completion.jobs.worker.dead
-    from sgdsl.runtime.grammar.base import fill_bitmask_grouped
     from sgdsl.runtime.scheduler.process import SWITCH_INTERVAL_S
 
     sys.setswitchinterval(SWITCH_INTERVAL_S)  # as in the scheduler process
@@ -127,38 +126,44 @@ def run(a: argparse.Namespace) -> None:
         for req, token in zip(rows, ids):
             req.output_ids.append(token)
             req.finish_reason = checker.check(req)
-        prefetch = mgr.prefetch(rows)  # the next step's rows: the batch as launched
         if prof:
             prof.enable()
-        t0 = time.perf_counter()
-        jumped = mgr.after_sample(rows, checker, len(rows), prefetch)
-        # jump-forward: the forced tokens are appended and accepted; the scheduler feeds them
-        # next step, which changes nothing for the matchers (their rows are filled below)
-        assert a.jump_forward or not jumped
-        t1 = time.perf_counter()
-        mask = mgr.fill_bitmask(rows, [r.finished for r in rows], prefetch)
-        t2 = time.perf_counter()
-        if jumped:  # their rows were filled before the jump (the scheduler drops that token
-            # and fills them again on the helper thread during the next read: not counted)
-            at = {id(r): i for i, r in enumerate(rows)}
-            fill_bitmask_grouped([r.grammar for r in jumped], mask, [at[id(r)] for r in jumped])
-            t2 = time.perf_counter()
-        # the scheduler makes these after the sampling launch (counted apart: the host waits
-        # for the device then), forced rows leave
-        measured, requeued = mgr.plan_deferred(checker)
-        assert not requeued  # no logprobs here: a forced request finishes at once
-        t_late += time.perf_counter() - t2
+        mask, times = _grammar_step(mgr, rows, checker, a.jump_forward)
         if prof:
             prof.disable()
         keep = [i for i, r in enumerate(rows) if not r.finished]
         rows, mask = [rows[i] for i in keep], (mask[keep] if mask is not None else None)
-        t_after += t1 - t0
-        t_fill += t2 - t1
+        t_after, t_fill, t_late = (x + y for x, y in zip((t_after, t_fill, t_late), times))
         steps += 1
     _report(a, reqs, steps, (t_after, t_fill, t_late), plan_time, mgr)
     mgr.shutdown()
     if prof:
         pstats.Stats(prof).sort_stats("cumulative").print_stats(a.profile)
+
+
+def _grammar_step(mgr, rows: list, checker, jump_forward: bool):
+    """One step's grammar work as the scheduler does it with overlap: the prefetch, then
+    ``after_sample``, then ``fill_bitmask``, then ``plan_deferred`` (which the scheduler
+    makes after the sampling launch). Returns the next bitmask and those three times."""
+    from sgdsl.runtime.grammar.base import fill_bitmask_grouped
+
+    prefetch = mgr.prefetch(rows)  # the next step's rows: the batch as launched
+    t0 = time.perf_counter()
+    jumped = mgr.after_sample(rows, checker, len(rows), prefetch)
+    # jump-forward: the forced tokens are appended and accepted; the scheduler feeds them
+    # next step, which changes nothing for the matchers (their rows are filled below)
+    assert jump_forward or not jumped
+    t1 = time.perf_counter()
+    mask = mgr.fill_bitmask(rows, [r.finished for r in rows], prefetch)
+    t2 = time.perf_counter()
+    if jumped:  # their rows are open (the scheduler drops the token sampled from them and
+        # fills them on the helper thread during the next read: not counted)
+        at = {id(r): i for i, r in enumerate(rows)}
+        fill_bitmask_grouped([r.grammar for r in jumped], mask, [at[id(r)] for r in jumped])
+        t2 = time.perf_counter()
+    measured, requeued = mgr.plan_deferred(checker)  # forced rows finish
+    assert not requeued  # no logprobs here: a forced request finishes at once
+    return mask, (t1 - t0, t2 - t1, time.perf_counter() - t2)
 
 
 def _report(a, reqs, steps, times, plan_time, mgr) -> None:
