@@ -67,6 +67,10 @@ class UniqueKeyGrammar(Grammar):
         self.inner = inner
         self.quotes = quotes
         self.exact_state_key = inner.exact_state_key
+        # NOTE: its batch calls add per-request Python state only (each row's JsonTrack; the
+        # quote tokens are read-only), so rows may go to the mask prefetch's helper thread
+        # when the inner grammar's may (JSON-object mode at batch: all of them)
+        self.thread_safe_batch = inner.thread_safe_batch
         self._states = states or [JsonTrack()]  # _states[i]: after i accepted tokens
 
     def _bytes(self, token_id: int) -> bytes:

@@ -8,6 +8,7 @@ import json
 import random
 
 import pytest
+import torch
 
 from sgdsl.runtime.grammar import GrammarKey
 from sgdsl.runtime.grammar.shortest import CompletionSearch
@@ -191,3 +192,52 @@ def test_unique_items_completion_and_walks(backends, quotes, tokenizer, walker):
         if complete:
             tags = json.loads(text)["tags"]
             assert len(tags) == len(set(tags)), text
+
+
+def _wrapped_step(backend, quotes, tokenizer, prefetched: bool):
+    """Requests under open keys after one more sampled token each, stepped by a manager with
+    or without the mask prefetch (whose helper thread then accepts and fills them)."""
+    from sgdsl.runtime.grammar.completion import _Budget
+    from sgdsl.runtime.grammar.manager import GrammarManager
+    from sgdsl.runtime.sampling_params import SamplingParams
+    from sgdsl.runtime.scheduler.finish import FinishChecker
+    from sgdsl.runtime.scheduler.req import Req
+
+    from .helpers import shared_compiler
+
+    enc = lambda t: tokenizer.encode(t, add_special_tokens=False)  # noqa: E731
+    cases = [('{"name": 1, "', "name"), ('{"a": 1, "b": 2, "', "x"), ('{"a": 1', ","),
+             ('{"a": 1, "b": 2', "}")]
+    manager = GrammarManager(backend, tokenizer, VOCAB, [EOS], jump_forward=False,
+                             compiler=shared_compiler(backend))
+    reqs = []
+    for i, (text, nxt) in enumerate(cases):
+        req = Req(f"r{i}", [1, 2], SamplingParams(json_schema=json.dumps(OPEN),
+                                                  max_new_tokens=64))
+        req.grammar = _guarded(backend, quotes, OPEN)
+        assert feed_text(req.grammar, tokenizer, text)
+        req.output_ids = enc(text) + [enc(nxt)[-1]]
+        req.completion = _Budget(check_at=1 << 30, search_at=1 << 30)
+        reqs.append(req)
+    prefetch = manager.prefetch(reqs) if prefetched else None
+    manager.after_sample(reqs, FinishChecker([EOS], None), batch_size=len(reqs),
+                         prefetch=prefetch)
+    bitmask = manager.fill_bitmask(reqs, None, prefetch)
+    manager.shutdown()
+    return reqs, bitmask, prefetch
+
+
+def test_wrapped_rows_go_to_the_mask_prefetch(backends, quotes, tokenizer):
+    """Open-key rows (JSON-object mode) are accepted and filled on the prefetch's helper
+    thread like plain ones, with the same rows as on the scheduler thread: the duplicate
+    key's closing quote masked, the finished value's row left open."""
+    backend = backends["xgrammar"]
+    ref, ref_mask, _ = _wrapped_step(backend, quotes, tokenizer, prefetched=False)
+    got, mask, prefetch = _wrapped_step(backend, quotes, tokenizer, prefetched=True)
+    assert prefetch is not None and prefetch.filled == {0, 1, 2}
+    assert [r.finish_reason for r in got] == [r.finish_reason for r in ref]
+    assert got[3].finish_reason["type"] == "stop" and got[0].finish_reason is None
+    assert torch.equal(mask, ref_mask)
+    closers = [t for t in quotes.ids.tolist() if quotes.bytes[t].startswith(b'"')]
+    allowed = lambda t: (int(mask[0, t // 32]) >> (t % 32)) & 1  # noqa: E731
+    assert closers and not any(allowed(t) for t in closers)  # "name" again: masked
