@@ -9,15 +9,19 @@ applies, which can only forbid more). Without a schema only keys are tracked.
 """
 from __future__ import annotations
 
+import functools
 import json
-import re
 from typing import Any, NamedTuple
 
+import regex
+
 from .schema.arrays import UNIQUE_MARK
+from .schema.timed_keywords import PatternTimeout, search
 
 _QUOTE, _BACKSLASH = 0x22, 0x5C
 _OBJ, _ARR = "o", "a"
 _MAX_EXPAND = 64  # schema nodes one position may stand for
+_KEY_SEARCH_S = 0.005
 
 
 class Frame(NamedTuple):
@@ -154,11 +158,14 @@ def _items(cands: tuple, index: int) -> list:
     return out
 
 
+@functools.lru_cache(maxsize=4096)
 def _search(pattern: str, key: str) -> bool:
+    # NOTE: runs on the scheduler thread as keys close: time-bounded (a backtracking pattern
+    # would stall every request) and cached (the same keys recur across requests)
     try:
-        return re.search(pattern, key) is not None
-    except re.error:
-        return True  # a pattern Python cannot read: assume it may apply (forbids more)
+        return search(pattern, key, _KEY_SEARCH_S)
+    except (PatternTimeout, regex.error):
+        return True  # unreadable or too slow: assume it may apply (forbids more)
 
 
 def _expand(root: dict, nodes: list) -> tuple:

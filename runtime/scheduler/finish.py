@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from ..tokenizer.stop import stop_window
-from ..tokenizer.stop_regex import first_match, regex_window
+from ..tokenizer.stop_regex import StopRegexTimeout, first_match, regex_window
 from .req import Req
 
 
@@ -33,12 +33,27 @@ class FinishChecker:
                 if matched is not None:
                     return {"type": "stop", "matched": matched}
             if params.stop_regex and self.decode is not None:
-                window = regex_window(params.stop_regex, n_out)
-                hit = first_match(self.decode(req.output_ids[-window:]), params.stop_regex)
-                if hit is not None:  # NOTE: SGLang reports the pattern as ``matched``
-                    return {"type": "stop", "matched": hit[1]}
+                return self._stop_regex(req, n_out) or self._length(req, n_out)
+        return self._length(req, n_out)
+
+    @staticmethod
+    def _length(req: Req, n_out: int) -> dict | None:
+        params = req.sampling_params
         if n_out >= params.max_new_tokens:
             return {"type": "length", "length": params.max_new_tokens}
+        return None
+
+    def _stop_regex(self, req: Req, n_out: int) -> dict | None:
+        patterns = req.sampling_params.stop_regex
+        window = regex_window(patterns, n_out)
+        try:
+            hit = first_match(self.decode(req.output_ids[-window:]), patterns)
+        except StopRegexTimeout as e:
+            # NOTE: fails this request alone (its KV is freed like any finish's); the main
+            # process raises it as a 400 naming the field
+            return {"type": "abort", "message": str(e), "status": 400, "field": "stop_regex"}
+        if hit is not None:  # NOTE: SGLang reports the pattern as ``matched``
+            return {"type": "stop", "matched": hit[1]}
         return None
 
     def _stop_string(self, req: Req) -> str | None:

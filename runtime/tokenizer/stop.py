@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .stop_regex import first_match, partial_start
+from .stop_regex import StopRegexTimeout, first_match, partial_start
 
 
 def stop_window(stop: Sequence[str]) -> int:
@@ -124,7 +124,12 @@ class StopStringTrimmer:
         # NOTE: searching from the emitted end suffices: emitted text never ends with a proper
         # prefix of a stop string, so no stop string can begin inside it.
         hits = [p for p in (self._buf.find(s, start) for s in self.stop) if p >= 0]
-        regex_hit = first_match(self._buf, self.stop_regex, start) if self.stop_regex else None
+        regex_hit = None
+        try:
+            if self.stop_regex:
+                regex_hit = first_match(self._buf, self.stop_regex, start)
+        except StopRegexTimeout:  # the scheduler fails the request with that reason
+            pass
         if regex_hit is not None:
             hits.append(regex_hit[0])
         return min(hits) if hits else None
@@ -148,7 +153,10 @@ def trim_at_stop(text: str, matched: str | None, no_stop_trim: bool = False,
     if not matched or no_stop_trim:
         return text
     if matched in stop_regex:
-        hit = first_match(text, (matched,))
+        try:
+            hit = first_match(text, (matched,))
+        except StopRegexTimeout:  # it matched within the scheduler's window: keep the text
+            return text
         pos = hit[0] if hit is not None else -1
         if pos >= 0 or matched not in text:
             return text if pos < 0 else text[:pos]

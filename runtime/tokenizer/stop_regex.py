@@ -7,10 +7,14 @@ Like stop strings, two halves: ``regex_window``/``first_match`` serve the schedu
 decoded tail of the output; ``partial_start`` serves streaming, which must not show text that a
 pattern could still match once more tokens arrive.
 
-NOTE: patterns are validated and searched with the standard ``re`` module (SGLang's semantics);
-only the streaming holdback uses the ``regex`` package, whose ``partial=True`` search reports a
-match that the end of the text cut short. Where ``regex`` rejects a pattern that ``re`` accepts,
-the holdback falls back to holding back everything after the emitted text until the request ends.
+NOTE: patterns are validated with the standard ``re`` module (SGLang's dialect) and searched
+with the ``regex`` package, whose matcher takes a ``timeout``: a backtracking pattern such as
+``(a|aa)+$`` takes seconds in ``re`` on 34 characters of output and doubles with each one more,
+and the scheduler searches every step, so one request could stall every other. A search that runs
+past ``SEARCH_TIMEOUT_S`` raises ``StopRegexTimeout``; the scheduler then fails that request with
+a 400 naming the pattern (``scheduler/finish.py``). A pattern ``re`` accepts but ``regex`` does not
+is refused at admission. The streaming holdback uses ``regex``'s ``partial=True`` search, which
+reports a match that the end of the text cut short.
 """
 from __future__ import annotations
 
@@ -18,13 +22,23 @@ import re
 from functools import lru_cache
 from typing import Sequence
 
-try:  # a dependency of transformers, so present wherever the runtime runs
-    import regex as _partial_re
-except ImportError:  # pragma: no cover - the holdback then waits for the end of the request
-    _partial_re = None
+import regex  # a dependency of transformers (and of the runtime extra)
 
 _UNBOUNDED = 1 << 30
 _MAX_PATTERN_CHARS = 4096
+# A linear search over a whole 32k-token output takes ~1 ms; anything near this is backtracking.
+SEARCH_TIMEOUT_S = 0.05
+
+
+class StopRegexTimeout(Exception):
+    """A stop_regex search ran past ``SEARCH_TIMEOUT_S`` (the pattern backtracks)."""
+
+    def __init__(self, pattern: str) -> None:
+        super().__init__(
+            f"stop_regex {pattern!r} took longer than {SEARCH_TIMEOUT_S * 1000:.0f} ms to search "
+            "the output (its matching backtracks exponentially): simplify the pattern, e.g. "
+            "without nested or overlapping repetitions like (a|aa)+ or (x+)+")
+        self.pattern = pattern
 
 
 def check_stop_regex(patterns: Sequence[str]) -> str | None:
@@ -35,15 +49,19 @@ def check_stop_regex(patterns: Sequence[str]) -> str | None:
         if len(p) > _MAX_PATTERN_CHARS:
             return f"stop_regex patterns must be at most {_MAX_PATTERN_CHARS} characters"
         try:
-            _compiled(p)
+            re.compile(p)
         except re.error as exc:
             return f"stop_regex {p!r} is not a valid regular expression: {exc}"
+        try:
+            _compiled(p)
+        except regex.error as exc:
+            return f"stop_regex {p!r} is outside the supported regular-expression dialect: {exc}"
     return None
 
 
 @lru_cache(maxsize=1024)
-def _compiled(pattern: str) -> re.Pattern:
-    return re.compile(pattern)
+def _compiled(pattern: str) -> "regex.Pattern":
+    return regex.compile(pattern)
 
 
 @lru_cache(maxsize=1024)
@@ -70,10 +88,14 @@ def regex_window(patterns: Sequence[str], n_out: int) -> int:
 
 
 def first_match(text: str, patterns: Sequence[str], start: int = 0) -> tuple[int, str] | None:
-    """(start index, pattern) of the earliest match at or after ``start``; ties: first pattern."""
+    """(start index, pattern) of the earliest match at or after ``start``; ties: first pattern.
+    Raises ``StopRegexTimeout`` for a search that backtracks past ``SEARCH_TIMEOUT_S``."""
     best: tuple[int, str] | None = None
     for p in patterns:
-        m = _compiled(p).search(text, start)
+        try:
+            m = _compiled(p).search(text, start, timeout=SEARCH_TIMEOUT_S)
+        except TimeoutError:
+            raise StopRegexTimeout(p) from None
         if m is not None and (best is None or m.start() < best[0]):
             best = (m.start(), p)
     return best
@@ -84,11 +106,9 @@ def partial_start(text: str, patterns: Sequence[str], start: int) -> int:
     (``len(text)`` if none): streaming emits only what lies before it."""
     held = len(text)
     for p in patterns:
-        if _partial_re is None:
-            return start
         try:
-            m = _partial_re.search(p, text, pos=start, partial=True)
-        except Exception:  # pattern outside the regex package's dialect
+            m = _compiled(p).search(text, start, partial=True, timeout=SEARCH_TIMEOUT_S)
+        except TimeoutError:  # the scheduler fails this request (its own search times out too)
             return start
         if m is not None and m.partial:
             held = min(held, m.start())

@@ -22,3 +22,29 @@ def test_stop_regex_on_every_backend(backend: Any) -> None:
     reason = state.get_meta_info("x")["finish_reason"]
     if isinstance(reason, dict) and isinstance(reason.get("matched"), str):
         assert reason["matched"] in (r"1\d", r"\n\n")
+
+
+def test_backtracking_stop_regex_fails_its_request_and_others_are_served(
+        engine: Any, server_url: str) -> None:
+    """A stop_regex that backtracks (``re`` takes minutes on the 60 forced a's) fails its own
+    request with a 400 naming the field, within seconds; a request sent beside it completes."""
+    import concurrent.futures
+    import time
+
+    import httpx
+
+    hostile = {"text": "Say a.", "sampling_params": {
+        "regex": "a{60}", "stop_regex": r"(a|aa)+[bc]$", "max_new_tokens": 80,
+        "temperature": 0}}
+    normal = {"text": "Count to five:", "sampling_params": {"max_new_tokens": 12,
+                                                            "temperature": 0}}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        t0 = time.perf_counter()
+        bad = pool.submit(httpx.post, server_url + "/generate", json=hostile, timeout=60)
+        good = pool.submit(httpx.post, server_url + "/generate", json=normal, timeout=60)
+        bad, good = bad.result(), good.result()
+    assert time.perf_counter() - t0 < 30
+    assert bad.status_code == 400, bad.text
+    assert "stop_regex" in bad.text and "backtracks" in bad.text
+    assert good.status_code == 200 and good.json()["meta_info"]["completion_tokens"] == 12
+    engine.check_idle_integrity()

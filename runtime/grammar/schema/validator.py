@@ -4,7 +4,9 @@ Grammars enforce the normalized schema, which implies the original; this check c
 grammar can promise (``oneOf`` branches that overlap, a backend bug) so that such an output is
 reported as an error, never as a success. Validators are built once per schema text (bounded
 LRU) with the draft the schema declares; formats are asserted for the ones the normalizer spells
-as exact patterns (others stay annotations, as JSON Schema says)."""
+as exact patterns (others stay annotations, as JSON Schema says). Schema patterns are searched
+with a time bound (``timed_keywords.py``): a pattern that backtracks fails the check, with the
+reason, instead of stalling the process that runs it."""
 from __future__ import annotations
 
 import copy
@@ -13,6 +15,7 @@ from collections import OrderedDict
 from typing import Any
 
 from .strings import ENFORCED_FORMATS
+from .timed_keywords import KEYWORDS, PatternTimeout
 
 
 class OutputValidator:
@@ -29,7 +32,10 @@ class OutputValidator:
         validator = self._validator(schema_text)
         if validator is None:
             return None  # an ANY_JSON / json_object request: parsing is the whole check
-        error = next(iter(validator.iter_errors(value)), None)
+        try:
+            error = next(iter(validator.iter_errors(value)), None)
+        except PatternTimeout as e:
+            return f"the output could not be checked against the json_schema: {e}"
         if error is None:
             return None
         where = "/".join(str(p) for p in error.absolute_path)
@@ -47,7 +53,7 @@ class OutputValidator:
         validator = None
         if schema_text:
             schema = json.loads(schema_text)
-            cls = validator_class(schema)
+            cls = jsonschema.validators.extend(validator_class(schema), KEYWORDS)
             checker = copy.copy(cls.FORMAT_CHECKER)
             checker.checkers = {k: v for k, v in cls.FORMAT_CHECKER.checkers.items()
                                 if k in ENFORCED_FORMATS}

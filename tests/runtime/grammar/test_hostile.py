@@ -85,3 +85,24 @@ def test_invalid_schema_message_is_clear(compiler):
     with pytest.raises(InvalidRequestError) as e:
         compiler.submit(GrammarKey("json_schema", bad))
     assert "properties/a/type" in str(e.value)
+
+
+def test_backtracking_key_pattern_stays_within_the_time_bound():
+    """The unique-keys tracker matches each closed key against the schema's patternProperties
+    on the scheduler thread; a backtracking pattern (seconds per key under ``re``) is given
+    up on at the time bound and treated as applying, which can only forbid more."""
+    from sgdsl.runtime.grammar.json_track import JsonTrack
+    from sgdsl.runtime.grammar.schema.arrays import UNIQUE_MARK
+
+    root = {"type": "object", "patternProperties": {"^(a|aa)+$": {"type": "array",
+                                                                  UNIQUE_MARK: True}},
+            "additionalProperties": {"type": "array"}}
+    key = "a" * 40 + "b"
+    t0 = time.perf_counter()
+    state = JsonTrack(root=root).advance(b'{"' + key.encode() + b'": [')
+    assert time.perf_counter() - t0 < 1.0
+    assert state.frames[0].last == key and state.frames[-1].unique  # assumed to apply
+    fast = JsonTrack(root=root).advance(b'{"aaaa": [')
+    assert fast.frames[-1].unique
+    other = JsonTrack(root=root).advance(b'{"bbb": [')
+    assert not other.frames[-1].unique

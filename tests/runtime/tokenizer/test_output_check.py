@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -69,3 +70,26 @@ def test_unconstrained_and_any_json_requests():
     plain, anyjson = asyncio.run(go())
     assert plain.error is None
     assert isinstance(anyjson.error, ConstraintViolationError)
+
+
+def test_backtracking_schema_pattern_fails_the_check_within_the_time_bound():
+    """A branch the output did not take is still searched: with ``re`` this pattern needs
+    seconds on 40 characters; the check gives up at the time bound and fails, never passes."""
+    schema = {"oneOf": [{"type": "string", "pattern": "^(a|aa)+$"},
+                        {"type": "string", "pattern": "^a+b$"}]}
+    validator = OutputValidator()
+    t0 = time.perf_counter()
+    why = validator.violation(json.dumps(schema), json.dumps("a" * 40 + "b"))
+    assert time.perf_counter() - t0 < 1.0
+    assert why is not None and "could not be checked" in why and "(a|aa)+$" in why
+    assert validator.violation(json.dumps(schema), json.dumps("aab")) is None
+
+
+@pytest.mark.parametrize("instance,ok", [
+    ({"x-1": 1, "name": "a"}, True), ({"x-1": "no"}, False), ({"other": 1}, False)])
+def test_pattern_properties_and_additional_properties(instance, ok):
+    schema = {"type": "object", "properties": {"name": {"type": "string"}},
+              "patternProperties": {"^x-\\d+$": {"type": "integer"}},
+              "additionalProperties": False}
+    why = OutputValidator().violation(json.dumps(schema), json.dumps(instance))
+    assert (why is None) == ok, why

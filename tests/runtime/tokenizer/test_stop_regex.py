@@ -2,6 +2,7 @@
 streaming holdback (no text a pattern could still match is shown) and the final trim."""
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -11,7 +12,8 @@ from sgdsl.runtime.sampling_params import SamplingParams
 from sgdsl.runtime.scheduler.finish import FinishChecker
 from sgdsl.runtime.tokenizer.detokenizer import IncrementalDetokenizer
 from sgdsl.runtime.tokenizer.stop import StopStringTrimmer, trim_at_stop
-from sgdsl.runtime.tokenizer.stop_regex import first_match, partial_start, regex_window
+from sgdsl.runtime.tokenizer.stop_regex import (StopRegexTimeout, first_match, partial_start,
+                                                 regex_window)
 
 
 def _run(tokenizer, text: str, patterns: list[str], no_stop_trim: bool = False):
@@ -93,3 +95,31 @@ def test_sglang_sampling_fields() -> None:
         with pytest.raises(InvalidRequestError, match="not supported") as err:
             SamplingParams.from_dict({key: value})
         assert err.value.field == key
+
+
+def test_backtracking_pattern_fails_its_request_within_the_time_bound() -> None:
+    """``re`` needs ~3 s for (a|aa)+$ on 34 a's and a b, doubling per character; the scheduler's
+    search gives up at SEARCH_TIMEOUT_S and fails that request alone with a 400."""
+    text = "a" * 40 + "b"
+    checker = FinishChecker([], lambda ids: "".join(chr(i) for i in ids))
+    params = SamplingParams(stop_regex=(r"(a|aa)+$",), max_new_tokens=100)
+    req = SimpleNamespace(output_ids=[ord(c) for c in text], sampling_params=params)
+    t0 = time.perf_counter()
+    reason = checker.check(req)
+    assert time.perf_counter() - t0 < 1.0
+    assert reason["type"] == "abort" and reason["status"] == 400
+    assert reason["field"] == "stop_regex" and "(a|aa)+$" in reason["message"]
+    with pytest.raises(StopRegexTimeout):
+        first_match(text, [r"(a|aa)+$"])
+    # the main process's streaming and final trims stay within the bound too
+    t0 = time.perf_counter()
+    trimmer = StopStringTrimmer((), stop_regex=(r"(a|aa)+$",))
+    trimmer.push(text)
+    trimmer.finish(None)
+    assert trim_at_stop(text, r"(a|aa)+$", stop_regex=(r"(a|aa)+$",)) == text
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_linear_patterns_do_not_trip_the_bound_on_long_outputs() -> None:
+    text = "word " * 20000 + "END7"  # 100k characters: a linear search takes ~1 ms
+    assert first_match(text, [r"END\d", r"\w+\s+END"]) == (len(text) - 9, r"\w+\s+END")
