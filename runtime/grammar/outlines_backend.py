@@ -4,8 +4,10 @@ DFA index over the vocabulary.
 JSON schemas go through ``outlines_core.json_schema.build_regex_from_schema`` (compact: no
 whitespace, so output is bounded and separators are forced); EBNF is accepted only when it is
 regular (``ebnf_regex.py`` lowers it); a recursive grammar is rejected at admission, saying so;
-a recursive JSON ``$ref`` is unrolled a bounded number of levels (``schema_unroll.py``) and
-untyped values nest a bounded number of levels (``any_value.py``; also "any JSON object"). The
+a recursive JSON ``$ref`` is unrolled a bounded number of levels (``schema_unroll.py``),
+untyped values nest a bounded number of levels (``any_value.py``; also "any JSON object"), and
+numeric bounds, which outlines-core ignores, are spliced in as range regexes
+(``outlines_bounds.py``). The
 jump-forward string is the longest byte prefix shared by every allowed token, chained through
 tokens that spell exactly that prefix; it is computed once per DFA state and cached on the
 compiled grammar.
@@ -23,6 +25,7 @@ from ..errors import InvalidRequestError
 from .base import (Grammar, GrammarBackend, GrammarKey, StateKey, bitmask_width,
                    choices_regex)
 from .any_value import ANY_OBJECT, bound_untyped_values
+from .outlines_bounds import BoundSplicer
 from .schema import normalize_schema
 from .schema_unroll import unroll_schema_text
 from .vocab import decode_prefix, token_bytes
@@ -178,8 +181,10 @@ class OutlinesBackend(GrammarBackend):
         if key.kind == "json_object":
             return schema_to_regex(json.dumps(ANY_OBJECT), _WHITESPACE)
         if key.kind == "json_schema":
-            normalized = json.dumps(normalize_schema(json.loads(key.text), self.name))
-            regex = schema_to_regex(prepare_schema(normalized), _WHITESPACE)
+            bounds = BoundSplicer(key.text)
+            normalized = bounds.swap(normalize_schema(json.loads(key.text), self.name))
+            regex = bounds.splice(schema_to_regex(prepare_schema(json.dumps(normalized)),
+                                                  _WHITESPACE))
             # NOTE: with the escaped quote allowed, indexing a length-bounded string grows
             # exponentially with the bound (maxLength 20: ~80 s, 40: hours); without it, 40 takes
             # 0.4 s. Dropping one escape from bounded strings keeps every output valid.

@@ -5,8 +5,9 @@ conditionals, dependencies, ``contains``, ``uniqueItems``, formats and draft-04 
 compilers accept keywords they ignore (tested against xgrammar 0.2.8 and outlines-core 0.2.14:
 xgrammar ignores ``not``, ``uniqueItems``, ``contains``, ``if``, ``dependentRequired``,
 multi-branch ``allOf``, and length bounds beside a ``pattern``; outlines-core also numeric
-bounds, ``multipleOf`` and property counts). What is left of those is rejected naming the
-keyword and where it is; annotations (``title``, ``description``...) are fine.
+bounds (``outlines_bounds.py`` splices them in), ``multipleOf`` and property counts). What is
+left of those is rejected naming the keyword and where it is; annotations (``title``,
+``description``...) are fine.
 """
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from typing import Any, Iterator
 from ..errors import InvalidRequestError
 
 # Keys whose value maps names to subschemas, or lists subschemas, or is one subschema.
-_NAMED = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
-_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SINGLE = ("items", "additionalProperties", "not", "contains", "if", "then", "else",
+NAMED = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+SINGLE = ("items", "additionalProperties", "not", "contains", "if", "then", "else",
            "propertyNames", "unevaluatedProperties", "unevaluatedItems")
 
 _COMMON_UNSUPPORTED = frozenset({
@@ -26,9 +27,9 @@ _COMMON_UNSUPPORTED = frozenset({
     "$dynamicRef", "$recursiveRef", "not", "allOf", "dependencies"})
 UNSUPPORTED: dict[str, frozenset[str]] = {
     "xgrammar": _COMMON_UNSUPPORTED,
+    # NOTE: outlines-core ignores numeric bounds too; outlines_bounds.py splices them in
     "outlines": _COMMON_UNSUPPORTED | {
-        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-        "propertyNames", "patternProperties",
+        "multipleOf", "propertyNames", "patternProperties",
         # NOTE: outlines-core builds the object regex without counting properties, so these
         # were silently ignored (an instance with 1 property passed minProperties: 2).
         "minProperties", "maxProperties"},
@@ -41,13 +42,13 @@ def walk_schema(node: Any, path: str = "#") -> Iterator[tuple[str, str, Any]]:
         return
     for key, value in node.items():
         yield path, key, value
-        if key in _NAMED and isinstance(value, dict):
+        if key in NAMED and isinstance(value, dict):
             for name, sub in value.items():
                 yield from walk_schema(sub, f"{path}/{key}/{name}")
-        elif key in _LISTS and isinstance(value, list):
+        elif key in LISTS and isinstance(value, list):
             for i, sub in enumerate(value):
                 yield from walk_schema(sub, f"{path}/{key}/{i}")
-        elif key in _SINGLE:
+        elif key in SINGLE:
             yield from walk_schema(value, f"{path}/{key}")
 
 
