@@ -7,7 +7,8 @@ compiles much faster or enforces where it would otherwise ignore a keyword.
   slower below 256 too, still under the native form). The pattern leaves out escapes and
   control characters: a subset, so sound.
 - outlines: an integer range of at most ``MAX_ENUM_RANGE`` values becomes an ``enum`` (outlines
-  ignores minimum/maximum, so these were rejected; an enum it enforces exactly). A ``format``
+  ignores minimum/maximum; an enum it enforces exactly; wider ranges are spliced into its regex
+  by ``outlines_bounds.py``). A ``format``
   left (not one of the eight spelled as patterns) is dropped: JSON Schema makes it an
   annotation, the output check does not assert it, and outlines-core raises on most of them.
 """
