@@ -1,11 +1,14 @@
 """Where a JSON output stands, byte by byte: the open containers, the keys each open object has,
-and, for arrays the normalized schema marks as unique strings (``schema/arrays.UNIQUE_MARK``),
-the items written so far. ``unique_keys.py`` masks with it what a grammar cannot forbid.
+for arrays the normalized schema marks as unique strings (``schema/arrays.UNIQUE_MARK``) the
+items written so far, and for a string whose length bounds the runtime enforces
+(``schema/lengths.LENGTH_MARK``) its characters so far (``string_chars.py`` counts them).
+``unique_keys.py`` masks with it what a grammar cannot forbid.
 
 A state is immutable (one per accepted token, for rollback). To know which arrays are marked,
 each container keeps its *candidates*: the normalized schema nodes it may be an instance of
-(``anyOf``/``oneOf``/``allOf`` branches and ``$ref`` targets all count; a mark on any of them
-applies, which can only forbid more). Without a schema only keys are tracked.
+(``anyOf``/``oneOf``/``allOf`` branches and ``$ref`` targets all count; a unique mark on any of
+them applies, which can only forbid more; a string takes the loosest length bound of those that
+admit strings, see ``schema/lengths.py``). Without a schema only keys are tracked.
 """
 from __future__ import annotations
 
@@ -17,8 +20,11 @@ import regex
 
 from .schema.arrays import UNIQUE_MARK
 from .schema.timed_keywords import PatternTimeout, search
+from .schema.lengths import string_bound
+from .string_chars import NORMAL, scan
 
-_QUOTE, _BACKSLASH = 0x22, 0x5C
+_QUOTE = 0x22
+_FAR = 64  # room (characters) past which a bounded string's summary no longer tells it
 _OBJ, _ARR = "o", "a"
 _MAX_EXPAND = 64  # schema nodes one position may stand for
 _KEY_SEARCH_S = 0.005
@@ -41,30 +47,60 @@ class JsonTrack(NamedTuple):
     frames: tuple = ()
     string: bool = False
     buf: bytes | None = None  # raw bytes of an open key, or of an item of a unique array
-    escape: bool = False
-    root: Any = None  # the normalized schema, when it marks unique arrays
+    lex: int = NORMAL  # lexical state inside a string (string_chars.scan)
+    root: Any = None  # the normalized schema, when it marks unique arrays or lengths
+    count: int = 0  # characters of the open string, when it has a runtime ``bound``
+    bound: tuple | None = None  # (minLength, maxLength or None) the runtime enforces on it
 
     def advance(self, data: bytes) -> "JsonTrack":
-        frames, string, buf, escape = list(self.frames), self.string, self.buf, self.escape
-        for b in data:
+        return self._run(data)[0]
+
+    def breaks_bound(self, data: bytes) -> bool:
+        """True if ``data`` writes past a string's maxLength or closes one short of its
+        minLength (only the bounds the runtime enforces: ``schema/lengths.py``)."""
+        return self._run(data, strict=True)[1]
+
+    def room_need(self) -> tuple[int | None, int]:
+        """(characters the open string may still take, None: any; characters it still
+        needs before it may close)."""
+        lo, hi = self.bound or (0, None)
+        return (None if hi is None else hi - self.count), lo - self.count
+
+    def _run(self, data: bytes, strict: bool = False) -> tuple["JsonTrack", bool]:
+        """The state after ``data``, and whether it broke a length bound (``strict``: the
+        walk stops at the first break)."""
+        frames, string, buf, lex = list(self.frames), self.string, self.buf, self.lex
+        count, bound, broke = self.count, self.bound, False
+        i = 0
+        while i < len(data):
             if string:
-                if escape:
-                    escape = False
-                elif b == _BACKSLASH:
-                    escape = True
-                elif b == _QUOTE:
-                    string = False
-                    if buf is not None:
-                        frames[-1] = _closed(frames[-1], _decode(buf))
-                        buf = None
-                    continue
+                chars, end, lex = scan(data, lex, i)
+                count += chars
+                stop = len(data) if end < 0 else end
                 if buf is not None:
-                    buf += bytes((b,))
-            elif b == _QUOTE:
-                string = True
+                    buf += data[i:stop]
+                if bound is not None and (bound[1] is not None and count > bound[1] or
+                                          end >= 0 and count < bound[0]):
+                    broke = True
+                    if strict:
+                        break
+                if end < 0:
+                    break
+                string, count, bound, i = False, 0, None, end + 1
+                if buf is not None:
+                    frames[-1] = _closed(frames[-1], _decode(buf))
+                    buf = None
+                continue
+            b = data[i]
+            i += 1
+            if b == _QUOTE:
+                string, lex = True, NORMAL
                 top = frames[-1] if frames else None
-                if top is not None and (top.expect_key if top.kind == _OBJ else top.unique):
+                key = top is not None and top.kind == _OBJ and top.expect_key
+                if key or top is not None and top.unique:
                     buf = b""
+                if not key and self.root is not None:
+                    bound = string_bound(self._position(frames))
             elif b in (0x7B, 0x5B):  # { [
                 cands = self._position(frames)
                 frames.append(Frame(_OBJ, cands=cands) if b == 0x7B else Frame(
@@ -75,7 +111,7 @@ class JsonTrack(NamedTuple):
                 top = frames[-1]
                 frames[-1] = top._replace(expect_key=True) if top.kind == _OBJ else \
                     top._replace(index=top.index + 1)
-        return JsonTrack(tuple(frames), string, buf, escape, self.root)
+        return JsonTrack(tuple(frames), string, buf, lex, self.root, count, bound), broke
 
     def _position(self, frames: list) -> tuple:
         """Schema candidates of the value that starts now."""
@@ -92,15 +128,8 @@ class JsonTrack(NamedTuple):
         """True if ``data`` ends the open key (or unique item) with one its container has."""
         if self.buf is None or not self.frames[-1].names:
             return False
-        buf, escape = self.buf, self.escape
-        for i, b in enumerate(data):
-            if escape:
-                escape = False
-            elif b == _BACKSLASH:
-                escape = True
-            elif b == _QUOTE:
-                return _decode(buf + data[:i]) in self.frames[-1].names
-        return False
+        end = scan(data, self.lex)[1]
+        return end >= 0 and _decode(self.buf + data[:end]) in self.frames[-1].names
 
     def summary(self, names: bool = True) -> tuple:
         """The state as far as the future goes (hashable): an open string that is no prefix
@@ -113,7 +142,15 @@ class JsonTrack(NamedTuple):
             buf = b"*"
         frames = tuple((f.kind, f.names if names else None, f.expect_key, f.unique,
                         tuple(map(id, f.cands))) for f in self.frames)
-        return frames, self.string, buf, self.escape
+        return frames, self.string, buf, self.lex, self._length_summary()
+
+    def _length_summary(self) -> tuple | None:
+        """The open string's bound as far as the future goes: characters still needed, and
+        the room left (None when far: beyond that the room changes no completion)."""
+        if self.bound is None:
+            return None
+        room, need = self.room_need()
+        return max(need, 0), None if room is None or room > _FAR else room
 
 
 def _closed(frame: Frame, name: Any) -> Frame:

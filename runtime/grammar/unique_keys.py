@@ -26,12 +26,16 @@ from .base import (Grammar, StateKey, accept_token_grouped, allocate_bitmask,
                    fill_bitmask_grouped)
 from .json_track import JsonTrack
 from .schema.arrays import UNIQUE_MARK
+from .schema.lengths import LENGTH_MARK, smallest_bound
+from .string_chars import LengthTokens
 
 class QuoteTokens:
-    """The tokens that contain a quote (built once per engine from ``vocab.token_bytes``)."""
+    """The tokens that contain a quote (built once per engine from ``vocab.token_bytes``), and
+    the vocabulary's length tables (``string_chars.LengthTokens``)."""
 
     def __init__(self, tokens: Sequence[bytes | None]) -> None:
         self.bytes = list(tokens)
+        self.lengths = LengthTokens(self.bytes)
         ids = [i for i, b in enumerate(tokens) if b and b'"' in b]
         self.ids = np.asarray(ids, dtype=np.int64)
         self.words, self.shifts = self.ids >> 5, (self.ids & 31).astype(np.uint32)
@@ -60,12 +64,15 @@ class QuoteTokens:
 
 
 class UniqueKeyGrammar(Grammar):
-    """``inner`` with duplicate object keys forbidden (see the module doc)."""
+    """``inner`` with duplicate object keys forbidden (see the module doc), and the string
+    length bounds its schema leaves to the runtime enforced (``string_chars.py``) when
+    ``min_hi`` (the smallest upper bound marked) is not None."""
 
     def __init__(self, inner: Grammar, quotes: QuoteTokens,
-                 states: list[JsonTrack] | None = None) -> None:
+                 states: list[JsonTrack] | None = None, min_hi: int | None = None) -> None:
         self.inner = inner
         self.quotes = quotes
+        self.min_hi = min_hi
         self.exact_state_key = inner.exact_state_key
         # NOTE: its batch calls add per-request Python state only (each row's JsonTrack; the
         # quote tokens are read-only), so rows may go to the mask prefetch's helper thread
@@ -77,36 +84,47 @@ class UniqueKeyGrammar(Grammar):
         b = self.quotes.bytes[token_id] if token_id < len(self.quotes.bytes) else None
         return b or b""
 
-    def _refuses(self, data: bytes) -> bool:
-        """True if ``data`` closes a duplicate key while another token is possible."""
-        if not self._states[-1].closes_duplicate(data):
+    def _refuses(self, token_id: int) -> bool:
+        """True if the token closes a duplicate key or breaks a length bound while another
+        token is possible (exactly when ``fill_bitmask`` clears it)."""
+        state, data = self._states[-1], self._bytes(token_id)
+        if not state.closes_duplicate(data) and not (
+                self.min_hi is not None and state.breaks_bound(data)):
             return False
         row = allocate_bitmask(1, len(self.quotes.bytes))
         self.inner.fill_bitmask(row, 0)
-        return not self.quotes.clear_duplicates(self._states[-1], row, 0)
+        self._clear(row, 0)
+        words = row.numpy()[0].view(np.uint32)
+        return token_id < len(self.quotes.bytes) and not (words[token_id >> 5] >> (token_id & 31)) & 1
+
+    def _clear(self, bitmask: torch.Tensor, row: int) -> None:
+        """Clear from a row the inner grammar filled what it cannot forbid itself."""
+        state = self._states[-1]
+        self.quotes.clear_duplicates(state, bitmask, row)
+        if self.min_hi is not None:
+            self.quotes.lengths.clear(state, bitmask.numpy()[row].view(np.uint32), self.min_hi)
 
     def accept_token(self, token_id: int) -> bool:
-        data = self._bytes(token_id)
-        if self._refuses(data) or not self.inner.accept_token(token_id):
+        if self._refuses(token_id) or not self.inner.accept_token(token_id):
             return False
-        self._states.append(self._states[-1].advance(data))
+        self._states.append(self._states[-1].advance(self._bytes(token_id)))
         return True
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         self.inner.fill_bitmask(bitmask, row)
-        self.quotes.clear_duplicates(self._states[-1], bitmask, row)
+        self._clear(bitmask, row)
 
     @classmethod
     def fill_bitmask_batch(cls, grammars: Sequence[Grammar], bitmask: torch.Tensor,
                            rows: Sequence[int]) -> None:
         fill_bitmask_grouped([g.inner for g in grammars], bitmask, rows)
         for g, row in zip(grammars, rows):
-            g.quotes.clear_duplicates(g._states[-1], bitmask, row)
+            g._clear(bitmask, row)
 
     @classmethod
     def accept_token_batch(cls, grammars: Sequence[Grammar],
                            token_ids: Sequence[int]) -> list[bool]:
-        ok = [not g._refuses(g._bytes(t)) for g, t in zip(grammars, token_ids)]
+        ok = [not g._refuses(t) for g, t in zip(grammars, token_ids)]
         idx = [i for i, good in enumerate(ok) if good]
         results = accept_token_grouped([grammars[i].inner for i in idx],
                                        [token_ids[i] for i in idx])
@@ -118,7 +136,16 @@ class UniqueKeyGrammar(Grammar):
         return ok
 
     def jump_forward_string(self) -> str:
-        return self.inner.jump_forward_string()
+        """The inner grammar's forced text, cut where it would break a length bound (the
+        rest is then sampled under the mask: the inner grammar does not know the bound)."""
+        text = self.inner.jump_forward_string()
+        state = self._states[-1]
+        if not text or self.min_hi is None or not state.breaks_bound(text.encode()):
+            return text
+        cut = len(text) - 1
+        while cut > 0 and state.breaks_bound(text[:cut].encode()):
+            cut -= 1
+        return text[:cut]
 
     def is_terminated(self) -> bool:
         return self.inner.is_terminated()
@@ -148,7 +175,7 @@ class UniqueKeyGrammar(Grammar):
         return self.inner.cache_scope()  # state_key() covers the keys written
 
     def copy(self) -> "UniqueKeyGrammar":
-        return UniqueKeyGrammar(self.inner.copy(), self.quotes, list(self._states))
+        return UniqueKeyGrammar(self.inner.copy(), self.quotes, list(self._states), self.min_hi)
 
     @property
     def num_accepted(self) -> int:
@@ -190,21 +217,23 @@ def _open(node: Any) -> bool:
 
 def guard_keys(grammar: Grammar, key: Any, quotes: QuoteTokens | None,
                backend: str = "xgrammar") -> Grammar:
-    """``grammar`` wrapped when its ``GrammarKey`` is a JSON kind with open keys or arrays of
-    unique strings; else as is."""
+    """``grammar`` wrapped when its ``GrammarKey`` is a JSON kind with open keys, arrays of
+    unique strings or string lengths left to the runtime; else as is."""
     if quotes is None or key.kind not in ("json_schema", "json_object"):
         return grammar
-    root = unique_arrays_schema(key.text, backend) if key.kind == "json_schema" else None
+    root = marked_schema(key.text, backend) if key.kind == "json_schema" else None
     if root is None and not has_open_keys(key.kind, key.text):
         return grammar
-    return UniqueKeyGrammar(grammar, quotes, [JsonTrack(root=root)])
+    return UniqueKeyGrammar(grammar, quotes, [JsonTrack(root=root)],
+                            None if root is None else smallest_bound(root))
 
 
 @functools.lru_cache(maxsize=256)
-def unique_arrays_schema(text: str, backend: str) -> dict | None:
+def marked_schema(text: str, backend: str) -> dict | None:
     """The normalized schema (what the grammar was compiled from) if it marks arrays of unique
-    strings, else None. Normalizing again here is cheap next to compiling, and cached."""
-    if UNIQUE_MARK not in text and '"uniqueItems"' not in text:
+    strings or runtime string lengths, else None. Normalizing again here is cheap next to
+    compiling, and cached."""
+    if not any(s in text for s in (UNIQUE_MARK, '"uniqueItems"', 'Length"', LENGTH_MARK)):
         return None
     from .schema.normalizer import normalize_schema
 
@@ -212,7 +241,8 @@ def unique_arrays_schema(text: str, backend: str) -> dict | None:
         root = normalize_schema(json.loads(text), backend)
     except ValueError:  # the compile failed on it too: no matcher gets here
         return None
-    return root if UNIQUE_MARK in json.dumps(root) else None
+    dumped = json.dumps(root)
+    return root if UNIQUE_MARK in dumped or LENGTH_MARK in dumped else None
 
 
 def build_quote_tokens(tokenizer: Any, vocab_size: int) -> QuoteTokens:

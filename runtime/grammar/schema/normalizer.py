@@ -17,6 +17,7 @@ from typing import Any
 
 from .drafts import to_2020_12
 from .emit import emit
+from .lengths import mark_lengths
 from .finalize import finalize
 from .merge import merge_plain
 from .conditional import dependencies, if_then_else
@@ -51,7 +52,7 @@ def normalize_schema(schema: Any, backend_name: str = "xgrammar") -> dict:
         raise reject("(schema)", "#", "no instance can satisfy it")
     if defs:
         out = {**out, "$defs": defs}
-    out = tune_for_backend(out, backend_name)
+    out = tune_for_backend(mark_lengths(out), backend_name)
     check_schema_support(backend_name, out)
     return out
 

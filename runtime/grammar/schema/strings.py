@@ -1,7 +1,7 @@
 """String keywords the backends get wrong on their own: ``format`` is spelled as an exact
 ``pattern`` (one regex per format, valid under the format's RFC: never wider), length bounds
 beside a ``pattern`` (xgrammar ignores them there) are folded into the pattern exactly
-(``pattern_length.py``) or rejected, and lookaround assertions (xgrammar ignores them too) are
+(``pattern_length.py``) or left to the runtime (``lengths.py``), and lookaround assertions (xgrammar ignores them too) are
 rejected.
 
 Both backends match ``pattern`` against the whole string (a subset of JSON Schema's search
@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .lengths import UNFOLDED
 from .pattern_length import fold_lengths
 from .pattern_meet import meet_pattern_keywords
 from .patterns import Unfoldable
@@ -70,9 +71,10 @@ def _fold_lengths(node: dict, path: str) -> dict:
     out = {k: v for k, v in node.items() if k not in ("minLength", "maxLength")}
     try:
         folded = fold_lengths(node["pattern"], lo_len, hi_len)
-    except Unfoldable as e:
-        raise reject("maxLength" if hi_len is not None else "minLength", path,
-                     f"length bounds beside this pattern cannot be folded into it ({e})") from None
+    except Unfoldable:
+        # NOTE: counted at runtime instead where the position allows (lengths.py), else
+        # rejected there; the bounds stay beside the pattern until then
+        return {**node, UNFOLDED: True}
     if folded is None:
         raise Impossible(path, "the pattern's lengths and minLength/maxLength do not meet")
     out["pattern"] = folded

@@ -1,0 +1,157 @@
+"""String length bounds the runtime enforces instead of the grammar (``LENGTH_MARK``).
+
+Both backends compile a length bound by unrolling it: xgrammar took 0.06 s for
+``{"type": "string", "maxLength": 8}``, 0.25 s at 32, 1.2 s at 128 and ~2 s at any bound from
+256 up (minLength alike), outlines 0.95 s at 256, against 4-7 ms for a plain string; each
+distinct bound pays again, so schemas with several missed the compile deadline on a loaded box.
+A plain string whose bound exceeds ``GRAMMAR_MAX`` therefore reaches the backend without its
+``minLength``/``maxLength`` and carries ``LENGTH_MARK: [lo, hi]`` (``hi`` None: no upper
+bound) instead; ``grammar/string_chars.py`` counts the characters of the open string and masks
+the tokens that would break the bound. So does a ``pattern`` whose length bounds cannot be
+folded into it (``strings.py`` leaves those bounds beside it, ``UNFOLDED``).
+
+The runtime finds a string's bound from the schema candidates of its position
+(``json_track.py``: the ``anyOf`` branches and ``$ref`` targets it may be an instance of) and
+takes the loosest bound over those that admit strings. That is exact only when one candidate
+alone admits strings, so a bound is marked only where no sibling branch admits strings too,
+and never at the root of a definition (a ``$ref`` may use it anywhere) nor under
+``propertyNames``; elsewhere it stays in the grammar.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from .pattern_length import fold_lengths
+from .patterns import Unfoldable
+from .rejection import reject
+
+# Bounds up to this stay in the grammar: they compile in ~0.1 s and cost nothing per token.
+GRAMMAR_MAX = 16
+# Marks a string whose length bounds the runtime enforces (backends ignore x- keys).
+LENGTH_MARK = "x-sgdsl-length"
+# Set by ``strings.py`` on a pattern whose length bounds it could not fold (the reason): the
+# bounds stay beside the pattern until ``mark_lengths`` marks them or rejects the schema.
+UNFOLDED = "x-sgdsl-unfolded"
+_BOUNDS = ("minLength", "maxLength")
+
+
+def mark_lengths(root: Any) -> Any:
+    """``root`` (a normal form) with large string length bounds marked for the runtime."""
+    if not isinstance(root, dict):
+        return root
+    out = _mark(root, "#", True)
+    if isinstance(root.get("$defs"), dict):
+        out["$defs"] = {name: _mark(d, f"#/$defs/{name}", False)
+                        for name, d in root["$defs"].items()}
+    return out
+
+
+def _mark(node: Any, path: str, alone: bool) -> Any:
+    """``node`` marked where it may be; ``alone``: no other candidate of its position admits
+    strings (see the module doc)."""
+    if not isinstance(node, dict):
+        return node
+    out = dict(node)
+    if isinstance(node.get("anyOf"), list):
+        solo = alone and sum(map(admits_string, node["anyOf"])) <= 1
+        out["anyOf"] = [_mark(b, f"{path}/anyOf/{i}", solo) for i, b in enumerate(node["anyOf"])]
+    for key in ("properties", "patternProperties"):
+        if isinstance(node.get(key), dict):
+            # NOTE: every pattern a key matches applies (an intersection), the runtime would
+            # take the loosest: one pattern only
+            one = key == "properties" or len(node[key]) == 1
+            out[key] = {k: _mark(s, f"{path}/{key}/{k}", one) for k, s in node[key].items()}
+    for key in ("additionalProperties", "items"):
+        if key in node:
+            out[key] = _mark(node[key], f"{path}/{key}", True)
+    if isinstance(node.get("prefixItems"), list):
+        out["prefixItems"] = [_mark(s, f"{path}/prefixItems/{i}", True)
+                              for i, s in enumerate(node["prefixItems"])]
+    return _marked(out, path, alone)
+
+
+def _marked(node: dict, path: str, alone: bool) -> dict:
+    """One node: its bounds as ``LENGTH_MARK`` where that is allowed and worth it."""
+    unfolded = node.pop(UNFOLDED, None)
+    if not any(k in node for k in _BOUNDS) or "string" not in _types(node):
+        return node
+    lo, hi = node.get("minLength", 0), node.get("maxLength")
+    big = max(lo, hi or 0) > GRAMMAR_MAX
+    plain = not any(k in node for k in ("pattern", "format", "enum", "const"))
+    if alone and (unfolded or (plain and big)):
+        out = {k: v for k, v in node.items() if k not in _BOUNDS}
+        out[LENGTH_MARK] = [lo, hi]
+        return out
+    if unfolded:
+        raise reject("maxLength" if hi is not None else "minLength", path,
+                     f"length bounds beside this pattern cannot be folded into it "
+                     f"({_why_unfoldable(node['pattern'], lo, hi)}), nor counted at runtime "
+                     "where another candidate also admits strings")
+    return node
+
+
+def _why_unfoldable(pattern: str, lo: int, hi: int | None) -> str:
+    try:
+        fold_lengths(pattern, lo, hi)
+    except Unfoldable as e:
+        return str(e)
+    return "unknown"
+
+
+def admits_string(node: Any) -> bool:
+    """Whether a normal-form node may take a string value (a ``$ref``: assumed so)."""
+    if not isinstance(node, dict):
+        return node is not False
+    if isinstance(node.get("anyOf"), list):
+        return any(admits_string(b) for b in node["anyOf"])
+    if "$ref" in node:
+        return True
+    for key in ("enum", "const"):
+        if key in node:
+            values = node[key] if key == "enum" else [node[key]]
+            return any(isinstance(v, str) for v in values)
+    return "string" in _types(node)
+
+
+def _types(node: dict) -> tuple:
+    types = node.get("type")
+    if types is None:
+        return ("string",)  # untyped: any value
+    return (types,) if isinstance(types, str) else tuple(types)
+
+
+def string_bound(cands: Iterable[dict]) -> tuple[int, int | None] | None:
+    """The runtime bound (lo, hi) of a string at a position with schema candidates ``cands``:
+    the loosest over those that admit strings (an unmarked one: none); None if unbounded."""
+    lo, hi, any_leaf = None, -1, False
+    for c in cands:
+        if "anyOf" in c or "$ref" in c or not admits_string(c):
+            continue
+        any_leaf = True
+        mark = c.get(LENGTH_MARK)
+        c_lo, c_hi = (mark[0], mark[1]) if mark else (0, None)
+        lo = c_lo if lo is None else min(lo, c_lo)
+        hi = None if hi is None or c_hi is None else max(hi, c_hi)
+    if not any_leaf or (lo == 0 and hi is None):
+        return None
+    return lo, hi
+
+
+def smallest_bound(root: Any) -> int | None:
+    """The smallest upper bound ``root`` marks (a mark without one counts as unbounded: a
+    large number); None if it marks none."""
+    found: list[int] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            mark = node.get(LENGTH_MARK)
+            if isinstance(mark, list) and len(mark) == 2:
+                found.append(1 << 62 if mark[1] is None else int(mark[1]))
+            for k, v in node.items():
+                if k not in ("enum", "const", LENGTH_MARK):
+                    walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+    walk(root)
+    return min(found) if found else None
