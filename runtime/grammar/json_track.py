@@ -50,7 +50,8 @@ class JsonTrack(NamedTuple):
     lex: int = NORMAL  # lexical state inside a string (string_chars.scan)
     root: Any = None  # the normalized schema, when it marks unique arrays or lengths
     count: int = 0  # characters of the open string, when it has a runtime ``bound``
-    bound: tuple | None = None  # (minLength, maxLength or None) the runtime enforces on it
+    bound: tuple | None = None  # (minLength, maxLength or None, pattern or None) it enforces
+    raw: bytes | None = None  # raw bytes of the open string when its bound has a pattern
 
     def advance(self, data: bytes) -> "JsonTrack":
         return self._run(data)[0]
@@ -63,14 +64,14 @@ class JsonTrack(NamedTuple):
     def room_need(self) -> tuple[int | None, int]:
         """(characters the open string may still take, None: any; characters it still
         needs before it may close)."""
-        lo, hi = self.bound or (0, None)
+        lo, hi, _ = self.bound or (0, None, None)
         return (None if hi is None else hi - self.count), lo - self.count
 
     def _run(self, data: bytes, strict: bool = False) -> tuple["JsonTrack", bool]:
         """The state after ``data``, and whether it broke a length bound (``strict``: the
         walk stops at the first break)."""
         frames, string, buf, lex = list(self.frames), self.string, self.buf, self.lex
-        count, bound, broke = self.count, self.bound, False
+        count, bound, raw, broke = self.count, self.bound, self.raw, False
         i = 0
         while i < len(data):
             if string:
@@ -79,6 +80,8 @@ class JsonTrack(NamedTuple):
                 stop = len(data) if end < 0 else end
                 if buf is not None:
                     buf += data[i:stop]
+                if raw is not None:
+                    raw += data[i:stop]
                 if bound is not None and (bound[1] is not None and count > bound[1] or
                                           end >= 0 and count < bound[0]):
                     broke = True
@@ -86,7 +89,7 @@ class JsonTrack(NamedTuple):
                         break
                 if end < 0:
                     break
-                string, count, bound, i = False, 0, None, end + 1
+                string, count, bound, raw, i = False, 0, None, None, end + 1
                 if buf is not None:
                     frames[-1] = _closed(frames[-1], _decode(buf))
                     buf = None
@@ -101,6 +104,7 @@ class JsonTrack(NamedTuple):
                     buf = b""
                 if not key and self.root is not None:
                     bound = string_bound(self._position(frames))
+                    raw = b"" if bound is not None and bound[2] is not None else None
             elif b in (0x7B, 0x5B):  # { [
                 cands = self._position(frames)
                 frames.append(Frame(_OBJ, cands=cands) if b == 0x7B else Frame(
@@ -111,7 +115,7 @@ class JsonTrack(NamedTuple):
                 top = frames[-1]
                 frames[-1] = top._replace(expect_key=True) if top.kind == _OBJ else \
                     top._replace(index=top.index + 1)
-        return JsonTrack(tuple(frames), string, buf, lex, self.root, count, bound), broke
+        return JsonTrack(tuple(frames), string, buf, lex, self.root, count, bound, raw), broke
 
     def _position(self, frames: list) -> tuple:
         """Schema candidates of the value that starts now."""

@@ -14,18 +14,23 @@ string before its closing quote (and whether it closes it), and packed bitmask r
 tokens that fit ``room`` more characters, or that do not close a string still ``need``
 characters short. A row far from its bound costs nothing; one near it, a numpy AND with a
 cached row. Tokens that open another string after closing (or outside) one, a few dozen, are
-checked one by one on the tracker (``JsonTrack.breaks_bound``).
+checked one by one on the tracker (``JsonTrack.breaks_bound``). A bound beside a pattern is
+also steered clear of dead ends near the bound (``pattern_reach.py``).
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Sequence
 
 import numpy as np
+
+from .pattern_reach import pattern_reach
 
 NORMAL, ESC = 0, 5  # lexical states; 1..4: hex digits of a \u escape still to come
 _QUOTE, _BACKSLASH = 0x22, 0x5C
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 _CONTINUATION = bytes(range(0x80, 0xC0))
+MAX_STEERED = 4096  # tokens one row may check against a pattern's automaton (see _steer)
 
 
 def scan(data: bytes, lex: int = NORMAL, start: int = 0) -> tuple[int, int, int]:
@@ -51,6 +56,21 @@ def scan(data: bytes, lex: int = NORMAL, start: int = 0) -> tuple[int, int, int]
             continue
         i += 1
     return chars, -1, lex
+
+
+def value_text(raw: bytes, lex: int) -> str:
+    """The characters of an open string's raw bytes so far (``lex``: the lexical state after
+    them; a trailing partial escape or UTF-8 character left out)."""
+    if lex == ESC:
+        raw = raw[:-1]
+    elif lex != NORMAL:  # a backslash, "u" and 4 - lex hex digits so far
+        raw = raw[:len(raw) - (6 - lex)]
+    for end in range(len(raw), max(len(raw) - 4, -1), -1):
+        try:
+            return json.loads(b'"' + raw[:end] + b'"')
+        except ValueError:
+            continue
+    return ""
 
 
 class LengthTokens:
@@ -126,20 +146,46 @@ class LengthTokens:
         a length bound of ``state`` (a ``JsonTrack``; ``min_hi``: the smallest upper bound its
         schema marks); True if that left no token at all (then the row stays as it was: see
         the dead end in ``unique_keys.py``)."""
-        before = None
+        before = words.copy()
+        changed = False
         if state.string and state.bound is not None:
             fit = self.fitting(state.lex, *state.room_need())
             if fit is not None:
-                before = words.copy()
                 words &= fit
+                changed = True
+            if state.bound[2] is not None:
+                changed |= self._steer(state, words)
         ids = self.quote_ids if not state.string and min_hi < self.open_max else self.multi_ids
         allowed = ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)]
         bad = [t for t in allowed.tolist() if state.breaks_bound(self.bytes[t])]
-        if bad:
-            before = words.copy() if before is None else before
-            for t in bad:
-                words[t >> 5] &= np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF)
-        if before is None or words.any():
+        for t in bad:
+            words[t >> 5] &= np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF)
+        if not (changed or bad) or words.any():
             return False
         words[:] = before  # NOTE: a dead end: see the module doc of unique_keys.py
         return True
+
+    def _steer(self, state: Any, words: np.ndarray) -> bool:
+        """Clear the tokens after which the string's pattern cannot end within its maxLength
+        (``pattern_reach.py``); only tokens landing within the pattern's largest distance to
+        its end are looked at, one by one (none far from the bound). True if any cleared."""
+        room = state.room_need()[0]
+        reach = pattern_reach(state.bound[2]) if room is not None else None
+        chars, closes, top = self.table(state.lex)
+        if reach is None or room >= top + reach.max_dist:
+            return False
+        bits = np.unpackbits(words.view(np.uint8), bitorder="little")[:len(chars)].astype(bool)
+        ids = np.flatnonzero(bits & ~closes & (chars > room - reach.max_dist))
+        if len(ids) > MAX_STEERED:  # NOTE: a dead end stays possible (let through, then caught)
+            return False
+        prefix = value_text(state.raw, state.lex)
+        here = reach.step(reach.start, prefix)
+        cleared = False
+        for t in ids.tolist() if here else ():
+            data = self.bytes[t] or b""
+            text = value_text(state.raw + data, scan(data, state.lex)[2])
+            after = reach.step(here, text[len(prefix):])
+            if after and reach.dist(after) > room - int(chars[t]):
+                words[t >> 5] &= np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF)
+                cleared = True
+        return cleared

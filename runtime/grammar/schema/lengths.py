@@ -120,21 +120,22 @@ def _types(node: dict) -> tuple:
     return (types,) if isinstance(types, str) else tuple(types)
 
 
-def string_bound(cands: Iterable[dict]) -> tuple[int, int | None] | None:
-    """The runtime bound (lo, hi) of a string at a position with schema candidates ``cands``:
-    the loosest over those that admit strings (an unmarked one: none); None if unbounded."""
-    lo, hi, any_leaf = None, -1, False
+def string_bound(cands: Iterable[dict]) -> tuple[int, int | None, str | None] | None:
+    """The runtime bound (lo, hi, the pattern beside it) of a string at a position with schema
+    candidates ``cands``: the loosest over those that admit strings (an unmarked one: none;
+    the pattern only where one candidate alone is marked); None if unbounded."""
+    lo, hi, patterns = None, -1, []
     for c in cands:
         if "anyOf" in c or "$ref" in c or not admits_string(c):
             continue
-        any_leaf = True
         mark = c.get(LENGTH_MARK)
         c_lo, c_hi = (mark[0], mark[1]) if mark else (0, None)
+        patterns.append(c.get("pattern") if mark else None)
         lo = c_lo if lo is None else min(lo, c_lo)
         hi = None if hi is None or c_hi is None else max(hi, c_hi)
-    if not any_leaf or (lo == 0 and hi is None):
+    if not patterns or (lo == 0 and hi is None):
         return None
-    return lo, hi
+    return lo, hi, patterns[0] if len(patterns) == 1 else None
 
 
 def smallest_bound(root: Any) -> int | None:

@@ -55,7 +55,7 @@ def test_scan_counts_code_points():
 def test_track_counts_split_tokens_and_escapes():
     root = normalize_schema(NAME)
     s = JsonTrack(root=root).advance(b'{"name": "')
-    assert s.bound == (0, 40) and s.count == 0
+    assert s.bound == (0, 40, None) and s.count == 0
     for part in (b"ab\\", b"u00", "e9é".encode()[:-1], "é".encode()[-1:], b"\\n"):
         s = s.advance(part)
     assert s.count == 5 and s.lex == NORMAL, s  # a, b, \u00e9, é, \n
@@ -165,6 +165,36 @@ def test_random_walks_stay_within_bounds(backend, quotes, tokenizer, walker):
         if complete:
             items = json.loads(text)
             assert all(18 <= len(s) <= 20 for s in items), text
+            done += 1
+    assert done >= 2
+
+
+def test_pattern_bound_steers_clear_of_dead_ends(backends, quotes, tokenizer):
+    """``^[a-z]+(-[a-z]+)*$`` with 2 characters of room: "-" alone would leave one for the
+    letter the pattern then needs (fine), but with 1 character left "-" is a dead end:
+    masked, and so is a 2-character token ending in "-"."""
+    schema = {"type": "string", "pattern": "^[a-z]+(-[a-z]+)*$", "maxLength": 20}
+    g = _guarded(backends["xgrammar"], quotes, schema)
+    assert feed_text(g, tokenizer, '"' + "a" * 18)
+    dash = tokenizer.encode("-", add_special_tokens=False)[0]
+    assert dash in allowed_ids(g)
+    assert feed_text(g, tokenizer, "b")
+    allowed = [quotes.bytes[t] for t in allowed_ids(g) if quotes.bytes[t]]
+    assert dash not in allowed_ids(g)
+    assert b"c" in allowed and all(not b.endswith(b"-") for b in allowed), allowed[:20]
+
+
+def test_pattern_bound_walks_end_valid(backend, quotes, tokenizer, walker):
+    schema = {"type": "array", "minItems": 2, "maxItems": 2, "items": {
+        "type": "string", "pattern": "^[a-z]+(-[a-z]+)*$", "maxLength": 18}}
+    rng = random.Random(5)
+    done = 0
+    for _ in range(4):
+        text, complete = walker.walk(_guarded(backend, quotes, schema), rng, max_steps=120)
+        if complete:
+            import jsonschema
+
+            jsonschema.validate(json.loads(text), schema)
             done += 1
     assert done >= 2
 
