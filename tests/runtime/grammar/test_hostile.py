@@ -58,7 +58,10 @@ def test_slow_compile_misses_deadline_others_unaffected(backends, tokenizer):
     killed) while a small grammar submitted after it still compiles on the other worker."""
     heavy = {"type": "array", "maxItems": 200,
              "items": {"type": "object", "properties": {
-                 "s": {"type": "string", "minLength": 3, "maxLength": 4000},  # > FAST_BOUND
+                 # > FAST_BOUND; beside another string branch, so the grammar keeps the
+                 # bound (schema/lengths.py)
+                 "s": {"anyOf": [{"type": "string", "minLength": 3, "maxLength": 4000},
+                                 {"type": "string", "pattern": "^x+$"}]},
                  "n": {"type": "integer", "minimum": -99999, "maximum": 99999}}}}
     c = GrammarCompiler(backends["xgrammar"], timeout_s=0.5, max_workers=2,
                         limits=GrammarLimits(max_repetition=1000))
