@@ -103,11 +103,17 @@ def test_unfoldable_patterns_are_refused(pattern, lo, hi):
 
 
 @pytest.mark.parametrize("pattern,lo,hi", UNFOLDABLE[:3])
-def test_normalizer_rejects_unfoldable_bounds_naming_them(pattern, lo, hi):
+def test_unfoldable_bounds_go_to_the_runtime_or_are_rejected_naming_them(pattern, lo, hi):
+    """Alone, the bounds are counted at runtime (schema/lengths.py); beside another string
+    branch they cannot be, and the rejection names them."""
     schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": pattern,
                                                      "maxLength": hi}}}
+    out = normalize_schema(schema)["properties"]["s"]
+    assert out["x-sgdsl-length"] == [0, hi] and "maxLength" not in out
+    shared = {"type": "object", "properties": {"s": {"anyOf": [
+        schema["properties"]["s"], {"type": "string", "enum": ["q"]}]}}}
     with pytest.raises(InvalidRequestError) as e:
-        normalize_schema(schema)
+        normalize_schema(shared)
     assert "'maxLength' at #/properties/s" in str(e.value)
 
 

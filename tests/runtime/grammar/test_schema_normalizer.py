@@ -201,8 +201,11 @@ def test_format_patterns_only_match_valid_values(fmt):
     ({"type": "object", "properties": {"t": {"type": "array", "items": {"type": "number"},
                                              "uniqueItems": True}}}, "uniqueItems",
      "#/properties/t"),
-    ({"properties": {"s": {"type": "string", "pattern": "^a(b|cd)+$", "maxLength": 4}}},
-     "maxLength", "#/properties/s"),
+    # NOTE: alone, such bounds are counted at runtime (schema/lengths.py); beside another
+    # string branch they cannot be
+    ({"properties": {"s": {"anyOf": [{"type": "string", "pattern": "^a(b|cd)+$", "maxLength": 4},
+                                     {"type": "string", "pattern": "^q+$"}]}}},
+     "maxLength", "#/properties/s/anyOf/0"),
     ({"type": "integer", "not": {"type": "integer", "minimum": 3}}, "not", "#"),
     ({"$ref": "https://example.com/s.json"}, "$ref", "#"),
     ({"allOf": [{"type": "string", "pattern": "^a"}, {"pattern": "b$"}]}, "pattern", "#"),
@@ -224,10 +227,17 @@ def test_schema_without_instance_is_rejected():
 
 
 def test_outlines_keeps_its_bound_limit_and_xgrammar_does_not():
-    big = {"type": "object", "properties": {"bio": {"type": "string", "maxLength": 5000}}}
+    """Where the grammar keeps a bound (beside another string branch): counted at runtime
+    elsewhere (schema/lengths.py), on both backends."""
+    big = {"type": "object", "properties": {"bio": {"anyOf": [
+        {"type": "string", "maxLength": 5000}, {"type": "string", "pattern": "^x+$"}]}}}
     assert normalize_schema(big, "xgrammar") == big
     with pytest.raises(InvalidRequestError, match="maxLength.*#/properties/bio"):
         normalize_schema(big, "outlines")
+    alone = {"type": "object", "properties": {"bio": {"type": "string", "maxLength": 5000}}}
+    for backend in ("xgrammar", "outlines"):
+        marked = normalize_schema(alone, backend)["properties"]["bio"]
+        assert marked == {"type": "string", "x-sgdsl-length": [0, 5000]}
 
 
 def test_small_string_bounds_become_fast_patterns_for_xgrammar():
