@@ -10,7 +10,8 @@ from functools import partial
 from typing import Any, Callable, Collection, Iterator
 
 from sgdsl import ir
-from sgdsl.interpreter.executor import ProgramRun, StateExecutor
+from sgdsl.interpreter.executor import StateExecutor
+from sgdsl.interpreter.program_run import ProgramRun
 from sgdsl.interpreter.batch import Batch
 from sgdsl.interpreter.loop import background_loop, body_runner, run_sync, threadsafe_future
 from sgdsl.state import ProgramState
