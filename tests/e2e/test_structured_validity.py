@@ -39,7 +39,8 @@ REALWORLD_NAMES = json.loads((DATA / "realworld_e2e.json").read_text())
 REALWORLD = {n: json.loads((DATA / "realworld" / f"{n}.json").read_text()) for n in REALWORLD_NAMES}
 # Real-world schemas each backend must admit (of len(REALWORLD)); raise it when admission
 # improves, so over-rejection regresses visibly. Every rejection must name keyword and path.
-MIN_ADMITTED = {"xgrammar": 26, "outlines": 16}  # 27 and 17 compiled at bdba302
+# outlines: 17 at bdba302, 20 with numeric bounds (outlines_bounds.py)
+MIN_ADMITTED = {"xgrammar": 26, "outlines": 19}  # xgrammar: 27 compiled at bdba302
 
 
 def _prompt(task: str) -> str:
@@ -51,8 +52,10 @@ def engine(request):
     from sgdsl.runtime import Engine
 
     # NOTE: the deadline only bounds a pathological compile; every suite grammar compiles in
-    # seconds (the slowest, outlines' URI format, ~5 s on a loaded 2-core box).
-    with Engine(grammar_backend=request.param, grammar_compile_timeout_s=120.0) as eng:
+    # seconds (the slowest, outlines' URI format, ~5 s on a loaded 2-core box). It counts from
+    # submission, and ~280 compiles queue for 2 niced workers while the batch decodes: on a
+    # loaded box the last ones waited past 120 s (so did the regex suite's on 68f3f36).
+    with Engine(grammar_backend=request.param, grammar_compile_timeout_s=300.0) as eng:
         eng.backend_name = request.param
         yield eng
 
