@@ -186,9 +186,10 @@ class UniqueKeyGrammar(Grammar):
 def has_open_keys(kind: str, text: str) -> bool:
     """True if a JSON constraint lets an object take keys of the model's choosing, where a
     duplicate can occur: any JSON (``json_object``), ``additionalProperties`` other than
-    false, ``patternProperties``, an object schema without ``properties``, or an empty (any
-    value) subschema. Objects with listed properties only (both backends emit those in order,
-    each once) need no guard, so the common closed schema pays nothing per token."""
+    false, ``patternProperties``, an object schema without ``properties`` or listing fewer
+    than its ``minProperties``, or an empty (any value) subschema. Objects with listed
+    properties only (both backends emit those in order, each once) need no guard, so the
+    common closed schema pays nothing per token."""
     if kind == "json_object":
         return True
     try:
@@ -211,6 +212,11 @@ def _open(node: Any) -> bool:
     if (types == "object" or isinstance(types, list) and "object" in types) and \
             "properties" not in node and extra is not False:
         return True
+    need = node.get("minProperties")
+    listed = node.get("properties")
+    if extra is not False and isinstance(need, int) and \
+            need > (len(listed) if isinstance(listed, dict) else 0):
+        return True  # the normalizer opens it for the keys it lacks (schema/emit.py)
     return any(_open(v) for k, v in node.items() if k not in ("enum", "const", "examples",
                                                                    "default", "required"))
 

@@ -56,6 +56,7 @@ def emit(node: Any, path: str) -> Any:
         out["prefixItems"] = [emit(s, f"{path}/prefixItems/{i}")
                               for i, s in enumerate(node["prefixItems"])]
     _drop_forbidden(out, path)
+    _open_for_count(out, path)
     return _typed(out)
 
 
@@ -82,6 +83,21 @@ def _child(node: Any, path: str) -> Any:
         return emit(node, path)
     except Impossible:
         return False
+
+
+def _open_for_count(node: dict, path: str) -> None:
+    """An object that needs more keys than it lists gets them from ``additionalProperties``:
+    the backends emit no unlisted key unless it is spelled out (xgrammar refuses ``{"type":
+    "object", "minProperties": 2}`` as unsatisfiable), while JSON Schema allows any there, so
+    spelling it ``{}`` is exact. Duplicate keys, which would count twice, are the open-key
+    guard's (``unique_keys.py``)."""
+    need = node.get("minProperties", 0)
+    listed = sum(s is not False for s in (node.get("properties") or {}).values())
+    if not isinstance(need, int) or need <= listed or "patternProperties" in node:
+        return
+    if node.get("additionalProperties", {}) is False:
+        raise Impossible(path, f"minProperties {need} but only {listed} keys are allowed")
+    node.setdefault("additionalProperties", {})
 
 
 def _drop_forbidden(node: dict, path: str) -> None:

@@ -24,6 +24,7 @@ from .conditional import dependencies, if_then_else
 from .negation import exactly_normalized, negate, negate_raw
 from .oneof import make_exclusive
 from .refs import RefTable
+from .subsume import drop_subsumed
 from ..schema_support import check_schema_support
 from .rejection import Impossible, reject
 from .tuning import tune_for_backend
@@ -181,14 +182,19 @@ class _Normalizer:
                 continue
             if both is not False:  # an impossible branch is dropped, never sent on
                 branches.extend(_branches(both))
-        if len(branches) > MAX_BRANCHES:
-            raise reject(key, path, f"it multiplies out to over {MAX_BRANCHES} alternatives")
-        if key == "oneOf":
+        if key == "oneOf":  # exclusive first: a branch inside another still excludes it
+            self._check_count(branches, key, path)  # make_exclusive is quadratic
             branches, _ = make_exclusive(branches)
-        branches = _dedupe(branches)
+        branches = drop_subsumed(_dedupe(branches))
+        self._check_count(branches, key, path)
         if not branches:
             raise Impossible(path, f"no {key} alternative is satisfiable with its siblings")
         return branches[0] if len(branches) == 1 else {"anyOf": branches}
+
+    @staticmethod
+    def _check_count(branches: list, key: str, path: str) -> None:
+        if len(branches) > MAX_BRANCHES:
+            raise reject(key, path, f"it multiplies out to over {MAX_BRANCHES} alternatives")
 
     def _lazy(self, alt: Any, path: str) -> Any:
         """Resolve the conditional module's ("allOf", a, b) pairs by merging."""
