@@ -117,11 +117,24 @@ def _enum_only(node: dict, path: str) -> dict:
     if "const" in node and "enum" in node:
         values = [v for v in values if v in node["enum"]]
     rest = {k: v for k, v in node.items() if k not in ("enum", "const")}
-    if "$ref" in str(rest):
-        raise reject("enum", path, "enum/const beside a recursive $ref")
     if rest:
-        check = jsonschema.Draft202012Validator(rest)
+        # NOTE: a recursive $ref is read as any value here: wider (a normal form has no
+        # ``not``), so a value this rejects is out for sure; one it keeps may not be.
+        check = jsonschema.Draft202012Validator(_refs_widened(rest))
         values = [v for v in values if check.is_valid(v)]
     if not values:
         raise Impossible(path, "no enum/const value satisfies the other keywords")
+    if "$ref" in str(rest):
+        raise reject("enum", path, "enum/const beside a recursive $ref")
     return {"enum": values}
+
+
+def _refs_widened(node: Any) -> Any:
+    """``node`` with every subschema holding a ``$ref`` read as any value."""
+    if isinstance(node, dict):
+        if "$ref" in node:
+            return {}
+        return {k: v if k in ("enum", "const") else _refs_widened(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_refs_widened(v) for v in node]
+    return node

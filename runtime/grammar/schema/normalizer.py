@@ -31,6 +31,7 @@ from .tuning import tune_for_backend
 
 MAX_NODES = 20_000  # subschemas visited (inlined references repeat theirs)
 MAX_BRANCHES = 64  # anyOf branches one node may multiply out to
+MAX_MERGED_DEFS = 32  # definitions made for recursive references met with other keywords
 _COMBINATORS = ("allOf", "anyOf", "oneOf", "if", "then", "else", "not", "dependentRequired",
                 "dependentSchemas", "$ref", "$defs", "definitions")
 _NAMED = ("properties", "patternProperties")
@@ -45,6 +46,7 @@ def normalize_schema(schema: Any, backend_name: str = "xgrammar") -> dict:
     norm = _Normalizer(schema)
     try:
         out = norm.schema(schema, "#")
+        norm.finish_merges()
         defs = {name: emit(d, f"#/$defs/{name}") for name, d in norm.defs.items()}
         out = emit(out, "#")
     except Impossible as e:
@@ -63,6 +65,8 @@ class _Normalizer:
         self.refs = RefTable(root)
         self.defs: dict[str, Any] = {}
         self._building: set[str] = set()  # definitions being normalized (may reference selves)
+        self._merged: dict[tuple[str, str], str] = {}  # (definition, other keywords) -> name
+        self._pending: list[tuple[str, str, dict, str]] = []  # merges still to fill in
         self.nodes = 0
 
     # -- one node -------------------------------------------------------------------------------
@@ -219,15 +223,45 @@ class _Normalizer:
 
 
     def _merge_ref(self, a: dict, b: dict, path: str) -> Any:
-        """A recursive reference met with other keywords: its definition is merged in one
-        level deep (exact: the reference means its definition); its own inner references stay."""
+        """A recursive reference met with other keywords: its definition merged in one level
+        deep (exact: the reference means its definition; its own inner references stay). A
+        merge with alternatives becomes a definition of its own, shared by every place that
+        makes the same merge (inlined, a meta-schema's 16 branches went in at each of 8
+        places). Inside its own definition (still being built) the merge waits: the result
+        refers to a new definition that ``finish_merges`` fills in once every one is known."""
         ref, other = (a, b) if "$ref" in a else (b, a)
         name = ref["$ref"].rsplit("/", 1)[-1]
+        key = (name, json.dumps(other, sort_keys=True, default=str))
+        if key in self._merged:
+            return {"$ref": f"#/$defs/{self._merged[key]}"}
         target = self.defs.get(name)
         if name in self._building or target is None:
-            raise reject("$ref", path, "a recursive $ref combined with other keywords "
-                                       "inside its own definition")
-        return self.sub(target, other, path)
+            self._pending.append((self._new_merge(key, path), name, other, path))
+            return {"$ref": f"#/$defs/{self._merged[key]}"}
+        merged = self.sub(target, other, path)
+        if not isinstance(merged, dict) or "anyOf" not in merged:
+            return merged
+        self.defs[self._new_merge(key, path)] = merged
+        return {"$ref": f"#/$defs/{self._merged[key]}"}
+
+    def _new_merge(self, key: tuple[str, str], path: str) -> str:
+        if len(self._merged) >= MAX_MERGED_DEFS:
+            raise reject("$ref", path, f"over {MAX_MERGED_DEFS} recursive $refs combined with "
+                                       "other keywords")
+        self._merged[key] = f"{key[0]}m{len(self._merged)}"
+        return self._merged[key]
+
+    def finish_merges(self) -> None:
+        """The definitions ``_merged_ref`` promised (each may promise more)."""
+        while self._pending:
+            new, name, other, path = self._pending.pop(0)
+            try:
+                self.defs[new] = self.sub(self.defs[name], other, path)
+            except Impossible:
+                self.defs[new] = False
+            if self.defs[new] is False:  # too late to drop what refers to it
+                raise reject("$ref", path, "a recursive $ref combined with other keywords "
+                                           "inside its own definition has no instance")
 
 
 def _branches(node: Any) -> list:

@@ -30,8 +30,32 @@ DEPENDENT_NOTS = {
 MIN_PROPERTIES = {"type": "object", "required": ["options"], "additionalProperties": False,
                   "properties": {"options": {"type": "object", "minProperties": 2,
                                              "properties": {"a": {"type": "integer"}}}}}
+# A tree whose children must carry a value the root may leave out: the recursive $ref meets
+# other keywords inside its own definition (sourcemap-v3's sections, ajv's secure meta-schema).
+TREE = {"$defs": {"node": {
+    "type": "object", "additionalProperties": False,
+    "properties": {"v": {"type": "integer"},
+                   "kids": {"type": "array", "items": {"allOf": [{"$ref": "#/$defs/node"},
+                                                                 {"required": ["v"]}]}}}}},
+    "$ref": "#/$defs/node"}
+# hayson's gridMeta, recursive: a dictionary of values (strings or dictionaries) with a fixed
+# "ver" key the pattern also matches, merged while the dictionary is still being built.
+HVAL = {"$defs": {
+    "hval": {"anyOf": [{"type": "string"}, {"$ref": "#/$defs/dict"},
+                       {"$ref": "#/$defs/meta"}]},
+    "dict": {"type": "object", "additionalProperties": False,
+             "patternProperties": {"^[a-z]": {"$ref": "#/$defs/hval"}}},
+    "meta": {"allOf": [{"$ref": "#/$defs/dict"}], "type": "object", "required": ["ver"],
+             "properties": {"ver": {"enum": ["3.0", 3]}}}},
+    "$ref": "#/$defs/hval"}
 # (name, schema, instances, exact)
 CASES = [
+    ("recursive $ref met inside its own definition", TREE,
+     [{}, {"kids": []}, {"kids": [{"v": 1}]}, {"kids": [{}]}, {"v": 1, "kids": [{"v": 2,
+      "kids": [{"v": 3}]}]}, {"kids": [{"v": 2, "kids": [{}]}]}, {"kids": [{"v": "s"}]}], True),
+    ("recursive dictionary with a fixed key", HVAL,
+     ["s", {"ab": "s"}, {"ver": "3.0"}, {"ver": 3}, {"ab": {"ver": "3.0", "x": "y"}},
+      {"ab": {"ver": 3}}, {"Ab": "s"}, 1], True),
     ("dependencies forbidding one of a list", DEPENDENT_NOTS,
      [{"pattern": "p"}, {"pattern": "p", "aql": "q"}, {"aql": "q", "props": "x"},
       {"aql": "q", "pattern": "p", "props": "x", "flat": "f", "limit": "1"},
@@ -111,8 +135,19 @@ def walk_outputs(compilers, walker, quotes, schema, walks: int = 12) -> list:
     return out
 
 
-@pytest.mark.parametrize("schema", [DEPENDENT_NOTS, MIN_PROPERTIES],
-                         ids=["dependencies", "minProperties"])
+def test_recursive_merges_become_shared_definitions():
+    norm = normalize_schema(TREE)
+    merged = [name for name in norm["$defs"] if "m" in name]
+    assert len(merged) == 1, norm
+    assert norm["$defs"][merged[0]]["required"] == ["v"]
+    impossible = {"$defs": {"n": {"type": "object", "properties": {
+        "k": {"allOf": [{"$ref": "#/$defs/n"}, {"type": "string"}]}}}}, "$ref": "#/$defs/n"}
+    with pytest.raises(Exception, match="'\\$ref' at .*has no instance"):
+        normalize_schema(impossible)  # found only once the definition is complete
+
+
+@pytest.mark.parametrize("schema", [DEPENDENT_NOTS, MIN_PROPERTIES, TREE, HVAL],
+                         ids=["dependencies", "minProperties", "tree", "hval"])
 def test_xgrammar_walks_validate_against_the_original(compilers, walker, quotes, schema):
     outputs = walk_outputs(compilers, walker, quotes, schema)
     assert len(outputs) >= 3
