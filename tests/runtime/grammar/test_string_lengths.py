@@ -21,9 +21,9 @@ from sgdsl.runtime.grammar.unique_keys import UniqueKeyGrammar, build_quote_toke
 
 from .helpers import EOS, VOCAB, allowed_ids, feed_text
 
-NAME = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 40}},
+NAME = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 140}},
         "required": ["name"], "additionalProperties": False}
-CODE = {"type": "string", "minLength": 20, "maxLength": 24}
+CODE = {"type": "string", "minLength": 130, "maxLength": 134}
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +55,11 @@ def test_scan_counts_code_points():
 def test_track_counts_split_tokens_and_escapes():
     root = normalize_schema(NAME)
     s = JsonTrack(root=root).advance(b'{"name": "')
-    assert s.bound == (0, 40, None) and s.count == 0
+    assert s.bound == (0, 140, None) and s.count == 0
     for part in (b"ab\\", b"u00", "e9é".encode()[:-1], "é".encode()[-1:], b"\\n"):
         s = s.advance(part)
     assert s.count == 5 and s.lex == NORMAL, s  # a, b, \u00e9, é, \n
-    assert not s.breaks_bound(b"x" * 35 + b'"}') and s.breaks_bound(b"x" * 36)
+    assert not s.breaks_bound(b"x" * 135 + b'"}') and s.breaks_bound(b"x" * 136)
     assert s.advance(b'"}').bound is None
     key = JsonTrack(root=root).advance(b'{"')
     assert key.bound is None  # a key has no length bound
@@ -69,7 +69,7 @@ def test_mask_at_the_bound_only(backend, quotes, tokenizer):
     g = _guarded(backend, quotes, NAME)
     assert feed_text(g, tokenizer, _open_name(backend) + "a" * 10)
     assert len(allowed_ids(g)) > 20000  # far from the bound: the grammar's row as it was
-    assert feed_text(g, tokenizer, "b" * 30)
+    assert feed_text(g, tokenizer, "b" * 130)
     # NOTE: special tokens (no bytes) are text-free: xgrammar allows them inside strings
     at_bound = [quotes.bytes[t] for t in allowed_ids(g) if quotes.bytes[t] is not None]
     assert at_bound and all(b.startswith(b'"') for b in at_bound), at_bound[:20]
@@ -79,7 +79,7 @@ def test_mask_at_the_bound_only(backend, quotes, tokenizer):
 
 def test_mask_one_char_short_allows_one_char_tokens(backends, quotes, tokenizer):
     g = _guarded(backends["xgrammar"], quotes, NAME)
-    assert feed_text(g, tokenizer, '{"name": "' + "é" * 39)
+    assert feed_text(g, tokenizer, '{"name": "' + "é" * 139)
     for t in allowed_ids(g):
         data = quotes.bytes[t] or b""
         assert scan(data, g._states[-1].lex)[0] <= 1, data
@@ -88,7 +88,7 @@ def test_mask_one_char_short_allows_one_char_tokens(backends, quotes, tokenizer)
 
 def test_min_length_holds_the_quote(backend, quotes, tokenizer):
     g = _guarded(backend, quotes, CODE)
-    assert feed_text(g, tokenizer, '"' + "a" * 19)
+    assert feed_text(g, tokenizer, '"' + "a" * 129)
     assert not feed_text(g, tokenizer, '"')
     closing = [b for b in (quotes.bytes[t] or b"" for t in allowed_ids(g)) if scan(b)[1] >= 0]
     assert closing and all(scan(b)[0] >= 1 for b in closing), closing[:20]
@@ -98,7 +98,7 @@ def test_min_length_holds_the_quote(backend, quotes, tokenizer):
 def test_opening_token_cannot_close_short(backends, quotes, tokenizer):
     """A token that opens and closes a string at once (``""``) is checked against the bound
     of the string it opens."""
-    schema = {"type": "array", "items": {"type": "string", "minLength": 20}}
+    schema = {"type": "array", "items": {"type": "string", "minLength": 130}}
     g = _guarded(backends["xgrammar"], quotes, schema)
     assert feed_text(g, tokenizer, "[")
     empty = tokenizer.encode('""', add_special_tokens=False)
@@ -108,7 +108,7 @@ def test_opening_token_cannot_close_short(backends, quotes, tokenizer):
 
 def test_rollback_and_copy_keep_counts(backends, quotes, tokenizer):
     g = _guarded(backends["xgrammar"], quotes, NAME)
-    assert feed_text(g, tokenizer, '{"name": "' + "a" * 39)
+    assert feed_text(g, tokenizer, '{"name": "' + "a" * 139)
     twin = g.copy()
     assert feed_text(g, tokenizer, "b") and not feed_text(g, tokenizer, "c")
     g.rollback(1)
@@ -134,17 +134,17 @@ def test_shortest_completion_respects_bounds(backend, quotes, tokenizer):
     g = _guarded(backend, quotes, CODE)
     assert feed_text(g, tokenizer, '"ab')
     found = CompletionSearch(tokenizer, VOCAB, [EOS]).search(g)
-    assert found is not None and 20 <= len(json.loads('"ab' + found.text)) <= 24, found
+    assert found is not None and 130 <= len(json.loads('"ab' + found.text)) <= 134, found
 
 
 @pytest.mark.parametrize("schema, marked", [
-    ({"type": "string", "maxLength": 40}, True),
-    ({"type": "string", "maxLength": 16}, False),  # cheap in the grammar
-    ({"type": "string", "minLength": 17}, True),
-    ({"anyOf": [{"type": "string", "maxLength": 40}, {"type": "integer"}]}, True),
-    ({"anyOf": [{"type": "string", "maxLength": 40}, {"type": "string", "pattern": "^x+$"}]},
+    ({"type": "string", "maxLength": 140}, True),
+    ({"type": "string", "maxLength": 128}, False),  # cheap in the grammar
+    ({"type": "string", "minLength": 129}, True),
+    ({"anyOf": [{"type": "string", "maxLength": 140}, {"type": "integer"}]}, True),
+    ({"anyOf": [{"type": "string", "maxLength": 140}, {"type": "string", "pattern": "^x+$"}]},
      False),  # the loosest bound over both would not be exact
-    ({"type": "object", "propertyNames": {"maxLength": 40}}, False),
+    ({"type": "object", "propertyNames": {"maxLength": 140}}, False),
 ])
 def test_where_bounds_are_marked(schema, marked):
     assert (LENGTH_MARK in json.dumps(normalize_schema(schema))) is marked
@@ -157,14 +157,14 @@ def test_unfoldable_pattern_bound_counted_at_runtime():
 
 def test_random_walks_stay_within_bounds(backend, quotes, tokenizer, walker):
     schema = {"type": "array", "minItems": 2, "maxItems": 3,
-              "items": {"type": "string", "minLength": 18, "maxLength": 20}}
+              "items": {"type": "string", "minLength": 130, "maxLength": 132}}
     rng = random.Random(3)
     done = 0
     for _ in range(5):
-        text, complete = walker.walk(_guarded(backend, quotes, schema), rng, max_steps=200)
+        text, complete = walker.walk(_guarded(backend, quotes, schema), rng, max_steps=700)
         if complete:
             items = json.loads(text)
-            assert all(18 <= len(s) <= 20 for s in items), text
+            assert all(130 <= len(s) <= 132 for s in items), text
             done += 1
     assert done >= 2
 
