@@ -6,7 +6,7 @@ compiles much faster or enforces where it would otherwise ignore a keyword.
   native maxLength in ~0.3 s at 64 and ~2 s from 256 up; the pattern compiles in 0.06-0.6 s up
   to 128 and fills a row in ~8 us. (From 256 the pattern compiles in 0.02 s but fills a row in
   ~11 ms: xgrammar stops unrolling it.) The pattern leaves out escapes and control characters:
-  a subset, so sound.
+  a subset, so sound. Repeated pattern strings then share one definition (``sharing.py``).
 - outlines: an integer range of at most ``MAX_ENUM_RANGE`` values becomes an ``enum`` (outlines
   ignores minimum/maximum; an enum it enforces exactly; wider ranges are spliced into its regex
   by ``outlines_bounds.py``). A ``format``
@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
+from .sharing import share_patterns
+
 FAST_BOUND = 128  # = lengths.GRAMMAR_MAX: see the module doc
 MAX_ENUM_RANGE = 128
 _PLAIN_CHARS = r'[^"\\\x00-\x1f]'
@@ -26,7 +28,8 @@ _DATA = ("enum", "const", "required")
 
 def tune_for_backend(node: Any, backend_name: str) -> Any:
     rewrite = {"xgrammar": _fast_strings, "outlines": _for_outlines}.get(backend_name)
-    return _walk(node, rewrite) if rewrite else node
+    out = _walk(node, rewrite) if rewrite else node
+    return share_patterns(out) if backend_name == "xgrammar" else out
 
 
 def _walk(node: Any, rewrite: Callable[[dict], dict]) -> Any:
