@@ -7,7 +7,8 @@ regular (``ebnf_regex.py`` lowers it); a recursive grammar is rejected at admiss
 a recursive JSON ``$ref`` is unrolled a bounded number of levels (``schema_unroll.py``),
 untyped values nest a bounded number of levels (``any_value.py``; also "any JSON object"), and
 numeric bounds, which outlines-core ignores, are spliced in as range regexes
-(``outlines_bounds.py``). The
+(``outlines_bounds.py``); string patterns are rewritten to match JSON text
+(``outlines_patterns.py``). The
 jump-forward string is the longest byte prefix shared by every allowed token, chained through
 tokens that spell exactly that prefix; it is computed once per DFA state and cached on the
 compiled grammar.
@@ -26,6 +27,7 @@ from .base import (Grammar, GrammarBackend, GrammarKey, StateKey, bitmask_width,
                    choices_regex)
 from .any_value import ANY_OBJECT, bound_untyped_values
 from .outlines_bounds import BoundSplicer
+from .outlines_patterns import safe_patterns
 from .schema import normalize_schema
 from .schema_unroll import unroll_schema_text
 from .vocab import decode_prefix, token_bytes
@@ -182,7 +184,8 @@ class OutlinesBackend(GrammarBackend):
             return schema_to_regex(json.dumps(ANY_OBJECT), _WHITESPACE)
         if key.kind == "json_schema":
             bounds = BoundSplicer(key.text)
-            normalized = bounds.swap(normalize_schema(json.loads(key.text), self.name))
+            normalized = bounds.swap(safe_patterns(normalize_schema(json.loads(key.text),
+                                                                    self.name)))
             regex = bounds.splice(schema_to_regex(prepare_schema(json.dumps(normalized)),
                                                   _WHITESPACE))
             # NOTE: with the escaped quote allowed, indexing a length-bounded string grows
