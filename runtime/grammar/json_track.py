@@ -22,17 +22,22 @@ from .schema.arrays import UNIQUE_MARK
 from .schema.timed_keywords import PatternTimeout, search
 from .schema.lengths import string_bound
 from .string_chars import NORMAL, scan
+from .unique_items import item_value
 
 _QUOTE = 0x22
 _FAR = 64  # room (characters) past which a bounded string's summary no longer tells it
 _OBJ, _ARR = "o", "a"
 _MAX_EXPAND = 64  # schema nodes one position may stand for
 _KEY_SEARCH_S = 0.005
+_SCALAR_START = frozenset(b"-0123456789tfn")
+# what ends a number or literal item: JSON allows nothing else after one
+_SCALAR_END = frozenset(b" \t\r\n,]")
 
 
 class Frame(NamedTuple):
     """An open object (``names``: its keys; ``expect_key``; ``last``: the newest key) or array
-    (``names``: its items when ``unique``; ``index``: the current item)."""
+    (``names``: its items when ``unique``, as ``unique_items.item_value`` reads them;
+    ``index``: the current item)."""
 
     kind: str
     names: frozenset = frozenset()
@@ -41,6 +46,8 @@ class Frame(NamedTuple):
     index: int = 0
     unique: bool = False
     cands: tuple = ()
+    item: bytes | None = None  # a unique array's current item, its text so far
+    scalar: bool = False  # that item is a number, true, false or null still open
 
 
 class JsonTrack(NamedTuple):
@@ -67,11 +74,13 @@ class JsonTrack(NamedTuple):
         lo, hi, _ = self.bound or (0, None, None)
         return (None if hi is None else hi - self.count), lo - self.count
 
-    def _run(self, data: bytes, strict: bool = False) -> tuple["JsonTrack", bool]:
-        """The state after ``data``, and whether it broke a length bound (``strict``: the
-        walk stops at the first break)."""
+    def _run(self, data: bytes, strict: bool = False) -> tuple["JsonTrack", bool, bool]:
+        """The state after ``data``, whether it broke a length bound (``strict``: the walk
+        stops at the first break) and whether it ended a key or unique item its container
+        already has."""
         frames, string, buf, lex = list(self.frames), self.string, self.buf, self.lex
-        count, bound, raw, broke = self.count, self.bound, self.raw, False
+        count, bound, raw, broke, dup = self.count, self.bound, self.raw, False, False
+        starts = [0] * len(frames)  # where each frame's current item text resumes in data
         i = 0
         while i < len(data):
             if string:
@@ -91,14 +100,20 @@ class JsonTrack(NamedTuple):
                     break
                 string, count, bound, raw, i = False, 0, None, None, end + 1
                 if buf is not None:
-                    frames[-1] = _closed(frames[-1], _decode(buf))
+                    name = _decode(buf)
+                    dup |= name in frames[-1].names
+                    frames[-1] = _closed(frames[-1], name)
                     buf = None
                 continue
             b = data[i]
+            top = frames[-1] if frames else None
+            if top is not None and top.scalar and b in _SCALAR_END:
+                value = item_value(top.item + data[starts[-1]:i])
+                dup |= value in top.names
+                frames[-1] = top = top._replace(names=top.names | {value}, scalar=False)
             i += 1
             if b == _QUOTE:
                 string, lex = True, NORMAL
-                top = frames[-1] if frames else None
                 key = top is not None and top.kind == _OBJ and top.expect_key
                 if key or top is not None and top.unique:
                     buf = b""
@@ -107,15 +122,33 @@ class JsonTrack(NamedTuple):
                     raw = b"" if bound is not None and bound[2] is not None else None
             elif b in (0x7B, 0x5B):  # { [
                 cands = self._position(frames)
+                unique = b == 0x5B and any(c.get(UNIQUE_MARK) for c in cands)
                 frames.append(Frame(_OBJ, cands=cands) if b == 0x7B else Frame(
-                    _ARR, unique=any(c.get(UNIQUE_MARK) for c in cands), cands=cands))
+                    _ARR, unique=unique, cands=cands, item=b"" if unique else None))
+                starts.append(i)
             elif b in (0x7D, 0x5D) and frames:  # } ]
                 frames.pop()
+                starts.pop()
+                top = frames[-1] if frames else None
+                if top is not None and top.unique:  # a container item of a unique array
+                    value = item_value(top.item + data[starts[-1]:i])
+                    dup |= value in top.names
+                    frames[-1] = top._replace(names=top.names | {value})
             elif b == 0x2C and frames:  # ,
-                top = frames[-1]
                 frames[-1] = top._replace(expect_key=True) if top.kind == _OBJ else \
-                    top._replace(index=top.index + 1)
-        return JsonTrack(tuple(frames), string, buf, lex, self.root, count, bound, raw), broke
+                    top._replace(index=top.index + 1, item=b"" if top.unique else None)
+                starts[-1] = i
+            elif top is not None and top.unique and not top.scalar and b in _SCALAR_START:
+                frames[-1] = top._replace(scalar=True)
+        for d, f in enumerate(frames):  # the unique arrays' open items keep their text
+            if f.unique and starts[d] < len(data):
+                frames[d] = f._replace(item=f.item + data[starts[d]:])
+        return JsonTrack(tuple(frames), string, buf, lex, self.root, count, bound, raw), \
+            broke, dup
+
+    def repeats(self, data: bytes) -> bool:
+        """True if ``data`` ends a key or a unique array's item its container already has."""
+        return self._run(data)[2]
 
     def _position(self, frames: list) -> tuple:
         """Schema candidates of the value that starts now."""
@@ -145,7 +178,8 @@ class JsonTrack(NamedTuple):
                                        for k in self.frames[-1].names):
             buf = b"*"
         frames = tuple((f.kind, f.names if names else None, f.expect_key, f.unique,
-                        tuple(map(id, f.cands))) for f in self.frames)
+                        tuple(map(id, f.cands)), f.item if names else None, f.scalar)
+                       for f in self.frames)
         return frames, self.string, buf, self.lex, self._length_summary()
 
     def _length_summary(self) -> tuple | None:

@@ -28,6 +28,7 @@ from .json_track import JsonTrack
 from .schema.arrays import UNIQUE_MARK
 from .schema.lengths import LENGTH_MARK, smallest_bound
 from .string_chars import LengthTokens
+from .unique_items import ItemTokens, suspicious
 
 class QuoteTokens:
     """The tokens that contain a quote (built once per engine from ``vocab.token_bytes``), and
@@ -39,6 +40,7 @@ class QuoteTokens:
         ids = [i for i, b in enumerate(tokens) if b and b'"' in b]
         self.ids = np.asarray(ids, dtype=np.int64)
         self.words, self.shifts = self.ids >> 5, (self.ids & 31).astype(np.uint32)
+        self.items = ItemTokens(self.bytes, self.ids)
 
     def clear_duplicates(self, state: JsonTrack, bitmask: torch.Tensor, row: int) -> bool:
         """Clear the bits of ``bitmask[row]`` whose token would close a duplicate key; True if
@@ -89,7 +91,8 @@ class UniqueKeyGrammar(Grammar):
         token is possible (exactly when ``fill_bitmask`` clears it)."""
         state, data = self._states[-1], self._bytes(token_id)
         if not state.closes_duplicate(data) and not (
-                self.min_hi is not None and state.breaks_bound(data)):
+                self.min_hi is not None and state.breaks_bound(data)) and not (
+                state.root is not None and suspicious(state, data)):
             return False
         row = allocate_bitmask(1, len(self.quotes.bytes))
         self.inner.fill_bitmask(row, 0)
@@ -101,6 +104,8 @@ class UniqueKeyGrammar(Grammar):
         """Clear from a row the inner grammar filled what it cannot forbid itself."""
         state = self._states[-1]
         self.quotes.clear_duplicates(state, bitmask, row)
+        if state.root is not None:  # unique arrays of any item (unique_items.py)
+            self.quotes.items.clear(self, state, bitmask.numpy()[row].view(np.uint32))
         if self.min_hi is not None:
             self.quotes.lengths.clear(state, bitmask.numpy()[row].view(np.uint32), self.min_hi)
 

@@ -2,10 +2,10 @@
 
 - ``uniqueItems``: with at most one item it says nothing. Items drawn from a small finite domain
   (``enum``/``const``/``boolean``/``null``) become an ``enum`` of the distinct-item arrays, in
-  the domain's order (every one unique; a generator need not produce every permutation). Items
-  that are plain strings keep the array as it is, marked ``UNIQUE_MARK``: a grammar cannot
-  remember which strings it already emitted, so the runtime does (``grammar/unique_keys.py``
-  masks a closing quote that would repeat an item). Any other item type is rejected.
+  the domain's order (every one unique; a generator need not produce every permutation). Any
+  other array keeps its items as they are, marked ``UNIQUE_MARK``: a grammar cannot remember
+  which items it already emitted, so the runtime does (``grammar/unique_keys.py`` masks a token
+  that would end an item JSON-equal to an earlier one: ``grammar/unique_items.py``).
 - ``contains``: the first item must satisfy it (``prefixItems``), which implies the keyword.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any, Callable
 from .rejection import Impossible, reject
 
 MAX_UNIQUE_ARRAYS = 256  # enum entries a uniqueItems expansion may produce
-# Marks an array of strings whose items the runtime keeps distinct (backends ignore x- keys).
-UNIQUE_MARK = "x-sgdsl-unique-strings"
+# Marks an array whose items the runtime keeps distinct (backends ignore x- keys).
+UNIQUE_MARK = "x-sgdsl-unique-items"
 Sub = Callable[[Any, Any, str], Any]
 
 
@@ -46,26 +46,18 @@ def _domain(items: Any) -> list | None:
 
 def _unique(node: dict, path: str) -> dict:
     domain = _domain(node.get("items", {}))
-    if domain is None and "prefixItems" not in node and _plain_string(node.get("items")):
-        return {**{k: v for k, v in node.items() if k != "uniqueItems"}, UNIQUE_MARK: True}
     if domain is None or "prefixItems" in node:
-        raise reject("uniqueItems", path, "unique items are enforced only when each item is a "
-                                          "string or one of a few enum/const/boolean values")
+        return {**{k: v for k, v in node.items() if k != "uniqueItems"}, UNIQUE_MARK: True}
     lo = node.get("minItems", 0)
     hi = min(node.get("maxItems", len(domain)), len(domain))
     if sum(comb(len(domain), k) for k in range(lo, hi + 1)) > MAX_UNIQUE_ARRAYS:
-        raise reject("uniqueItems", path, f"more than {MAX_UNIQUE_ARRAYS} distinct arrays of "
-                                          f"its {len(domain)} possible items")
+        # too many arrays to list: the runtime keeps the items distinct instead
+        return {**{k: v for k, v in node.items() if k != "uniqueItems"}, UNIQUE_MARK: True}
     arrays = [list(c) for k in range(lo, hi + 1) for c in combinations(domain, k)]
     if not arrays:
         raise Impossible(path, "minItems exceeds the number of distinct items")
     return {"type": "array", "enum": arrays}
 
-
-def _plain_string(items: Any) -> bool:
-    """A string schema with no alternatives inside (its values are the JSON strings)."""
-    return isinstance(items, dict) and items.get("type") == "string" and not any(
-        k in items for k in ("anyOf", "oneOf", "allOf", "$ref", "enum", "const", "not"))
 
 
 def _contains(node: dict, path: str, sub: Sub) -> dict:

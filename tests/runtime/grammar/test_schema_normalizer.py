@@ -198,9 +198,6 @@ def test_format_patterns_only_match_valid_values(fmt):
 
 
 @pytest.mark.parametrize("schema,keyword,path", [
-    ({"type": "object", "properties": {"t": {"type": "array", "items": {"type": "number"},
-                                             "uniqueItems": True}}}, "uniqueItems",
-     "#/properties/t"),
     # NOTE: alone, such bounds are counted at runtime (schema/lengths.py); beside another
     # string branch they cannot be
     ({"properties": {"s": {"anyOf": [{"type": "string", "pattern": "^a(b|cd)+$", "maxLength": 4},

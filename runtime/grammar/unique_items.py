@@ -1,0 +1,172 @@
+"""Unique items of any type: JSON equality of items, and the tokens that would end (or lead only
+to ending) an item of a ``uniqueItems`` array equal to an earlier one.
+
+``json_track.JsonTrack`` keeps, per open unique array, the values of its finished items (read
+by ``item_value``) and the text of the current one. An item ends at its closing quote (a
+string), its closing brace or bracket (an object or array), or the first byte after it (a number
+or literal: whitespace, ``,`` or ``]``; a number's end is only known there, as ``1`` may become
+``12``). ``ItemTokens.clear`` clears from a filled row every token whose bytes end an item
+equal to an earlier one, and *probes* the tokens after which the item could be closed as such a
+repeat right away (``[1, 1`` under ``maximum: 9``; ``{"id": 1`` where ``id`` is the only
+property): the inner grammar takes the token, fills a row, the row is cleared of repeats, and if
+nothing is left the token is cleared too (a dead end one token ahead, avoided). Deeper dead ends
+are let through as ``unique_keys.py`` lets a duplicate key through (the request's output check
+then fails it with the reason).
+
+Equality is JSON Schema's: ``1`` and ``1.0`` are equal (numbers read as ``Decimal``), ``true``
+is not ``1``, objects are equal whatever their key order, arrays item by item.
+"""
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from typing import Any, Sequence
+
+import numpy as np
+
+from .base import allocate_bitmask
+
+_WORDS = (b"true", b"false", b"null")
+_LETTERS = frozenset(b"truefalsn")
+
+
+def canonical(value: Any) -> Any:
+    """A hashable form of a parsed JSON value, equal exactly when JSON Schema says equal.
+    Strings stay themselves (``JsonTrack.summary`` reads them as names)."""
+    if isinstance(value, str):
+        return value
+    if value is True or value is False:
+        return ("b", value)
+    if value is None:
+        return ("z",)
+    if isinstance(value, Decimal):
+        return ("n", value)  # Decimal("1.0") == Decimal("1"), and their hashes agree
+    if isinstance(value, list):
+        return ("a", tuple(canonical(v) for v in value))
+    return ("o", frozenset((k, canonical(v)) for k, v in value.items()))
+
+
+def parse_item(raw: bytes) -> Any:
+    """The canonical value of an item's text, or None if it is not (yet) one JSON value."""
+    try:
+        return canonical(json.loads(raw, parse_float=Decimal, parse_int=Decimal))
+    except (ValueError, RecursionError):
+        return None
+
+
+def item_value(raw: bytes) -> Any:
+    """The canonical value of a finished item's text (its bytes if it does not parse: no
+    grammar lets such a text through, so it only equals itself)."""
+    value = parse_item(raw)
+    return ("raw", raw.strip()) if value is None else value
+
+
+def closed_now(state: Any) -> Any:
+    """The value the innermost open unique array's current item would have if every open
+    string, literal and container in it were closed now; None if that is no JSON value, or
+    the item is a string (those are checked at their closing quote)."""
+    frames = state.frames
+    depth = next((d for d in range(len(frames) - 1, -1, -1) if frames[d].unique), None)
+    if depth is None or not frames[depth].names or state.string and depth == len(frames) - 1:
+        return None
+    text = frames[depth].item
+    if state.string:
+        if state.lex != 0:  # inside an escape
+            return None
+        text += b'"'
+    else:
+        stem = text.rstrip(bytes(_LETTERS))
+        tail = text[len(stem):]
+        if tail:  # a literal written in part: the only word it can become
+            word = next((w for w in _WORDS if w.startswith(tail)), None)
+            if word is None:
+                return None
+            text = stem + word
+    text += b"".join(b"}" if f.kind == "o" else b"]" for f in reversed(frames[depth + 1:]))
+    return parse_item(text)
+
+
+def watching(state: Any) -> bool:
+    """True when an open unique array that has items is inside a non-string item (strings
+    alone are checked by ``unique_keys.QuoteTokens``)."""
+    for d in range(len(state.frames) - 1, -1, -1):
+        f = state.frames[d]
+        if f.unique:
+            return bool(f.names) and not (state.string and d == len(state.frames) - 1)
+    return False
+
+
+class ItemTokens:
+    """Clears a row of the tokens that end a repeated item (built once per engine from the
+    vocabulary's bytes; read-only after)."""
+
+    def __init__(self, tokens: Sequence[bytes | None], quote_ids: np.ndarray) -> None:
+        self.bytes = list(tokens)
+        self.quote_ids = quote_ids
+        self.width = (len(self.bytes) + 31) // 32
+
+    def _allowed(self, state: Any, words: np.ndarray) -> list[int]:
+        """The row's tokens that can end an item: in a string only those with a quote (a
+        few hundred); outside one the grammar allows few tokens, all looked at."""
+        if state.string:
+            ids = self.quote_ids
+            return ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)].tolist()
+        bits = np.unpackbits(words.view(np.uint8), bitorder="little")[:len(self.bytes)]
+        return np.flatnonzero(bits).tolist()
+
+    def clear(self, grammar: Any, state: Any, words: np.ndarray, probe: bool = True) -> bool:
+        """Clear from ``words`` (a filled row's uint32 view for ``grammar``'s inner grammar in
+        ``state``) the tokens that end a repeated item, and (``probe``) those after which the
+        next row would hold nothing else; True if that left no token (the row then stays as
+        it was: a dead end, see the module doc)."""
+        if not watching(state):
+            return False
+        bad = []
+        for t in self._allowed(state, words):
+            data = self.bytes[t]
+            if not data:
+                continue
+            after, _, dup = state._run(data)
+            if dup or probe and closed_now(after) in _names(after) and \
+                    self._dead_after(grammar, after, t):
+                bad.append(t)
+        if not bad:
+            return False
+        before = words.copy()
+        for t in bad:
+            words[t >> 5] &= np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF)
+        if words.any():
+            return False
+        words[:] = before
+        return True
+
+    def _dead_after(self, grammar: Any, after: Any, token: int) -> bool:
+        """True if, once ``grammar`` (a ``UniqueKeyGrammar``) takes ``token``, every token
+        its inner grammar allows ends a repeated item."""
+        inner = grammar.inner
+        if not inner.accept_token(token):
+            return False
+        try:
+            row = allocate_bitmask(1, len(self.bytes))
+            inner.fill_bitmask(row, 0)
+            words = row.numpy()[0].view(np.uint32)
+            return self.clear(grammar, after, words, probe=False) or not words.any()
+        finally:
+            inner.rollback(1)
+
+
+def _names(state: Any) -> frozenset:
+    """The finished items of the innermost open unique array (an empty set if none)."""
+    for f in reversed(state.frames):
+        if f.unique:
+            return f.names
+    return frozenset()
+
+
+def suspicious(state: Any, data: bytes) -> bool:
+    """True if ``ItemTokens.clear`` might clear a token of these bytes (the accept check then
+    builds the row to know)."""
+    if not watching(state):
+        return False
+    after, _, dup = state._run(data)
+    return dup or closed_now(after) in _names(after)
