@@ -8,9 +8,10 @@ or literal: whitespace, ``,`` or ``]``; a number's end is only known there, as `
 ``12``). ``ItemTokens.clear`` clears from a filled row every token whose bytes end an item
 equal to an earlier one, and *probes* the tokens after which the item could be closed as such a
 repeat right away (``[1, 1`` under ``maximum: 9``; ``{"id": 1`` where ``id`` is the only
-property): the inner grammar takes the token, fills a row, the row is cleared of repeats, and if
-nothing is left the token is cleared too (a dead end one token ahead, avoided). Deeper dead ends
-are let through as ``unique_keys.py`` lets a duplicate key through (the request's output check
+property): the inner grammar takes the token, fills a row, the row is cleared the same way, and
+if nothing is left the token is cleared too (a dead end a few tokens ahead, avoided: only tokens
+after which the item could still close as a repeat are followed). Other dead ends are let
+through as ``unique_keys.py`` lets a duplicate key through (the request's output check
 then fails it with the reason).
 
 Equality is JSON Schema's: ``1`` and ``1.0`` are equal (numbers read as ``Decimal``), ``true``
@@ -28,6 +29,9 @@ from .base import allocate_bitmask
 
 _WORDS = (b"true", b"false", b"null")
 _LETTERS = frozenset(b"truefalsn")
+# NOTE: tokens a probe looks ahead: "false" a letter a token needs 4; only tokens after which
+# the item could still close as a repeat are followed, a handful each
+PROBE_DEPTH = 4
 
 
 def canonical(value: Any) -> Any:
@@ -114,11 +118,11 @@ class ItemTokens:
         bits = np.unpackbits(words.view(np.uint8), bitorder="little")[:len(self.bytes)]
         return np.flatnonzero(bits).tolist()
 
-    def clear(self, grammar: Any, state: Any, words: np.ndarray, probe: bool = True) -> bool:
+    def clear(self, grammar: Any, state: Any, words: np.ndarray, probe: int = PROBE_DEPTH) -> bool:
         """Clear from ``words`` (a filled row's uint32 view for ``grammar``'s inner grammar in
-        ``state``) the tokens that end a repeated item, and (``probe``) those after which the
-        next row would hold nothing else; True if that left no token (the row then stays as
-        it was: a dead end, see the module doc)."""
+        ``state``) the tokens that end a repeated item, and (``probe`` tokens deep) those
+        after which the item can only end as one; True if that left no token (the row then
+        stays as it was: a dead end, see the module doc)."""
         if not watching(state):
             return False
         bad = []
@@ -128,7 +132,7 @@ class ItemTokens:
                 continue
             after, _, dup = state._run(data)
             if dup or probe and closed_now(after) in _names(after) and \
-                    self._dead_after(grammar, after, t):
+                    self._dead_after(grammar, after, t, probe - 1):
                 bad.append(t)
         if not bad:
             return False
@@ -140,9 +144,10 @@ class ItemTokens:
         words[:] = before
         return True
 
-    def _dead_after(self, grammar: Any, after: Any, token: int) -> bool:
+    def _dead_after(self, grammar: Any, after: Any, token: int, probe: int) -> bool:
         """True if, once ``grammar`` (a ``UniqueKeyGrammar``) takes ``token``, every token
-        its inner grammar allows ends a repeated item."""
+        its inner grammar allows ends a repeated item (or, ``probe`` tokens deep, leads only
+        to that: ``tr`` of a repeated ``true`` spelled a letter a token)."""
         inner = grammar.inner
         if not inner.accept_token(token):
             return False
@@ -150,7 +155,7 @@ class ItemTokens:
             row = allocate_bitmask(1, len(self.bytes))
             inner.fill_bitmask(row, 0)
             words = row.numpy()[0].view(np.uint32)
-            return self.clear(grammar, after, words, probe=False) or not words.any()
+            return self.clear(grammar, after, words, probe) or not words.any()
         finally:
             inner.rollback(1)
 
