@@ -48,6 +48,7 @@ class Frame(NamedTuple):
     cands: tuple = ()
     item: bytes | None = None  # a unique array's current item, its text so far
     scalar: bool = False  # that item is a number, true, false or null still open
+    done: bool = False  # that item is finished (its value is in names)
 
 
 class JsonTrack(NamedTuple):
@@ -110,7 +111,8 @@ class JsonTrack(NamedTuple):
             if top is not None and top.scalar and b in _SCALAR_END:
                 value = item_value(top.item + data[starts[-1]:i])
                 dup |= value in top.names
-                frames[-1] = top = top._replace(names=top.names | {value}, scalar=False)
+                frames[-1] = top = top._replace(names=top.names | {value}, scalar=False,
+                                                done=True)
             i += 1
             if b == _QUOTE:
                 string, lex = True, NORMAL
@@ -133,10 +135,11 @@ class JsonTrack(NamedTuple):
                 if top is not None and top.unique:  # a container item of a unique array
                     value = item_value(top.item + data[starts[-1]:i])
                     dup |= value in top.names
-                    frames[-1] = top._replace(names=top.names | {value})
+                    frames[-1] = top._replace(names=top.names | {value}, done=True)
             elif b == 0x2C and frames:  # ,
                 frames[-1] = top._replace(expect_key=True) if top.kind == _OBJ else \
-                    top._replace(index=top.index + 1, item=b"" if top.unique else None)
+                    top._replace(index=top.index + 1, item=b"" if top.unique else None,
+                                 done=False)
                 starts[-1] = i
             elif top is not None and top.unique and not top.scalar and b in _SCALAR_START:
                 frames[-1] = top._replace(scalar=True)
@@ -178,7 +181,8 @@ class JsonTrack(NamedTuple):
                                        for k in self.frames[-1].names):
             buf = b"*"
         frames = tuple((f.kind, f.names if names else None, f.expect_key, f.unique,
-                        tuple(map(id, f.cands)), f.item if names else None, f.scalar)
+                        tuple(map(id, f.cands)), f.item if names else None, f.scalar,
+                        f.done)
                        for f in self.frames)
         return frames, self.string, buf, self.lex, self._length_summary()
 
@@ -194,7 +198,7 @@ class JsonTrack(NamedTuple):
 def _closed(frame: Frame, name: Any) -> Frame:
     if frame.kind == _OBJ:
         return frame._replace(names=frame.names | {name}, expect_key=False, last=name)
-    return frame._replace(names=frame.names | {name})
+    return frame._replace(names=frame.names | {name}, done=True)
 
 
 def _decode(raw: bytes) -> Any:

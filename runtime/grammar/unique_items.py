@@ -20,10 +20,12 @@ is not ``1``, objects are equal whatever their key order, arrays item by item.
 from __future__ import annotations
 
 import json
+import threading
 from decimal import Decimal
 from typing import Any, Sequence
 
 import numpy as np
+import torch
 
 from .base import allocate_bitmask
 
@@ -71,7 +73,8 @@ def closed_now(state: Any) -> Any:
     the item is a string (those are checked at their closing quote)."""
     frames = state.frames
     depth = next((d for d in range(len(frames) - 1, -1, -1) if frames[d].unique), None)
-    if depth is None or not frames[depth].names or state.string and depth == len(frames) - 1:
+    if depth is None or not frames[depth].names or frames[depth].done or \
+            state.string and depth == len(frames) - 1:
         return None
     text = frames[depth].item
     if state.string:
@@ -107,16 +110,37 @@ class ItemTokens:
     def __init__(self, tokens: Sequence[bytes | None], quote_ids: np.ndarray) -> None:
         self.bytes = list(tokens)
         self.quote_ids = quote_ids
-        self.width = (len(self.bytes) + 31) // 32
+        # tokens that only open a string (``"abc``): as an item of the array itself they can
+        # neither end it nor make it closable (strings are checked at their closing quote)
+        opens = np.zeros(len(self.bytes) + 32, dtype=bool)
+        for t, b in enumerate(self.bytes):
+            opens[t] = bool(b) and b.lstrip().startswith(b'"') and b.count(b'"') == 1
+        self.opens_string = opens
+        self._scratch = threading.local()  # per thread: one probe row per depth
 
     def _allowed(self, state: Any, words: np.ndarray) -> list[int]:
-        """The row's tokens that can end an item: in a string only those with a quote (a
-        few hundred); outside one the grammar allows few tokens, all looked at."""
+        """The row's tokens that can end an item or make it closable: in a string only those
+        with a quote (a few hundred); outside one, those the grammar allows (few, but for
+        string openings at an item's start, which are left out)."""
         if state.string:
             ids = self.quote_ids
             return ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)].tolist()
-        bits = np.unpackbits(words.view(np.uint8), bitorder="little")[:len(self.bytes)]
-        return np.flatnonzero(bits).tolist()
+        nz = np.flatnonzero(words)  # unpack only the words with a bit set
+        bits = np.unpackbits(words[nz].view(np.uint8), bitorder="little").reshape(len(nz), 32)
+        ids = (nz[:, None] * 32 + np.arange(32))[bits.astype(bool)]
+        if state.frames and state.frames[-1].unique:
+            ids = ids[~self.opens_string[ids]]
+        return ids[ids < len(self.bytes)].tolist()
+
+    def _row(self, depth: int) -> torch.Tensor:
+        """A scratch row for a probe ``depth`` tokens ahead (rows of shallower probes are still
+        in use; the mask prefetch thread gets its own)."""
+        rows = getattr(self._scratch, "rows", None)
+        if rows is None:
+            rows = self._scratch.rows = {}
+        if depth not in rows:
+            rows[depth] = allocate_bitmask(1, len(self.bytes))
+        return rows[depth]
 
     def clear(self, grammar: Any, state: Any, words: np.ndarray, probe: int = PROBE_DEPTH) -> bool:
         """Clear from ``words`` (a filled row's uint32 view for ``grammar``'s inner grammar in
@@ -152,7 +176,7 @@ class ItemTokens:
         if not inner.accept_token(token):
             return False
         try:
-            row = allocate_bitmask(1, len(self.bytes))
+            row = self._row(probe)
             inner.fill_bitmask(row, 0)
             words = row.numpy()[0].view(np.uint32)
             return self.clear(grammar, after, words, probe) or not words.any()
