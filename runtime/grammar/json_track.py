@@ -1,6 +1,7 @@
 """Where a JSON output stands, byte by byte: the open containers, the keys each open object has,
-for arrays the normalized schema marks as unique strings (``schema/arrays.UNIQUE_MARK``) the
-items written so far, and for a string whose length bounds the runtime enforces
+for arrays the normalized schema marks unique (``schema/arrays.UNIQUE_MARK``) the items
+written so far (``unique_items.py`` says when an item ends and how items compare) and the
+text of the current one, and for a string whose length bounds the runtime enforces
 (``schema/lengths.LENGTH_MARK``) its characters so far (``string_chars.py`` counts them).
 ``unique_keys.py`` masks with it what a grammar cannot forbid.
 

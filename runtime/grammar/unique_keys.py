@@ -1,6 +1,7 @@
-"""Unique object keys and unique string items for JSON grammars: a ``Grammar`` wrapper that
-forbids a second member of an object with a key that object already has, and a repeated item in
-an array whose schema says ``uniqueItems`` over strings (``schema/arrays.py`` marks those).
+"""Unique object keys and unique items for JSON grammars: a ``Grammar`` wrapper that forbids a
+second member of an object with a key that object already has, and a repeated item in an array
+whose schema says ``uniqueItems`` (``schema/arrays.py`` marks those; items other than strings
+are handled by ``unique_items.py``).
 
 A context-free grammar cannot say "keys differ" (xgrammar and outlines-core both allow
 ``{"a": 1, "a": 2}`` wherever an object takes free-form keys), and a JSON parser keeps the last
@@ -229,7 +230,7 @@ def _open(node: Any) -> bool:
 def guard_keys(grammar: Grammar, key: Any, quotes: QuoteTokens | None,
                backend: str = "xgrammar") -> Grammar:
     """``grammar`` wrapped when its ``GrammarKey`` is a JSON kind with open keys, arrays of
-    unique strings or string lengths left to the runtime; else as is."""
+    unique items or string lengths left to the runtime; else as is."""
     if quotes is None or key.kind not in ("json_schema", "json_object"):
         return grammar
     root = marked_schema(key.text, backend) if key.kind == "json_schema" else None
@@ -242,7 +243,7 @@ def guard_keys(grammar: Grammar, key: Any, quotes: QuoteTokens | None,
 @functools.lru_cache(maxsize=256)
 def marked_schema(text: str, backend: str) -> dict | None:
     """The normalized schema (what the grammar was compiled from) if it marks arrays of unique
-    strings or runtime string lengths, else None. Normalizing again here is cheap next to
+    items or runtime string lengths, else None. Normalizing again here is cheap next to
     compiling, and cached."""
     if not any(s in text for s in (UNIQUE_MARK, '"uniqueItems"', 'Length"', LENGTH_MARK)):
         return None
