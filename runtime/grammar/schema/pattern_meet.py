@@ -48,12 +48,12 @@ def meet_patterns(a: str, b: str) -> str | None:
     for s in strings:
         rest = tree
         for c in s:
-            rest = _derive(rest, c)
+            rest = derive(rest, c)
             if rest is None:
                 break
         if rest is not None:
-            branches.append(_literal(s) + rest.text if rest.kind != "alt" else
-                            f"{_literal(s)}({rest.text})")
+            branches.append(literal_text(s) + rest.text if rest.kind != "alt" else
+                            f"{literal_text(s)}({rest.text})")
     if not branches:
         return None
     out = f"^({'|'.join(branches)})$" if len(branches) > 1 else f"^{branches[0]}$"
@@ -66,6 +66,14 @@ def _prefix_strings(pattern: str) -> list[str] | None:
     """The literal strings a start-anchored, end-open pattern matches, or None."""
     if not pattern.startswith("^") or _END.search(pattern):
         return None
+    try:
+        return _literals(parse_pattern(pattern))
+    except Unfoldable:
+        return None
+
+
+def literal_strings(pattern: str) -> list[str] | None:
+    """The few literal strings ``pattern`` matches whole (None: not such a pattern)."""
     try:
         return _literals(parse_pattern(pattern))
     except Unfoldable:
@@ -103,7 +111,7 @@ def _literals(node: Node) -> list[str] | None:
     return out if len(out) <= MAX_PREFIXES else None
 
 
-def _derive(node: Node, c: str) -> Node | None:
+def derive(node: Node, c: str) -> Node | None:
     """What ``node`` must match after reading ``c`` (None: nothing)."""
     text = _derivative_text(node, c)
     return None if text is None else parse_pattern(text)
@@ -158,5 +166,5 @@ def _atom(node: Node) -> str:
     return text if node.kind in ("atom", "group") else f"({text})"
 
 
-def _literal(s: str) -> str:
+def literal_text(s: str) -> str:
     return "".join(c if c.isascii() and c.isalnum() else f"\\u{ord(c):04x}" for c in s)

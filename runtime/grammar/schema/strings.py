@@ -2,7 +2,7 @@
 ``pattern`` (one regex per format, valid under the format's RFC: never wider), length bounds
 beside a ``pattern`` (xgrammar ignores them there) are folded into the pattern exactly
 (``pattern_length.py``) or left to the runtime (``lengths.py``), and lookaround assertions (xgrammar ignores them too) are
-rejected.
+spelled without them where ``lookaround.py`` knows the idiom, else rejected.
 
 Both backends match ``pattern`` against the whole string (a subset of JSON Schema's search
 semantics, so sound); the width of that full match is what the bounds are compared with.
@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from .lengths import UNFOLDED
+from .lookaround import without_lookaround
 from .pattern_length import fold_lengths
 from .pattern_meet import meet_pattern_keywords
 from .patterns import Unfoldable
@@ -60,7 +61,7 @@ def normalize_string(node: dict, path: str) -> dict:
         node = {**node, "pattern": pattern}
         del node["format"]
     if "pattern" in node:
-        _check_assertions(node["pattern"], path)
+        node = {**node, "pattern": _check_assertions(node["pattern"], path)}
     if "pattern" in node and ("minLength" in node or "maxLength" in node):
         node = _fold_lengths(node, path)
     return node
@@ -81,14 +82,20 @@ def _fold_lengths(node: dict, path: str) -> dict:
     return out
 
 
-def _check_assertions(pattern: Any, path: str) -> None:
-    """Lookarounds are refused: xgrammar ignores them (``^(?!clyde).*$`` let "clyde" through)."""
+def _check_assertions(pattern: Any, path: str) -> Any:
+    """``pattern``, its lookarounds spelled out where ``lookaround.py`` knows the idiom; other
+    lookarounds are refused: xgrammar ignores them (``^(?!clyde).*$`` let "clyde" through)."""
     try:
         tree = _sre_parse.parse(pattern)
     except (re.error, OverflowError, RecursionError, TypeError) as e:
         raise reject("pattern", path, f"the pattern does not parse: {e}") from None
-    if _has_lookaround(tree):
-        raise reject("pattern", path, "lookahead/lookbehind assertions are not enforced")
+    if not _has_lookaround(tree):
+        return pattern
+    try:
+        return without_lookaround(pattern)
+    except Unfoldable as e:
+        raise reject("pattern", path, f"lookahead/lookbehind assertions are not enforced "
+                                      f"({e})") from None
 
 
 def _has_lookaround(x: Any) -> bool:
