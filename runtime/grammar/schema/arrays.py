@@ -7,6 +7,9 @@
   which items it already emitted, so the runtime does (``grammar/unique_keys.py`` masks a token
   that would end an item JSON-equal to an earlier one: ``grammar/unique_items.py``).
 - ``contains``: the first item must satisfy it (``prefixItems``), which implies the keyword.
+
+Both are dropped where the node cannot be an array (``{"type": "string", "uniqueItems": true}``,
+paper-plugin's authors): JSON Schema applies them to arrays only.
 """
 from __future__ import annotations
 
@@ -14,15 +17,20 @@ from itertools import combinations
 from math import comb
 from typing import Any, Callable
 
+from .merge import type_set
 from .rejection import Impossible, reject
 
 MAX_UNIQUE_ARRAYS = 256  # enum entries a uniqueItems expansion may produce
 # Marks an array whose items the runtime keeps distinct (backends ignore x- keys).
 UNIQUE_MARK = "x-sgdsl-unique-items"
 Sub = Callable[[Any, Any, str], Any]
+_ARRAY_ONLY = ("uniqueItems", "contains", "minContains", "maxContains")
 
 
 def normalize_array(node: dict, path: str, sub: Sub) -> dict:
+    types = type_set(node)
+    if types is not None and "array" not in types:  # array keywords say nothing here
+        return {k: v for k, v in node.items() if k not in _ARRAY_ONLY}
     if "contains" in node:
         node = _contains(node, path, sub)
     if node.get("uniqueItems") is not True:

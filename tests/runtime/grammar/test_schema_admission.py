@@ -48,6 +48,10 @@ HVAL = {"$defs": {
     "meta": {"allOf": [{"$ref": "#/$defs/dict"}], "type": "object", "required": ["ver"],
              "properties": {"ver": {"enum": ["3.0", 3]}}}},
     "$ref": "#/$defs/hval"}
+# vs-nesting: unique items given by a pattern alone (kept distinct by the runtime)
+UNTYPED_UNIQUE = {"type": "object", "required": ["ext"], "additionalProperties": False,
+                  "properties": {"ext": {"type": "array", "uniqueItems": True, "minItems": 2,
+                                         "maxItems": 3, "items": {"pattern": "^[ab]+$"}}}}
 # (name, schema, instances, exact)
 CASES = [
     ("recursive $ref met inside its own definition", TREE,
@@ -135,6 +139,16 @@ def walk_outputs(compilers, walker, quotes, schema, walks: int = 12) -> list:
     return out
 
 
+def test_unique_items_marked_and_array_keywords_dropped_off_arrays():
+    from sgdsl.runtime.grammar.schema.arrays import UNIQUE_MARK
+
+    ext = normalize_schema(UNTYPED_UNIQUE)["properties"]["ext"]
+    assert ext[UNIQUE_MARK] is True and ext["items"]["type"] == "string"
+    # array keywords on a node that cannot be an array say nothing (paper-plugin's authors)
+    authors = {"type": "array", "items": {"type": "string", "uniqueItems": True}}
+    assert normalize_schema(authors) == {"type": "array", "items": {"type": "string"}}
+
+
 def test_recursive_merges_become_shared_definitions():
     norm = normalize_schema(TREE)
     merged = [name for name in norm["$defs"] if "m" in name]
@@ -146,8 +160,8 @@ def test_recursive_merges_become_shared_definitions():
         normalize_schema(impossible)  # found only once the definition is complete
 
 
-@pytest.mark.parametrize("schema", [DEPENDENT_NOTS, MIN_PROPERTIES, TREE, HVAL],
-                         ids=["dependencies", "minProperties", "tree", "hval"])
+@pytest.mark.parametrize("schema", [DEPENDENT_NOTS, MIN_PROPERTIES, TREE, HVAL, UNTYPED_UNIQUE],
+                         ids=["dependencies", "minProperties", "tree", "hval", "unique"])
 def test_xgrammar_walks_validate_against_the_original(compilers, walker, quotes, schema):
     outputs = walk_outputs(compilers, walker, quotes, schema)
     assert len(outputs) >= 3
