@@ -93,7 +93,9 @@ def _open_for_count(node: dict, path: str) -> None:
     guard's (``unique_keys.py``)."""
     need = node.get("minProperties", 0)
     listed = sum(s is not False for s in (node.get("properties") or {}).values())
-    if not isinstance(need, int) or need <= listed or "patternProperties" in node:
+    types = node.get("type", "object")
+    if not isinstance(need, int) or need <= listed or "patternProperties" in node or \
+            "object" not in (types if isinstance(types, list) else [types]):
         return
     if node.get("additionalProperties", {}) is False:
         raise Impossible(path, f"minProperties {need} but only {listed} keys are allowed")

@@ -112,7 +112,7 @@ def _class_without(atom: str, c: str) -> str | None:
     if atom in _CLASS_ESCAPES:
         atom = f"[{_CLASS_ESCAPES[atom]}]"
     if atom.startswith("[^"):
-        return f"[^{atom[2:-1]}{esc}]"
+        return f"[^{esc}{atom[2:-1]}]"  # first: after a trailing '-' it would make a range
     if atom.startswith("[") and "\\" not in atom.replace("\\d", "").replace("\\w", ""):
         return _split_class(atom[1:-1], c)
     raise Unfoldable(f"cannot take {c!r} out of {atom}")

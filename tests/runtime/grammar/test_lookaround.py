@@ -24,6 +24,7 @@ CASES = [
                                "clydclyde", "Clyd e"]),
     (r"^(?!ab)[a-c]*$", "abc", ["ab", "abc", "a", "", "ba", "aab"]),
     (r"^(?!x-)[a-z-]+$", "x-a", ["x-", "x", "x-a", "xa", "-x", "a"]),
+    (r"^(?!c)[^a-]+$", "abc-", ["b", "c", "cb", "-", "bc", "a"]),  # c joins a negated class
 ]
 
 

@@ -113,6 +113,9 @@ def test_open_object_for_min_properties_and_impossible_closed_one():
               "properties": {"a": {}, "b": False}}
     with pytest.raises(Exception, match="no instance"):
         normalize_schema(closed)
+    # object keywords on a string say nothing
+    text = {"type": "string", "minProperties": 2, "additionalProperties": False}
+    assert normalize_schema(text) == text
 
 
 @pytest.fixture(scope="module")
