@@ -118,8 +118,9 @@ def test_unfoldable_bounds_go_to_the_runtime_or_are_rejected_naming_them(pattern
 
 
 def test_lookarounds_are_rejected_even_without_bounds():
-    # xgrammar ignores lookaheads: "^(?!clyde).*$" would let "clyde" through
-    for pattern in ("^((?!(c|C)lyde).)*$", "^(?=a)[ab]$", "^a(?<!b)$"):
+    # xgrammar ignores lookaheads: "^(?!clyde).*$" would let "clyde" through (the idioms
+    # lookaround.py spells exactly, like "^((?!(c|C)lyde).)*$", are tested in test_lookaround)
+    for pattern in ("^((?!aa).)*$", "^(?=a)[ab]$", "^a(?<!b)$"):
         with pytest.raises(InvalidRequestError, match="'pattern' at #"):
             normalize_schema({"type": "string", "pattern": pattern})
     assert normalize_schema({"type": "string", "pattern": "^[(?!]+$"})  # a class, not a group
