@@ -24,6 +24,7 @@ from .conditional import dependencies, if_then_else
 from .negation import exactly_normalized, negate, negate_raw
 from .oneof import make_exclusive
 from .refs import RefTable
+from .strings import spell_assertions
 from .subsume import drop_subsumed
 from ..schema_support import check_schema_support
 from .rejection import Impossible, reject
@@ -99,6 +100,10 @@ class _Normalizer:
             if isinstance(node.get(key), dict):
                 out[key] = {name: self.optional(sub, f"{path}/{key}/{name}")
                             for name, sub in node[key].items()}
+        if isinstance(out.get("patternProperties"), dict):  # backends ignore lookarounds
+            out["patternProperties"] = {
+                spell_assertions(p, f"{path}/patternProperties"): sub
+                for p, sub in out["patternProperties"].items()}
         for key in _SINGLE:
             if key in node:
                 out[key] = self.optional(node[key], f"{path}/{key}")

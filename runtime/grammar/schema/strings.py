@@ -61,7 +61,7 @@ def normalize_string(node: dict, path: str) -> dict:
         node = {**node, "pattern": pattern}
         del node["format"]
     if "pattern" in node:
-        node = {**node, "pattern": _check_assertions(node["pattern"], path)}
+        node = {**node, "pattern": spell_assertions(node["pattern"], path)}
     if "pattern" in node and ("minLength" in node or "maxLength" in node):
         node = _fold_lengths(node, path)
     return node
@@ -82,7 +82,7 @@ def _fold_lengths(node: dict, path: str) -> dict:
     return out
 
 
-def _check_assertions(pattern: Any, path: str) -> Any:
+def spell_assertions(pattern: Any, path: str) -> Any:
     """``pattern``, its lookarounds spelled out where ``lookaround.py`` knows the idiom; other
     lookarounds are refused: xgrammar ignores them (``^(?!clyde).*$`` let "clyde" through)."""
     try:

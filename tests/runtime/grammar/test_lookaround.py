@@ -14,6 +14,7 @@ from sgdsl.runtime.errors import InvalidRequestError
 from sgdsl.runtime.grammar.schema import normalize_schema
 from sgdsl.runtime.grammar.schema.lookaround import without_lookaround
 from sgdsl.runtime.grammar.schema.patterns import Unfoldable
+from sgdsl.runtime.grammar.schema.validator import validator_class
 
 PAPER = r"^(?!io\.papermc\.)([a-zA-Z_$][a-zA-Z\d_$]*\.)*[a-zA-Z_$][a-zA-Z\d_$]*$"
 CLYDE = r"^((?!(c|C)(l|L)(y|Y)(d|D)(e|E)).)*$"
@@ -72,3 +73,16 @@ def test_xgrammar_enforces_the_spelled_patterns():
         for s in strings:
             want = re.search(pattern, s) is not None
             assert _is_grammar_accept_string(grammar, json.dumps(s)) == want, (pattern, s)
+
+
+def test_pattern_property_names_are_spelled_too():
+    schema = {"type": "object", "additionalProperties": False,
+              "patternProperties": {"^(?!x)[a-z]+$": {"type": "integer"}}}
+    norm = normalize_schema(schema)
+    (key,) = norm["patternProperties"]
+    assert "(?" not in key
+    for value, ok in (({"ab": 1}, True), ({"xa": 1}, False), ({"ab": "s"}, False)):
+        assert validator_class(norm)(norm).is_valid(value) == ok
+        assert validator_class(schema)(schema).is_valid(value) == ok
+    with pytest.raises(InvalidRequestError, match="at #/patternProperties"):
+        normalize_schema({"type": "object", "patternProperties": {"^(?=x)[a-z]+$": {}}})
