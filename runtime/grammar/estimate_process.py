@@ -150,8 +150,8 @@ class EstimateProcess:
                 return True
         try:
             handle.send(message)
-        except OSError as e:
-            self._die(f"the estimate worker's pipe broke ({e})")
+        except OSError as e:  # the worker is gone: say how it ended, as the reader would
+            self._die(f"the estimate worker exited ({handle.exit_text()}; pipe: {e})")
             return False
         return True
 
