@@ -33,8 +33,9 @@ from .rejection import reject
 GRAMMAR_MAX = 128
 # Marks a string whose length bounds the runtime enforces (backends ignore x- keys).
 LENGTH_MARK = "x-sgdsl-length"
-# Set by ``strings.py`` on a pattern whose length bounds it could not fold (the reason): the
-# bounds stay beside the pattern until ``mark_lengths`` marks them or rejects the schema.
+# Set by ``strings.py`` on a pattern whose length bounds it could not fold (True), or could
+# only fold into large counts (the folded pattern: used where the runtime cannot count): the
+# bounds stay beside the pattern until ``mark_lengths`` marks them, folds or rejects.
 UNFOLDED = "x-sgdsl-unfolded"
 _BOUNDS = ("minLength", "maxLength")
 
@@ -85,6 +86,10 @@ def _marked(node: dict, path: str, alone: bool) -> dict:
     if alone and (unfolded or (plain and big)):
         out = {k: v for k, v in node.items() if k not in _BOUNDS}
         out[LENGTH_MARK] = [lo, hi]
+        return out
+    if isinstance(unfolded, str):  # the fold, slow to compile but exact (strings.py)
+        out = {k: v for k, v in node.items() if k not in _BOUNDS}
+        out["pattern"] = unfolded
         return out
     if unfolded:
         raise reject("maxLength" if hi is not None else "minLength", path,

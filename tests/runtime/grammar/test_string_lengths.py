@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import numpy as np
 import pytest
@@ -153,6 +154,36 @@ def test_where_bounds_are_marked(schema, marked):
 def test_unfoldable_pattern_bound_counted_at_runtime():
     out = normalize_schema({"type": "string", "pattern": "^[a-z]+(-[a-z]+)*$", "maxLength": 20})
     assert out[LENGTH_MARK] == [0, 20] and "maxLength" not in out
+
+
+URL = {"type": "string", "pattern": "^([Hh][Tt][Tt][Pp][Ss]?)://.+$", "maxLength": 2000}
+
+
+def test_a_fold_into_large_counts_is_left_to_the_runtime():
+    """Folding maxLength 2000 into this pattern spells ``.{1,1993}`` (winget's schema had seven:
+    past the compile deadline); alone, the runtime counts instead and the pattern stays as
+    written; beside another string branch it cannot count, and the exact fold is used."""
+    out = normalize_schema(URL)
+    assert out[LENGTH_MARK] == [0, 2000] and out["pattern"] == URL["pattern"]
+    shared = normalize_schema({"anyOf": [URL, {"type": "string", "enum": ["q"]}]})
+    folded = [b for b in shared["anyOf"] if "pattern" in b][0]
+    assert "{1,1993}" in folded["pattern"] and LENGTH_MARK not in folded
+    assert not {"maxLength", "minLength"} & set(folded)
+    small = normalize_schema({**URL, "maxLength": 40})  # small counts stay in the grammar
+    assert LENGTH_MARK not in small and "{1,33}" in small["pattern"]
+
+
+def test_counted_url_pattern_walks_stay_valid(backend, quotes, tokenizer, walker):
+    schema = {**URL, "maxLength": 150}
+    rng = random.Random(5)
+    done = 0
+    for _ in range(4):
+        text, complete = walker.walk(_guarded(backend, quotes, schema), rng, max_steps=400)
+        if complete:
+            value = json.loads(text)
+            assert re.fullmatch(URL["pattern"][1:-1], value) and len(value) <= 150, text
+            done += 1
+    assert done >= 2
 
 
 def test_random_walks_stay_within_bounds(backend, quotes, tokenizer, walker):
