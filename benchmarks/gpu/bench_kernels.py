@@ -95,29 +95,35 @@ def bench_shared_prefix(groups: int, members: int, prefix: int, own: int) -> lis
     return rows
 
 
-def bench_decode_batch1(ctx: int, block_n: int, min_tokens: int) -> list:
+def bench_decode_batch1(ctx: int, block_n: int, min_tokens: int, mode: str = "tensor") -> list:
     """One layer's batch-1 decode attention (stage 1 + merge) in a CUDA graph: the split size
-    and keys per iteration of stage 1 (the runtime: 64 and 32)."""
+    and keys per iteration of stage 1 (the runtime: 32 and 32). ``mode``: ``tensor`` (split
+    counts from ``num_kv_splits_for``, stage-2 merge), ``kernel`` (counted in stage 1),
+    ``merge`` (counted and merged in stage 1: the runtime since the epilogue work)."""
     k, v, r2t = _pool(1, ctx)
     q = torch.randn(1, H, D, dtype=torch.bfloat16, device="cuda")
     out = torch.empty_like(q)
     rows, sl = torch.zeros(1, dtype=torch.int64, device="cuda"), torch.full((1,), ctx, device="cuda")
     cap = splits_cap(1, KVH, torch.cuda.get_device_properties(0).multi_processor_count)
-    splits = num_kv_splits_for(sl, cap, min_tokens)
     mid_o = torch.empty(1, H, 16, D, dtype=torch.float32, device="cuda")
     mid_lse = torch.empty(1, H, 16, dtype=torch.float32, device="cuda")
-    fn = lambda: decode_attention_fwd(q, k, v, out, r2t, rows, sl, splits, mid_o, mid_lse,  # noqa
-                                      D ** -0.5, cap, block_n=block_n)
+    counters = torch.zeros(1, KVH, dtype=torch.int32, device="cuda") if mode == "merge" else None
+
+    def fn():  # the split counts inside the graph, as the runtime computed them per step
+        splits = num_kv_splits_for(sl, cap, min_tokens) if mode == "tensor" else None
+        decode_attention_fwd(q, k, v, out, r2t, rows, sl, splits, mid_o, mid_lse, D ** -0.5,
+                             cap, block_n=block_n, min_tokens_per_split=min_tokens,
+                             counters=counters)
     us = triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3
-    return [f"decode bs=1 ctx={ctx} split>={min_tokens} keys/iter={block_n}", us, "", "us"]
+    return [f"decode bs=1 ctx={ctx} split>={min_tokens} keys/iter={block_n} {mode}", us, "", "us"]
 
 
 def main() -> None:
     import sys
 
     if "--batch1" in sys.argv:
-        rows = [bench_decode_batch1(ctx, bn, mt) for ctx in (160, 384)
-                for bn, mt in ((32, 64), (64, 64), (32, 32), (16, 32), (64, 128))]
+        rows = [bench_decode_batch1(ctx, 32, 32, mode) for ctx in (160, 256, 384)
+                for mode in ("tensor", "kernel", "merge")]
         print_table("batch-1 decode attention, Llama-3.1-8B shapes, bf16",
                     ["case", "us", "", "unit"], rows)
         return

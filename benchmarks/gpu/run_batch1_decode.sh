@@ -11,6 +11,10 @@
 #   4 = fusion + sampler GPU tests, greedy argmax timing, the norm-fusion sweep (its table
 #       used by this tree's Engine runs, SGDSL_GEMV_FUSION=1), Engine fp8/bf16 of this tree and
 #       MAIN (another tree's root: e.g. main before the change)
+#   5 = epilogue + decode attention GPU tests, the pair-tile sweep (its table used by this
+#       tree's runs), Engine fp8/bf16 of this tree and BASE, fp8 step profiles of both, batch-1
+#       attention variants; every step inside a deadline (DEADLINE s, default 380), logs in
+#       $OUT/logs.tgz (the files that come back are few)
 set -o pipefail
 source benchmarks/gpu/device_env.sh
 NEW=$PWD
@@ -18,13 +22,30 @@ BASE=${BASE:-$PWD}
 T=tests/runtime/kernels
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 
+LOGS=${LOGS:-$OUT}
+
 engine() {  # engine TREE LABEL [ARGS]: bench_a_decode.py --modes engine on TREE's runtime
   local tree=$1 label=$2
   shift 2
+  [ ${ENGINE_LIMIT:-90} -gt 0 ] || { echo "skipped engine $label (deadline)"; return; }
   for d in runtime backends templates; do [ -e $tree/sgdsl/$d ] || ln -s ../$d $tree/sgdsl/$d; done
   PYTHONPATH=/tmp/site:$tree:$NEW/benchmarks/gpu timeout ${ENGINE_LIMIT:-90} python3 \
     $NEW/benchmarks/gpu/bench_a_decode.py --modes engine --repeat ${REPEAT:-1} "$@" 2>&1 \
-    | tee $OUT/a_$label.log | grep "^\['engine" | sed "s/^/$label /"
+    | tee $LOGS/a_$label.log | grep "^\['engine" | sed "s/^/$label /"
+}
+
+left() {  # left LIMIT: LIMIT, or the seconds left before DEADLINE if fewer (0: skip the step)
+  local rest=$(( ${DEADLINE:-380} - SECONDS ))
+  [ $rest -lt $1 ] && echo $(( rest > 15 ? rest : 0 )) || echo $1
+}
+
+profile() {  # profile TREE LABEL: the fp8 decode-step profile on TREE's runtime
+  local lim=$(left 50)
+  [ $lim -gt 0 ] || { echo "skipped profile $2 (deadline)"; return; }
+  PYTHONPATH=/tmp/site:$1:$NEW/benchmarks/gpu timeout $lim python3 \
+    $NEW/benchmarks/gpu/profile_decode.py --quantization fp8 --steps 10 --top 16 \
+    --sequence 24 > $LOGS/profile_$2.log 2>&1
+  grep -A 10 "decode step summary" $LOGS/profile_$2.log | sed "s/^/$2 /"
 }
 
 # the chained GEMM sweep's table (limit $1 s), then fp8 and bf16 Engine runs of both trees
@@ -70,5 +91,28 @@ case "${PART:-1}" in
     SGDSL_GEMV_FUSION=1 engine $NEW new_$q $args
     engine ${MAIN:-$PWD} main_$q $args
   done
+  ;;
+5)  # epilogues + decode attention merge (this tree) against BASE, inside DEADLINE seconds
+  mkdir -p $LOGS
+  echo "trees: new $(cat COMMIT 2>/dev/null) at $NEW, base $(git -C $BASE rev-parse --short HEAD) at $BASE"
+  timeout $(left 100)s python3 -m pytest $T/test_gemv_pairs.py $T/test_decode_attention.py \
+    $T/test_prefix_decode_attention.py $T/test_gemv_fusion.py -q -p no:cacheprovider \
+    -k "not test_model_decode_fused_vs_separate" > $LOGS/pytest.log 2>&1
+  tail -4 $LOGS/pytest.log
+  (cd benchmarks/gpu && timeout $(left 60)s python3 sweep_gemv_pairs.py --table $OUT/pairs.json \
+    > $LOGS/sweep_pairs.log 2>&1; tail -25 $LOGS/sweep_pairs.log)
+  table=$([ -f $OUT/pairs.json ] && echo $OUT/pairs.json)
+  for q in fp8 bf16; do
+    args=$([ $q = fp8 ] && echo --quantization fp8)
+    SGDSL_DECODE_GEMM_TABLE=$table ENGINE_LIMIT=$(left 70) engine $NEW new_$q $args
+    ENGINE_LIMIT=$(left 70) engine $BASE base_$q $args
+  done
+  SGDSL_DECODE_GEMM_TABLE=$table profile $NEW new
+  profile $BASE base
+  lim=$(left 25)
+  [ $lim -gt 0 ] && (cd benchmarks/gpu && timeout $lim python3 bench_kernels.py --batch1 \
+    > $LOGS/attn_batch1.log 2>&1; tail -12 $LOGS/attn_batch1.log)
+  tar -czf $OUT/logs.tgz -C $LOGS . 2>/dev/null
+  echo "elapsed ${SECONDS}s"
   ;;
 esac

@@ -21,7 +21,7 @@ from torch import nn
 from ..errors import ModelLoadError
 from ..kernels.dispatch import use_triton
 from ..layers import cpu_kernels
-from ..layers import gemv_fusion
+from ..layers import gemv_epilogue, gemv_fusion
 from ..layers.activation import SiluAndMul
 from ..layers.attention.base import AttentionBackend
 from ..layers.linear import (LinearBase, MergedColumnParallelLinear, QKVParallelLinear,
@@ -86,15 +86,36 @@ class LlamaAttention(nn.Module):
 
     def forward(self, h: torch.Tensor, rope: Rope, batch: ForwardBatch,
                 attn: AttentionBackend) -> torch.Tensor:
-        return self.o_proj(self.attend(self.qkv_proj(h), rope, batch, attn))
+        return self.o_proj(self.project_attend(h, rope, batch, attn))
+
+    def project_attend(self, h: torch.Tensor, rope: Rope, batch: ForwardBatch,
+                       attn: AttentionBackend, norm: RMSNorm | None = None,
+                       norm_args: gemv_fusion.Gemv | None = None) -> torch.Tensor:
+        """The layer input ``h`` (``norm``: an RMSNorm to apply first, folded into the product
+        where ``norm_args`` names a tile) -> attention's output (before o_proj). One token
+        without q/k norms: the rotary and the KV store as the qkv product's epilogue."""
+        store = (attn.kv_store_target(self.layer_id, batch)
+                 if self.qk_norms() is None and gemv_epilogue.enabled(h) else None)
+        if store is not None:
+            qkv = gemv_epilogue.qkv_rope(h, self.qkv_proj, (self.num_heads, self.num_kv_heads),
+                                         rope, store, norm, norm_args)
+            if qkv is not None:
+                return self.attend(qkv, rope, batch, attn, rotated=True)
+        qkv = (self.qkv_proj(h) if norm is None
+               else gemv_fusion.norm_linear(h, norm, self.qkv_proj, norm_args))
+        return self.attend(qkv, rope, batch, attn)
 
     def attend(self, qkv: torch.Tensor, rope: Rope, batch: ForwardBatch,
-               attn: AttentionBackend) -> torch.Tensor:
+               attn: AttentionBackend, rotated: bool = False) -> torch.Tensor:
         """The projected ``qkv [tokens, (heads + 2 * kv_heads) * head_dim]`` -> attention's
-        output ``[tokens, heads * head_dim]`` (before o_proj)."""
+        output ``[tokens, heads * head_dim]`` (before o_proj). ``rotated``: q and k are
+        rotated and k/v stored already (the product's epilogue)."""
         n = qkv.shape[0]
         heads = qkv.view(n, -1, self.head_dim)  # q heads, then k, then v
-        qk, kv_stored = self.qk_and_store(heads, rope, batch, attn)
+        if rotated:
+            qk, kv_stored = heads[:, : self.num_heads + self.num_kv_heads], True
+        else:
+            qk, kv_stored = self.qk_and_store(heads, rope, batch, attn)
         v = heads[:, self.num_heads + self.num_kv_heads:]
         out = attn.forward(qk[:, : self.num_heads], qk[:, self.num_heads:], v, self.layer_id,
                            batch, self.scaling, kv_stored=kv_stored)
@@ -115,7 +136,18 @@ class LlamaMLP(nn.Module):
         self.act = SiluAndMul()
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(h)))
+        return self.down_proj(self.activated(h))
+
+    def activated(self, h: torch.Tensor, norm: RMSNorm | None = None,
+                  norm_args: gemv_fusion.Gemv | None = None) -> torch.Tensor:
+        """``act(gate_up(norm(h)))``; at one row the activation is the product's epilogue
+        (and the norm folded in where ``norm_args`` names a tile)."""
+        act = gemv_epilogue.gate_up_act(h, self.gate_up_proj, norm, norm_args)
+        if act is not None:
+            return act
+        up = (self.gate_up_proj(h) if norm is None
+              else gemv_fusion.norm_linear(h, norm, self.gate_up_proj, norm_args))
+        return self.act(up)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -173,11 +205,10 @@ class LlamaDecoderLayer(nn.Module):
         if residual is not None:  # a pending add (the layer before ran unfused)
             h = h + residual
         attn_layer, mlp = self.self_attn, self.mlp
-        qkv = gemv_fusion.norm_linear(h, self.input_layernorm, attn_layer.qkv_proj, args[0])
-        h = gemv_fusion.linear_add(attn_layer.attend(qkv, rope, batch, attn),
-                                   attn_layer.o_proj, h, args[1])
-        up = gemv_fusion.norm_linear(h, self.post_attention_layernorm, mlp.gate_up_proj, args[2])
-        return gemv_fusion.linear_add(mlp.act(up), mlp.down_proj, h, args[3])
+        out = attn_layer.project_attend(h, rope, batch, attn, self.input_layernorm, args[0])
+        h = gemv_fusion.linear_add(out, attn_layer.o_proj, h, args[1])
+        act = mlp.activated(h, self.post_attention_layernorm, args[2])
+        return gemv_fusion.linear_add(act, mlp.down_proj, h, args[3])
 
 
 class LlamaModel(nn.Module):

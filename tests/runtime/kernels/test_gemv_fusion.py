@@ -2,7 +2,7 @@
 matrix-vector products (layers/gemv_fusion.py, ``SGDSL_GEMV_FUSION=1``, the norms' tiles from
 a ``SGDSL_DECODE_GEMM_TABLE``) against the same layer with the separate kernels, bf16 and fp8
 weights; and a small bf16 Llama's decode logits (triton + CUDA graphs) with and without the
-fusion, on the same tokens, against the fp32 model's."""
+fusion (and the products' epilogues), on the same tokens, against the fp32 model's."""
 from __future__ import annotations
 
 import json
@@ -76,6 +76,13 @@ def _layer(path, quant):
     return layer
 
 
+class _NoStore:
+    """An attention backend stand-in that stores k/v itself: qkv keeps no rotary epilogue."""
+
+    def kv_store_target(self, *_):
+        return None
+
+
 @pytest.mark.parametrize("quant", [False, True], ids=["bf16", "fp8"])
 def test_fused_layer_matches_separate_kernels(tiny_dir, quant, fusion_on, monkeypatch):
     layer = _layer(tiny_dir, quant)
@@ -85,10 +92,10 @@ def test_fused_layer_matches_separate_kernels(tiny_dir, quant, fusion_on, monkey
     with torch.no_grad():
         args = layer.gemv_fusion(h)
         assert args is not None and None not in args, "both norms must be folded here"
-        fused = [layer(h, r, None, None, None) for r in (res, None)]
+        fused = [layer(h, r, None, None, _NoStore()) for r in (res, None)]
         monkeypatch.delenv(ON)
         assert layer.gemv_fusion(h) is None
-        plain = [layer(h, r, None, None, None) for r in (res, None)]
+        plain = [layer(h, r, None, None, _NoStore()) for r in (res, None)]
     for (out, none), (ref_out, ref_res) in zip(fused, plain):
         assert none is None  # the fused layer hands on the whole residual stream
         assert rel_err(out, ref_out.float() + ref_res.float()) < 1e-2
@@ -129,6 +136,19 @@ def test_model_decode_fused_vs_separate(tiny_dir, fusion_on, monkeypatch):
     monkeypatch.delenv(ON)
     _, plain = _decode_logits(tiny_dir, tokens)
     assert len(fused) == len(plain) == len(ref) == 16
+    fused_err = max(rel_err(a, r) for a, r in zip(fused, ref))
+    plain_err = max(rel_err(b, r) for b, r in zip(plain, ref))
+    assert plain_err < 0.1 and fused_err < 1.5 * plain_err + 5e-3, (fused_err, plain_err)
+
+
+def test_model_decode_epilogues_vs_separate(tiny_dir, monkeypatch):
+    """The products' epilogues (layers/gemv_epilogue.py: SiLU after gate_up, rotary + KV store
+    after qkv; on by default) against the separate kernels (``SGDSL_GEMV_EPILOGUE=0``), as
+    above: teacher-forced, each against the fp32 model's logits."""
+    tokens, fused = _decode_logits(tiny_dir, None)
+    _, ref = _decode_logits(tiny_dir, tokens, "float32")
+    monkeypatch.setenv("SGDSL_GEMV_EPILOGUE", "0")
+    _, plain = _decode_logits(tiny_dir, tokens)
     fused_err = max(rel_err(a, r) for a, r in zip(fused, ref))
     plain_err = max(rel_err(b, r) for b, r in zip(plain, ref))
     assert plain_err < 0.1 and fused_err < 1.5 * plain_err + 5e-3, (fused_err, plain_err)

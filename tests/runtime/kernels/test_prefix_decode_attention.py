@@ -13,8 +13,10 @@ from .conftest import rel_err, tol
 from .paged import ref_attention
 
 
-def _cascade(groups, solo, heads, kv_heads, head_dim, splits, device, dtype, seed):
-    """``groups``: (prefix_len, [suffix lens]) per group; ``solo``: lengths without a group."""
+def _cascade(groups, solo, heads, kv_heads, head_dim, splits, device, dtype, seed,
+             splits_in_kernel=False):
+    """``groups``: (prefix_len, [suffix lens]) per group; ``solo``: lengths without a group.
+    ``splits_in_kernel``: stage 1 counts each suffix's splits itself (as the backend runs it)."""
     gen = torch.Generator().manual_seed(seed)
     block_m = prefix_block_members(heads, kv_heads)
     lens, prefixes, rows_of_group = [], [], []
@@ -55,8 +57,9 @@ def _cascade(groups, solo, heads, kv_heads, head_dim, splits, device, dtype, see
     mid_o = torch.full((bs, heads, 2 * splits, head_dim), float("nan"), device=device)
     mid_lse = torch.full((bs, heads, 2 * splits), float("nan"), device=device)
     scale = head_dim ** -0.5
-    nsplit = num_kv_splits_for(sl - starts, splits, 8)
-    decode_stage1(q, k_buf, v_buf, r2t, rows, sl, nsplit, mid_o, mid_lse, scale, splits, starts)
+    nsplit = None if splits_in_kernel else num_kv_splits_for(sl - starts, splits, 8)
+    decode_stage1(q, k_buf, v_buf, r2t, rows, sl, nsplit, mid_o, mid_lse, scale, splits, starts,
+                  min_tokens_per_split=8)
     mid_lse[:, :, splits:].fill_(float("-inf"))
     prefix_decode_attention(q, k_buf, v_buf, r2t, tile_rows, tile_lens, tile_members, mid_o,
                             mid_lse, scale, splits, splits)
@@ -67,11 +70,14 @@ def _cascade(groups, solo, heads, kv_heads, head_dim, splits, device, dtype, see
         assert rel_err(out[i:i + 1], ref) < tol(dtype), f"request {i} (len {n})"
 
 
-def test_groups_tiles_and_solo_requests(device, dtype):
+@pytest.mark.parametrize("splits_in_kernel", [False, True])
+def test_groups_tiles_and_solo_requests(device, dtype, splits_in_kernel):
     # group 3 (9 heads / 3 KV heads: 16 members a tile), head_dim 48; the 18-member group
-    # spans two tiles; odd lengths everywhere; two requests in no group.
+    # spans two tiles; odd lengths everywhere; two requests in no group (their prefix split
+    # slots stay NaN: the merge must drop them, not multiply them by 0).
     _cascade([(37, [1, 5, 9]), (70, [3] * 18), (5, [2, 2])], solo=[1, 29], heads=9,
-             kv_heads=3, head_dim=48, splits=2, device=device, dtype=dtype, seed=0)
+             kv_heads=3, head_dim=48, splits=2, device=device, dtype=dtype, seed=0,
+             splits_in_kernel=splits_in_kernel)
 
 
 def test_single_split_mha(device, dtype):
