@@ -98,8 +98,10 @@ def bench_shared_prefix(groups: int, members: int, prefix: int, own: int) -> lis
 def bench_decode_batch1(ctx: int, block_n: int, min_tokens: int, mode: str = "tensor") -> list:
     """One layer's batch-1 decode attention (stage 1 + merge) in a CUDA graph: the split size
     and keys per iteration of stage 1 (the runtime: 32 and 32). ``mode``: ``tensor`` (split
-    counts from ``num_kv_splits_for``, stage-2 merge), ``kernel`` (counted in stage 1),
-    ``merge`` (counted and merged in stage 1: the runtime since the epilogue work)."""
+    counts from ``num_kv_splits_for``'s tensor ops in the graph, as the runtime did once per
+    step before 2026-11-26) or ``kernel`` (counted in stage 1). NOTE: a third mode, merged in
+    stage 1 by the last split program (no stage-2 launch), took 8.3-8.4 us against 5.4 us
+    (H100, 2026-11-26) and was dropped."""
     k, v, r2t = _pool(1, ctx)
     q = torch.randn(1, H, D, dtype=torch.bfloat16, device="cuda")
     out = torch.empty_like(q)
@@ -107,13 +109,11 @@ def bench_decode_batch1(ctx: int, block_n: int, min_tokens: int, mode: str = "te
     cap = splits_cap(1, KVH, torch.cuda.get_device_properties(0).multi_processor_count)
     mid_o = torch.empty(1, H, 16, D, dtype=torch.float32, device="cuda")
     mid_lse = torch.empty(1, H, 16, dtype=torch.float32, device="cuda")
-    counters = torch.zeros(1, KVH, dtype=torch.int32, device="cuda") if mode == "merge" else None
 
     def fn():  # the split counts inside the graph, as the runtime computed them per step
         splits = num_kv_splits_for(sl, cap, min_tokens) if mode == "tensor" else None
         decode_attention_fwd(q, k, v, out, r2t, rows, sl, splits, mid_o, mid_lse, D ** -0.5,
-                             cap, block_n=block_n, min_tokens_per_split=min_tokens,
-                             counters=counters)
+                             cap, block_n=block_n, min_tokens_per_split=min_tokens)
     us = triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3
     return [f"decode bs=1 ctx={ctx} split>={min_tokens} keys/iter={block_n} {mode}", us, "", "us"]
 
@@ -123,7 +123,7 @@ def main() -> None:
 
     if "--batch1" in sys.argv:
         rows = [bench_decode_batch1(ctx, 32, 32, mode) for ctx in (160, 256, 384)
-                for mode in ("tensor", "kernel", "merge")]
+                for mode in ("tensor", "kernel")]
         print_table("batch-1 decode attention, Llama-3.1-8B shapes, bf16",
                     ["case", "us", "", "unit"], rows)
         return

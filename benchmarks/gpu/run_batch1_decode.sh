@@ -15,6 +15,7 @@
 #       tree's runs), Engine fp8/bf16 of this tree and BASE, fp8 step profiles of both, batch-1
 #       attention variants; every step inside a deadline (DEADLINE s, default 380), logs in
 #       $OUT/logs.tgz (the files that come back are few)
+#   6 = Engine fp8 then bf16 of this tree and BASE only, inside DEADLINE (default 380) s
 set -o pipefail
 source benchmarks/gpu/device_env.sh
 NEW=$PWD
@@ -112,6 +113,23 @@ case "${PART:-1}" in
   lim=$(left 25)
   [ $lim -gt 0 ] && (cd benchmarks/gpu && timeout $lim python3 bench_kernels.py --batch1 \
     > $LOGS/attn_batch1.log 2>&1; tail -12 $LOGS/attn_batch1.log)
+  tar -czf $OUT/logs.tgz -C $LOGS . 2>/dev/null
+  echo "elapsed ${SECONDS}s"
+  ;;
+6)  # Engine runs only: this tree against BASE, fp8 then bf16, each timed
+  mkdir -p $LOGS
+  echo "trees: new $(cat COMMIT 2>/dev/null) at $NEW, base $(git -C $BASE rev-parse --short HEAD) at $BASE"
+  for q in fp8 bf16; do
+    args=$([ $q = fp8 ] && echo --quantization fp8)
+    for side in new base; do
+      tree=$([ $side = new ] && echo $NEW || echo $BASE)
+      lim=$(left 70)
+      [ $lim -ge 30 ] || lim=0
+      t0=$SECONDS
+      ENGINE_LIMIT=$lim engine $tree ${side}_$q $args
+      echo "  ${side}_$q: $((SECONDS - t0)) s"
+    done
+  done
   tar -czf $OUT/logs.tgz -C $LOGS . 2>/dev/null
   echo "elapsed ${SECONDS}s"
   ;;

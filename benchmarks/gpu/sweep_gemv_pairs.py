@@ -88,7 +88,7 @@ def sweep_shape(nm: str, fp8: bool) -> tuple[list, str]:
     ws.clear()
     torch.cuda.empty_cache()
     label = f"{nm} {'fp8' if fp8 else 'bf16'}"
-    default = name(default_pair_tile(1 if fp8 else 2))
+    default = name(default_pair_tile(n, 1 if fp8 else 2))
     rows = [[label, c + (" (default)" if c == default else ""), times[c],
              nbytes / times[c] / 1e6] for c in sorted(times, key=times.get)]
     best = min((c for c in times if c != "separate"), key=times.get)

@@ -28,12 +28,19 @@ from .gemv import Tile, _load_w
 SILU, ROPE = 0, 1
 
 
-def default_pair_tile(elem: int) -> Tile:
-    """One pair (two rows) a program: 2 KB of each row per block and 4 warps for 2-byte
-    weights (``gemv.default_tile`` with two rows); 1 KB and 1 warp for fp8, where 2 KB would
-    hold 128 weight bytes a thread (255 registers in the SASS of Triton 3.9 for sm_90, 8
-    programs an SM) and 1 KB holds the 64 of ``gemv.default_tile`` (167 registers, 12)."""
-    return (1, 2048, 4) if elem >= 2 else (1, 1024, 1)
+def default_pair_tile(n: int, elem: int) -> Tile:
+    """One pair (two rows) a program, 64 weight bytes a thread per block for fp8 and 32 for
+    2-byte weights (as ``gemv.default_tile``); 1 KB blocks of fp8 / 2 KB of bf16 per row for up
+    to 16k rows (qkv), twice the block and the warps above (gate_up). NOTE: the best of 5 tiles
+    per shape in 32-layer chains (``sweep_gemv_pairs.py``, H100, 2026-11-26, us per layer):
+    qkv fp8 (1, 1024, 1) 10.59 (separate kernels 11.89), gate_up fp8 (1, 2048, 2) 39.72 (1 KB
+    1 warp 40.21, separate 41.26), qkv bf16 (1, 2048, 4) 18.71 (19.61), gate_up bf16 (1, 4096,
+    8) 75.86 (2 KB 4 warps 76.66, separate 77.06). 128 fp8 bytes a thread, (1, 2048, 1), took
+    255 registers (Triton 3.9's SASS for sm_90) and 11.60 / 40.49 us."""
+    wide = n > 16384
+    if elem >= 2:
+        return (1, 4096, 8) if wide else (1, 2048, 4)
+    return (1, 2048, 2) if wide else (1, 1024, 1)
 
 
 @triton.jit
@@ -177,7 +184,7 @@ def _launch(epilogue: int, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor
     norm_w, eps = norm if norm is not None else (None, 0.0)
     _check_gemv(x, w, scale, norm_w, bias)
     n, k = w.shape
-    pairs_per, block_bytes, warps = tile or default_pair_tile(w.element_size())
+    pairs_per, block_bytes, warps = tile or default_pair_tile(n, w.element_size())
     block_k = block_bytes // w.element_size()
     cos, sin = (t if t is not None else w for t in rope)
     if store is not None:

@@ -49,7 +49,7 @@ def _pair_tile(args: gemv_fusion.Gemv, norm_args: gemv_fusion.Gemv | None
     pick = _table_pick(table, key) if table else None
     if pick is not None:
         return tuple(int(v) for v in pick.split(":")[1].split(","))
-    return default_pair_tile(w.element_size())
+    return default_pair_tile(w.shape[0], w.element_size())
 
 
 @functools.lru_cache(maxsize=64)

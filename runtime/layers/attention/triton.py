@@ -5,13 +5,10 @@ Every layer stores its new k/v with one fused kernel (or the model stores them, 
 tokens) or the split-K decode kernel. Decode needs no per-step tensor ops (each request's split
 count is computed in the kernel) and no host sync, so a decode forward can be captured in a
 CUDA graph; the split-K scratch buffers are preallocated for the largest batch so captured
-graphs keep pointing at the same memory. Plain decode is one launch per layer: the last split
-program of each (request, kv head) merges the partials (``SGDSL_DECODE_MERGE=separate``: the
-stage-2 kernel instead).
+graphs keep pointing at the same memory.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,9 +50,6 @@ class TritonDecodeMetadata:
     max_kv_splits: int  # launch width, a power of two <= MAX_KV_SPLITS
     mid_o: torch.Tensor  # [bs, H, S, D] fp32 scratch
     mid_lse: torch.Tensor  # [bs, H, S] fp32 scratch
-    # [bs, KVH] int32, zeros between launches: the last split program merges (no stage-2
-    # launch); None: the separate merge kernel
-    counters: torch.Tensor | None
     # Cascade: suffix partials in splits [0, max_kv_splits), shared-prefix partials in
     # [max_kv_splits, 2 * max_kv_splits) (see kernels/prefix_decode_attention.py).
     shared: Any = None  # SharedPrefix or None
@@ -94,34 +88,30 @@ class TritonAttnBackend(AttentionBackend):
         self._graph_bs = 0  # scratch rows that captured CUDA graphs point at
         # Requests per shared-prefix tile; the scheduler groups decode requests for it.
         self.prefix_members = prefix_block_members(self.num_heads, self.kv_heads)
-        # NOTE: the last split program merges unless SGDSL_DECODE_MERGE=separate (A/B runs)
-        self.merge_in_stage1 = os.environ.get("SGDSL_DECODE_MERGE", "") != "separate"
-        self._bufs = self._alloc_scratch(8)
+        self._mid_o, self._mid_lse = self._alloc_scratch(8)
 
-    def _alloc_scratch(self, bs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """mid_o, mid_lse and the merge counters for bs requests."""
+    def _alloc_scratch(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
         mid_o = torch.empty(bs, self.num_heads, MAX_KV_SPLITS, self.head_dim,
                             dtype=torch.float32, device=self.device)
         mid_lse = torch.empty(bs, self.num_heads, MAX_KV_SPLITS, dtype=torch.float32,
                               device=self.device)
-        counters = torch.zeros(bs, self.kv_heads, dtype=torch.int32, device=self.device)
-        return mid_o, mid_lse, counters
+        return mid_o, mid_lse
 
-    def _scratch(self, bs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _scratch(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Split-K scratch for bs requests: slices of the shared buffers, grown on demand.
 
         NOTE: once graphs are captured the shared buffers are never replaced (the graphs hold
         their addresses); a larger eager batch then gets a private allocation instead."""
-        if self._bufs[0].shape[0] < bs:
+        if self._mid_lse.shape[0] < bs:
             if self._graph_bs:
                 return self._alloc_scratch(bs)
-            self._bufs = self._alloc_scratch(bs)
-        return tuple(t[:bs] for t in self._bufs)
+            self._mid_o, self._mid_lse = self._alloc_scratch(bs)
+        return self._mid_o[:bs], self._mid_lse[:bs]
 
     def init_cuda_graph_state(self, max_bs: int) -> None:
         """Allocate scratch for the largest captured batch; call before any capture."""
-        if self._bufs[0].shape[0] < max_bs:
-            self._bufs = self._alloc_scratch(max_bs)
+        if self._mid_lse.shape[0] < max_bs:
+            self._mid_o, self._mid_lse = self._alloc_scratch(max_bs)
         self._graph_bs = max(self._graph_bs, max_bs)
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
@@ -136,7 +126,7 @@ class TritonAttnBackend(AttentionBackend):
             batch.attn_metadata = self._mixed_meta(batch, lengths, single)
 
     def _decode_meta(self, bs: int, shared: Any = None) -> TritonDecodeMetadata:
-        mid_o, mid_lse, counters = self._scratch(bs)
+        mid_o, mid_lse = self._scratch(bs)
         cap = splits_cap(bs, self.kv_heads, self.num_sms)
         if shared is not None:
             # NOTE: the suffix and prefix partials share the scratch's split slots; the
@@ -144,8 +134,7 @@ class TritonAttnBackend(AttentionBackend):
             # suffix splits count the tokens after the prefix (stage 1's ``starts``).
             cap = min(cap, MAX_KV_SPLITS // 2)
             mid_lse[:, :, cap:2 * cap].fill_(float("-inf"))
-        merge = self.merge_in_stage1 and shared is None  # the cascade merges both kinds
-        return TritonDecodeMetadata(cap, mid_o, mid_lse, counters if merge else None, shared)
+        return TritonDecodeMetadata(cap, mid_o, mid_lse, shared)
 
     def _mixed_meta(self, batch: ForwardBatch, lengths: list[int],
                     single: list[int]) -> "TritonMixedMetadata":
@@ -191,7 +180,7 @@ class TritonAttnBackend(AttentionBackend):
             return decode_attention_fwd(
                 q, k_buf, v_buf, out, self.req_to_token, batch.req_pool_indices,
                 batch.seq_lens, None, meta.mid_o, meta.mid_lse, scaling, meta.max_kv_splits,
-                min_tokens_per_split=MIN_TOKENS_PER_SPLIT, counters=meta.counters, **scales)
+                min_tokens_per_split=MIN_TOKENS_PER_SPLIT, **scales)
         return extend_attention_fwd(
             q, k, v, out, k_buf, v_buf, self.req_to_token, batch.req_pool_indices,
             batch.extend_prefix_lens, batch.extend_seq_lens, batch.extend_start_loc,
@@ -222,8 +211,7 @@ class TritonAttnBackend(AttentionBackend):
         out_dec = decode_attention_fwd(
             q_dec, k_buf, v_buf, torch.empty_like(q_dec), self.req_to_token,
             meta.req_pool_indices, meta.seq_lens, None, d.mid_o, d.mid_lse, scaling,
-            d.max_kv_splits, min_tokens_per_split=MIN_TOKENS_PER_SPLIT, counters=d.counters,
-            **scales)
+            d.max_kv_splits, min_tokens_per_split=MIN_TOKENS_PER_SPLIT, **scales)
         out.index_copy_(0, meta.tok, out_dec)
         if meta.max_extend_len:
             extend_attention_fwd(q, k, v, out, k_buf, v_buf, self.req_to_token, *meta.ext,

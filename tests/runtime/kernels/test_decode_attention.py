@@ -11,10 +11,8 @@ from .paged import ref_attention, scattered_pool
 
 
 def _run(seq_lens, heads, kv_heads, head_dim, max_splits, min_per_split, device, dtype, seed,
-         scratch_splits=None, block_n=32, splits_in_kernel=False, merge_in_stage1=False):
-    """``splits_in_kernel``: no split-count tensor, stage 1 computes it (as the backend runs);
-    ``merge_in_stage1``: the last split program merges (``counters``), run twice: the counters
-    must be back to 0 after each launch."""
+         scratch_splits=None, block_n=32, splits_in_kernel=False):
+    """``splits_in_kernel``: no split-count tensor, stage 1 computes it (as the backend runs)."""
     gen = torch.Generator().manual_seed(seed)
     k_buf, v_buf, r2t, rows = scattered_pool(seq_lens, kv_heads, head_dim, dtype, device, gen)
     bs = len(seq_lens)
@@ -26,15 +24,9 @@ def _run(seq_lens, heads, kv_heads, head_dim, max_splits, min_per_split, device,
     mid_o = torch.full((bs, heads, width, head_dim), float("nan"), device=device)
     mid_lse = torch.full((bs, heads, width), float("nan"), device=device)
     scale = head_dim ** -0.5
-    counters = (torch.zeros(bs + 1, kv_heads, dtype=torch.int32, device=device)
-                if merge_in_stage1 else None)
-    for _ in range(2 if merge_in_stage1 else 1):
-        out.fill_(float("nan"))
-        decode_attention_fwd(q, k_buf, v_buf, out, r2t, rows, sl,
-                             None if splits_in_kernel else splits, mid_o, mid_lse, scale,
-                             max_splits, block_n=block_n, min_tokens_per_split=min_per_split,
-                             counters=counters)
-        assert counters is None or not counters.any()
+    decode_attention_fwd(q, k_buf, v_buf, out, r2t, rows, sl,
+                         None if splits_in_kernel else splits, mid_o, mid_lse, scale,
+                         max_splits, block_n=block_n, min_tokens_per_split=min_per_split)
     for i, n in enumerate(seq_lens):
         slots = r2t[rows[i], :n]
         ref = ref_attention(q[i:i + 1], k_buf[slots], v_buf[slots], n - 1, scale)
@@ -57,14 +49,6 @@ def test_splits_counted_in_kernel(device, dtype, lens, max_splits, min_per_split
     _run(lens, heads=4, kv_heads=2, head_dim=16, max_splits=max_splits,
          min_per_split=min_per_split, device=device, dtype=dtype, seed=5, scratch_splits=16,
          splits_in_kernel=True)
-
-
-@pytest.mark.parametrize("lens,max_splits,min_per_split", [
-    ([1, 37, 70, 5], 4, 16), ([2, 3], 8, 1), ([19, 3], 1, 256)])
-def test_merge_by_last_split(device, dtype, lens, max_splits, min_per_split):
-    _run(lens, heads=6, kv_heads=2, head_dim=16, max_splits=max_splits,
-         min_per_split=min_per_split, device=device, dtype=dtype, seed=6, scratch_splits=16,
-         splits_in_kernel=True, merge_in_stage1=True)
 
 
 def test_mha_single_split(device, dtype):
@@ -98,19 +82,8 @@ def test_launcher_rejects_bad_shapes(device):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("merge_in_stage1", [False, True])
-def test_gpu_llama8b_shape_long_context(merge_in_stage1):
+@pytest.mark.parametrize("splits_in_kernel", [False, True])
+def test_gpu_llama8b_shape_long_context(splits_in_kernel):
     _run([1000, 4097, 33, 2500], heads=32, kv_heads=8, head_dim=128, max_splits=16,
          min_per_split=256, device="cuda", dtype=torch.bfloat16, seed=3,
-         splits_in_kernel=merge_in_stage1, merge_in_stage1=merge_in_stage1)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_gpu_batch1_merge_by_last_split_repeated():
-    # the runtime's batch-1 case (16 splits of >= 32 tokens), many launches back to back:
-    # a merge that read a partial before its store landed would show as a wrong output
-    for seed, n in enumerate((33, 160, 384, 511, 17) * 4):
-        _run([n], heads=32, kv_heads=8, head_dim=128, max_splits=16, min_per_split=32,
-             device="cuda", dtype=torch.bfloat16, seed=10 + seed, splits_in_kernel=True,
-             merge_in_stage1=True)
+         splits_in_kernel=splits_in_kernel)
