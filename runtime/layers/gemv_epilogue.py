@@ -8,8 +8,10 @@
 Where the structure allows it, as ``gemv_fusion``: one row, bf16/fp16 activations, the Triton
 path, tensor-parallel size 1, and weights ``decode_linear`` would give the matrix-vector kernel
 anyway (plain bf16/fp16, or fp8 with per-channel scales). Each separate kernel cost ~1.2-1.3 us
-plus a ~0.4 us launch gap per layer in a Llama-3.1-8B step (H100, 2026-11-24 profiles).
-``SGDSL_GEMV_EPILOGUE=0`` turns it off (comparisons on one tree).
+plus a ~0.4 us launch gap per layer in a Llama-3.1-8B step (H100, 2026-11-24 profiles); with
+the epilogues the fp8 step's products + epilogues took 2860 us of kernels against 2966 us
+(H100, 2026-11-26, ``profile_decode.py``). ``SGDSL_GEMV_EPILOGUE=0`` turns it off
+(comparisons on one tree).
 """
 from __future__ import annotations
 
