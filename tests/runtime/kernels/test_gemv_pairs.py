@@ -13,7 +13,7 @@ from sgdsl.runtime.layers.quantization.fp8_utils import dequantize, quantize_row
 
 from .conftest import ON_GPU, rel_err, tol
 
-TILES = [None, (2, 256, 1), (4, 512, 2), (1, 1024, 4)]
+TILES = [None, (2, 256, 1), (4, 512, 2), (1, 1024, 4), (1, 2048, 2), (1, 4096, 8)]  # + wide defaults
 
 
 def _rand(gen, *shape, scale=1.0):
@@ -121,7 +121,7 @@ def test_gemv_rope_bias_mha(device, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="fp8 needs CUDA")
-@pytest.mark.parametrize("tile", [None, (2, 2048, 1)])
+@pytest.mark.parametrize("tile", [None, (2, 2048, 1), (1, 2048, 2)])
 @pytest.mark.parametrize("pool", ["bf16", "fp8"])
 def test_gpu_fp8_weights_llama8b_shapes(tile, pool):
     pool_dtype = torch.float8_e4m3fn if pool == "fp8" else torch.bfloat16
