@@ -187,6 +187,12 @@ class Grammar(ABC):
         the shortest-completion search (shortest.py), never for soundness."""
         return None
 
+    def known_completion(self) -> Sequence[int] | None:
+        """Token ids that take this matcher to a complete state, read from a table its backend
+        built at compile time (outlines_completion.py), no search; None where it has none. The
+        search (shortest.py) replays them first, so a wrapper's own limits still hold."""
+        return None
+
     def cache_scope(self) -> Any:
         """The compiled grammar this matcher runs (shared by every request of one key), so
         results that depend only on (compiled grammar, state) can be shared; None: no sharing."""

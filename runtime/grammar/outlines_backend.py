@@ -11,7 +11,8 @@ numeric bounds, which outlines-core ignores, are spliced in as range regexes
 (``outlines_patterns.py``). The
 jump-forward string is the longest byte prefix shared by every allowed token, chained through
 tokens that spell exactly that prefix; it is computed once per DFA state and cached on the
-compiled grammar.
+compiled grammar. Shortest completions are read from a table built with the index
+(``outlines_completion.py``), not searched.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from .base import (Grammar, GrammarBackend, GrammarKey, StateKey, bitmask_width,
                    choices_regex)
 from .any_value import ANY_OBJECT, bound_untyped_values
 from .outlines_bounds import BoundSplicer
+from .outlines_completion import CompletionTable, completion_table
 from .outlines_patterns import safe_patterns
 from .schema import normalize_schema
 from .schema_unroll import unroll_schema_text
@@ -41,11 +43,13 @@ _STRING_CHAR_NO_QUOTE = r'([^"\\\x00-\x1F\x7F-\x9F]|\\[\\/bfnrt])'
 
 @dataclass
 class OutlinesCompiled:
-    """A DFA index plus the per-state forced-prefix cache shared by all its requests."""
+    """A DFA index plus the per-state forced-prefix cache shared by all its requests, and
+    its shortest completions (None: too many states, searched instead)."""
 
     index: Any
     regex: str
     forced: dict[int, tuple[bytes, int | None]] = field(default_factory=dict)
+    completions: CompletionTable | None = None
 
 
 class OutlinesGrammar(Grammar):
@@ -101,6 +105,12 @@ class OutlinesGrammar(Grammar):
                 break
             state = self._compiled.index.get_next_state(state, token)
         return decode_prefix(data)
+
+    def known_completion(self) -> tuple[int, ...] | None:
+        table = self._compiled.completions
+        if self._terminated or table is None:
+            return None
+        return table.path(self._guide.get_state())
 
     def is_terminated(self) -> bool:
         return self._terminated
@@ -172,6 +182,11 @@ class OutlinesBackend(GrammarBackend):
         self._by_bytes = {b: ids[0] for b, ids in mapping.items()}
         self._vocab = oc.Vocabulary(self.eos_token_ids[0], mapping)
         self.width = bitmask_width(vocab_size)
+        from .shortest import PRIORITY
+
+        # the completion table's moves: the search's single-character tokens, in its order
+        self._alphabet = [self._by_bytes[c.encode()] for c in PRIORITY
+                          if c.encode() in self._by_bytes]
 
     def to_regex(self, key: GrammarKey) -> str:
         """Lower a key to the regex outlines compiles."""
@@ -199,7 +214,9 @@ class OutlinesBackend(GrammarBackend):
     def compile(self, key: GrammarKey) -> OutlinesCompiled:
         try:
             regex = self.to_regex(key)
-            return OutlinesCompiled(self._oc.Index(regex, self._vocab), regex)
+            index = self._oc.Index(regex, self._vocab)
+            return OutlinesCompiled(index, regex,
+                                    completions=completion_table(index, self._alphabet))
         except InvalidRequestError:
             raise
         except Exception as e:  # outlines-core raises ValueError/TypeError/RuntimeError

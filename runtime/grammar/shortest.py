@@ -19,6 +19,10 @@ move was accepted by the matcher itself, any answer is a valid continuation. Whe
 finds nothing (deep nesting: every level is a few moves), ``search_deep`` tries again with a
 bound scaled by the caller's effort and capped in time: the rare path, so the common one stays
 cheap.
+
+A backend that knows its distances to acceptance (outlines: a DFA, tabled at compile time by
+``outlines_completion.py``) gives the completion through ``Grammar.known_completion``; it is
+replayed and taken without searching, the search running only where the table has no answer.
 """
 from __future__ import annotations
 
@@ -99,6 +103,7 @@ class CompletionSearch:
         self.searches = 0
         self.deep_searches = 0
         self.cache_hits = 0
+        self.known = 0  # answers read from the backend's table (``_known``)
 
     def search(self, grammar: Grammar, check: bool = True) -> Completion | None:
         """A short completion from ``grammar``'s state (empty if it is complete); None if the
@@ -190,6 +195,9 @@ class CompletionSearch:
 
     def _search(self, grammar: Grammar, bound: Bound | None = None) -> Completion | None:
         self.searches += 1
+        known = self._known(grammar)
+        if known is not None:
+            return known
         walker = Walker(grammar)
         bound = bound or Bound(self.max_expansions, _MAX_DEPTH, None)
         try:
@@ -202,6 +210,21 @@ class CompletionSearch:
         if path is None:
             return None
         return Completion(path, self.tokenizer.decode(list(path)))
+
+    def _known(self, grammar: Grammar) -> Completion | None:
+        """The completion the backend's table gives (``Grammar.known_completion``), if the
+        matcher accepts it and completes: in the tokens its text encodes to where those
+        are accepted (fewer to replay), else in the table's own."""
+        ids = grammar.known_completion()
+        if ids is None:
+            return None
+        text = self.tokenizer.decode(list(ids))
+        encoded = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+        for path in (encoded, tuple(ids)):
+            if completes(grammar, path):
+                self.known += 1
+                return Completion(path, text)
+        return None
 
     def _uniform_cost(self, grammar: Grammar, walker: Walker,
                       bound: Bound) -> tuple[int, ...] | None:

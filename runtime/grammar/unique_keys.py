@@ -177,6 +177,9 @@ class UniqueKeyGrammar(Grammar):
         merge = (key.full, track.summary(names=False))
         return StateKey((key.local, summary[1:]), (key.full, summary), merge)
 
+    def known_completion(self) -> Sequence[int] | None:
+        return self.inner.known_completion()  # replayed through this guard by the search
+
     def cache_scope(self) -> Any:
         return self.inner.cache_scope()  # state_key() covers the keys written
 
