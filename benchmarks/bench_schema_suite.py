@@ -9,6 +9,7 @@ error, never a success), cut at max_new_tokens. Usage:
 
     python benchmarks/bench_schema_suite.py [--backend xgrammar|outlines|both]
         [--suite realworld|json|all] [--generate] [--max-new-tokens 384] [--raw]
+        [--only NAME ...]
 """
 from __future__ import annotations
 
@@ -127,6 +128,8 @@ def main() -> None:
     ap.add_argument("--generate", action="store_true")
     ap.add_argument("--max-new-tokens", type=int, default=384)
     ap.add_argument("--verbose", action="store_true", help="print every rejection")
+    ap.add_argument("--only", nargs="+", metavar="NAME",
+                    help="only these schemas (file names without .json)")
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
@@ -134,6 +137,8 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(str(embedded_model_path()))
     schemas = load(args.suite)
+    if args.only:
+        schemas = {n: schemas[n] for n in args.only}
     report: dict = {"suite": args.suite, "schemas": len(schemas)}
     if args.raw:
         raw = raw_xgrammar(tokenizer, schemas, args.timeout)
