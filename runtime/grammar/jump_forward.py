@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from .base import Grammar, accept_tokens_grouped, allocate_bitmask
+from .token_rows import clear_tokens
 from .vocab import fast_decoder, fast_encoder
 
 
@@ -119,9 +120,7 @@ def stop_only_row(words: torch.Tensor, vocab_size: int, stop_ids: Sequence[int])
     """True when the filled bitmask row ``words`` allows nothing but stop tokens (a copy is
     checked: ``words`` is left as it was). numpy, not torch: see ``allocate_bitmask``."""
     rest = words.numpy().view(np.uint32).copy()
-    for t in stop_ids:
-        if 0 <= t < vocab_size:
-            rest[t // 32] &= np.uint32(~(1 << (t % 32)) & 0xFFFFFFFF)
+    clear_tokens(rest, (t for t in stop_ids if 0 <= t < vocab_size))
     # NOTE: bits past vocab_size in the last word are padding, never allowed tokens.
     tail = vocab_size % 32
     if tail:

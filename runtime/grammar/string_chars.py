@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .pattern_reach import pattern_reach
+from .token_rows import among, clear_tokens, undo_if_empty
 
 NORMAL, ESC = 0, 5  # lexical states; 1..4: hex digits of a \u escape still to come
 _QUOTE, _BACKSLASH = 0x22, 0x5C
@@ -145,7 +146,7 @@ class LengthTokens:
         """Clear the bits of a filled row (``words``: its uint32 view) whose token would break
         a length bound of ``state`` (a ``JsonTrack``; ``min_hi``: the smallest upper bound its
         schema marks); True if that left no token at all (then the row stays as it was: see
-        the dead end in ``unique_keys.py``)."""
+        ``token_rows.undo_if_empty``)."""
         before = words.copy()
         changed = False
         if state.string and state.bound is not None:
@@ -156,14 +157,9 @@ class LengthTokens:
             if state.bound[2] is not None:
                 changed |= self._steer(state, words)
         ids = self.quote_ids if not state.string and min_hi < self.open_max else self.multi_ids
-        allowed = ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)]
-        bad = [t for t in allowed.tolist() if state.breaks_bound(self.bytes[t])]
-        for t in bad:
-            words[t >> 5] &= np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF)
-        if not (changed or bad) or words.any():
-            return False
-        words[:] = before  # NOTE: a dead end: see the module doc of unique_keys.py
-        return True
+        bad = [t for t in among(words, ids).tolist() if state.breaks_bound(self.bytes[t])]
+        clear_tokens(words, bad)
+        return bool(changed or bad) and undo_if_empty(words, before)
 
     def _steer(self, state: Any, words: np.ndarray) -> bool:
         """Clear the tokens after which the string's pattern cannot end within its maxLength
@@ -186,6 +182,6 @@ class LengthTokens:
             text = value_text(state.raw + data, scan(data, state.lex)[2])
             after = reach.step(here, text[len(prefix):])
             if after and reach.dist(after) > room - int(chars[t]):
-                words[t >> 5] &= np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF)
+                clear_tokens(words, (t,))
                 cleared = True
         return cleared

@@ -9,8 +9,9 @@ duplicate only, so ``{"a": 2, "a": 2}`` under ``minProperties: 2`` parses to one
 output the grammar accepted that violates the schema. The wrapper follows the JSON structure of
 the accepted bytes (``json_track.JsonTrack``) and, while a key string (or an item of a marked
 array) is open in a container that already has some, clears from the bitmask every token whose
-closing quote would finish one the container already holds (and rejects such a token in ``accept_token``), unless no other token is
-possible (a dead end: the duplicate is let through, see ``clear_duplicates``). Only tokens containing a quote
+closing quote would finish one the container already holds (and rejects such a token in
+``accept_token``), unless no other token is possible (a dead end: the duplicate is let through,
+see ``token_rows.undo_if_empty``). Only tokens containing a quote
 can close a key, a few hundred in a vocabulary; their bits are read in one numpy gather, so a row
 costs Python work only for the quote tokens the grammar itself allows there.
 """
@@ -29,6 +30,7 @@ from .json_track import JsonTrack
 from .schema.arrays import UNIQUE_MARK
 from .schema.lengths import LENGTH_MARK, smallest_bound
 from .string_chars import LengthTokens
+from .token_rows import among, clear_unless_dead_end, has_token
 from .unique_items import ItemTokens, suspicious
 
 class QuoteTokens:
@@ -40,30 +42,17 @@ class QuoteTokens:
         self.lengths = LengthTokens(self.bytes)
         ids = [i for i, b in enumerate(tokens) if b and b'"' in b]
         self.ids = np.asarray(ids, dtype=np.int64)
-        self.words, self.shifts = self.ids >> 5, (self.ids & 31).astype(np.uint32)
         self.items = ItemTokens(self.bytes, self.ids)
 
     def clear_duplicates(self, state: JsonTrack, bitmask: torch.Tensor, row: int) -> bool:
         """Clear the bits of ``bitmask[row]`` whose token would close a duplicate key; True if
-        that left no token at all (then the row stays as it was: see ``dead end`` below)."""
+        that left no token at all (then the row stays as it was: ``token_rows.py``)."""
         if state.buf is None or not state.frames[-1].names:
             return False
         words = bitmask.numpy()[row].view(np.uint32)
-        allowed = self.ids[((words[self.words] >> self.shifts) & 1).astype(bool)]
-        dups = [t for t in allowed.tolist() if state.closes_duplicate(self.bytes[t])]
-        if not dups:
-            return False
-        before = words.copy()
-        for t in dups:
-            words[t >> 5] &= np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF)
-        if words.any():
-            return False
-        # NOTE: dead end: the grammar admits nothing but a key this object has (a key pattern
-        # with one spelling, an enum of names all used). Sampling from an empty row would
-        # abort the request; a duplicate key at least parses, and the output check in
-        # tokenizer/req_state.py still fails the request if the collapsed object is invalid.
-        words[:] = before
-        return True
+        dups = [t for t in among(words, self.ids).tolist()
+                if state.closes_duplicate(self.bytes[t])]
+        return clear_unless_dead_end(words, dups)
 
 
 class UniqueKeyGrammar(Grammar):
@@ -99,7 +88,7 @@ class UniqueKeyGrammar(Grammar):
         self.inner.fill_bitmask(row, 0)
         self._clear(row, 0)
         words = row.numpy()[0].view(np.uint32)
-        return token_id < len(self.quotes.bytes) and not (words[token_id >> 5] >> (token_id & 31)) & 1
+        return token_id < len(self.quotes.bytes) and not has_token(words, token_id)
 
     def _clear(self, bitmask: torch.Tensor, row: int) -> None:
         """Clear from a row the inner grammar filled what it cannot forbid itself."""
