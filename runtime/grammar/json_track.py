@@ -25,9 +25,10 @@ from .schema.lengths import string_bound
 from .string_chars import NORMAL, scan
 from .unique_items import item_value
 
-_QUOTE = 0x22
 _FAR = 64  # room (characters) past which a bounded string's summary no longer tells it
 _OBJ, _ARR = "o", "a"
+_QUOTE, _COMMA, _BRACE = 0x22, 0x2C, 0x7B
+_OPEN, _CLOSE = frozenset(b"{["), frozenset(b"}]")
 _MAX_EXPAND = 64  # schema nodes one position may stand for
 _KEY_SEARCH_S = 0.005
 _SCALAR_START = frozenset(b"-0123456789tfn")
@@ -80,75 +81,72 @@ class JsonTrack(NamedTuple):
         """The state after ``data``, whether it broke a length bound (``strict``: the walk
         stops at the first break) and whether it ended a key or unique item its container
         already has."""
+        # NOTE: hot (every candidate token of a guarded row): one loop over locals; the steps
+        # it calls run on structure only (a string's end, a container, a comma, an item's end)
         frames, string, buf, lex = list(self.frames), self.string, self.buf, self.lex
         count, bound, raw, broke, dup = self.count, self.bound, self.raw, False, False
         starts = [0] * len(frames)  # where each frame's current item text resumes in data
-        i = 0
-        while i < len(data):
-            if string:
+        i, n = 0, len(data)
+        while i < n:
+            if string:  # up to the closing quote, or the end of data
                 chars, end, lex = scan(data, lex, i)
                 count += chars
-                stop = len(data) if end < 0 else end
-                if buf is not None:
-                    buf += data[i:stop]
-                if raw is not None:
-                    raw += data[i:stop]
-                if bound is not None and (bound[1] is not None and count > bound[1] or
-                                          end >= 0 and count < bound[0]):
+                stop = n if end < 0 else end
+                buf = None if buf is None else buf + data[i:stop]
+                raw = None if raw is None else raw + data[i:stop]
+                if bound is not None and _breaks(bound, count, end >= 0):
                     broke = True
                     if strict:
                         break
                 if end < 0:
                     break
                 string, count, bound, raw, i = False, 0, None, None, end + 1
-                if buf is not None:
-                    name = _decode(buf)
-                    dup |= name in frames[-1].names
-                    frames[-1] = _closed(frames[-1], name)
+                if buf is not None:  # a key, or a string item of a unique array
+                    dup |= _end_name(frames, _decode(buf))
                     buf = None
                 continue
             b = data[i]
             top = frames[-1] if frames else None
             if top is not None and top.scalar and b in _SCALAR_END:
-                value = item_value(top.item + data[starts[-1]:i])
-                dup |= value in top.names
-                frames[-1] = top = top._replace(names=top.names | {value}, scalar=False,
-                                                done=True)
+                dup |= _end_name(frames, item_value(top.item + data[starts[-1]:i]))
+                top = frames[-1]
             i += 1
             if b == _QUOTE:
                 string, lex = True, NORMAL
-                key = top is not None and top.kind == _OBJ and top.expect_key
-                if key or top is not None and top.unique:
-                    buf = b""
-                if not key and self.root is not None:
-                    bound = string_bound(self._position(frames))
-                    raw = b"" if bound is not None and bound[2] is not None else None
-            elif b in (0x7B, 0x5B):  # { [
-                cands = self._position(frames)
-                unique = b == 0x5B and any(c.get(UNIQUE_MARK) for c in cands)
-                frames.append(Frame(_OBJ, cands=cands) if b == 0x7B else Frame(
-                    _ARR, unique=unique, cands=cands, item=b"" if unique else None))
+                buf, bound, raw = self._string_opens(frames, top)
+            elif b in _OPEN:
+                self._open(frames, b)
                 starts.append(i)
-            elif b in (0x7D, 0x5D) and frames:  # } ]
-                frames.pop()
-                starts.pop()
-                top = frames[-1] if frames else None
-                if top is not None and top.unique:  # a container item of a unique array
-                    value = item_value(top.item + data[starts[-1]:i])
-                    dup |= value in top.names
-                    frames[-1] = top._replace(names=top.names | {value}, done=True)
-            elif b == 0x2C and frames:  # ,
-                frames[-1] = top._replace(expect_key=True) if top.kind == _OBJ else \
-                    top._replace(index=top.index + 1, item=b"" if top.unique else None,
-                                 done=False)
+            elif b in _CLOSE and frames:
+                dup |= _close(frames, starts, data, i)
+            elif b == _COMMA and frames:
+                frames[-1] = _next_member(top)
                 starts[-1] = i
             elif top is not None and top.unique and not top.scalar and b in _SCALAR_START:
                 frames[-1] = top._replace(scalar=True)
-        for d, f in enumerate(frames):  # the unique arrays' open items keep their text
-            if f.unique and starts[d] < len(data):
-                frames[d] = f._replace(item=f.item + data[starts[d]:])
+        _keep_item_texts(frames, starts, data)
         return JsonTrack(tuple(frames), string, buf, lex, self.root, count, bound, raw), \
             broke, dup
+
+    def _string_opens(self, frames: list, top: Frame | None) -> tuple:
+        """A string opens in ``top``: (its text so far, kept for a key or an item of a unique
+        array; the length bound the runtime enforces on it; its raw text, kept for the
+        bound's pattern)."""
+        key = top is not None and top.kind == _OBJ and top.expect_key
+        buf = b"" if key or top is not None and top.unique else None
+        if key or self.root is None:
+            return buf, None, None
+        bound = string_bound(self._position(frames))
+        return buf, bound, b"" if bound is not None and bound[2] is not None else None
+
+    def _open(self, frames: list, b: int) -> None:
+        """``{`` or ``[`` opens a container (at the position ``frames`` are at)."""
+        cands = self._position(frames)
+        if b == _BRACE:
+            frames.append(Frame(_OBJ, cands=cands))
+            return
+        unique = any(c.get(UNIQUE_MARK) for c in cands)
+        frames.append(Frame(_ARR, unique=unique, cands=cands, item=b"" if unique else None))
 
     def repeats(self, data: bytes) -> bool:
         """True if ``data`` ends a key or a unique array's item its container already has."""
@@ -196,10 +194,48 @@ class JsonTrack(NamedTuple):
         return max(need, 0), None if room is None or room > _FAR else room
 
 
+def _breaks(bound: tuple, count: int, closed: bool) -> bool:
+    """True if a string of ``count`` characters is past ``bound``'s maxLength, or ``closed``
+    short of its minLength."""
+    return bound[1] is not None and count > bound[1] or closed and count < bound[0]
+
+
+def _end_name(frames: list, name: Any) -> bool:
+    """The innermost container's current key or (unique) item is ``name``, now finished; True
+    if it already had one equal."""
+    top = frames[-1]
+    frames[-1] = _closed(top, name)
+    return name in top.names
+
+
+def _close(frames: list, starts: list, data: bytes, i: int) -> bool:
+    """``}`` or ``]`` (``data[i - 1]``) closes the innermost container: an item of a unique
+    array ends there. True if that array already had one equal."""
+    frames.pop()
+    starts.pop()
+    if not frames or not frames[-1].unique:
+        return False
+    return _end_name(frames, item_value(frames[-1].item + data[starts[-1]:i]))
+
+
+def _next_member(top: Frame) -> Frame:
+    """``,``: an object expects its next key, an array its next item."""
+    if top.kind == _OBJ:
+        return top._replace(expect_key=True)
+    return top._replace(index=top.index + 1, item=b"" if top.unique else None, done=False)
+
+
+def _keep_item_texts(frames: list, starts: list, data: bytes) -> None:
+    """The unique arrays' open items keep their text (what ``data`` added to it)."""
+    for d, f in enumerate(frames):
+        if f.unique and starts[d] < len(data):
+            frames[d] = f._replace(item=f.item + data[starts[d]:])
+
+
 def _closed(frame: Frame, name: Any) -> Frame:
     if frame.kind == _OBJ:
         return frame._replace(names=frame.names | {name}, expect_key=False, last=name)
-    return frame._replace(names=frame.names | {name}, done=True)
+    return frame._replace(names=frame.names | {name}, scalar=False, done=True)
 
 
 def _decode(raw: bytes) -> Any:
