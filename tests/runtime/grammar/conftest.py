@@ -45,6 +45,24 @@ def compiler(backend, compilers):
 
 
 @pytest.fixture(scope="session")
+def quotes(tokenizer):
+    """The vocabulary's quote and length tables for the unique-keys guard (``guarded``)."""
+    from sgdsl.runtime.grammar.unique_keys import build_quote_tokens
+
+    return build_quote_tokens(tokenizer, VOCAB)
+
+
+@pytest.fixture(scope="module", params=["xgrammar", "outlines"])
+def json_engine(request):
+    """The embedded model behind each grammar backend, as served (jump-forward, forced
+    completions and the mask prefetch on), for a module's end-to-end tests."""
+    from sgdsl.runtime import Engine
+
+    with Engine(grammar_backend=request.param, grammar_compile_timeout_s=120.0) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="session")
 def token_texts(tokenizer):
     """Each token id decoded alone (only used to pick short/closing tokens in random walks)."""
     return [tokenizer.decode([i]) for i in range(VOCAB)]

@@ -1,7 +1,9 @@
 """Test helpers: unpack a bitmask row, walk a grammar with random allowed tokens, share warm
-compilers."""
+compilers, wrap a grammar in the unique-keys guard as served, sample JSON from an engine."""
 from __future__ import annotations
 
+import asyncio
+import json
 import random
 
 import torch
@@ -13,6 +15,7 @@ VOCAB = 49152
 EOS = 2
 _CLOSERS = ('"', "}", "]", ",", ":")
 _SHARED: dict[int, GrammarCompiler] = {}
+_COMPILED: dict[tuple[int, str], object] = {}  # (backend, schema text) -> compiled grammar
 
 
 def shared_compiler(backend) -> GrammarCompiler:
@@ -52,6 +55,39 @@ def run_to_end(runner, config, manager, requests: list, max_steps: int = 2000) -
     manager.shutdown()
     assert sched._integrity_resp(0).ok
     return outs
+
+
+def guarded(backend, quotes, schema: dict) -> Grammar:
+    """``schema``'s grammar on ``backend`` wrapped as the runtime wraps it (``guard_keys``:
+    unique keys and items, runtime string lengths); asserts it is wrapped."""
+    from sgdsl.runtime.grammar.unique_keys import UniqueKeyGrammar, guard_keys
+
+    key = GrammarKey.from_constraint("json_schema", json.dumps(schema))
+    if (id(backend), key.text) not in _COMPILED:  # compiled once: walks take many grammars
+        _COMPILED[id(backend), key.text] = backend.compile(key)
+    g = guard_keys(backend.new_grammar(_COMPILED[id(backend), key.text]), key, quotes,
+                   backend.name)
+    assert isinstance(g, UniqueKeyGrammar)
+    return g
+
+
+def spaced(backend, text: str) -> str:
+    """``text`` in the backend's separators: outlines writes compact JSON, xgrammar ", "/": "."""
+    return text if backend.name == "outlines" else text.replace(",", ", ").replace(":", ": ")
+
+
+def hot_outputs(engine, prompt: str, schema: dict, seeds: int, max_new_tokens: int) -> list:
+    """The engine's outputs for ``prompt`` under ``schema`` at temperature 1.0, one per seed,
+    all in flight together."""
+    async def one(seed: int) -> dict:
+        return await engine.async_generate(prompt, {
+            "json_schema": json.dumps(schema), "temperature": 1.0, "seed": seed,
+            "max_new_tokens": max_new_tokens})
+
+    async def run() -> list[dict]:
+        return await asyncio.gather(*(one(seed) for seed in range(seeds)))
+
+    return asyncio.run(run())
 
 
 def allowed_mask(grammar: Grammar) -> torch.Tensor:
@@ -95,3 +131,17 @@ class Walker:
             assert grammar.accept_token(pick), pick
             ids.append(pick)
         return self.tokenizer.decode(ids), False
+
+    def valid_walks(self, new_grammar, schema: dict, rng: random.Random, walks: int,
+                    max_steps: int = 400) -> int:
+        """Walk ``walks`` fresh grammars (``new_grammar()``); every finished output must be
+        valid under ``schema`` (jsonschema: uniqueItems too). How many finished."""
+        import jsonschema
+
+        done = 0
+        for _ in range(walks):
+            text, complete = self.walk(new_grammar(), rng, max_steps)
+            if complete:
+                jsonschema.validate(json.loads(text), schema)
+                done += 1
+        return done

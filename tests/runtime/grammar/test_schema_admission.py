@@ -118,13 +118,6 @@ def test_open_object_for_min_properties_and_impossible_closed_one():
     assert normalize_schema(text) == text
 
 
-@pytest.fixture(scope="module")
-def quotes(tokenizer):
-    from sgdsl.runtime.grammar.unique_keys import build_quote_tokens
-
-    return build_quote_tokens(tokenizer, 49152)
-
-
 def walk_outputs(compilers, walker, quotes, schema, walks: int = 12) -> list:
     """Finished outputs of xgrammar-constrained random walks, guarded as the runtime guards
     them (duplicate keys under open objects are the guard's, ``unique_keys.py``)."""

@@ -12,30 +12,24 @@ import re
 import numpy as np
 import pytest
 
-from sgdsl.runtime.grammar import GrammarKey, allocate_bitmask
+from sgdsl.runtime.grammar import allocate_bitmask
 from sgdsl.runtime.grammar.json_track import JsonTrack
 from sgdsl.runtime.grammar.schema import normalize_schema
 from sgdsl.runtime.grammar.schema.lengths import LENGTH_MARK
 from sgdsl.runtime.grammar.shortest import CompletionSearch
 from sgdsl.runtime.grammar.string_chars import ESC, NORMAL, scan
-from sgdsl.runtime.grammar.unique_keys import UniqueKeyGrammar, build_quote_tokens, guard_keys
+from sgdsl.runtime.grammar.unique_keys import UniqueKeyGrammar
 
-from .helpers import EOS, VOCAB, allowed_ids, feed_text
+from .helpers import EOS, VOCAB, allowed_ids, feed_text, guarded
 
 NAME = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 140}},
         "required": ["name"], "additionalProperties": False}
 CODE = {"type": "string", "minLength": 130, "maxLength": 134}
 
 
-@pytest.fixture(scope="module")
-def quotes(tokenizer):
-    return build_quote_tokens(tokenizer, VOCAB)
-
-
 def _guarded(backend, quotes, schema) -> UniqueKeyGrammar:
-    key = GrammarKey.from_constraint("json_schema", json.dumps(schema))
-    g = guard_keys(backend.new_grammar(backend.compile(key)), key, quotes, backend.name)
-    assert isinstance(g, UniqueKeyGrammar) and g.min_hi is not None
+    g = guarded(backend, quotes, schema)
+    assert g.min_hi is not None
     return g
 
 
@@ -218,16 +212,8 @@ def test_pattern_bound_steers_clear_of_dead_ends(backends, quotes, tokenizer):
 def test_pattern_bound_walks_end_valid(backend, quotes, tokenizer, walker):
     schema = {"type": "array", "minItems": 2, "maxItems": 2, "items": {
         "type": "string", "pattern": "^[a-z]+(-[a-z]+)*$", "maxLength": 18}}
-    rng = random.Random(5)
-    done = 0
-    for _ in range(4):
-        text, complete = walker.walk(_guarded(backend, quotes, schema), rng, max_steps=120)
-        if complete:
-            import jsonschema
-
-            jsonschema.validate(json.loads(text), schema)
-            done += 1
-    assert done >= 2
+    assert walker.valid_walks(lambda: _guarded(backend, quotes, schema), schema,
+                              random.Random(5), walks=4, max_steps=120) >= 2
 
 
 def test_dead_end_row_is_left_as_filled(backends, quotes, tokenizer):

@@ -4,14 +4,14 @@ counts), and every output is valid, on both grammar backends (jump-forward, forc
 completions and the mask prefetch on, as served)."""
 from __future__ import annotations
 
-import asyncio
 import json
 
 import jsonschema
-import pytest
 
 from sgdsl.runtime.grammar.schema import normalize_schema
 from sgdsl.runtime.grammar.schema.lengths import LENGTH_MARK
+
+from .helpers import hot_outputs
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["title", "story", "tags"],
           "properties": {
@@ -23,30 +23,13 @@ PROMPT = ("<|im_start|>user\nWrite a very long story about a dragon, with a long
           "long tags, as JSON.<|im_end|>\n<|im_start|>assistant\n")
 
 
-@pytest.fixture(scope="module", params=["xgrammar", "outlines"])
-def engine(request):
-    from sgdsl.runtime import Engine
-
-    with Engine(grammar_backend=request.param, grammar_compile_timeout_s=120.0) as eng:
-        yield eng
-
-
 def test_schema_leaves_the_bounds_to_the_runtime():
     assert json.dumps(normalize_schema(SCHEMA)).count(LENGTH_MARK) == 3
 
 
-def test_hot_sampling_never_passes_max_length(engine):
-    async def one(seed: int) -> dict:
-        return await engine.async_generate(PROMPT, {
-            "json_schema": json.dumps(SCHEMA), "temperature": 1.0, "seed": seed,
-            "max_new_tokens": 240})
-
-    async def run() -> list[dict]:
-        return await asyncio.gather(*(one(seed) for seed in range(8)))
-
-    outs = asyncio.run(run())
+def test_hot_sampling_never_passes_max_length(json_engine):
     longest = 0
-    for out in outs:
+    for out in hot_outputs(json_engine, PROMPT, SCHEMA, seeds=8, max_new_tokens=240):
         value = json.loads(out["text"])
         jsonschema.validate(value, SCHEMA)
         strings = [value["title"], value["story"], *value["tags"]]

@@ -11,14 +11,12 @@ import random
 import jsonschema
 import pytest
 
-from sgdsl.runtime.grammar import GrammarKey
 from sgdsl.runtime.grammar.json_track import JsonTrack
 from sgdsl.runtime.grammar.schema.arrays import UNIQUE_MARK
 from sgdsl.runtime.grammar.shortest import CompletionSearch
 from sgdsl.runtime.grammar.unique_items import closed_now
-from sgdsl.runtime.grammar.unique_keys import UniqueKeyGrammar, build_quote_tokens, guard_keys
 
-from .helpers import EOS, VOCAB, allowed_ids, feed_text
+from .helpers import EOS, VOCAB, allowed_ids, feed_text, guarded, spaced
 
 ANY = {"type": "array", UNIQUE_MARK: True}
 DIGITS = {"type": "array", "uniqueItems": True, "minItems": 3, "maxItems": 6,
@@ -63,23 +61,6 @@ def test_objects_and_arrays_compare_as_json():
     assert closed_now(state) in state.frames[0].names
 
 
-@pytest.fixture(scope="module")
-def quotes(tokenizer):
-    return build_quote_tokens(tokenizer, VOCAB)
-
-
-def _guarded(backend, quotes, schema) -> UniqueKeyGrammar:
-    key = GrammarKey.from_constraint("json_schema", json.dumps(schema))
-    g = guard_keys(backend.new_grammar(backend.compile(key)), key, quotes, backend.name)
-    assert isinstance(g, UniqueKeyGrammar)
-    return g
-
-
-def _sp(backend, text: str) -> str:
-    """``text`` in the backend's separators: outlines writes compact JSON, xgrammar ", "/": "."""
-    return text if backend.name == "outlines" else text.replace(",", ", ").replace(":", ": ")
-
-
 def _refused(g, tokenizer, text: str) -> bool:
     """True if the last token of ``text`` (after the others are taken) is masked and refused;
     the grammar is left as it was."""
@@ -93,33 +74,33 @@ def _refused(g, tokenizer, text: str) -> bool:
 
 
 def test_repeated_number_cannot_end(backend, quotes, tokenizer):
-    g = _guarded(backend, quotes, INTS)
-    assert feed_text(g, tokenizer, _sp(backend, "[1,12,"))
+    g = guarded(backend, quotes, INTS)
+    assert feed_text(g, tokenizer, spaced(backend, "[1,12,"))
     assert _refused(g, tokenizer, "1,") and _refused(g, tokenizer, "1]")
     assert _refused(g, tokenizer, "12]") and not _refused(g, tokenizer, "13]")
     assert not _refused(g, tokenizer, "10,")
-    n = _guarded(backend, quotes, NUMBERS)
-    assert feed_text(n, tokenizer, _sp(backend, "[1.0,"))
+    n = guarded(backend, quotes, NUMBERS)
+    assert feed_text(n, tokenizer, spaced(backend, "[1.0,"))
     assert _refused(n, tokenizer, "1]") and not _refused(n, tokenizer, "1.5]")
 
 
 def test_repeated_object_cannot_close_in_any_key_order(backend, quotes, tokenizer):
-    g = _guarded(backend, quotes, OPEN_OBJECTS)
-    assert feed_text(g, tokenizer, _sp(backend, '[{"a":1,"b":2},'))
-    assert _refused(g, tokenizer, _sp(backend, '{"b":2,"a":1}'))
-    assert not _refused(g, tokenizer, _sp(backend, '{"b":2,"a":3}'))
+    g = guarded(backend, quotes, OPEN_OBJECTS)
+    assert feed_text(g, tokenizer, spaced(backend, '[{"a":1,"b":2},'))
+    assert _refused(g, tokenizer, spaced(backend, '{"b":2,"a":1}'))
+    assert not _refused(g, tokenizer, spaced(backend, '{"b":2,"a":3}'))
 
 
 def test_dead_end_one_token_ahead_is_avoided(backend, quotes, tokenizer):
     """Under maximum 9 a digit equal to an earlier item could only end as a repeat: masked
     itself, as is the value that would complete an object equal to an earlier one."""
-    g = _guarded(backend, quotes, DIGITS)
-    assert feed_text(g, tokenizer, _sp(backend, "[3,"))
+    g = guarded(backend, quotes, DIGITS)
+    assert feed_text(g, tokenizer, spaced(backend, "[3,"))
     allowed = allowed_ids(g)
     digit = lambda d: tokenizer.encode(str(d), add_special_tokens=False)[-1]  # noqa: E731
     assert digit(3) not in allowed and digit(4) in allowed and not g.accept_token(digit(3))
-    p = _guarded(backend, quotes, POINTS)
-    assert feed_text(p, tokenizer, _sp(backend, '[{"x":1,"ok":true},{"x":1,"ok":'))
+    p = guarded(backend, quotes, POINTS)
+    assert feed_text(p, tokenizer, spaced(backend, '[{"x":1,"ok":true},{"x":1,"ok":'))
     word = tokenizer.encode("true", add_special_tokens=False)
     if len(word) == 1:
         assert word[0] not in allowed_ids(p)
@@ -129,15 +110,9 @@ def test_dead_end_one_token_ahead_is_avoided(backend, quotes, tokenizer):
                                                                         "nested", "mixed"])
 def test_walks_and_completions_stay_unique(backends, quotes, tokenizer, walker, schema):
     backend = backends["xgrammar"]
-    rng = random.Random(7)
-    done = 0
-    for _ in range(6):
-        text, complete = walker.walk(_guarded(backend, quotes, schema), rng, max_steps=160)
-        if complete:
-            jsonschema.validate(json.loads(text), schema)
-            done += 1
-    assert done >= 3
-    g = _guarded(backend, quotes, schema)
+    assert walker.valid_walks(lambda: guarded(backend, quotes, schema), schema,
+                              random.Random(7), walks=6, max_steps=160) >= 3
+    g = guarded(backend, quotes, schema)
     assert feed_text(g, tokenizer, "[")
     found = CompletionSearch(tokenizer, VOCAB, [EOS]).search(g)
     assert found is not None
@@ -147,6 +122,5 @@ def test_walks_and_completions_stay_unique(backends, quotes, tokenizer, walker, 
 def test_outlines_walks_stay_unique(backends, quotes, walker):
     rng = random.Random(3)
     for schema in (DIGITS, MIXED):
-        text, complete = walker.walk(_guarded(backends["outlines"], quotes, schema), rng, 160)
-        if complete:
-            jsonschema.validate(json.loads(text), schema)
+        walker.valid_walks(lambda: guarded(backends["outlines"], quotes, schema), schema, rng,
+                           walks=1, max_steps=160)

@@ -6,11 +6,11 @@ quote); items with a few fixed values (``{"x": 0..1, "on": bool}``) can reach a 
 does not see in time, which the output check then fails (unique_items.py)."""
 from __future__ import annotations
 
-import asyncio
 import json
 
 import jsonschema
-import pytest
+
+from .helpers import hot_outputs
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["digits", "points"],
           "properties": {
@@ -26,23 +26,7 @@ PROMPT = ("<|im_start|>user\nWrite the digit 7 eight times, and the same point f
           "JSON.<|im_end|>\n<|im_start|>assistant\n")
 
 
-@pytest.fixture(scope="module", params=["xgrammar", "outlines"])
-def engine(request):
-    from sgdsl.runtime import Engine
-
-    with Engine(grammar_backend=request.param, grammar_compile_timeout_s=120.0) as eng:
-        yield eng
-
-
-def test_hot_sampling_keeps_items_unique(engine):
-    async def one(seed: int) -> dict:
-        return await engine.async_generate(PROMPT, {
-            "json_schema": json.dumps(SCHEMA), "temperature": 1.0, "seed": seed,
-            "max_new_tokens": 160})
-
-    async def run() -> list[dict]:
-        return await asyncio.gather(*(one(seed) for seed in range(5)))
-
-    for out in asyncio.run(run()):
+def test_hot_sampling_keeps_items_unique(json_engine):
+    for out in hot_outputs(json_engine, PROMPT, SCHEMA, seeds=5, max_new_tokens=160):
         assert out["meta_info"]["finish_reason"]["type"] == "stop", out
         jsonschema.validate(json.loads(out["text"]), SCHEMA)

@@ -13,27 +13,17 @@ import torch
 from sgdsl.runtime.grammar import GrammarKey
 from sgdsl.runtime.grammar.shortest import CompletionSearch
 from sgdsl.runtime.grammar.json_track import JsonTrack
-from sgdsl.runtime.grammar.unique_keys import UniqueKeyGrammar, build_quote_tokens
+from sgdsl.runtime.grammar.unique_keys import UniqueKeyGrammar
 
-from .helpers import EOS, VOCAB, allowed_ids, feed_text
+from .helpers import EOS, VOCAB, allowed_ids, feed_text, guarded, spaced
 
 OPEN = {"type": "object", "additionalProperties": {"type": "integer"}}
 COUNTED = {**OPEN, "minProperties": 2, "maxProperties": 3}  # xgrammar only (outlines rejects it)
 
 
-@pytest.fixture(scope="module")
-def quotes(tokenizer):
-    return build_quote_tokens(tokenizer, VOCAB)
-
-
 def _guarded(backend, quotes, schema) -> UniqueKeyGrammar:
     key = GrammarKey.from_constraint("json_schema", json.dumps(schema))
     return UniqueKeyGrammar(backend.new_grammar(backend.compile(key)), quotes)
-
-
-def _sp(backend, text: str) -> str:
-    """``text`` in the backend's separators: outlines writes compact JSON, xgrammar ", "/": "."""
-    return text if backend.name == "outlines" else text.replace(",", ", ").replace(":", ": ")
 
 
 def test_key_state_follows_structure():
@@ -49,7 +39,7 @@ def test_key_state_follows_structure():
 
 def test_duplicate_key_masked_and_rejected(backend, quotes, tokenizer):
     g = _guarded(backend, quotes, OPEN)
-    assert feed_text(g, tokenizer, _sp(backend, '{"name":1,"'))
+    assert feed_text(g, tokenizer, spaced(backend, '{"name":1,"'))
     dup = tokenizer.encode('name"', add_special_tokens=False)
     assert g.accept_tokens(dup[:-1])  # the key's text so far is fine
     close = dup[-1]
@@ -62,9 +52,9 @@ def test_duplicate_key_masked_and_rejected(backend, quotes, tokenizer):
 
 def test_rollback_and_copy_restore_keys(backend, quotes, tokenizer):
     g = _guarded(backend, quotes, OPEN)
-    assert feed_text(g, tokenizer, _sp(backend, '{"x":1,"'))
+    assert feed_text(g, tokenizer, spaced(backend, '{"x":1,"'))
     twin = g.copy()
-    ids = tokenizer.encode(_sp(backend, 'y":2,"'), add_special_tokens=False)
+    ids = tokenizer.encode(spaced(backend, 'y":2,"'), add_special_tokens=False)
     assert g.accept_tokens(ids)
     assert not feed_text(g, tokenizer, 'y"')
     g.rollback(len(ids))
@@ -150,23 +140,14 @@ TAGS = {"type": "object", "properties": {
     "notes": {"type": "array", "items": {"type": "string"}}}, "required": ["tags", "notes"]}
 
 
-def _unique_guarded(backend, quotes, schema) -> UniqueKeyGrammar:
-    from sgdsl.runtime.grammar.unique_keys import guard_keys
-
-    key = GrammarKey.from_constraint("json_schema", json.dumps(schema))
-    g = guard_keys(backend.new_grammar(backend.compile(key)), key, quotes, backend.name)
-    assert isinstance(g, UniqueKeyGrammar)
-    return g
-
-
 def test_unique_string_items_only_where_the_schema_says(backend, quotes, tokenizer):
     """uniqueItems over strings is admitted and kept by the runtime: a repeated item of "tags"
     cannot close, a repeated item of "notes" (no uniqueItems) can."""
-    g = _unique_guarded(backend, quotes, TAGS)
-    assert feed_text(g, tokenizer, _sp(backend, '{"tags":["red","blue",'))
+    g = guarded(backend, quotes, TAGS)
+    assert feed_text(g, tokenizer, spaced(backend, '{"tags":["red","blue",'))
     assert feed_text(g, tokenizer, '"re')
     assert not feed_text(g, tokenizer, 'd"')
-    assert feed_text(g, tokenizer, 'x"') and feed_text(g, tokenizer, _sp(backend, '],"notes":["a",'))
+    assert feed_text(g, tokenizer, 'x"') and feed_text(g, tokenizer, spaced(backend, '],"notes":["a",'))
     assert feed_text(g, tokenizer, '"a"')  # notes may repeat
 
 
@@ -174,24 +155,20 @@ def test_unique_items_through_refs_and_nested_arrays(backends, quotes, tokenizer
     schema = {"$defs": {"names": {"type": "array", "items": {"type": "string"},
                                   "uniqueItems": True}},
               "type": "array", "items": {"$ref": "#/$defs/names"}}
-    g = _unique_guarded(backends["xgrammar"], quotes, schema)
+    g = guarded(backends["xgrammar"], quotes, schema)
     assert feed_text(g, tokenizer, '[["a", "b"], ["a", ')  # another inner array: its own items
     assert not feed_text(g, tokenizer, '"a"')
     assert feed_text(g, tokenizer, '"b", "c"]]')
 
 
 def test_unique_items_completion_and_walks(backends, quotes, tokenizer, walker):
-    g = _unique_guarded(backends["xgrammar"], quotes, TAGS)
+    g = guarded(backends["xgrammar"], quotes, TAGS)
     assert feed_text(g, tokenizer, '{"tags": ["')
     found = CompletionSearch(tokenizer, VOCAB, [EOS]).search(g)
     tags = json.loads('{"tags": ["' + found.text)["tags"]
     assert len(tags) == len(set(tags)) >= 3, found.text
-    rng = random.Random(1)
-    for _ in range(4):
-        text, complete = walker.walk(_unique_guarded(backends["xgrammar"], quotes, TAGS), rng)
-        if complete:
-            tags = json.loads(text)["tags"]
-            assert len(tags) == len(set(tags)), text
+    walker.valid_walks(lambda: guarded(backends["xgrammar"], quotes, TAGS), TAGS,
+                       random.Random(1), walks=4)
 
 
 def _wrapped_step(backend, quotes, tokenizer, prefetched: bool):
