@@ -23,6 +23,7 @@ from .schema.arrays import UNIQUE_MARK
 from .schema.timed_keywords import PatternTimeout, search
 from .schema.lengths import string_bound
 from .string_chars import NORMAL, scan
+from .item_domain import domain_of
 from .unique_items import item_value
 
 _FAR = 64  # room (characters) past which a bounded string's summary no longer tells it
@@ -51,6 +52,7 @@ class Frame(NamedTuple):
     item: bytes | None = None  # a unique array's current item, its text so far
     scalar: bool = False  # that item is a number, true, false or null still open
     done: bool = False  # that item is finished (its value is in names)
+    domain: Any = None  # a unique array's item values, when finite (item_domain.py)
 
 
 class JsonTrack(NamedTuple):
@@ -146,7 +148,8 @@ class JsonTrack(NamedTuple):
             frames.append(Frame(_OBJ, cands=cands))
             return
         unique = any(c.get(UNIQUE_MARK) for c in cands)
-        frames.append(Frame(_ARR, unique=unique, cands=cands, item=b"" if unique else None))
+        frames.append(Frame(_ARR, unique=unique, cands=cands, item=b"" if unique else None,
+                            domain=domain_of(cands) if unique else None))
 
     def repeats(self, data: bytes) -> bool:
         """True if ``data`` ends a key or a unique array's item its container already has."""

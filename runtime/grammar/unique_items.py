@@ -10,9 +10,11 @@ equal to an earlier one, and *probes* the tokens after which the item could be c
 repeat right away (``[1, 1`` under ``maximum: 9``; ``{"id": 1`` where ``id`` is the only
 property): the inner grammar takes the token, fills a row, the row is cleared the same way, and
 if nothing is left the token is cleared too (a dead end a few tokens ahead, avoided: only tokens
-after which the item could still close as a repeat are followed). Other dead ends are let
-through as ``unique_keys.py`` lets a duplicate key through (the request's output check
-then fails it with the reason).
+after which the item could still close as a repeat are followed). Where the items have a
+finite domain (``item_domain.py``) every token of an item is checked instead: it must leave the
+item able to become a value the array does not have, and a ``,`` needs one left, so no dead end
+is reached there. Other dead ends are let through as a duplicate key is
+(``token_rows.undo_if_empty``; the request's output check then fails it with the reason).
 
 Equality is JSON Schema's: ``1`` and ``1.0`` are equal (numbers read as ``Decimal``), ``true``
 is not ``1``, objects are equal whatever their key order, arrays item by item.
@@ -28,28 +30,14 @@ import numpy as np
 import torch
 
 from .base import allocate_bitmask
+from .token_rows import among, clear_unless_dead_end, set_ids
+from .schema.arrays import canonical
 
 _WORDS = (b"true", b"false", b"null")
 _LETTERS = frozenset(b"truefalsn")
 # NOTE: tokens a probe looks ahead: "false" a letter a token needs 4; only tokens after which
 # the item could still close as a repeat are followed, a handful each
 PROBE_DEPTH = 4
-
-
-def canonical(value: Any) -> Any:
-    """A hashable form of a parsed JSON value, equal exactly when JSON Schema says equal.
-    Strings stay themselves (``JsonTrack.summary`` reads them as names)."""
-    if isinstance(value, str):
-        return value
-    if value is True or value is False:
-        return ("b", value)
-    if value is None:
-        return ("z",)
-    if isinstance(value, Decimal):
-        return ("n", value)  # Decimal("1.0") == Decimal("1"), and their hashes agree
-    if isinstance(value, list):
-        return ("a", tuple(canonical(v) for v in value))
-    return ("o", frozenset((k, canonical(v)) for k, v in value.items()))
 
 
 def parse_item(raw: bytes) -> Any:
@@ -95,12 +83,24 @@ def closed_now(state: Any) -> Any:
 
 def watching(state: Any) -> bool:
     """True when an open unique array that has items is inside a non-string item (strings
-    alone are checked by ``unique_keys.QuoteTokens``)."""
+    alone are checked by ``unique_keys.QuoteTokens``) or has a domain (``item_domain.py``:
+    then every token of its item is)."""
     for d in range(len(state.frames) - 1, -1, -1):
         f = state.frames[d]
         if f.unique:
-            return bool(f.names) and not (state.string and d == len(state.frames) - 1)
+            return bool(f.names) and (f.domain is not None or
+                                      not (state.string and d == len(state.frames) - 1))
     return False
+
+
+def fits_domains(state: Any) -> bool:
+    """False if the open item of a unique array with a domain can no longer become a value
+    the array does not have (``item_domain.py``), a dead end ahead."""
+    for f in state.frames:
+        if f.domain is not None and f.names and not f.done and \
+                not f.domain.fits(f.item, f.names):
+            return False
+    return True
 
 
 class ItemTokens:
@@ -121,14 +121,14 @@ class ItemTokens:
     def _allowed(self, state: Any, words: np.ndarray) -> list[int]:
         """The row's tokens that can end an item or make it closable: in a string only those
         with a quote (a few hundred); outside one, those the grammar allows (few, but for
-        string openings at an item's start, which are left out)."""
-        if state.string:
-            ids = self.quote_ids
-            return ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)].tolist()
-        nz = np.flatnonzero(words)  # unpack only the words with a bit set
-        bits = np.unpackbits(words[nz].view(np.uint8), bitorder="little").reshape(len(nz), 32)
-        ids = (nz[:, None] * 32 + np.arange(32))[bits.astype(bool)]
-        if state.frames and state.frames[-1].unique:
+        string openings at an item's start, which are left out). Under an array with a domain
+        all of them (its items are an enum's: few tokens fit)."""
+        top = _innermost(state)
+        domain = top is not None and top.domain is not None
+        if state.string and not domain:
+            return among(words, self.quote_ids).tolist()
+        ids = set_ids(words)
+        if state.frames and state.frames[-1].unique and not domain:
             ids = ids[~self.opens_string[ids]]
         return ids[ids < len(self.bytes)].tolist()
 
@@ -155,18 +155,10 @@ class ItemTokens:
             if not data:
                 continue
             after, _, dup = state._run(data)
-            if dup or probe and closed_now(after) in _names(after) and \
-                    self._dead_after(grammar, after, t, probe - 1):
+            if dup or not fits_domains(after) or probe and closed_now(after) in _names(after) \
+                    and self._dead_after(grammar, after, t, probe - 1):
                 bad.append(t)
-        if not bad:
-            return False
-        before = words.copy()
-        for t in bad:
-            words[t >> 5] &= np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF)
-        if words.any():
-            return False
-        words[:] = before
-        return True
+        return clear_unless_dead_end(words, bad)
 
     def _dead_after(self, grammar: Any, after: Any, token: int, probe: int) -> bool:
         """True if, once ``grammar`` (a ``UniqueKeyGrammar``) takes ``token``, every token
@@ -184,12 +176,18 @@ class ItemTokens:
             inner.rollback(1)
 
 
-def _names(state: Any) -> frozenset:
-    """The finished items of the innermost open unique array (an empty set if none)."""
+def _innermost(state: Any) -> Any:
+    """The innermost open unique array's frame (None if none)."""
     for f in reversed(state.frames):
         if f.unique:
-            return f.names
-    return frozenset()
+            return f
+    return None
+
+
+def _names(state: Any) -> frozenset:
+    """The finished items of the innermost open unique array (an empty set if none)."""
+    top = _innermost(state)
+    return frozenset() if top is None else top.names
 
 
 def suspicious(state: Any, data: bytes) -> bool:
@@ -198,4 +196,4 @@ def suspicious(state: Any, data: bytes) -> bool:
     if not watching(state):
         return False
     after, _, dup = state._run(data)
-    return dup or closed_now(after) in _names(after)
+    return dup or closed_now(after) in _names(after) or not fits_domains(after)
