@@ -1,4 +1,5 @@
-# Sourced at the start of every device call: map packages like setup.py, install carried wheels.
+# Sourced at the start of every device call: map packages like setup.py, install carried wheels
+# (.whl/, filled by benchmarks/gpu/fetch_wheels.sh on the networked machine).
 export PYTHONUNBUFFERED=1
 for d in runtime backends templates; do [ -e sgdsl/$d ] || ln -s ../$d sgdsl/$d; done
 if ls .whl/*.whl > /dev/null 2>&1; then
