@@ -46,6 +46,32 @@ def _load_w(ptrs, mask, EVEN: tl.constexpr):
 
 
 @triton.jit
+def _load_x(X, NW, k0, K, offs_k, offs_rows, NORM: tl.constexpr, EVEN_K: tl.constexpr):
+    """Block ``k0`` of x in fp32, in the weights' register layout (``offs_rows``: the
+    program's rows), and its squares; with an RMSNorm folded in (``NORM``) x comes times the
+    norm weight (1 / rms(x) is applied after the loop) and the squares are of x before it."""
+    # NOTE: with the norm, x has shape [1, ...] and broadcasts to the rows; without it, its
+    # pointers get the rows' shape (every row reads the same x, from L1)
+    if NORM:
+        x_offs = k0 + offs_k[None, :, :]
+    else:
+        x_offs = k0 + offs_k[None, :, :] + offs_rows[:, None, None] * 0
+    if EVEN_K:
+        x = tl.load(X + x_offs).to(tl.float32)
+    else:
+        x = tl.load(X + x_offs, mask=offs_k[None, :, :] < K - k0, other=0.0).to(tl.float32)
+    x_sq = x  # unused without the norm (compiled away)
+    if NORM:
+        x_sq = x * x
+        if EVEN_K:
+            x = x * tl.load(NW + x_offs).to(tl.float32)
+        else:
+            x = x * tl.load(NW + x_offs, mask=offs_k[None, :, :] < K - k0,
+                            other=0.0).to(tl.float32)
+    return x, x_sq
+
+
+@triton.jit
 def _gemv_kernel(X, W, S, Out, NW, Bias, Res, N, K, stride_wn, eps, HAS_SCALE: tl.constexpr,
                  NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                  EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -69,21 +95,9 @@ def _gemv_kernel(X, W, S, Out, NW, Bias, Res, N, K, stride_wn, eps, HAS_SCALE: t
         # loaded in w's register layout: no layout conversion through shared memory per block.
         # Recomputed from k0 each block: a version advancing them (and the loop reshaped) was
         # unrolled differently and ran 2-4% slower in fp8 chains (H100, 2026-11-24)
+        x, x_sq = _load_x(X, NW, k0, K, offs_k, offs_n, NORM, EVEN_K)
         if NORM:
-            x_offs = k0 + offs_k[None, :, :]
-        else:
-            x_offs = k0 + offs_k[None, :, :] + offs_n[:, None, None] * 0
-        if EVEN_K:
-            x = tl.load(X + x_offs).to(tl.float32)
-        else:
-            x = tl.load(X + x_offs, mask=offs_k[None, :, :] < K - k0, other=0.0).to(tl.float32)
-        if NORM:  # RMSNorm folded in: x * norm weight now, times 1 / rms(x) after the loop
-            sq += x * x
-            if EVEN_K:
-                x = x * tl.load(NW + x_offs).to(tl.float32)
-            else:
-                x = x * tl.load(NW + x_offs, mask=offs_k[None, :, :] < K - k0,
-                                other=0.0).to(tl.float32)
+            sq += x_sq
         acc += tl.sum(w.to(tl.float32) * x, axis=2)
     out = tl.sum(acc, axis=1)
     if NORM:

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemv import Tile, _load_w
+from .gemv import Tile, _load_w, _load_x
 
 SILU, ROPE = 0, 1
 
@@ -125,22 +125,9 @@ def _pairs_kernel(X, W, S, Out, NW, Bias, Cos, Sin, K_Buf, V_Buf, Loc, n_pairs, 
         wb = _load_w(pb, mask_w, even)
         pa += BLOCK_K
         pb += BLOCK_K
-        # NOTE: as in gemv.py, x in the weights' register layout (its pointers have their shape)
-        if NORM:
-            x_offs = k0 + offs_k[None, :, :]
-        else:
-            x_offs = k0 + offs_k[None, :, :] + offs_p[:, None, None] * 0
-        if EVEN_K:
-            x = tl.load(X + x_offs).to(tl.float32)
-        else:
-            x = tl.load(X + x_offs, mask=offs_k[None, :, :] < K - k0, other=0.0).to(tl.float32)
-        if NORM:  # RMSNorm folded in: x * norm weight now, times 1 / rms(x) after the loop
-            sq += x * x
-            if EVEN_K:
-                x = x * tl.load(NW + x_offs).to(tl.float32)
-            else:
-                x = x * tl.load(NW + x_offs, mask=offs_k[None, :, :] < K - k0,
-                                other=0.0).to(tl.float32)
+        x, x_sq = _load_x(X, NW, k0, K, offs_k, offs_p, NORM, EVEN_K)
+        if NORM:  # RMSNorm folded in: 1 / rms(x) applied after the loop
+            sq += x_sq
         acc_a += tl.sum(wa.to(tl.float32) * x, axis=2)
         acc_b += tl.sum(wb.to(tl.float32) * x, axis=2)
     rstd = 1.0
