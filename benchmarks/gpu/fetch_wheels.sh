@@ -17,4 +17,11 @@ python -m pip download "${args[@]}" \
   pyzmq==27.3.0 regex==2026.5.9 \
   jsonschema==4.26.0 referencing==0.37.0 rpds-py==0.30.0 attrs==26.1.0 \
   jsonschema-specifications==2025.9.1
+# the server and the official clients, for benchmarks through `sgdsl serve` (the device has
+# httpx, anyio, h11, uvloop and aiohttp already); the versions the tests run here
+python -m pip download "${args[@]}" \
+  fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 httptools==0.7.1 \
+  openai==3.57.0 jiter==0.19.0 sniffio==1.3.1 anthropic==2.14.0 docstring-parser==0.18.0 \
+  httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 opentelemetry-api==1.45.2 anyio==4.16.0 \
+  typing-extensions==4.16.0
 du -sh .whl
