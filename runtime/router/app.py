@@ -21,8 +21,9 @@ from .config import RouterConfig, normalize_worker_url
 from .metrics import RouterMetrics
 from .policies import Policy, make_policy
 from .proxy import Proxy, Upstream, json_error
+from .poller import LoadPoller
 from .registry import HealthChecker, WorkerRegistry, probe
-from .request_text import routing_text
+from .request_text import output_budget, routing_text
 
 ROUTED = ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/messages")
 ANY_WORKER = ("/get_model_info", "/model_info", "/get_server_info", "/server_info", "/v1/models",
@@ -39,6 +40,7 @@ class RouterState:
     proxy: Proxy
     health: HealthChecker
     client: httpx.AsyncClient
+    poller: LoadPoller | None = None  # the workers' GET /load, for policies that balance work
 
 
 def build_state(config: RouterConfig) -> RouterState:
@@ -53,9 +55,12 @@ def build_state(config: RouterConfig) -> RouterState:
     timeout = httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s)
     client = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(
         max_connections=None, max_keepalive_connections=256))
+    key = config.worker_api_key or config.api_key  # replicas of --dp-size share the key
+    poller = LoadPoller(registry, client, {"Authorization": f"Bearer {key}"} if key else {}
+                        ) if policy.needs_load else None
     return RouterState(config, registry, policy, metrics,
                        Proxy(config, registry, policy, metrics, client),
-                       HealthChecker(registry, client), client)
+                       HealthChecker(registry, client), client, poller)
 
 
 def create_app(config: RouterConfig, on_shutdown: Callable[[], None] | None = None) -> FastAPI:
@@ -67,7 +72,12 @@ def create_app(config: RouterConfig, on_shutdown: Callable[[], None] | None = No
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await state.health.check_all(initial=True)
         state.health.start()
+        if state.poller is not None:
+            await state.poller.poll_all()
+            state.poller.start()
         yield
+        if state.poller is not None:
+            await state.poller.stop()
         await state.health.stop()
         await state.client.aclose()
         if on_shutdown is not None:
@@ -157,7 +167,7 @@ async def _routed(request: Request) -> Response:
     if not isinstance(payload, dict):
         return json_error(path, 400, "the request body must be a JSON object")
     up = Upstream("POST", path, request.url.query, body, s.proxy.headers_for(request),
-                  routing_text(path, payload))
+                  routing_text(path, payload), output_tokens=output_budget(path, payload))
     return await s.proxy.forward(request, up)
 
 

@@ -1,6 +1,7 @@
 """RouterConfig: every option of the router in one frozen dataclass, validated on creation.
 
-Defaults of the cache-aware policy follow SGLang's Model Gateway (cache_threshold 0.3,
+The default policy is cost_aware (least expected work, see policies/cost_aware.py). Defaults of
+the cache-aware policy follow SGLang's Model Gateway (cache_threshold 0.3,
 balance_abs_threshold 64, balance_rel_threshold 1.5) with a per-worker tree bounded in characters.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ from urllib.parse import urlsplit
 
 from ..errors import InvalidRequestError
 
-POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "prefix_hash")
+POLICIES = ("cost_aware", "cache_aware", "round_robin", "random", "power_of_two", "prefix_hash")
 
 
 def normalize_worker_url(url: Any, field: str = "url") -> str:
@@ -43,12 +44,18 @@ class RouterConfig:
     """How the router listens, chooses workers, retries and checks health."""
 
     worker_urls: tuple[str, ...] = ()
-    policy: str = "cache_aware"
+    policy: str = "cost_aware"
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: str | None = None  # required from clients on every route but /health
     worker_api_key: str | None = None  # sent to workers instead of the client's credentials
-    # cache_aware (approximate radix tree of the text routed to each worker)
+    # cost_aware (least expected work: uncached prompt tokens + the worker's work left)
+    chars_per_token: float = 4.0  # converts the text tree's characters to tokens
+    decode_token_weight: float = 1.0  # cost of an output token in prompt-token units
+    evict_weight: float = 1.0  # extra cost of a miss on a full KV (it evicts cached prefixes)
+    default_output_tokens: int = 128  # a request's output estimate when it names no maximum
+    load_interval_s: float = 0.05  # how often each worker's GET /load is polled
+    # cache_aware (approximate radix tree of the text routed to each worker; also cost_aware's)
     cache_threshold: float = 0.3  # match ratio above which the best-matching worker wins
     balance_abs_threshold: int = 64  # imbalanced if max_load - min_load > this ...
     balance_rel_threshold: float = 1.5  # ... and max_load > this * min_load
@@ -84,14 +91,18 @@ class RouterConfig:
                                       f"{', '.join(POLICIES)}", field="policy")
         _check_range("cache_threshold", self.cache_threshold, 0.0, 1.0)
         _check_range("balance_rel_threshold", self.balance_rel_threshold, 1.0, None)
-        for name in ("balance_abs_threshold", "max_retries"):
+        _check_range("chars_per_token", self.chars_per_token, 0.1, None)
+        _check_range("decode_token_weight", self.decode_token_weight, 0.0, None)
+        _check_range("evict_weight", self.evict_weight, 0.0, None)
+        for name in ("balance_abs_threshold", "max_retries", "default_output_tokens"):
             _check_range(name, getattr(self, name), 0, None)
         for name in ("max_tree_chars", "prefix_chars", "virtual_nodes", "health_failure_threshold",
                      "health_success_threshold", "breaker_failure_threshold",
                      "breaker_success_threshold", "max_body_bytes"):
             _check_range(name, getattr(self, name), 1, None)
         for name in ("backoff_base_s", "backoff_max_s", "connect_timeout_s", "read_timeout_s",
-                     "health_interval_s", "health_timeout_s", "breaker_cooldown_s"):
+                     "health_interval_s", "health_timeout_s", "breaker_cooldown_s",
+                     "load_interval_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value <= 0:
                 raise InvalidRequestError(f"{name}: must be a positive number of seconds, "

@@ -24,8 +24,9 @@ from ..server.errors import error_body, protocol_of
 from ..server.sse import DONE, SSEResponse
 from .config import RouterConfig
 from .metrics import RouterMetrics
-from .policies import Policy
+from .policies import Choice, Policy
 from .registry import WorkerRegistry
+from .request_text import answered_prompt_tokens
 from .worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ class Upstream:
     headers: dict[str, str]
     route_text: str  # what the policy routes on; "" for info routes
     use_policy: bool = True
+    output_tokens: int = 0  # the request's output budget (0: not given)
 
 
 class AttemptFailed(Exception):
@@ -102,9 +104,10 @@ class Proxy:
             if attempt:
                 self.metrics.retries.labels(route=up.path).inc()
                 await asyncio.sleep(self.backoff_s(attempt))
-            worker = self._choose(candidates, up)
+            choice = self._choose(candidates, up)
+            worker = choice.worker
             try:
-                return await self._attempt(worker, request, up)
+                return await self._attempt(choice, request, up)
             except AttemptFailed as exc:
                 reason = str(exc)
                 tried.add(worker.url)
@@ -121,16 +124,17 @@ class Proxy:
             f"{w.url}: {'circuit ' + w.breaker.state if w.healthy else 'unhealthy'}"
             for w in workers) + ")"
 
-    def _choose(self, candidates: list[Worker], up: Upstream) -> Worker:
+    def _choose(self, candidates: list[Worker], up: Upstream) -> Choice:
         if not up.use_policy:
-            return min(candidates, key=lambda w: w.load)
-        choice = self.policy.select(candidates, up.route_text)
+            return Choice(min(candidates, key=lambda w: w.load), "any")
+        choice = self.policy.select(candidates, up.route_text, up.output_tokens)
         self.metrics.decisions.labels(policy=self.policy.name, worker=choice.worker.url,
                                       reason=choice.reason).inc()
-        return choice.worker
+        return choice
 
-    async def _attempt(self, worker: Worker, request: Request, up: Upstream) -> Response:
-        worker.load += 1
+    async def _attempt(self, choice: Choice, request: Request, up: Upstream) -> Response:
+        worker = choice.worker
+        ticket = worker.start(choice.prefill, choice.decode)  # until the answer has ended
         worker.breaker.on_attempt()
         handed_off = False
         try:
@@ -140,11 +144,11 @@ class Proxy:
                 first = await self._first_chunk(worker, resp, chunks)
                 handed_off = True
                 # SSEResponse closes the relay however the client leaves (upstream closed too).
-                return SSEResponse(self._relay(worker, resp, chunks, first, up))
+                return SSEResponse(self._relay(worker, ticket, resp, chunks, first, up))
             return await self._buffered(worker, resp, request, up)
         finally:
             if not handed_off:
-                worker.load -= 1
+                worker.finish(ticket)
                 worker.breaker.release()  # a no-op unless this half-open trial ended unjudged
 
     async def _send(self, worker: Worker, up: Upstream) -> httpx.Response:
@@ -199,6 +203,8 @@ class Proxy:
             await _close(worker, resp)
         worker.breaker.on_success()
         worker.served += 1
+        if up.use_policy and resp.status_code == 200 and up.route_text:
+            self.policy.observe(len(up.route_text), answered_prompt_tokens(body))
         self.metrics.requests.labels(route=up.path, worker=worker.url,
                                      status=str(resp.status_code)).inc()
         self.metrics.latency.labels(route=up.path).observe(time.monotonic() - started)
@@ -206,8 +212,9 @@ class Proxy:
         return Response(body, status_code=resp.status_code,
                         headers={"content-type": ctype} if ctype else None)
 
-    async def _relay(self, worker: Worker, resp: httpx.Response, chunks: AsyncIterator[bytes],
-                     first: bytes, up: Upstream) -> AsyncIterator[bytes]:
+    async def _relay(self, worker: Worker, ticket: int, resp: httpx.Response,
+                     chunks: AsyncIterator[bytes], first: bytes,
+                     up: Upstream) -> AsyncIterator[bytes]:
         started, tail, status = time.monotonic(), first[-2:], str(resp.status_code)
         try:
             yield first
@@ -225,7 +232,7 @@ class Proxy:
             yield (b"" if tail == b"\n\n" else b"\n\n") + sse_error(protocol_of(up.path), message)
         finally:
             await _close(worker, resp)
-            worker.load -= 1
+            worker.finish(ticket)
             worker.served += 1
             self.metrics.requests.labels(route=up.path, worker=worker.url, status=status).inc()
             self.metrics.latency.labels(route=up.path).observe(time.monotonic() - started)

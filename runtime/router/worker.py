@@ -1,4 +1,5 @@
-"""One upstream server as the router sees it: URL, requests in flight, health, breaker."""
+"""One upstream server as the router sees it: URL, requests in flight, work left, health,
+breaker."""
 from __future__ import annotations
 
 import asyncio
@@ -6,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .breaker import CircuitBreaker
+from .ledger import WorkLedger
 
 
 @dataclass
@@ -18,6 +20,7 @@ class Worker:
     health_successes: int = 0
     last_error: str = ""
     served: int = 0  # requests answered (any status) since it was added
+    ledger: WorkLedger = field(default_factory=WorkLedger)  # tokens of work left (cost_aware)
     # Waits on this worker (for an answer's headers or body) and answers being streamed: when
     # the worker is found down they are woken or closed, so that requests on a silent (hung,
     # unplugged) worker fail over at once instead of at the read timeout.
@@ -55,7 +58,17 @@ class Worker:
         if self.health_failures >= failure_threshold:
             self.healthy = False
 
+    def start(self, prefill: float = 0.0, decode: float = 0.0) -> int:
+        """A request is sent: count it (and book its estimated work); returns its ticket."""
+        self.load += 1
+        return self.ledger.book(prefill, decode)
+
+    def finish(self, ticket: int) -> None:
+        """The request's answer has ended (or failed)."""
+        self.load -= 1
+        self.ledger.release(ticket)
+
     def describe(self) -> dict[str, Any]:
         return {"url": self.url, "healthy": self.healthy, "load": self.load,
                 "circuit": self.breaker.state, "served": self.served,
-                "last_error": self.last_error or None}
+                "last_error": self.last_error or None, "work": self.ledger.describe()}

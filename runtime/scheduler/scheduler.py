@@ -116,7 +116,20 @@ class Scheduler(Stepping):
                 "kv_free_slots": self.memory.kv_pool.available(),
                 "kv_evictable_slots": self.memory.evictable(),
                 "cache_hit_rate": c["cache_hit_tokens"] / q if q else 0.0, **c,
+                **self._work_left(),
                 **(self.grammar.stats_dict() if self.grammar else {})}  # grammar
+
+    def _work_left(self) -> dict:
+        """Tokens still to compute, for a router balancing by work (``GET /load``): prompt
+        tokens waiting for prefill (less the cached prefix the last queue pass found) and output
+        tokens still to decode (up to each request's max_new_tokens). O(queue), no tree walks."""
+        prefill = sum(max(r.seq_len - r.match_len, 0) for r in self.waiting)
+        if self.chunked is not None:
+            prefill += self.chunked.seq_len - self.chunked.kv_len
+        reqs = [*self.waiting, *self.running.reqs, *([self.chunked] if self.chunked else [])]
+        return {"queued_prefill_tokens": prefill,
+                "remaining_decode_tokens": sum(r.remaining_tokens for r in reqs),
+                "running_kv_tokens": sum(r.kv_len for r in self.running.reqs)}
 
     # -- abort --------------------------------------------------------------------------------
     def abort(self, rid: str, message: str) -> None:

@@ -14,7 +14,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
-from . import anthropic_api, native, openai_api
+from . import anthropic_api, load, native, openai_api
 from .args import ServerArgs
 from .context import ServerContext, ctx
 from .errors import ClientDisconnected, install_error_handlers
@@ -39,12 +39,12 @@ def create_app(engine: Any, args: ServerArgs | None = None,
     app = FastAPI(title="sgdsl", docs_url=None, redoc_url=None, openapi_url=None,
                   lifespan=lifespan)
     app.state.ctx = context = ServerContext.build(engine, args)
-    for router in (native.router, openai_api.router, anthropic_api.router):
+    for router in (native.router, openai_api.router, anthropic_api.router, load.router):
         app.include_router(router)
     app.add_api_route("/metrics", _metrics, methods=["GET"])
     install_error_handlers(app)
     app.add_exception_handler(ClientDisconnected, _disconnected)
-    routes = [r for router in (native.router, openai_api.router, anthropic_api.router)
+    routes = [r for router in (native.router, openai_api.router, anthropic_api.router, load.router)
               for r in router.routes]
     known = frozenset({"/metrics"} | {r.path for r in routes
                                       if isinstance(r, APIRoute) and "{" not in r.path})

@@ -16,7 +16,7 @@ class ServerArgs:
     max_body_bytes: int = 32 * 1024 * 1024  # larger request bodies are answered 413
     log_level: str = "warning"
     dp_size: int = 1  # > 1: that many engine replicas behind a router on this port
-    router_policy: str = "cache_aware"  # how the replicas are chosen (dp_size > 1)
+    router_policy: str = "cost_aware"  # how the replicas are chosen (dp_size > 1)
     tool_call_parser: str | None = None  # tool-call format; None: detected from the template
     reasoning_parser: str | None = None  # qwen3 | deepseek-r1: split <think> from the answer
 

@@ -6,13 +6,15 @@ import random as _random
 from ..config import RouterConfig
 from .base import Choice, Policy
 from .cache_aware import CacheAwarePolicy
+from .cost_aware import CostAwarePolicy
 from .power_of_two import PowerOfTwoPolicy
 from .prefix_hash import PrefixHashPolicy
 from .random import RandomPolicy
 from .round_robin import RoundRobinPolicy
 
 _POLICIES: dict[str, type[Policy]] = {p.name: p for p in (
-    CacheAwarePolicy, RoundRobinPolicy, RandomPolicy, PowerOfTwoPolicy, PrefixHashPolicy)}
+    CostAwarePolicy, CacheAwarePolicy, RoundRobinPolicy, RandomPolicy, PowerOfTwoPolicy,
+    PrefixHashPolicy)}
 
 __all__ = ["Choice", "Policy", "make_policy"]
 

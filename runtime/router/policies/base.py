@@ -19,6 +19,10 @@ from ..worker import Worker
 class Choice:
     worker: Worker
     reason: str  # e.g. "cache_hit", "cache_miss", "imbalanced", "hash", "next", "random"
+    # The work the request is expected to add to the worker (cost_aware; booked in its ledger
+    # until the answer ends): uncached prompt tokens and output tokens.
+    prefill: float = 0.0
+    decode: float = 0.0
 
 
 class Policy(ABC):
@@ -29,8 +33,9 @@ class Policy(ABC):
         self.rng = rng or random.Random()
 
     @abstractmethod
-    def select(self, workers: Sequence[Worker], text: str) -> Choice:
-        """Pick one of ``workers`` (non-empty, all available) for a request with ``text``."""
+    def select(self, workers: Sequence[Worker], text: str, output_tokens: int = 0) -> Choice:
+        """Pick one of ``workers`` (non-empty, all available) for a request with ``text`` that
+        may generate up to ``output_tokens`` tokens."""
 
     def on_add(self, url: str) -> None:
         """A worker joined the registry."""
@@ -41,9 +46,14 @@ class Policy(ABC):
     def on_change(self, event: str, url: str) -> None:
         (self.on_add if event == "add" else self.on_remove)(url)
 
+    def observe(self, chars: int, tokens: int) -> None:
+        """A worker answered a prompt of ``chars`` routing-text characters: ``tokens`` tokens."""
+
     def describe(self) -> dict:
         """Policy state for ``/list_workers`` (e.g. tree sizes)."""
         return {"policy": self.name}
+
+    needs_load: ClassVar[bool] = False  # True: the router polls the workers' GET /load
 
 
 def least_loaded(workers: Sequence[Worker]) -> Worker:

@@ -12,28 +12,12 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..worker import Worker
-from .base import Choice, Policy
-from .text_tree import TextTree
+from .base import Choice
+from .tree_policy import TreePolicy
 
 
-class CacheAwarePolicy(Policy):
+class CacheAwarePolicy(TreePolicy):
     name = "cache_aware"
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.trees: dict[str, TextTree] = {}
-
-    def tree(self, url: str) -> TextTree:
-        tree = self.trees.get(url)
-        if tree is None:
-            tree = self.trees[url] = TextTree(self.config.max_tree_chars)
-        return tree
-
-    def on_add(self, url: str) -> None:
-        self.tree(url)
-
-    def on_remove(self, url: str) -> None:
-        self.trees.pop(url, None)
 
     def imbalanced(self, workers: Sequence[Worker]) -> bool:
         loads = [w.load for w in workers]
@@ -41,7 +25,7 @@ class CacheAwarePolicy(Policy):
         c = self.config
         return high - low > c.balance_abs_threshold and high > c.balance_rel_threshold * low
 
-    def select(self, workers: Sequence[Worker], text: str) -> Choice:
+    def select(self, workers: Sequence[Worker], text: str, output_tokens: int = 0) -> Choice:
         choice = self._choose(workers, text)
         self.tree(choice.worker.url).insert(text)
         return choice
@@ -55,6 +39,3 @@ class CacheAwarePolicy(Policy):
             if best / len(text) > self.config.cache_threshold:
                 return Choice(worker, "cache_hit")
         return Choice(min(workers, key=lambda w: (w.load, self.tree(w.url).size)), "cache_miss")
-
-    def describe(self) -> dict:
-        return {"policy": self.name, "tree_chars": {u: t.size for u, t in self.trees.items()}}

@@ -11,7 +11,7 @@ from .base import Choice, Policy
 class PowerOfTwoPolicy(Policy):
     name = "power_of_two"
 
-    def select(self, workers: Sequence[Worker], text: str) -> Choice:
+    def select(self, workers: Sequence[Worker], text: str, output_tokens: int = 0) -> Choice:
         if len(workers) == 1:
             return Choice(workers[0], "only")
         a, b = self.rng.sample(list(workers), 2)

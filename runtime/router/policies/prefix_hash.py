@@ -42,7 +42,7 @@ class PrefixHashPolicy(Policy):
                 return url
         return None
 
-    def select(self, workers: Sequence[Worker], text: str) -> Choice:
+    def select(self, workers: Sequence[Worker], text: str, output_tokens: int = 0) -> Choice:
         by_url = {w.url: w for w in workers}
         url = self.owner(text, set(by_url))
         if url is None:  # not on the ring (never registered): stay deterministic anyway

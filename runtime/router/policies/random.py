@@ -10,5 +10,5 @@ from .base import Choice, Policy
 class RandomPolicy(Policy):
     name = "random"
 
-    def select(self, workers: Sequence[Worker], text: str) -> Choice:
+    def select(self, workers: Sequence[Worker], text: str, output_tokens: int = 0) -> Choice:
         return Choice(self.rng.choice(list(workers)), "random")

@@ -14,7 +14,7 @@ class RoundRobinPolicy(Policy):
         super().__init__(*args, **kwargs)
         self.counter = 0
 
-    def select(self, workers: Sequence[Worker], text: str) -> Choice:
+    def select(self, workers: Sequence[Worker], text: str, output_tokens: int = 0) -> Choice:
         worker = workers[self.counter % len(workers)]
         self.counter += 1
         return Choice(worker, "next")
