@@ -21,6 +21,7 @@ from typing import Any, AsyncIterator, Sequence
 from sgdsl.ir import Constraint, SamplingParams
 
 from ._common import finish_reason
+from .stream_logprobs import StreamLogprobs
 from .base import (Backend, Capabilities, ChoiceScores, Context, GenResult, StreamChunk,
                    UnsupportedError)
 
@@ -156,7 +157,7 @@ class SrtBackend(Backend):
         request = build_request(ctx.text, params, constraint, self.name)
         request["stream"] = True
         rid = request["rid"] = new_rid()
-        finished, seen = False, ""
+        finished, seen, logprobs = False, "", StreamLogprobs()
         try:
             async for chunk in self._call_stream(request):
                 text = chunk.get("text", "")
@@ -165,11 +166,13 @@ class SrtBackend(Backend):
                 meta = chunk.get("meta_info") or {}
                 if meta.get("finish_reason") is not None:
                     finished = True
-                    yield StreamChunk(text=delta, done=True,
-                                      meta_info=result_of({**chunk, "text": seen}).meta_info)
+                    full = {**chunk, "text": seen, "meta_info": logprobs.complete(meta)}
+                    yield StreamChunk(text=delta, done=True, meta_info=result_of(full).meta_info)
                     return
-                if delta:
-                    yield StreamChunk(text=delta)
+                if delta:  # its meta_info: this chunk's logprob entries (SGLang's streamed)
+                    yield StreamChunk(text=delta, meta_info=logprobs.chunk_meta(meta))
+                else:  # no text: its logprob entries go with the next chunk
+                    logprobs.add(meta)
         finally:
             if not finished:  # cancelled, closed early or failed: free the runtime's slot
                 await self._abort(rid)

@@ -8,6 +8,7 @@ from typing import Any, AsyncIterator, Iterator
 from sgdsl import ir
 from sgdsl.interpreter.callsite import capture
 from sgdsl.interpreter.executor import StateExecutor
+from sgdsl.interpreter.stream_meta import since
 from sgdsl.role_methods import RoleMethods
 
 
@@ -154,7 +155,7 @@ class ProgramState(RoleMethods):
             seen = ex.signal.version
             chunk, done = reader.read()
             if chunk:
-                yield (chunk, ex.meta_info.get(var_name)) if return_meta_data else chunk
+                yield (chunk, reader.meta()) if return_meta_data else chunk
             if done:
                 break
             await ex.signal.async_wait_for(lambda: ex.signal.version != seen or ex.finished)
@@ -182,6 +183,13 @@ class _Reader:
 
     def __init__(self, ex: StateExecutor, var_name: str | None) -> None:
         self.ex, self.var, self.pos = ex, var_name, 0
+        self.logprobs = 0  # output logprob entries already given with a read
+
+    def meta(self) -> Any:
+        """The variable's meta_info, with the logprob entries that came since the last read
+        (read after the text, so it covers at least that text's tokens)."""
+        meta, self.logprobs = since(self.ex.meta_info.get(self.var), self.logprobs)
+        return meta
 
     def read(self) -> tuple[str, bool]:
         ex = self.ex

@@ -93,17 +93,19 @@ async def _completion_events(req: CompletionRequest, batch: GenBatch, echoes: li
         texts[i] = chunk["text"]
         if not started[i]:
             delta, started[i] = echoes[i // req.n] + delta, True
+        reason = finish_reason(meta)
+        if not delta and reason is None:
+            cursor.feed(i, meta)  # nothing to send: its logprob entries go with the next
+            continue
         logprobs = None
         if req.logprobs is not None:
             entries, tops = cursor.take(i, meta)
             logprobs = completion_logprobs(entries, tops if req.logprobs else None,
                                            offset=len(texts[i]) - len(delta))
-        reason = finish_reason(meta)
         if reason is not None:
             finals[i] = chunk
-        if delta or reason is not None:
-            choice = {"index": i, "text": delta, "logprobs": logprobs, "finish_reason": reason}
-            yield sse_data({**head, "object": "text_completion", "choices": [choice]})
+        choice = {"index": i, "text": delta, "logprobs": logprobs, "finish_reason": reason}
+        yield sse_data({**head, "object": "text_completion", "choices": [choice]})
     if req.include_usage:
         outs = [finals[i] for i in sorted(finals)]
         yield sse_data({**head, "object": "text_completion", "choices": [],
@@ -167,14 +169,16 @@ async def _chat_events(req: ChatCompletionRequest, batch: GenBatch, head: dict[s
         reason = finish_reason(meta)
         if new_text:
             delta["content"] = new_text
+        if not delta and reason is None:
+            cursor.feed(i, meta)  # nothing to send: its logprob entries go with the next
+            continue
         logprobs = None
         if req.logprobs:
             logprobs = chat_logprobs(*cursor.take(i, meta))
         if reason is not None:
             finals[i] = chunk
-        if delta or reason is not None:
-            choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
-            yield sse_data({**head, "object": "chat.completion.chunk", "choices": [choice]})
+        choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+        yield sse_data({**head, "object": "chat.completion.chunk", "choices": [choice]})
     if req.include_usage:
         outs = [finals[i] for i in sorted(finals)]
         yield sse_data({**head, "object": "chat.completion.chunk", "choices": [],

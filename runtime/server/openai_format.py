@@ -65,15 +65,27 @@ def chat_logprobs(entries: Sequence[Triple], tops: Sequence[Any] | None) -> dict
 
 
 class LogprobCursor:
-    """Per-sample count of logprob entries already sent, so streamed chunks carry only the
-    new ones (engine chunks are cumulative)."""
+    """Per sample, the logprob entries not yet sent, so streamed chunks carry only new ones.
+    Engine chunks carry only theirs, with ``output_token_logprobs_length`` (the count so far);
+    a chunk without the length is taken as cumulative."""
 
     def __init__(self, samples: int) -> None:
-        self.sent = [0] * samples
+        self.seen = [0] * samples
+        self.pending: list[tuple[list[Any], list[Any] | None]] = [([], None)] * samples
 
-    def take(self, index: int, meta: dict[str, Any]) -> tuple[list[Any], list[Any] | None]:
+    def feed(self, index: int, meta: dict[str, Any]) -> None:
+        """Keep the chunk's entries not seen yet for the next ``take`` (a chunk not sent)."""
         entries = list(meta.get("output_token_logprobs") or [])
         tops = meta.get("output_top_logprobs")
-        start = self.sent[index]
-        self.sent[index] = len(entries)
-        return entries[start:], (list(tops[start:]) if tops is not None else None)
+        total = int(meta.get("output_token_logprobs_length", len(entries)))
+        start = max(len(entries) - max(total - self.seen[index], 0), 0)
+        self.seen[index] = max(total, self.seen[index])
+        kept, kept_tops = self.pending[index]
+        new_tops = None if tops is None else (kept_tops or []) + list(tops[start:])
+        self.pending[index] = (kept + entries[start:], new_tops)
+
+    def take(self, index: int, meta: dict[str, Any]) -> tuple[list[Any], list[Any] | None]:
+        """The entries to send with this chunk: those kept, then the chunk's new ones."""
+        self.feed(index, meta)
+        out, self.pending[index] = self.pending[index], ([], None)
+        return out

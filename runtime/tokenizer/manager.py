@@ -224,11 +224,10 @@ class TokenizerManager:
                 if state.error is not None:
                     raise state.error
                 chunk = state.stream_chunk()
+                if chunk is not None:
+                    yield chunk
                 if state.finish_reason is not None:
-                    yield chunk
                     return
-                if chunk["delta"]:
-                    yield chunk
         finally:
             if state.finish_reason is None and state.error is None:
                 self.abort(spec.rid, "stream closed by the caller")

@@ -8,6 +8,7 @@ a possible stop string until it is ruled out).
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,8 +41,11 @@ class ReqState:
     _detok: Any = None  # streams only: IncrementalDetokenizer + StopStringTrimmer
     _trimmer: Any = None
     _fed: int = 0
+    _sent_logprobs: int = 0  # streams: output logprob entries already delivered in a chunk
     validator: Any = None  # grammar.schema.OutputValidator: checks finished json_schema outputs
     _final: str | None = None
+    created: float = field(default_factory=time.perf_counter)
+    e2e_latency: float | None = None  # seconds from arrival to the finish (SGLang's meta field)
 
     def apply(self, out: ReqOut) -> None:
         self.output_ids.extend(out.new_ids)
@@ -56,6 +60,7 @@ class ReqState:
             self.output_top_logprobs.extend(out.output_top_logprobs or [])
         if out.finish_reason is not None:
             self.finish_reason = out.finish_reason
+            self.e2e_latency = time.perf_counter() - self.created
             if out.finish_reason.get("status") == 400:  # grammar: failed to compile at admission
                 from ..errors import InvalidRequestError
 
@@ -110,19 +115,28 @@ class ReqState:
         return text
 
     # -- output dicts ---------------------------------------------------------------------------------
-    def to_dict(self, text: str) -> dict:
+    def to_dict(self, text: str, logprobs_from: int = 0) -> dict:
+        """The output dict; ``logprobs_from`` > 0 (streams) leaves out the output logprob
+        entries an earlier chunk carried, as SGLang's streamed meta_info does."""
         meta: dict[str, Any] = {
             "id": self.rid, "finish_reason": self.finish_reason,
             "prompt_tokens": self.prompt_tokens, "completion_tokens": len(self.output_ids),
             "cached_tokens": self.cached_tokens}
+        if self.e2e_latency is not None:
+            meta["e2e_latency"] = self.e2e_latency
         if self.params.constraint is not None:  # grammar: which tokens were not sampled
             meta["forced_token_positions"] = [p for p in self.forced_positions or ()
                                               if p < len(self.output_ids)]
         if self.return_logprob:
             meta["input_token_logprobs"] = [self._entry(e) for e in self.input_token_logprobs]
-            meta["output_token_logprobs"] = [self._entry(e) for e in self.output_token_logprobs]
+            meta["output_token_logprobs"] = [self._entry(e) for e in
+                                             self.output_token_logprobs[logprobs_from:]]
+            # NOTE: the count of entries so far, so a client can place a chunk's entries (SGLang);
+            # with jump-forward a forced token's entry may come a chunk after its id.
+            meta["output_token_logprobs_length"] = len(self.output_token_logprobs)
             meta["input_top_logprobs"] = [self._tops(t) for t in self.input_top_logprobs]
-            meta["output_top_logprobs"] = [self._tops(t) or [] for t in self.output_top_logprobs]
+            meta["output_top_logprobs"] = [self._tops(t) or [] for t in
+                                           self.output_top_logprobs[logprobs_from:]]
         return {"text": text, "output_ids": list(self.output_ids), "meta_info": meta}
 
     def _entry(self, entry: tuple) -> list:
@@ -135,9 +149,11 @@ class ReqState:
             return None
         return [self._entry(e) for e in tops]
 
-    def stream_chunk(self) -> dict:
-        """The cumulative dict so far plus ``delta``: new text that is complete UTF-8 and holds
-        no part of a (possible) stop string. The last chunk's text equals ``final_text()``."""
+    def stream_chunk(self) -> dict | None:
+        """The dict so far plus ``delta``: new text that is complete UTF-8 and holds no part
+        of a (possible) stop string; None while there is no new text and no finish. ``text``
+        and ``output_ids`` are cumulative, the output logprobs are those not yet delivered
+        (SGLang's streamed meta_info). The last chunk's text equals ``final_text()``."""
         if self._detok is None:
             p = self.params
             self._detok = IncrementalDetokenizer(self.tokenizer, p.skip_special_tokens,
@@ -156,6 +172,9 @@ class ReqState:
             text = self.final_text()
         else:
             text = self._trimmer.emitted
-        chunk = self.to_dict(text)
+            if not delta:  # nothing to deliver: its logprobs go with the next chunk
+                return None
+        chunk = self.to_dict(text, self._sent_logprobs)
+        self._sent_logprobs = len(self.output_token_logprobs)
         chunk["delta"] = delta
         return chunk

@@ -11,6 +11,7 @@ from sgdsl.backends.base import Backend
 from sgdsl.choices import token_length_normalized
 from sgdsl.errors import ConstraintViolationError, UnsupportedError
 from sgdsl.interpreter.lowering import MAX_ATTEMPTS, Checked, Plan, plan_constraint
+from sgdsl.interpreter.stream_meta import merge_chunk
 
 if TYPE_CHECKING:
     from sgdsl.interpreter.executor import StateExecutor
@@ -152,12 +153,15 @@ async def _gen_stream(ex: "StateExecutor", name: str | None, params: ir.Sampling
         ex.variables[name] = ""
     meta: dict[str, Any] = {}
     parts: list[str] = []
+    live: dict[str, Any] | None = None  # the chunks' meta_info so far (stream_meta)
     async for chunk in ex.backend.stream(ex.context(), params, plan.native):
+        # NOTE: the last chunk's meta_info is the whole result's; earlier ones are their own.
+        live = dict(chunk.meta_info) if chunk.done else merge_chunk(live, chunk.meta_info)
         if chunk.text:
             parts.append(chunk.text)
             if name is not None:
                 ex.variables[name] += chunk.text
-                ex.meta_info[name] = dict(chunk.meta_info)
+                ex.meta_info[name] = live
             ex.fill(chunk.text, "gen", name)
         if chunk.meta_info:
             meta = dict(chunk.meta_info)

@@ -75,7 +75,7 @@ class FakeEngine:
         ids = input_ids if input_ids is not None else self.tokenizer.encode(prompt or "")
         if len(ids) + params.max_new_tokens > self.context:
             raise ContextLengthError("prompt too long", field="max_new_tokens")
-        gen = self._run(list(ids), params, rid or "r", return_logprob, top_logprobs_num)
+        gen = self._run(list(ids), params, rid or "r", return_logprob, top_logprobs_num, stream)
         if stream:
             return gen
         last = None
@@ -84,13 +84,15 @@ class FakeEngine:
         return {k: v for k, v in last.items() if k != "delta"}
 
     async def _run(self, ids: list[int], params: SamplingParams, rid: str, logprob: bool,
-                   top_n: int) -> AsyncIterator[dict[str, Any]]:
+                   top_n: int, stream: bool) -> AsyncIterator[dict[str, Any]]:
+        """Chunks as the engine streams them: cumulative text and ids, and (streams) only
+        the output logprob entries no earlier chunk carried."""
         self.running.add(rid)
         out: list[int] = []
         source = self._constrained(self._source(ids), params)
         trimmer = StopStringTrimmer(params.stop, params.no_stop_trim)
         finish: dict[str, Any] | None = None
-        prev = ""
+        prev, sent = "", 0
         try:
             while finish is None:
                 if rid in self.aborted:
@@ -111,10 +113,10 @@ class FakeEngine:
                 # NOTE: streamed text holds back a possible stop string, as the runtime's does.
                 trimmer.push(text[len(trimmer._buf):])
                 text = trimmer.text if finish is not None else trimmer.emitted
-                yield self._chunk(rid, ids, out, text, prev, finish, logprob, top_n)
-                prev = text
+                yield self._chunk(rid, ids, out, text, prev, finish, logprob, top_n, sent)
+                prev, sent = text, (len(out) if stream else 0)
             if finish["type"] != "stop" or finish["matched"] == EOS:
-                yield self._chunk(rid, ids, out, prev, prev, finish, logprob, top_n)
+                yield self._chunk(rid, ids, out, prev, prev, finish, logprob, top_n, sent)
             self.finish_types[rid] = finish["type"]
         finally:
             # NOTE: a stream closed by its consumer ends here without a finish reason.
@@ -150,12 +152,14 @@ class FakeEngine:
         return source
 
     def _chunk(self, rid: str, ids: list[int], out: list[int], text: str, prev: str,
-               finish: dict[str, Any] | None, logprob: bool, top_n: int) -> dict[str, Any]:
+               finish: dict[str, Any] | None, logprob: bool, top_n: int,
+               since: int) -> dict[str, Any]:
         meta: dict[str, Any] = {"id": rid, "finish_reason": finish, "prompt_tokens": len(ids),
                                 "completion_tokens": len(out), "cached_tokens": 0}
         if logprob:
-            meta["output_token_logprobs"] = [[-1.0, t, chr(t)] for t in out]
-            meta["output_top_logprobs"] = [[[-1.0, t, chr(t)]][:top_n] for t in out]
+            meta["output_token_logprobs"] = [[-1.0, t, chr(t)] for t in out[since:]]
+            meta["output_token_logprobs_length"] = len(out)
+            meta["output_top_logprobs"] = [[[-1.0, t, chr(t)]][:top_n] for t in out[since:]]
             meta["input_token_logprobs"] = [[None if i == 0 else -2.0, t, chr(t)]
                                             for i, t in enumerate(ids)]
             meta["input_top_logprobs"] = [None for _ in ids]

@@ -81,12 +81,22 @@ def test_usage_counts_prompt_once_per_prompt() -> None:
 
 
 def test_logprob_cursor_and_offsets() -> None:
-    cursor = LogprobCursor(1)
+    cursor = LogprobCursor(1)  # cumulative chunks (no length field)
     meta = {"output_token_logprobs": [[-1.0, 5, "a"]], "output_top_logprobs": [[[-1.0, 5, "a"]]]}
     assert cursor.take(0, meta)[0] == [[-1.0, 5, "a"]]
     meta["output_token_logprobs"].append([-2.0, 6, "bc"])
     meta["output_top_logprobs"].append([])
     assert cursor.take(0, meta) == ([[-2.0, 6, "bc"]], [[]])
+    cursor = LogprobCursor(2)  # the engine's chunks: their own entries and the count so far
+    cursor.feed(1, {"output_token_logprobs": [[-1.0, 5, "a"]], "output_token_logprobs_length": 1,
+                    "output_top_logprobs": [[]]})  # a chunk not sent
+    sent = cursor.take(1, {"output_token_logprobs": [[-2.0, 6, "b"]],
+                           "output_token_logprobs_length": 2, "output_top_logprobs": [[]]})
+    assert sent == ([[-1.0, 5, "a"], [-2.0, 6, "b"]], [[], []])
+    assert cursor.take(0, {"output_token_logprobs": [[-3.0, 7, "c"]],
+                           "output_token_logprobs_length": 1}) == ([[-3.0, 7, "c"]], None)
+    assert cursor.take(1, {"output_token_logprobs": [], "output_token_logprobs_length": 2,
+                           "output_top_logprobs": []}) == ([], [])
     lp = completion_logprobs(meta["output_token_logprobs"], None, offset=3)
     assert lp["text_offset"] == [3, 4] and lp["tokens"] == ["a", "bc"]
 
