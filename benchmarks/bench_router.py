@@ -39,7 +39,7 @@ from typing import Any
 
 import httpx
 
-from sgdsl.runtime.router.dp import gpu_slices, start_replicas, stop_replicas
+from sgdsl.runtime.launcher.replicas import gpu_slices, start_replicas, stop_replicas
 
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
         "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -26,7 +26,7 @@ EPILOG = __doc__.split("\n\n", 1)[1]
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "serve":
-        from sgdsl.runtime.server.cli import main as serve  # noqa: PLC0415
+        from sgdsl.runtime.launcher.cli import main as serve  # noqa: PLC0415
 
         return serve(argv[1:]) or 0
     if argv and argv[0] == "router":

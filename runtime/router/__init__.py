@@ -10,7 +10,7 @@ servers, as SGLang's Model Gateway is.
 - ``policies/``    how a worker is chosen (``base.py`` + one file per policy)
 - ``proxy.py``     forwarding with retries before the first byte, SSE passthrough
 - ``app.py``       the FastAPI app (protocol routes, admin routes, /metrics, /health)
-- ``cli.py``       ``sgdsl router``; ``dp.py`` is ``sgdsl serve --dp-size N``
+- ``cli.py``       ``sgdsl router`` (``sgdsl serve --dp-size N`` is runtime/launcher/, above this)
 
 The router knows workers only by their HTTP API and never imports the engine (or torch).
 """

@@ -1,4 +1,4 @@
-"""``python -m sgdsl.runtime.server``: same as ``sgdsl serve``."""
+"""``python -m sgdsl.runtime.server``: one server (``sgdsl serve`` without ``--dp-size``)."""
 from __future__ import annotations
 
 import sys

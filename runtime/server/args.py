@@ -15,8 +15,6 @@ class ServerArgs:
     graceful_timeout_s: float = 30.0  # how long SIGTERM waits for in-flight requests
     max_body_bytes: int = 32 * 1024 * 1024  # larger request bodies are answered 413
     log_level: str = "warning"
-    dp_size: int = 1  # > 1: that many engine replicas behind a router on this port
-    router_policy: str = "cost_aware"  # how the replicas are chosen (dp_size > 1)
     tool_call_parser: str | None = None  # tool-call format; None: detected from the template
     reasoning_parser: str | None = None  # qwen3 | deepseek-r1: split <think> from the answer
 

@@ -1,4 +1,7 @@
-"""``sgdsl serve`` / ``python -m sgdsl.runtime.server``: start an Engine behind the HTTP server.
+"""Start one Engine behind the HTTP server (``python -m sgdsl.runtime.server``).
+
+``sgdsl serve`` is runtime/launcher/cli.py: these flags plus ``--dp-size`` replicas behind the
+router.
 
 Engine options are generated from ``EngineConfig``'s fields (``--max-total-tokens``,
 ``--schedule-policy``...), so a new engine option is a new flag without touching this file.
@@ -13,12 +16,10 @@ import typing
 from typing import Any, Sequence
 
 from ..config import EngineConfig
-from ..router.config import POLICIES
 from .args import ServerArgs
 
 _SERVER_FLAGS = {"host", "port", "api_key", "cors_origins", "graceful_timeout_s",
-                 "max_body_bytes", "log_level", "dp_size", "router_policy", "tool_call_parser",
-                 "reasoning_parser"}
+                 "max_body_bytes", "log_level", "tool_call_parser", "reasoning_parser"}
 
 
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -67,10 +68,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="on SIGTERM, how long to wait for in-flight requests")
     parser.add_argument("--max-body-bytes", type=int, default=ServerArgs.max_body_bytes)
     parser.add_argument("--log-level", default="warning")
-    parser.add_argument("--dp-size", type=int, default=ServerArgs.dp_size,
-                        help="data parallelism: engine replicas behind a router on this port")
-    parser.add_argument("--router-policy", default=ServerArgs.router_policy,
-                        choices=POLICIES, help="how --dp-size replicas are chosen")
     parser.add_argument("--tool-call-parser", default=None,
                         choices=["hermes", "qwen", "qwen25", "qwen3", "llama3", "mistral"],
                         help="tool-call format of the model (default: from its chat template)")
@@ -99,10 +96,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ..distributed.node import run_node
 
         return run_node(engine_config)
-    if server_args.dp_size != 1:
-        from ..router.dp import serve_dp  # N replica servers behind the router
-
-        return serve_dp(argv, engine_config, server_args)
     from ..engine import Engine  # heavy (torch): only once the arguments are known good
 
     engine = Engine(engine_config)

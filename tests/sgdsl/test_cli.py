@@ -67,13 +67,13 @@ def test_backend_and_model_combine():
     assert backend_spec("http://h:1", None) == "http://h:1"
 
 
-def test_serve_dispatches_to_the_runtime_server_cli(monkeypatch):
+def test_serve_dispatches_to_the_runtime_launcher(monkeypatch):
     import sys
     import types
 
     seen = []
-    fake = types.ModuleType("sgdsl.runtime.server.cli")
+    fake = types.ModuleType("sgdsl.runtime.launcher.cli")
     fake.main = lambda argv: seen.append(argv) or 0
-    monkeypatch.setitem(sys.modules, "sgdsl.runtime.server.cli", fake)
+    monkeypatch.setitem(sys.modules, "sgdsl.runtime.launcher.cli", fake)
     assert main(["serve", "--port", "1234"]) == 0
     assert seen == [["--port", "1234"]]

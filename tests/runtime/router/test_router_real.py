@@ -36,7 +36,7 @@ class DP:
 
 @pytest.fixture(scope="module")
 def dp(tiny_model_dir) -> Iterator[DP]:
-    cmd = [sys.executable, "-m", "sgdsl.runtime.server", "--model", str(tiny_model_dir),
+    cmd = [sys.executable, "-m", "sgdsl.runtime.launcher", "--model", str(tiny_model_dir),
            "--load-format", "dummy", "--num-threads", "1", "--max-total-tokens", "8192",
            "--host", "127.0.0.1", "--port", "0", "--api-key", KEY, "--dp-size", "2",
            "--router-policy", "round_robin"]

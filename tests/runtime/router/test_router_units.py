@@ -120,21 +120,6 @@ def test_routing_text_of_each_protocol():
     assert routing_text("/v1/messages", {"messages": "junk"}) == ""
 
 
-@pytest.mark.parametrize("argv", [["--dp-size", "0"],
-                                  ["--dp-size", "2", "--dist-init-addr", "127.0.0.1:5000"]])
-def test_serve_refuses_bad_data_parallel_options(argv, capsys):
-    from sgdsl.runtime.server.cli import main
-
-    assert main([*argv, "--device", "cpu"]) == 2  # refused before any replica starts
-    assert "dp_size" in capsys.readouterr().err
-
-
-def test_gpu_slices_leave_cpu_replicas_alone():
-    from sgdsl.runtime.router.dp import gpu_slices
-
-    assert gpu_slices(3, 2, "cpu") == [None, None, None]
-
-
 def test_text_tree_common_prefix_length_matches_a_character_walk():
     import random
 

@@ -1,11 +1,8 @@
-"""``sgdsl serve --dp-size N``: N engine replicas behind one port.
-
-Design: each replica is a full ``sgdsl serve`` worker process on a private loopback port (with
-its own scheduler; a TP group of ``tp_size`` ranks once TP is on, given its own slice of the
-GPUs through CUDA_VISIBLE_DEVICES), and this process runs the router in front of them. One code
-path serves both ``--dp-size`` and a standalone router over many machines: the same policies,
-health checks, failover and metrics; a replica that crashes takes only itself down. The price
-is one loopback HTTP hop per request, small next to a generation.
+"""Replica server processes: each a full ``python -m sgdsl.runtime.server`` on a private
+loopback port, with its own scheduler (a TP group of ``tp_size`` ranks given its own slice of
+the GPUs through CUDA_VISIBLE_DEVICES). Started together, watched (their URL from the line they
+print once listening, their last lines kept for errors), stopped together; a replica dies with
+its parent even if the parent is killed (PR_SET_PDEATHSIG).
 """
 from __future__ import annotations
 
@@ -17,12 +14,9 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
-
-import httpx
+from typing import Sequence
 
 from ..errors import InvalidRequestError
-from .config import RouterConfig
 
 START_TIMEOUT_S = 1800.0  # loading a 70B checkpoint takes a while
 
@@ -67,7 +61,7 @@ def _die_with_parent() -> None:
 
 def launch(index: int, argv: Sequence[str], gpus: str | None) -> Replica:
     cmd = [sys.executable, "-m", "sgdsl.runtime.server", *argv,
-           "--host", "127.0.0.1", "--port", "0", "--dp-size", "1"]  # last flag wins
+           "--host", "127.0.0.1", "--port", "0"]  # the last flag wins
     env = dict(os.environ)
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpus
@@ -117,42 +111,3 @@ def stop_replicas(replicas: list[Replica], grace_s: float = 30.0) -> None:
         except subprocess.TimeoutExpired:
             r.proc.kill()
             r.proc.wait()
-
-
-def serve_dp(argv: Sequence[str], engine_config: Any, server_args: Any) -> int:
-    """Start ``dp_size`` replicas, route between them on ``server_args``' host and port."""
-    from .cli import serve
-
-    dp = server_args.dp_size
-    if dp < 1:
-        print(f"sgdsl serve: error: dp_size: must be >= 1, got {dp}", file=sys.stderr)
-        return 2
-    if getattr(engine_config, "nnodes", 1) > 1 or getattr(engine_config, "dist_init_addr", None):
-        # Every replica would meet at the same rendezvous; each picks a free port by itself.
-        print("sgdsl serve: error: dp_size: --dp-size does not take --nnodes > 1 or "
-              "--dist-init-addr; run each multi-node replica with `sgdsl serve` and put "
-              "`sgdsl router` in front", file=sys.stderr)
-        return 2
-    gpus = gpu_slices(dp, getattr(engine_config, "tp_size", 1), engine_config.device)
-    replicas = start_replicas(dp, argv, gpus)
-    try:
-        config = RouterConfig(worker_urls=tuple(r.url for r in replicas),
-                              policy=server_args.router_policy, host=server_args.host,
-                              port=server_args.port, api_key=server_args.api_key,
-                              max_body_bytes=server_args.max_body_bytes,
-                              log_level=server_args.log_level)
-        name = _model_name(replicas[0].url, server_args.api_key)
-        # NOTE: uvicorn re-raises SIGTERM once it has drained, so the replicas are stopped in
-        # the app's shutdown hook; ``finally`` covers failures before the router runs.
-        serve(config, lambda url: f"sgdsl server listening on {url} "
-                                  f"[dp_size={dp}, policy={config.policy}] (model: {name})",
-              on_shutdown=lambda: stop_replicas(replicas, server_args.graceful_timeout_s))
-    finally:
-        stop_replicas(replicas, server_args.graceful_timeout_s)
-    return 0
-
-
-def _model_name(url: str, api_key: str | None) -> str:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    info = httpx.get(f"{url}/get_model_info", headers=headers, timeout=30).json()
-    return info.get("served_model_name") or "default"

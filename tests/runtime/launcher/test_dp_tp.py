@@ -1,0 +1,97 @@
+"""``sgdsl serve --dp-size 2 --tp-size 2`` on CPU: two replicas, each a TP group of two gloo
+ranks, behind the router. Each replica answers with TP=2, both give the TP=1 greedy tokens
+(dummy weights are the same model at any TP), through the router and directly, and SIGTERM
+leaves no process behind."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Iterator
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+PROMPTS = ["Hi", "The capital of France is", "def fibonacci(n):\n    "]
+GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+
+
+def descendants(pid: int) -> list[int]:
+    """Live processes below ``pid`` (from /proc)."""
+    parents = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            parents[int(entry)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        kids = [p for p, parent in parents.items() if parent in frontier]
+        found += kids
+        frontier = kids
+    return found
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir) -> Iterator[tuple[str, subprocess.Popen]]:
+    cmd = [sys.executable, "-m", "sgdsl.runtime.launcher", "--model", str(tiny_model_dir),
+           "--load-format", "dummy", "--device", "cpu", "--num-threads", "1",
+           "--max-total-tokens", "4096", "--dp-size", "2", "--tp-size", "2",
+           "--host", "127.0.0.1", "--port", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if "listening on" in line:
+            break
+    assert "[dp_size=2, tp_size=2" in lines[-1], "".join(lines[-40:])
+    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+    yield lines[-1].split("listening on ")[1].split()[0], proc
+    if proc.poll() is None:
+        proc.kill()
+
+
+def outputs(url: str) -> list[list[int]]:
+    r = httpx.post(f"{url}/generate", timeout=300, json={"text": PROMPTS,
+                                                          "sampling_params": GREEDY})
+    assert r.status_code == 200, r.text
+    return [item["output_ids"] for item in r.json()]
+
+
+def test_dp2_tp2_equals_tp1_and_stops_cleanly(served, tiny_engine):
+    url, proc = served
+    workers = [w["url"] for w in httpx.get(f"{url}/list_workers", timeout=30).json()["workers"]]
+    assert len(workers) == 2
+    for worker in workers:
+        info = httpx.get(f"{worker}/get_server_info", timeout=30).json()
+        assert info["tp_size"] == 2
+    want = [r["output_ids"] for r in tiny_engine.generate(PROMPTS, GREEDY)]
+    assert outputs(url) == want
+    for worker in workers:
+        assert outputs(worker) == want
+        assert httpx.get(f"{worker}/load", timeout=30).json()["num_running_reqs"] == 0
+    assert httpx.get(f"{url}/debug/check_idle_integrity", timeout=60).status_code == 200
+    family = descendants(proc.pid)
+    assert len(family) >= 2 + 4  # two replica servers, four ranks (and their helpers)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) in (0, -signal.SIGTERM)
+    deadline = time.monotonic() + 60  # a rank may still be exiting when its parent is gone
+    while (alive := [p for p in family if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive, f"left behind: {alive}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
