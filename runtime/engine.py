@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator, Iterator
 from .config import EngineConfig
 from .errors import EngineDeadError
 from .ipc import messages as m
+from .quiet_tqdm import import_tqdm_auto_quietly
 from .scheduler.process import freeze_startup_objects
 from .tokenizer.manager import TokenizerManager
 from .tokenizer.request_builder import GenerateSpec, RequestBuilder
@@ -31,6 +32,7 @@ class Engine:
         else:
             config = EngineConfig.from_kwargs(model=None if model is None else str(model), **kwargs)
         self.config = config
+        import_tqdm_auto_quietly()  # before transformers: no TqdmWarning in a notebook cell
         self._closed = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sgdsl-engine",
