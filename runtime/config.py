@@ -42,6 +42,13 @@ class EngineConfig:
     grammar_compile_workers: int = 2
     grammar_compile_queue: int = 512
     grammar_compile_memory_bytes: int = 2 << 30
+    # Compiled grammars are kept on disk (runtime/grammar/disk_cache.py), so restarts and the
+    # replicas on one machine reuse compiles: where (None: $SGDSL_GRAMMAR_CACHE_DIR, else
+    # $XDG_CACHE_HOME/sgdsl/grammars, else ~/.cache/sgdsl/grammars), how many bytes at most
+    # (least recently used files go first; 0 = off), or off altogether.
+    grammar_cache_dir: str | None = None
+    grammar_cache_bytes: int = 1 << 30
+    disable_grammar_disk_cache: bool = False
     disable_jump_forward: bool = False  # grammar: sample forced text instead of appending it
     # grammar: end every constrained output with a complete value when the budget allows
     # (docs/structured_output.md): force it within this many tokens of the budget; stop

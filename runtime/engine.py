@@ -169,6 +169,26 @@ class Engine:
         self._check_open()
         return bool(self._call(self._tm.rpc(m.FlushCacheReq)).value)
 
+    def precompile(self, constraints: list[dict[str, Any]],
+                   timeout: float | None = None) -> list[dict[str, Any]]:
+        """Compile grammar constraints ahead of requests, so their first requests do not wait
+        (warm-up after a start; with the on-disk cache, one engine's compiles serve the
+        others). Each constraint is a dict of the ``sampling_params`` constraint fields
+        (``{"json_schema": ...}``, ``{"regex": ...}`` or ``{"ebnf": ...}``). Returns one
+        result per constraint, in order: ``{"ok": True, "kind": ...}``, or ``{"ok": False,
+        "kind", "error", "field", "status"}`` with the error a request with it would get.
+        Blocks until every one is decided (``timeout``: at most that many seconds)."""
+        from .grammar.precompile import parse_constraints
+
+        self._check_open()
+        parsed, results = parse_constraints(constraints)
+        if parsed:
+            resp = self._call(self._tm.rpc(m.PrecompileReq, constraints=tuple(
+                c for _, c in parsed)), timeout)
+            for (index, _), result in zip(parsed, resp.value):
+                results[index] = result
+        return results
+
     def check_idle_integrity(self) -> None:
         """Raise AssertionError unless the scheduler is idle with no KV leaked or locked."""
         self._check_open()

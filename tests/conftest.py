@@ -25,6 +25,23 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
                    "special_tokens_map.json")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def grammar_cache_dir(tmp_path_factory) -> Path:
+    """Engines keep compiled grammars on disk (runtime/grammar/disk_cache.py): the suite's go to
+    a folder of its own, never the user's ~/.cache, so no run sees another's compiles."""
+    import os
+
+    ENV_DIR = "SGDSL_GRAMMAR_CACHE_DIR"  # runtime.grammar.disk_cache.ENV_DIR (torch-free here)
+    folder = tmp_path_factory.mktemp("grammar-cache")
+    saved = os.environ.get(ENV_DIR)
+    os.environ[ENV_DIR] = str(folder)
+    yield folder
+    if saved is None:
+        os.environ.pop(ENV_DIR, None)
+    else:
+        os.environ[ENV_DIR] = saved
+
+
 @pytest.fixture(scope="session")
 def embedded_dir() -> Path:
     from sgdsl.runtime.model.embedded import embedded_model_path

@@ -14,6 +14,10 @@ A compile past its deadline is killed with its worker; its key is remembered as 
 resubmission fails at once. A request whose compile is still queued at its deadline fails
 saying it waited for a worker. The cache holds failures too (they are cheap and deterministic),
 bounded by entry count and by the bytes of the compiled grammars it holds.
+
+With ``disk`` (a ``GrammarDiskCache``), a key missing here is looked up on disk before a worker
+compiles it (``disk_loader.py``: on its own thread), and fresh compiles are written there, so
+restarts and replicas on one machine reuse them.
 """
 from __future__ import annotations
 
@@ -25,6 +29,8 @@ from dataclasses import dataclass, field
 
 from ..errors import InvalidRequestError
 from .base import Grammar, GrammarBackend, GrammarKey
+from .disk_cache import GrammarDiskCache
+from .disk_loader import DiskLoader
 from .limits import GrammarLimits
 from .worker import WorkerInit
 from .worker_handle import STARTUP_TIMEOUT_S
@@ -113,7 +119,8 @@ class GrammarCompiler:
 
     def __init__(self, backend: GrammarBackend, *, limits: GrammarLimits | None = None,
                  timeout_s: float = 10.0, max_workers: int = 2, cache_size: int = 1024,
-                 cache_bytes: int = 1 << 30, pool: PoolLimits | None = None) -> None:
+                 cache_bytes: int = 1 << 30, pool: PoolLimits | None = None,
+                 disk: GrammarDiskCache | None = None) -> None:
         self.backend = backend
         self.limits = limits or GrammarLimits()
         self.timeout_s = timeout_s
@@ -124,6 +131,7 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._cache: OrderedDict[GrammarKey, _Entry] = OrderedDict()
         self._pool: CompileWorkerPool | None = None
+        self.disk = None if disk is None else DiskLoader(disk)
 
     @property
     def pool(self) -> CompileWorkerPool:
@@ -183,6 +191,8 @@ class GrammarCompiler:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown()
+        if self.disk is not None:
+            self.disk.shutdown()  # after the pool: its slots wait for lookups in flight
 
     def _pool_locked(self) -> CompileWorkerPool:
         if self._pool is None:
@@ -193,7 +203,8 @@ class GrammarCompiler:
                     field="grammar_backend")
             init = WorkerInit(spec, self.pool_limits.memory_bytes)
             limits = PoolLimits(**{**self.pool_limits.__dict__, "timeout_s": self.timeout_s})
-            self._pool = CompileWorkerPool(init, self.backend.deserialize, limits)
+            self._pool = CompileWorkerPool(init, self.backend.deserialize, limits,
+                                           disk=self.disk)
         return self._pool
 
     def _expire(self, key: GrammarKey, entry: _Entry) -> InvalidRequestError:

@@ -31,10 +31,12 @@ from ..errors import InvalidRequestError
 from .base import (GrammarBackend, GrammarKey, accept_token_grouped, allocate_bitmask,
                    fill_bitmask_grouped)
 from .compiler import GrammarCompiler
+from .disk_cache import GrammarDiskCache, disk_cache_from_config
 from .completion import CompletionConfig, CompletionTracker
 from .worker_pool import PoolLimits
 from .jump_forward import only_stop_allowed, stop_only_row
 from .forcing import Forcing
+from .precompile import Precompiles
 from .prefetch import MaskPrefetch
 from .unique_keys import build_quote_tokens, guard_keys
 
@@ -54,10 +56,14 @@ class GrammarManager(Forcing):
                  jump_forward: bool = True, jump_max_batch: int | None = None,
                  completion: CompletionConfig | None = CompletionConfig(),
                  pool: PoolLimits | None = None,
-                 compiler: GrammarCompiler | None = None) -> None:
+                 compiler: GrammarCompiler | None = None,
+                 disk_cache: GrammarDiskCache | None = None) -> None:
         # A compiler passed in (shared, e.g. by tests) is not shut down with this manager.
         self._owns_compiler = compiler is None
-        self.compiler = compiler or GrammarCompiler(backend, timeout_s=timeout_s, pool=pool)
+        self.compiler = compiler or GrammarCompiler(backend, timeout_s=timeout_s, pool=pool,
+                                                    disk=disk_cache)
+        # warm-up batches (Engine.precompile), a few compiles at a time
+        self.precompiles = Precompiles(self.compiler, 2 * self.compiler.pool_limits.workers)
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos = tuple(eos_token_ids)
@@ -141,6 +147,7 @@ class GrammarManager(Forcing):
     def wait_pending(self, timeout_s: float) -> None:
         """Block up to ``timeout_s`` for a pending compile (only when nothing else can run)."""
         futures = [r.grammar_pending.future() for r in self.pending]
+        futures += self.precompiles.futures()
         if futures:
             cf.wait(futures, timeout=timeout_s, return_when=cf.FIRST_COMPLETED)
 
@@ -343,12 +350,19 @@ class GrammarManager(Forcing):
                 "grammar_sampled_tokens": self.stats.sampled_tokens,
                 "grammar_jump_forward_tokens": self.stats.jump_forward_tokens,
                 "grammar_compile_timeouts": self.compiler.stats.timeouts,
+                **self._compile_stats(),
                 "grammar_forced_completions": self.completion.forced if self.completion else 0,
                 "grammar_repetition_stops": self.completion.repetitions if self.completion else 0,
                 "grammar_completion_searches": self.completion.search.searches
                 if self.completion else 0,
                 "grammar_completion_shared": self.completion.search.cache_hits
                 if self.completion else 0}
+
+    def _compile_stats(self) -> dict:
+        """Compiles run by the workers, and the on-disk cache's counters (disk_cache.py)."""
+        pool, disk = self.compiler._pool, self.compiler.disk
+        return {"grammar_compiles": pool.stats.compiles if pool is not None else 0,
+                **(disk.cache.stats_dict() if disk is not None else {})}
 
     def shutdown(self) -> None:
         if self._owns_compiler:
@@ -374,5 +388,6 @@ def create_grammar_manager(config: Any, tokenizer: Any, vocab_size: int,
                       memory_bytes=config.grammar_compile_memory_bytes)
     return GrammarManager(backend, tokenizer, vocab_size, eos_token_ids,
                           timeout_s=config.grammar_compile_timeout_s, pool=pool,
+                          disk_cache=disk_cache_from_config(config, backend),
                           jump_forward=not getattr(config, "disable_jump_forward", False),
                           completion=completion)

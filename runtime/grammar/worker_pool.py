@@ -11,7 +11,10 @@ it. So every compile runs in a worker process with a memory budget, and:
 - at most ``workers`` compiles run at once and at most ``max_queued`` wait; beyond that
   ``submit`` rejects at once, naming the limit;
 - the compiled grammar comes back serialized by the backend and is rebuilt here, on the slot's
-  thread (never the scheduler loop).
+  thread (never the scheduler loop);
+- with an on-disk cache (``disk``: ``disk_loader.py``), each job is looked up there first, on
+  the loader's thread: a slot that takes a job waits for its lookup and skips it on a hit;
+  what a worker compiles is handed to the loader to be written.
 
 Each slot is one thread driving one worker synchronously (send a job, wait for its reply or its
 deadline with ``select``), so the deadline is exact and needs no other timer. Workers start with
@@ -25,12 +28,15 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import InvalidRequestError
 from .base import GrammarKey
 from .worker import WorkerInit
 from .worker_handle import WorkerHandle, WorkerStartError
+
+if TYPE_CHECKING:
+    from .disk_loader import DiskLoader
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,7 @@ class CompileJob:
     key: GrammarKey
     submitted: float  # time.monotonic(); its deadline is ``CompileWorkerPool.deadline``
     future: Future = field(default_factory=Future)
+    looked_up: threading.Event | None = None  # set once the disk cache was read (None: no disk)
 
 
 class CompileTimeout(InvalidRequestError):
@@ -80,8 +87,9 @@ class CompileWorkerPool:
     """Runs ``CompileJob``s in worker processes; ``deserialize`` rebuilds each result here."""
 
     def __init__(self, init: WorkerInit, deserialize: Callable[[bytes], Any],
-                 limits: PoolLimits | None = None) -> None:
+                 limits: PoolLimits | None = None, disk: "DiskLoader | None" = None) -> None:
         self.init = init
+        self.disk = disk
         self.deserialize = deserialize
         self.limits = limits or PoolLimits()
         self.stats = PoolStats()
@@ -106,7 +114,8 @@ class CompileWorkerPool:
 
     def submit(self, key: GrammarKey) -> CompileJob:
         """Queue a compile; raises ``InvalidRequestError`` when the queue is full."""
-        job = CompileJob(key, time.monotonic())
+        job = CompileJob(key, time.monotonic(),
+                         looked_up=None if self.disk is None else threading.Event())
         if self._closed:
             raise InvalidRequestError("the grammar compiler is shut down", field=key.field)
         try:
@@ -116,6 +125,8 @@ class CompileWorkerPool:
                 f"too many grammar compiles in flight: {self.limits.workers} running and "
                 f"{self.limits.max_queued} queued is the limit (grammar_compile_queue); "
                 "retry later", field=key.field) from None
+        if self.disk is not None:
+            self.disk.look_up(job, self.deserialize)
         return job
 
     def worker_pids(self) -> list[int]:
@@ -150,6 +161,8 @@ class CompileWorkerPool:
             job = self._queue.get()
             if job is None or self._closed:
                 break
+            if job.looked_up is not None:
+                job.looked_up.wait()  # a hit completes it: nothing to compile
             if job.future.done() or not job.future.set_running_or_notify_cancel():
                 continue  # its requests gave up while it was queued
             if worker is None:
@@ -224,6 +237,9 @@ class CompileWorkerPool:
                 job.future.set_result((self.deserialize(payload), len(payload), compile_s))
             except Exception as e:  # noqa: BLE001 - a version or format mismatch
                 self._fail(job, f"{job.key.field} failed to load its compiled grammar: {e}")
+            else:
+                if self.disk is not None:
+                    self.disk.store(job.key, payload)
         worker.baseline = worker.baseline or used
         # NOTE: heap left over by earlier compiles counts against the budget of the next one;
         # a worker that grew by half its budget is replaced while idle.

@@ -48,8 +48,18 @@ class CheckIntegrityReq:
 
 
 @dataclass(frozen=True)
+class PrecompileReq:
+    """Compile these constraints ((kind, value) as ``SamplingParams.constraint``) ahead of
+    requests; answered with one result dict per constraint (``grammar/precompile.py``)."""
+
+    call_id: int
+    constraints: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
 class RpcResp:
-    """Answer to a FlushCacheReq / StatsReq / CheckIntegrityReq, matched by ``call_id``."""
+    """Answer to a FlushCacheReq / StatsReq / CheckIntegrityReq / PrecompileReq, matched by
+    ``call_id``."""
 
     call_id: int
     ok: bool

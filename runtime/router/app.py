@@ -93,6 +93,7 @@ def create_app(config: RouterConfig, on_shutdown: Callable[[], None] | None = No
     app.add_api_route("/v1/models/{model_id:path}", _any_worker, methods=["GET"])
     app.add_api_route("/flush_cache", _flush_cache, methods=["GET", "POST"])
     app.add_api_route("/abort_request", _abort, methods=["POST"])
+    app.add_api_route("/precompile", _precompile, methods=["POST"])
     app.add_api_route("/debug/check_idle_integrity", _idle_integrity, methods=["GET"])
     app.add_api_route("/health", _health, methods=["GET"])
     app.add_api_route("/metrics", _metrics, methods=["GET"])
@@ -195,6 +196,22 @@ async def _flush_cache(request: Request) -> Response:
         return json_error(request.url.path, 400, "Cache not flushed on every worker: "
                                                  + "; ".join(bad))
     return PlainTextResponse("Cache flushed.")
+
+
+async def _precompile(request: Request) -> Response:
+    """Every worker compiles the constraints (each needs them in memory; replicas on one
+    machine share compiles through the grammar disk cache). A constraint is ok only if it is
+    ok on every worker; otherwise its result is the first worker's error."""
+    results, bad = await _broadcast(request, "POST", "/precompile")
+    if not results:
+        return json_error(request.url.path, 503, "no healthy worker to precompile on")
+    if bad:
+        status = next((s for _, s, _ in results if s and s != 200), 502)
+        return json_error(request.url.path, status, "precompile failed on: " + "; ".join(bad))
+    per_worker = [json.loads(text)["results"] for _, _, text in results]
+    merged = [next((r for r in column if not r["ok"]), column[0])
+              for column in zip(*per_worker)]
+    return JSONResponse({"results": merged, "workers": len(results)})
 
 
 async def _abort(request: Request) -> Response:

@@ -89,6 +89,8 @@ class Scheduler(Stepping):
             self.send(m.RpcResp(msg.call_id, ok=True, value=bool(ok)))
         elif isinstance(msg, m.StatsReq):
             self.send(m.RpcResp(msg.call_id, ok=True, value=self.stats()))
+        elif isinstance(msg, m.PrecompileReq):  # grammar: answered once compiled (step)
+            self._precompile(msg)
         elif isinstance(msg, m.CheckIntegrityReq):  # every TP rank checks, rank 0 answers
             self.send(tp_sync.integrity_resp(msg.call_id, self._integrity_resp(msg.call_id)))
         else:
@@ -163,6 +165,7 @@ class Scheduler(Stepping):
         t+1 while the host does t's bookkeeping). A step whose results are needed before the
         next launch (logprobs, grammar masks) is read right away instead."""
         self._poll_grammars()
+        self._poll_precompiles()
         reqs = self._schedule_prefill()
         if self.pending is not None and self._must_sync(reqs or self.running.reqs):
             self._read(self.pending)
@@ -175,7 +178,7 @@ class Scheduler(Stepping):
         if self.pending is not None:
             self._read(self.pending)
         if launched is None:
-            if self.grammar and self.grammar.pending:
+            if self.grammar and (self.grammar.pending or self.grammar.precompiles.busy):
                 self.grammar.wait_pending(0.005)  # grammar: only compiles in flight; do not spin
                 return True
             # NOTE: reading the last step may have sent requests back to the queue (grammar:
@@ -265,6 +268,20 @@ class Scheduler(Stepping):
         self.waiting.extend(ready)
         for req, err in failed:
             self._fail_invalid(req, err)
+
+    def _precompile(self, msg: m.PrecompileReq) -> None:
+        if self.grammar is None:
+            error = {"ok": False, "error": "constraints are disabled on this engine "
+                     "(grammar_backend='none')", "field": "grammar_backend", "status": 400}
+            self.send(m.RpcResp(msg.call_id, ok=True, value=[
+                {**error, "kind": kind} for kind, _ in msg.constraints]))
+            return
+        self.grammar.precompiles.add(msg.call_id, msg.constraints)
+
+    def _poll_precompiles(self) -> None:
+        if self.grammar is not None and self.grammar.precompiles.busy:
+            for call_id, results in self.grammar.precompiles.poll():
+                self.send(m.RpcResp(call_id, ok=True, value=results))
 
     def _fail_invalid(self, req: Req, err: InvalidRequestError) -> None:
         """Finish before any KV was allocated; the main process raises it as a 400."""

@@ -12,7 +12,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from .context import ServerContext, ctx
 from .engine_client import GenBatch, new_rid
 from .errors import APIError
-from .native_protocol import AbortRequest, ConcatAppendRequest, GenerateRequest
+from .native_protocol import (AbortRequest, ConcatAppendRequest, GenerateRequest,
+                              PrecompileRequest)
 from .sse import DONE, SSEResponse, guarded, prefetch, sse_data
 
 router = APIRouter()
@@ -168,6 +169,16 @@ async def abort_request(req: AbortRequest, request: Request) -> Response:
         raise APIError(400, "rid (or abort_all) is required", param="rid")
     await asyncio.to_thread(c.engine.abort, req.rid)
     return PlainTextResponse("OK")
+
+
+@router.post("/precompile")
+async def precompile(req: PrecompileRequest, request: Request) -> Response:
+    """Compile grammar constraints ahead of requests (``Engine.precompile``): answers once
+    each is decided, ``{"results": [{"ok": true, "kind": ...} or {"ok": false, "kind",
+    "error", "field", "status"}, ...]}`` in order (a failed constraint is a result, not an
+    HTTP error)."""
+    results = await asyncio.to_thread(ctx(request).engine.precompile, req.constraints)
+    return JSONResponse({"results": results})
 
 
 @router.get("/debug/check_idle_integrity")

@@ -107,3 +107,13 @@ class AbortRequest(BaseModel):
     rid: str = ""
     abort_all: bool = False
 
+
+
+class PrecompileRequest(BaseModel):
+    """``POST /precompile``: constraints to compile ahead of requests, each an object of the
+    sampling-params constraint fields (``{"json_schema": ...}``, ``{"regex": ...}``,
+    ``{"ebnf": ...}``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    constraints: list[dict[str, Any]]

@@ -239,12 +239,13 @@ class TokenizerManager:
             if child in self.states:
                 self.chan.send_nowait(m.AbortReq(child, message))
 
-    async def rpc(self, kind: type) -> m.RpcResp:
+    async def rpc(self, kind: type, **fields: Any) -> m.RpcResp:
+        """Send ``kind(call_id, **fields)`` to the scheduler; its ``RpcResp``."""
         self._check_alive()
         call_id = next(self._call_ids)
         fut = asyncio.get_running_loop().create_future()
         self.rpcs[call_id] = fut
-        self.chan.send_nowait(kind(call_id))
+        self.chan.send_nowait(kind(call_id, **fields))
         return await fut
 
 

@@ -1,0 +1,157 @@
+"""The on-disk cache of compiled grammars (runtime/grammar/disk_cache.py): a second compiler on
+the same folder compiles nothing and its grammars behave as freshly compiled ones; corrupted
+files are ignored (logged) and rewritten; the folder keeps its byte budget (least recently
+used first); failures are not stored; a folder others may write is refused."""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+
+import pytest
+
+from sgdsl.runtime.grammar import GrammarCompiler, GrammarKey, allocate_bitmask
+from sgdsl.runtime.grammar.cache_identity import cache_identity
+from sgdsl.runtime.grammar.disk_cache import GrammarDiskCache
+from sgdsl.runtime.layers.bitmask import unpack_bitmask
+
+from .helpers import VOCAB
+
+KEYS = [GrammarKey("json_schema", json.dumps({
+            "type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                             "age": {"type": "integer"}},
+            "required": ["name", "age"]})),
+        GrammarKey("regex", r"(yes|no)[0-9]{2}"),
+        GrammarKey("choices", json.dumps(["red", "green", "blue"]))]
+
+
+def _disk(backend, root, max_bytes: int = 1 << 30) -> GrammarDiskCache:
+    return GrammarDiskCache(root, backend.name, functools.partial(cache_identity, backend.spec),
+                            max_bytes)
+
+
+def _walk(grammar, steps: int = 12) -> list:
+    """The grammar's bitmask rows, jump-forward texts and completion along a walk taking the
+    highest allowed token each step (its observable behavior on that path)."""
+    seen = []
+    for _ in range(steps):
+        if grammar.is_terminated():
+            break
+        mask = allocate_bitmask(1, VOCAB)
+        grammar.fill_bitmask(mask, 0)
+        allowed = unpack_bitmask(mask, VOCAB)[0].nonzero().flatten().tolist()
+        seen.append((allowed, grammar.jump_forward_string(), grammar.is_completed()))
+        if not allowed:
+            break
+        assert grammar.accept_token(allowed[-1])
+    return seen
+
+
+def test_second_compiler_compiles_nothing(backend, tmp_path):
+    first = GrammarCompiler(backend, timeout_s=120, disk=_disk(backend, tmp_path))
+    try:
+        fresh = {k: _walk(first.compile(k)) for k in KEYS}
+        assert first.pool.stats.compiles == len(KEYS)
+    finally:
+        first.shutdown()  # writes queued on the loader are done when it returns
+    assert first.disk.cache.stats.writes == len(KEYS)
+    assert len(list((tmp_path / backend.name).glob("*.grammar"))) == len(KEYS)
+    second = GrammarCompiler(backend, timeout_s=120, disk=_disk(backend, tmp_path))
+    try:
+        for key in KEYS:
+            assert _walk(second.compile(key)) == fresh[key]
+        assert second.pool.stats.compiles == 0
+        assert second.disk.cache.stats.hits == len(KEYS)
+    finally:
+        second.shutdown()
+
+
+def test_corrupted_file_is_ignored_and_rewritten(backends, tmp_path, caplog):
+    backend = backends["xgrammar"]
+    key = KEYS[1]
+    c = GrammarCompiler(backend, timeout_s=120, disk=_disk(backend, tmp_path))
+    c.compile(key)
+    c.shutdown()
+    path = c.disk.cache.path(key)
+    good = path.read_bytes()
+    path.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    c = GrammarCompiler(backend, timeout_s=120, disk=_disk(backend, tmp_path))
+    with caplog.at_level(logging.WARNING, logger="sgdsl.runtime.grammar.disk_cache"):
+        c.compile(key)
+        compiles = c.pool.stats.compiles
+        c.shutdown()
+    assert c.disk.cache.stats.errors == 1 and compiles == 1
+    assert f"ignoring {path}: checksum mismatch" in caplog.text
+    assert path.read_bytes() == good  # recompiled and written again
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda d: d[:-7], "truncated"), (lambda d: d[:50], "truncated"), (lambda d: b"", "truncated"),
+    (lambda d: b"junk" + d[4:], "bad magic"), (lambda d: d[:-1] + b"?", "checksum mismatch")])
+def test_damaged_files_are_misses(tmp_path, caplog, damage, why):
+    cache = GrammarDiskCache(tmp_path, "xgrammar", "id")
+    cache.store(KEYS[0], b"payload" * 10)
+    cache.path(KEYS[0]).write_bytes(damage(cache.path(KEYS[0]).read_bytes()))
+    with caplog.at_level(logging.WARNING, logger="sgdsl.runtime.grammar.disk_cache"):
+        assert cache.load(KEYS[0]) is None
+    assert cache.stats.errors == 1 and why in caplog.text
+    other = cache.path(KEYS[1])  # a file renamed to another key's name
+    os.replace(cache.path(KEYS[0]), other)
+    cache.store(KEYS[0], b"payload")
+    os.replace(cache.path(KEYS[0]), other)
+    assert cache.load(KEYS[1]) is None and "holds another constraint" in caplog.text
+
+
+def test_failures_are_not_stored(backends, tmp_path):
+    backend = backends["xgrammar"]
+    c = GrammarCompiler(backend, timeout_s=120, disk=_disk(backend, tmp_path))
+    try:
+        with pytest.raises(Exception, match="regex"):
+            c.compile(GrammarKey("regex", "(unclosed"))
+    finally:
+        c.shutdown()
+    assert c.disk.cache.stats.writes == 0
+    assert not list((tmp_path / backend.name).glob("*.grammar"))
+
+
+def test_budget_evicts_least_recently_used(tmp_path):
+    cache = GrammarDiskCache(tmp_path, "xgrammar", "id", max_bytes=10_000)
+    keys = [GrammarKey("regex", f"k{i}") for i in range(5)]
+    for i, key in enumerate(keys[:4]):  # 2480 bytes a file with its header: 9920 in all
+        cache.store(key, bytes([i]) * 2400)
+        os.utime(cache.path(key), (1000 + i, 1000 + i))  # a clock the test controls
+    assert cache.load(keys[0]) == bytes([0]) * 2400  # read: now the most recently used
+    cache.store(keys[4], b"4" * 2400)  # past 10 kB: the least recently used go, to <= 8 kB
+    left = {k.text for k in keys if cache.path(k).exists()}
+    assert left == {"k0", "k3", "k4"} and cache.stats.evictions == 2
+    assert cache.load(keys[1]) is None and cache.stats.misses == 1
+    assert cache.evict() == 3 * 2480  # a recount finds what is left
+
+
+def test_identity_separates_tokenizers_and_backends(backends, tmp_path):
+    x, o = backends["xgrammar"], backends["outlines"]
+    key = KEYS[1]
+    assert _disk(x, tmp_path).path(key) != _disk(o, tmp_path).path(key)
+    other = _disk(x, tmp_path)
+    other._identity = functools.partial(cache_identity, x.spec.__class__(
+        x.spec.name, x.spec.tokenizer, x.spec.vocab_size + 1, x.spec.eos_token_ids))
+    assert other.path(key) != _disk(x, tmp_path).path(key)
+
+
+def test_folder_writable_by_others_is_refused(tmp_path, caplog):
+    root = tmp_path / "shared"
+    root.mkdir(mode=0o777)
+    os.chmod(root, 0o777)
+    cache = GrammarDiskCache(root, "xgrammar", "id")
+    with caplog.at_level(logging.WARNING, logger="sgdsl.runtime.grammar.disk_cache"):
+        cache.store(KEYS[1], b"payload")
+    assert cache.disabled and "writable by group or others" in caplog.text
+    assert cache.load(KEYS[1]) is None and not list(root.rglob("*.grammar"))
+
+
+def test_new_folder_is_private(tmp_path):
+    cache = GrammarDiskCache(tmp_path / "a" / "b", "outlines", "id")
+    cache.store(KEYS[1], b"payload")
+    assert (tmp_path / "a" / "b").stat().st_mode & 0o777 == 0o700
+    assert cache.load(KEYS[1]) == b"payload"
