@@ -1,5 +1,5 @@
-"""Router benchmark: cache_aware vs round_robin (or any policies) over the same replicas, on
-SGLang's generated-shared-prefix workload, in one run.
+"""Router benchmark: cost_aware vs round_robin vs cache_aware (or any policies) over the same
+replicas, on SGLang's generated-shared-prefix workload, in one run.
 
 The workload: ``--groups`` groups of ``--prompts-per-group`` prompts; every prompt of a group
 starts with the group's long system prompt (``--system-prompt-len`` tokens) and ends with its
@@ -7,8 +7,13 @@ own question (``--question-len`` tokens); each answer is ``--output-len`` tokens
 Prompts arrive shuffled, at most ``--concurrency`` in flight. For each policy a fresh router
 (an ``sgdsl router`` process) fronts the same replicas, whose prefix caches are flushed first. Reported:
 total and output token throughput, and the prefix-cache hit rate summed over the replicas
-(hit tokens / prompt tokens, from the replicas' /metrics counters); ``--baseline`` adds the
-same workload on one replica alone (its hit rate is the ceiling routing can reach).
+(hit tokens / prompt tokens, from the replicas' /metrics counters), the balance (most / fewest
+requests a replica served) and each policy's throughput over round_robin's; ``--baseline`` adds
+the same workload on one replica alone (its hit rate is the ceiling routing can reach).
+
+A policy may carry router options: ``cost_aware:decode_token_weight=4+evict_weight=0`` runs
+``sgdsl router --policy cost_aware --decode-token-weight 4 --evict-weight 0`` (so variants
+compare in one run). benchmarks/gpu/run_router_suite.sh runs issue 30's three workloads.
 
     # CPU, tiny random model, 2 replicas started here:
     python benchmarks/bench_router.py --tiny --dp 2 --groups 8 --prompts-per-group 8 \
@@ -116,11 +121,28 @@ def measure(label: str, url: str, workers: list[str], prompts: list[str],
             "hit_rate": (hit1 - hit0) / max(1.0, prompt1 - prompt0)}
 
 
+def policy_flags(spec: str) -> list[str]:
+    """``name[:key=value+key=value]`` as ``sgdsl router`` flags."""
+    name, _, options = spec.partition(":")
+    flags = ["--policy", name]
+    for option in filter(None, options.split("+")):
+        key, _, value = option.partition("=")
+        flags += ["--" + key.strip().replace("_", "-"), value.strip()]
+    return flags
+
+
+def served_balance(url: str, headers: dict[str, str]) -> float:
+    """Most / fewest requests a worker served through this router (1.0: even)."""
+    listing = httpx.get(f"{url}/list_workers", headers=headers, timeout=30).json()
+    served = [w["served"] for w in listing["workers"]]
+    return max(served) / max(1, min(served))
+
+
 def with_router(policy: str, workers: list[str], args: argparse.Namespace,
                 prompts: list[str], headers: dict[str, str]) -> dict[str, Any]:
     """A fresh ``sgdsl router`` process (as deployed: its own interpreter, not this one's)."""
     cmd = [sys.executable, "-m", "sgdsl.runtime.router", "--worker-urls", *workers,
-           "--policy", policy, "--host", "127.0.0.1", "--port", "0",
+           *policy_flags(policy), "--host", "127.0.0.1", "--port", "0",
            *(["--worker-api-key", args.api_key, "--api-key", args.api_key]
              if args.api_key else [])]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -133,7 +155,9 @@ def with_router(policy: str, workers: list[str], args: argparse.Namespace,
         if not url:
             raise RuntimeError(f"router ({policy}) did not start")
         threading.Thread(target=proc.stdout.read, daemon=True).start()
-        return measure(policy, url, workers, prompts, args, headers)
+        row = measure(policy, url, workers, prompts, args, headers)
+        row["balance"] = served_balance(url, headers)
+        return row
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
@@ -144,7 +168,7 @@ def launch(args: argparse.Namespace) -> tuple[list, list[str]]:
     if args.tiny:
         model, load_format = _tiny_model_dir(), "dummy"
     argv = [*(["--model", model] if model else []), "--load-format", load_format,
-            *args.server_args.split()]
+            *(["--tp-size", str(args.tp)] if args.tp > 1 else []), *args.server_args.split()]
     replicas = start_replicas(args.dp, argv, gpu_slices(args.dp, args.tp, args.device))
     return replicas, [r.url for r in replicas]
 
@@ -183,16 +207,22 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(f"\nshared-prefix workload: {args.groups} groups x {args.prompts_per_group} prompts, "
           f"system {args.system_prompt_len} + question {args.question_len} tokens, "
           f"output {args.output_len}, concurrency {args.concurrency}, replicas {args.dp_used}")
-    print(f"{'run':<14}{'seconds':>9}{'total tok/s':>13}{'out tok/s':>11}{'hit rate':>10}"
-          f"{'failed':>8}")
+    rr = next((r for r in rows if r["label"] == "round_robin"), None)
+    width = max(14, *(len(r["label"]) + 2 for r in rows))
+    print(f"{'run':<{width}}{'seconds':>9}{'total tok/s':>13}{'out tok/s':>11}{'hit rate':>10}"
+          f"{'balance':>9}{'failed':>8}{'vs rr':>8}")
     for r in rows:
-        print(f"{r['label']:<14}{r['seconds']:>9.2f}{r['total_tok_s']:>13.1f}"
-              f"{r['output_tok_s']:>11.1f}{r['hit_rate']:>10.1%}{r['failed']:>8}")
-    by = {r["label"]: r for r in rows}
-    if "cache_aware" in by and "round_robin" in by:
-        ca, rr = by["cache_aware"], by["round_robin"]
-        print(f"cache_aware / round_robin throughput: {ca['total_tok_s'] / rr['total_tok_s']:.2f}x"
-              f"; hit rate {ca['hit_rate']:.1%} vs {rr['hit_rate']:.1%}")
+        ratio = f"{r['total_tok_s'] / rr['total_tok_s']:.2f}x" if rr else "-"
+        balance = f"{r['balance']:.2f}" if "balance" in r else "-"
+        print(f"{r['label']:<{width}}{r['seconds']:>9.2f}{r['total_tok_s']:>13.1f}"
+              f"{r['output_tok_s']:>11.1f}{r['hit_rate']:>10.1%}{balance:>9}{r['failed']:>8}"
+              f"{ratio:>8}")
+    if rr:
+        for r in rows:
+            if r is not rr and r["label"] != "one replica":
+                print(f"{r['label']} / round_robin throughput: "
+                      f"{r['total_tok_s'] / rr['total_tok_s']:.2f}x; hit rate "
+                      f"{r['hit_rate']:.1%} vs {rr['hit_rate']:.1%}")
     print(json.dumps(rows))
 
 
@@ -208,7 +238,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--server-args", default="", help="more flags for started replicas")
     p.add_argument("--tokenizer", default=None, help="default: the replicas' own")
     p.add_argument("--api-key", default=None)
-    p.add_argument("--policies", default="cache_aware,round_robin")
+    p.add_argument("--policies", default="cost_aware,round_robin,cache_aware",
+                   help="comma-separated; each NAME[:key=value+key=value] (router options)")
     p.add_argument("--baseline", action="store_true", help="also run on one replica alone")
     p.add_argument("--groups", type=int, default=64)
     p.add_argument("--prompts-per-group", type=int, default=16)
@@ -236,7 +267,11 @@ def main(argv: list[str] | None = None) -> None:
         runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
         for k in range(args.rounds):  # alternate the order so neither policy always goes first
             for policy in (policies if k % 2 == 0 else policies[::-1]):
-                runs[policy].append(with_router(policy, workers, args, prompts, headers))
+                row = with_router(policy, workers, args, prompts, headers)
+                runs[policy].append(row)
+                # As it comes: a run cut short by a time limit still shows what it measured.
+                print(f"round {k + 1} {policy}: {row['total_tok_s']:.1f} tok/s, hit rate "
+                      f"{row['hit_rate']:.1%}, balance {row['balance']:.2f}", flush=True)
         rows = [_median(r) for r in runs.values()]
         if args.baseline:
             rows.append(measure("one replica", workers[0], workers[:1], prompts, args, headers))
