@@ -105,9 +105,11 @@ class _Budget:
 
 class CompletionTracker:
     def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: Sequence[int],
-                 config: CompletionConfig = CompletionConfig(), backend: Any = None) -> None:
+                 config: CompletionConfig = CompletionConfig(), backend: Any = None,
+                 disk: Any = None) -> None:
         """``backend``: the ``GrammarBackend`` whose grammars are tracked; with a ``spec``
-        (it can be rebuilt in another process) estimates go to a worker (estimate.py)."""
+        (it can be rebuilt in another process) estimates go to a worker (estimate.py), which
+        reads its grammars from the on-disk cache ``disk`` where they are."""
         self.tokenizer = tokenizer
         self._decode, self._encode = fast_decoder(tokenizer), fast_encoder(tokenizer)
         self.config = config
@@ -117,7 +119,7 @@ class CompletionTracker:
         # peak rises a new item or key after the plan's closers would bring (continuation.py)
         self.continuations = Continuations(tokenizer, self.search, self._count)
         # estimates far from the budget's end, searched in a worker process (estimate.py)
-        self.jobs = (EstimateJobs(self.search, backend) if config.async_estimates
+        self.jobs = (EstimateJobs(self.search, backend, disk) if config.async_estimates
                      and getattr(backend, "spec", None) is not None else None)
         self.forced = 0  # requests completed by force
         self.repetitions = 0  # of those, ended by the repetition guard

@@ -51,10 +51,13 @@ class EstimateJobs:
     """Searches in the estimate worker; requests asking from one state before its answer is
     taken share one job."""
 
-    def __init__(self, search: CompletionSearch, backend: Any) -> None:
+    def __init__(self, search: CompletionSearch, backend: Any, disk: Any = None) -> None:
+        """``disk``: the engine's ``GrammarDiskCache`` (the worker loads grammars from it
+        rather than compiling them again), or None."""
         self._search = search
         init = EstimateInit(backend.spec, search.tokenizer, search.vocab_size,
-                            tuple(search.stop_ids), search.max_expansions, search.deep_seconds)
+                            tuple(search.stop_ids), search.max_expansions, search.deep_seconds,
+                            disk)
         self.worker = EstimateProcess(init)
         self._inflight: dict[Hashable, cf.Future] = {}  # cache key -> job not stored yet
         self.submitted = 0  # searches sent to the worker

@@ -14,7 +14,8 @@ over its pipes in the same length-prefixed pickle frames:
   ``("startup_error", message)``.
 - parent -> worker: ``("grammar", gid, key)``: a ``GrammarKey`` that just compiled in a compile
   worker (within its deadline and memory limit), known from then on as ``gid``; compiled here
-  at once, while its request waits for its prefill. The last
+  at once (read from the on-disk cache instead where its file is there: ``disk_cache.py``),
+  while its request waits for its prefill. The last
   ``_KEYS`` keys and ``_COMPILED`` compiled grammars are kept (least recently used dropped;
   a dropped grammar is compiled again when a job needs it).
 - parent -> worker: ``("job", job_id, gid, token_ids, deep)``: a fresh matcher of grammar
@@ -49,6 +50,7 @@ class EstimateInit:
     stop_ids: tuple[int, ...]
     max_expansions: int
     deep_seconds: float
+    disk: Any = None  # the engine's GrammarDiskCache, or None
 
 
 class _Estimator:
@@ -56,6 +58,7 @@ class _Estimator:
         from .shortest import CompletionSearch
 
         self.backend = init.factory()
+        self.disk = init.disk
         self.search = CompletionSearch(init.tokenizer, init.vocab_size, init.stop_ids,
                                        max_expansions=init.max_expansions,
                                        deep_seconds=init.deep_seconds)
@@ -94,11 +97,22 @@ class _Estimator:
             return None
         compiled = self.compiled.get(gid)
         if compiled is None:
-            compiled = self.compiled[gid] = self.backend.compile(self.keys[gid])
+            compiled = self.compiled[gid] = self._load_or_compile(self.keys[gid])
             _bound(self.compiled, _COMPILED)
         self.compiled.move_to_end(gid)
         self.keys.move_to_end(gid)
         return compiled
+
+    def _load_or_compile(self, key: Any) -> Any:
+        """The compiled grammar from the on-disk cache (a restarted engine's grammars are
+        there), else compiled here."""
+        payload = self.disk.load(key) if self.disk is not None else None
+        if payload is not None:
+            try:
+                return self.backend.deserialize(payload)
+            except Exception as e:  # noqa: BLE001 - compiled below instead
+                print(f"estimate worker: cached grammar does not load: {e}", file=sys.stderr)
+        return self.backend.compile(key)
 
     def _matcher(self, key: Any, compiled: Any) -> Any:
         """A fresh matcher as the parent's manager makes one (unique keys guarded alike)."""

@@ -82,7 +82,7 @@ class GrammarManager(Forcing):
         self.pin_memory = False
         # complete: forced completion within the budget (completion.py); None when disabled.
         self.completion = (CompletionTracker(tokenizer, vocab_size, self.eos, completion,
-                                             backend)
+                                             backend, disk_cache)
                            if completion is not None and completion.enabled else None)
 
     # -- admission ------------------------------------------------------------------------------

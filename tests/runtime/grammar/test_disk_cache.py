@@ -155,3 +155,29 @@ def test_new_folder_is_private(tmp_path):
     cache.store(KEYS[1], b"payload")
     assert (tmp_path / "a" / "b").stat().st_mode & 0o777 == 0o700
     assert cache.load(KEYS[1]) == b"payload"
+
+
+def test_estimate_worker_reads_the_disk_cache(backends, tokenizer, tmp_path):
+    """The completion-estimate worker's own copy of a grammar comes from the disk cache (a
+    restarted engine compiles nothing there either); the cache travels pickled, as in
+    EstimateInit's handshake."""
+    import pickle
+
+    from sgdsl.runtime.grammar.estimate_worker import EstimateInit, _Estimator
+
+    from .helpers import EOS
+
+    backend = backends["xgrammar"]
+    disk = _disk(backend, tmp_path)
+    disk.store(KEYS[0], backend.serialize(backend.compile(KEYS[0])))
+    init = pickle.loads(pickle.dumps(EstimateInit(backend.spec, tokenizer, VOCAB, (EOS,), 256,
+                                                  0.5, disk)))
+    estimator = _Estimator(init)
+
+    def no_compile(key):
+        raise AssertionError(f"compiled {key}")
+    estimator.backend.compile = no_compile
+    estimator.add(0, KEYS[0])
+    job_id, found, reason = estimator.run(7, 0, [], False)
+    assert (job_id, reason) == (7, None) and found  # a shortest completion from the start
+    assert estimator.disk.stats.hits == 1
