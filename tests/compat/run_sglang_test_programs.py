@@ -6,6 +6,9 @@ check of issue 11, by hand, since SGLang is not a dependency.
     sgdsl serve --port 30000 &
     python tests/compat/run_sglang_test_programs.py http://127.0.0.1:30000 [test_name ...]
 
+(``test_stream_logprobs`` is in later programs: sglang==0.5.23 with ``pip install pybase64 pillow
+msgspec aiohttp`` runs it; it passed, with test_stream, test_regex and test_decode_json_regex.)
+
 Prints PASS/FAIL per program with the reason. With the embedded SmolLM2-135M, the expected
 failures are answer quality (few_shot_qa, decode_int, react), programs for OpenAI only
 (completion_speculative reads ``token_usage``), and ones needing what a closed machine lacks
