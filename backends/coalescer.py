@@ -30,8 +30,12 @@ def batchable(request: dict[str, Any]) -> bool:
 class Coalescer:
     """Per event loop: collects batchable requests and flushes them through ``call``."""
 
-    def __init__(self, call: Call) -> None:
+    def __init__(self, call: Call,
+                 failed: Callable[[Any], BaseException | None] = lambda out: None) -> None:
+        """``failed(out)``: the error to raise to the caller whose batched request came back
+        failed in its own output (a list call reports such a request in its dict), else None."""
         self._call = call
+        self._failed = failed
         self._pending: list[tuple[dict[str, Any], asyncio.Future]] = []
         self._flushing = False
         self._sending: set[asyncio.Task] = set()  # strong references while in flight
@@ -70,8 +74,9 @@ class Coalescer:
             await asyncio.gather(*(_settle(f, self._call(r)) for r, f in items))
             return
         for (_, future), out in zip(items, outs):
-            if not future.done():
-                future.set_result(out)
+            if not future.done():  # a request that failed in a batch: its own error
+                err = self._failed(out)
+                future.set_exception(err) if err is not None else future.set_result(out)
 
 
 async def _settle(future: asyncio.Future, result: Awaitable[Any]) -> None:

@@ -4,7 +4,10 @@ is constructed, never by ``import sgdsl.backends``."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any, AsyncIterator
+
+from sgdsl.runtime.errors import error_of
 
 from ._common import backend_error
 from .coalescer import Coalescer, batchable
@@ -34,7 +37,8 @@ class Local(SrtBackend):
                 raise TypeError("pass either engine= or model/engine options, not both")
             self._owns_engine = False
         self.engine = engine
-        self._coalescers = LoopLocal(lambda: Coalescer(self._call_engine))
+        self._coalescers = LoopLocal(lambda: Coalescer(
+            functools.partial(self._call_engine, per_request_errors=True), self._failed))
         self._init_capabilities()
 
     @property
@@ -52,13 +56,26 @@ class Local(SrtBackend):
             return await self._coalescers.get().submit(request)
         return await self._call_engine(request)
 
-    async def _call_engine(self, request: dict[str, Any]) -> dict | list[dict]:
+    async def _call_engine(self, request: dict[str, Any],
+                           per_request_errors: bool = False) -> dict | list[dict]:
         try:
-            return await self.engine.async_generate(**_engine_args(request))
+            out = await self.engine.async_generate(**_engine_args(request))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             raise backend_error(self.name, exc) from exc
+        if isinstance(out, list) and not per_request_errors:
+            # a list call (n > 1) reports a failed request in its own dict; this call is one
+            # request of Local's, which raises its error (only the coalescer's batches split)
+            err = next((e for e in map(self._failed, out) if e is not None), None)
+            if err is not None:
+                raise err
+        return out
+
+    def _failed(self, out: dict[str, Any]) -> BaseException | None:
+        """The BackendError for an output whose finish_reason carries a runtime error."""
+        cause = error_of((out.get("meta_info") or {}).get("finish_reason"))
+        return None if cause is None else backend_error(self.name, cause)  # chained to cause
 
     async def _call_stream(self, request: dict[str, Any]) -> AsyncIterator[dict]:
         try:

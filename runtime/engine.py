@@ -93,7 +93,7 @@ class Engine:
         specs, batched = self._builder.build(prompt, sampling_params, input_ids, return_logprob,
                                              logprob_start_len, top_logprobs_num,
                                              return_text_in_logprobs, rid)
-        if stream and (batched or len(specs[0].reqs) > 1):
+        if stream and _many(specs, batched):
             from .errors import InvalidRequestError
 
             raise InvalidRequestError("stream=True takes a single prompt with n=1", field="stream")
@@ -101,9 +101,7 @@ class Engine:
 
     @staticmethod
     def _shape(results: list[dict], specs: list[GenerateSpec], batched: bool) -> Any:
-        if batched or len(specs[0].reqs) > 1:
-            return results
-        return results[0]
+        return results if _many(specs, batched) else results[0]
 
     def generate(self, prompt: str | list[str] | None = None, sampling_params: Any = None,
                  input_ids: list[int] | list[list[int]] | None = None,
@@ -116,7 +114,8 @@ class Engine:
                                      return_text_in_logprobs, stream, rid)
         if stream:
             return self._sync_stream(specs[0])
-        return self._shape(self._call(self._tm.generate(specs)), specs, batched)
+        many = _many(specs, batched)
+        return self._shape(self._call(self._tm.generate(specs, not many)), specs, batched)
 
     async def async_generate(self, prompt: str | list[str] | None = None,
                              sampling_params: Any = None,
@@ -131,7 +130,8 @@ class Engine:
                                      return_text_in_logprobs, stream, rid)
         if stream:
             return self._async_stream(specs[0])
-        fut = asyncio.run_coroutine_threadsafe(self._tm.generate(specs), self._loop)
+        fut = asyncio.run_coroutine_threadsafe(
+            self._tm.generate(specs, not _many(specs, batched)), self._loop)
         return self._shape(await asyncio.wrap_future(fut), specs, batched)
 
     def _sync_stream(self, spec: GenerateSpec) -> Iterator[dict]:
@@ -209,6 +209,12 @@ class Engine:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
+
+
+def _many(specs: list[GenerateSpec], batched: bool) -> bool:
+    """Whether a call returns a list (a batch, or n > 1): then a failed request is reported in
+    its own dict (finish_reason abort) instead of raised, so the others are not lost."""
+    return batched or len(specs[0].reqs) > 1
 
 
 async def _make_manager(config: EngineConfig) -> TokenizerManager:

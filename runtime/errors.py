@@ -58,3 +58,22 @@ class AbortedError(RuntimeErrorBase):
 
     status = 499
     kind = "aborted"
+
+
+def error_of(reason: dict | None) -> RuntimeErrorBase | None:
+    """The typed error a list-returning ``generate`` reported in one request's finish_reason
+    (``{"type": "abort", "message", "status_code", "err_type"}``, docs/engine_api.md), or None
+    for any other finish (an abort by request included), e.g. for a caller that batched single
+    requests and must raise each one's own error."""
+    if not isinstance(reason, dict) or reason.get("type") != "abort" or "err_type" not in reason:
+        return None
+    key = (reason.get("err_type"), reason.get("status_code"))
+    cls = next((c for c in _TYPED if (c.kind, c.status) == key), RuntimeErrorBase)
+    err = cls(str(reason.get("message") or "request failed"))
+    if cls is RuntimeErrorBase:  # an error type this module does not name: keep its facts
+        err.kind, err.status = str(key[0]), key[1] if isinstance(key[1], int) else 500
+    return err
+
+
+_TYPED = (InvalidRequestError, RequestTooLargeError, ConstraintViolationError, EngineDeadError,
+          AbortedError, ModelLoadError)

@@ -189,8 +189,14 @@ class TokenizerManager:
         state = self._send_req(warm, spec, stream=False)
         await state.done.wait()
 
-    async def generate(self, specs: list[GenerateSpec]) -> list[dict]:
-        """Results of every request of every spec, prompt-major."""
+    async def generate(self, specs: list[GenerateSpec], raise_errors: bool = True) -> list[dict]:
+        """Results of every request of every spec, prompt-major.
+
+        ``raise_errors`` False (a batch call): a request that failed (its grammar did not
+        compile, its output broke the schema) takes its place as a dict whose
+        ``finish_reason`` is ``{"type": "abort", "message", "status_code", "err_type"}``, as
+        SGLang reports it, so one failure never discards the other outputs; a dead engine
+        still raises. True (one request): its error is raised, typed."""
         self._check_alive()
         for spec in specs:
             if len(spec.reqs) > 1:
@@ -208,10 +214,11 @@ class TokenizerManager:
         finally:
             for spec in specs:
                 self.children.pop(spec.rid, None)
-        for st in states:
-            if st.error is not None:
-                raise st.error
-        return [st.to_dict(st.final_text()) for st in states]
+        failed = [st.error for st in states if st.error is not None]
+        dead = next((e for e in failed if isinstance(e, EngineDeadError)), None)
+        if dead is not None or (failed and raise_errors):
+            raise dead or failed[0]
+        return [st.result() for st in states]
 
     async def stream(self, spec: GenerateSpec) -> AsyncIterator[dict]:
         self._check_alive()

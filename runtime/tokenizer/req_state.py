@@ -115,6 +115,18 @@ class ReqState:
         return text
 
     # -- output dicts ---------------------------------------------------------------------------------
+    def result(self) -> dict:
+        """The finished request's dict; a failed one (``error``) reports its error in
+        ``finish_reason`` (SGLang's abort shape) beside whatever it produced."""
+        out = self.to_dict(self.final_text())
+        if self.error is not None:
+            err = self.error
+            out["meta_info"]["finish_reason"] = {
+                "type": "abort", "message": getattr(err, "message", None) or str(err),
+                "status_code": getattr(err, "status", 500),
+                "err_type": getattr(err, "kind", type(err).__name__)}
+        return out
+
     def to_dict(self, text: str, logprobs_from: int = 0) -> dict:
         """The output dict; ``logprobs_from`` > 0 (streams) leaves out the output logprob
         entries an earlier chunk carried, as SGLang's streamed meta_info does."""

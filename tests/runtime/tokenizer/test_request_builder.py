@@ -1,0 +1,72 @@
+"""RequestBuilder's constraint checks (issue 29, item 1): a schema shared by a batch is checked
+once (the meta-schema validation costs ~20 ms a schema: 256 requests paid it 256 times before
+anything reached the scheduler), while every request still gets the same outcome."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sgdsl.runtime.errors import InvalidRequestError
+from sgdsl.runtime.grammar.limits import GrammarLimits
+from sgdsl.runtime.ipc.messages import Ready
+from sgdsl.runtime.tokenizer.request_builder import RequestBuilder
+
+READY = Ready(model_dir="", context_len=4096, vocab_size=49152, kv_total_slots=65536,
+              max_running_requests=256, eos_token_ids=(2,))
+SCHEMA = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 10 ** 9}}}
+
+
+@pytest.fixture
+def checks(monkeypatch) -> list:
+    seen = []
+    real = GrammarLimits.check
+
+    def counting(self, key):
+        seen.append(key.text)
+        return real(self, key)
+    monkeypatch.setattr(GrammarLimits, "check", counting)
+    return seen
+
+
+def _build(builder, params, n=1):
+    specs, _ = builder.build(None, params, [[5, 6, 7]] * n, False, -1, 0, False, None)
+    return [s.reqs[0].sampling_params for s in specs]
+
+
+def test_a_batch_sharing_a_schema_checks_it_once(tokenizer, checks):
+    builder = RequestBuilder(tokenizer, READY)
+    sps = _build(builder, {"json_schema": json.dumps(SCHEMA), "max_new_tokens": 8}, n=64)
+    assert len(checks) == 1
+    # the unreachable bound was dropped, the same way for every request
+    assert all(sp.json_schema == sps[0].json_schema for sp in sps)
+    assert "maxLength" not in sps[0].json_schema
+    _build(builder, {"json_schema": SCHEMA, "max_new_tokens": 8}, n=4)  # a dict: the same text
+    assert len(checks) == 1
+    _build(builder, {"regex": "a+", "max_new_tokens": 8}, n=4)
+    assert len(checks) == 2
+
+
+def test_a_remembered_rejection_is_raised_every_time(tokenizer, checks):
+    builder = RequestBuilder(tokenizer, READY)
+    bad = json.dumps({"type": "object", "properties": {"a": {"type": 5}}})
+    for _ in range(3):
+        with pytest.raises(InvalidRequestError) as info:
+            _build(builder, {"json_schema": bad, "max_new_tokens": 8}, n=2)
+        assert info.value.field == "json_schema" and "not a valid JSON Schema" in str(info.value)
+    assert len(checks) == 1
+
+
+def test_the_budget_decides_whether_a_bound_is_vacuous(tokenizer):
+    from sgdsl.runtime.grammar.vacuous_bounds import longest_token_bytes
+
+    builder = RequestBuilder(tokenizer, READY)
+    bound = GrammarLimits().max_schema_bound + 1  # over the limit: allowed only when vacuous
+    schema = json.dumps({"type": "string", "maxLength": bound})
+    sp = _build(builder, {"json_schema": schema, "max_new_tokens": 8})[0]
+    assert "maxLength" not in sp.json_schema
+    reach = bound // longest_token_bytes(tokenizer) + 1  # this budget could reach the bound
+    with pytest.raises(InvalidRequestError, match="maxLength"):
+        _build(builder, {"json_schema": schema, "max_new_tokens": reach})
+    assert "maxLength" not in _build(builder, {"json_schema": schema,
+                                               "max_new_tokens": 8})[0].json_schema
