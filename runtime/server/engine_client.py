@@ -128,7 +128,13 @@ class EngineClient:
         # detokenizes every token, builds a cumulative dict per token and hops threads per
         # token, which at batch 256 cost the server path half the Engine's throughput (issue
         # 29). TTFT and inter-token latency are therefore observed on streamed requests only.
-        return list(await asyncio.gather(*(self._call(batch, it) for it in batch.items)))
+        calls = [asyncio.ensure_future(self._call(batch, it)) for it in batch.items]
+        try:
+            return list(await asyncio.gather(*calls))
+        except BaseException:
+            for call in calls:  # one failed: the others' answer is never sent, so free them
+                call.cancel()
+            raise
 
     async def _call(self, batch: GenBatch, item: GenItem) -> dict[str, Any]:
         start = time.perf_counter()

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from sgdsl.backends.runtime_endpoint import RuntimeEndpoint
+from sgdsl.runtime.errors import InvalidRequestError
 
 MERGE = "ab"
 EOS = 2
@@ -157,7 +158,11 @@ def make_endpoint(runtime: FakeRuntime, hang_stream: bool = False,
             if hang_stream:
                 return httpx.Response(200, content=slow_stream(chunks))
             return httpx.Response(200, content=sse_body(chunks))
-        return httpx.Response(200, json=runtime.generate(body))
+        try:
+            out = runtime.generate(body)
+        except InvalidRequestError as exc:  # answered as the server answers a refused request
+            return httpx.Response(400, json={"error": {"message": str(exc), "code": 400}})
+        return httpx.Response(200, json=out)
 
     return RuntimeEndpoint("http://fake:30000", transport=httpx.MockTransport(handler),
                            sync_transport=httpx.MockTransport(sync_handler))

@@ -1,5 +1,6 @@
-"""Local's coalescing: concurrent single generates reach the engine as one list request;
-each caller gets its own result, error or cancellation."""
+"""Coalescing in both runtime backends: concurrent single generates reach the engine (Local) or
+the server (RuntimeEndpoint) as one list request; each caller gets its own result, error or
+cancellation."""
 from __future__ import annotations
 
 import asyncio
@@ -9,24 +10,32 @@ import pytest
 from sgdsl.backends.base import BackendError, Context
 from sgdsl.backends.local import Local
 from sgdsl.ir import SamplingParams
-from srt_fakes import FakeEngine, FakeRuntime
+from sgdsl.runtime.errors import InvalidRequestError
+from srt_fakes import FakeEngine, FakeRuntime, make_endpoint
 
 
-class StrictEngine(FakeEngine):
+class StrictRuntime(FakeRuntime):
     """Rejects a whole call if any prompt asks for top_p == 0 (as the real engine validates)."""
 
-    async def async_generate(self, prompt=None, stream=False, **kw):
-        sps = kw.get("sampling_params")
+    def generate(self, req):
+        sps = req.get("sampling_params")
         if any(sp.get("top_p") == 0.0 for sp in (sps if isinstance(sps, list) else [sps])):
-            from sgdsl.runtime.errors import InvalidRequestError
-
+            self.requests.append(req)
             raise InvalidRequestError("top_p must be in (0.0, 1.0]", field="top_p")
-        return await super().async_generate(prompt=prompt, stream=stream, **kw)
+        return super().generate(req)
 
 
-async def test_concurrent_generates_become_one_engine_call():
+def backend_of(kind: str, runtime: FakeRuntime):
+    return Local(engine=FakeEngine(runtime)) if kind == "Local" else make_endpoint(runtime)
+
+
+KINDS = pytest.mark.parametrize("kind", ["Local", "RuntimeEndpoint"])
+
+
+@KINDS
+async def test_concurrent_generates_become_one_call(kind):
     runtime = FakeRuntime()
-    backend = Local(engine=FakeEngine(runtime))
+    backend = backend_of(kind, runtime)
     results = await asyncio.gather(*(
         backend.generate(Context(text=f"q{i}"), SamplingParams(max_tokens=i + 1)) for i in range(5)))
     assert [r[0].text for r in results] == ["x", "xy", "xyx", "xyxy", "xyxyx"]
@@ -36,19 +45,23 @@ async def test_concurrent_generates_become_one_engine_call():
     assert [sp["max_new_tokens"] for sp in req["sampling_params"]] == [1, 2, 3, 4, 5]
 
 
-async def test_a_bad_request_fails_alone():
-    runtime = FakeRuntime()
-    backend = Local(engine=StrictEngine(runtime))
+@KINDS
+async def test_a_bad_request_fails_alone(kind):
+    runtime = StrictRuntime()
+    backend = backend_of(kind, runtime)
     good, bad = await asyncio.gather(
         backend.generate(Context(text="a"), SamplingParams(max_tokens=2)),
         backend.generate(Context(text="b"), SamplingParams(top_p=0.0)), return_exceptions=True)
     assert good[0].text == "xy"
     assert isinstance(bad, BackendError) and bad.status == 400
+    # the list request, then each prompt alone: only the bad one fails
+    assert [r["text"] for r in runtime.requests] == [["a", "b"], "a", "b"]
 
 
-async def test_different_logprob_options_are_separate_calls_and_cancel_is_not_sent():
+@KINDS
+async def test_different_logprob_options_are_separate_calls_and_cancel_is_not_sent(kind):
     runtime = FakeRuntime()
-    backend = Local(engine=FakeEngine(runtime))
+    backend = backend_of(kind, runtime)
     doomed = asyncio.create_task(backend.generate(Context(text="z"), SamplingParams()))
     await asyncio.sleep(0)
     doomed.cancel()
