@@ -1,0 +1,274 @@
+"""Structured generation on every path a user takes, in one run (issue 29's acceptance table).
+
+Batch 1/32/256, JSON-constrained (the 5-field person schema of ``bench_structured_decode.py``,
+greedy, max_new_tokens 96) vs unconstrained at matched output lengths (ignore_eos, each request
+given the length it had constrained on the same path), through:
+
+- ``sched``: the in-process scheduler, built as the engine's scheduler process builds it,
+  stepped by ``bench_structured_decode.run_mode`` (in a child process, so its GPU memory is
+  given back before the next path loads the model);
+- ``engine``: ``Engine.generate`` of the batch (token ids in);
+- ``openai``: ``sgdsl serve`` (a subprocess on loopback) with the official ``openai`` client,
+  ``chat.completions`` with ``response_format`` json_schema, concurrency = batch; and
+  ``openai-aiohttp``: the same client over an aiohttp transport (client cost vs server cost);
+- ``lang-local`` / ``lang-endpoint``: ``run_batch`` of a ``@function`` with
+  ``gen(json_schema=...)`` on ``Local`` (the same Engine) and on ``RuntimeEndpoint`` (the
+  same server).
+
+Three model loads (scheduler, Engine, server), all with the same engine options. Prints tokens/s
+per path and batch, each path's ratio to ``sched`` and constrained/unconstrained ratios, and
+``client cpu`` (this process's CPU seconds in the run: a client's own cost).
+
+    source benchmarks/gpu/device_env.sh && python3 benchmarks/gpu/bench_structured_paths.py \\
+        --model-config benchmarks/gpu/configs/llama-3.1-8b --load-format dummy
+    python benchmarks/gpu/bench_structured_paths.py --device cpu --tiny --batches 1 8 32 \\
+        --prompt-len 32 --max-new 48                     # a CPU smoke run
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import CONFIGS, device_line, print_table, random_prompts  # noqa: E402
+import structured_paths as sp  # noqa: E402
+
+PATHS = ("sched", "engine", "openai", "openai-aiohttp", "lang-local", "lang-endpoint")
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "torch_dtype": "float32"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model-config", default=str(CONFIGS / "llama-3.1-8b"))
+    ap.add_argument("--load-format", default="dummy")
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--tiny", action="store_true",
+                    help="the config at 2 layers, hidden 64 (its tokenizer and vocab kept)")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 32, 256])
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--max-new", type=int, default=96)
+    ap.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
+    ap.add_argument("--grammar-backend", default="xgrammar")
+    ap.add_argument("--disable-jump-forward", action="store_true")
+    ap.add_argument("--repeat", type=int, default=1, help="timed rounds per row (median)")
+    ap.add_argument("--warmup-tokens", type=int, default=16)
+    ap.add_argument("--sched-worker", action="store_true", help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def model_dir(a: argparse.Namespace) -> str:
+    """The model config dir; with --tiny a copy of its config at a tiny size, same tokenizer."""
+    src = Path(a.model_config).resolve()
+    if not a.tiny:
+        return str(src)
+    dst = Path(tempfile.gettempdir()) / f"sgdsl-tiny-{src.name}"
+    dst.mkdir(exist_ok=True)
+    config = {**json.loads((src / "config.json").read_text()), **TINY}
+    (dst / "config.json").write_text(json.dumps(config))
+    for f in src.iterdir():
+        if f.name != "config.json" and not (dst / f.name).exists():
+            (dst / f.name).symlink_to(f.resolve())
+    return str(dst)
+
+
+def engine_kwargs(a: argparse.Namespace) -> dict[str, Any]:
+    """One set of engine options for every path (the scheduler's config, the Engine, serve)."""
+    max_bs = max(a.batches)
+    kw: dict[str, Any] = dict(model=model_dir(a), load_format=a.load_format, device=a.device,
+                              context_length=a.prompt_len + a.max_new + 256,
+                              max_running_requests=max_bs, chunked_prefill_size=8192,
+                              grammar_backend=a.grammar_backend,
+                              disable_jump_forward=a.disable_jump_forward)
+    if a.device != "cpu":
+        kw["cuda_graph_max_bs"] = max_bs
+    return kw
+
+
+def prompts(tokenizer: Any, a: argparse.Namespace, bs: int) -> tuple[list[str], list[list[int]]]:
+    """Seeded random text (ids below the stand-in tokenizer's vocab, decoded) and its ids."""
+    texts = [tokenizer.decode(p) for p in random_prompts(bs, a.prompt_len, seed=bs)]
+    return texts, [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+
+
+def measure(run: Any, texts: list[str], ids: list[list[int]], a: argparse.Namespace
+            ) -> dict[str, list[sp.Run]]:
+    """Warm-up, then ``repeat`` rounds of constrained then unconstrained at its lengths."""
+    n = len(texts)
+    for constrained in (True, False):
+        run(sp.Workload(texts, ids, [a.warmup_tokens] * n, constrained))
+    runs: dict[str, list[sp.Run]] = {"constrained": [], "free": []}
+    for _ in range(a.repeat):
+        c = run(sp.Workload(texts, ids, [a.max_new] * n, True))
+        lengths = [max(1, t) for t in c.tokens]
+        runs["constrained"].append(c)
+        runs["free"].append(run(sp.Workload(texts, ids, lengths, False)))
+    return runs
+
+
+def summary(runs: list[sp.Run]) -> dict[str, Any]:
+    mid = sorted(runs, key=lambda r: r.wall)[len(runs) // 2]
+    tokens = sum(mid.tokens)
+    return {"wall": mid.wall, "tokens": tokens, "tok_s": tokens / mid.wall, "cpu": mid.cpu,
+            "valid": sp.valid_count(mid.texts), "n": len(mid.tokens),
+            "walls": [round(r.wall, 3) for r in runs]}
+
+
+def report(path: str, bs: int, runs: dict[str, list[sp.Run]], results: dict) -> None:
+    for mode, rs in runs.items():
+        results[path, bs, mode] = s = summary(rs)
+        print(f"{path} bs={bs} {mode}: {json.dumps(s)}", flush=True)
+
+
+# ---------------------------------------------------------------- the paths
+
+def sched_worker(a: argparse.Namespace) -> None:
+    """(a), in this (child) process: the engine's own scheduler, stepped by run_mode; prints
+    one ``RESULT`` JSON line per batch."""
+    import gc
+
+    import bench_structured_decode as bsd
+    from sgdsl.runtime.config import EngineConfig
+    from sgdsl.runtime.scheduler import process
+
+    sched, _ = process._build(EngineConfig(**engine_kwargs(a)), lambda msg: None)
+    from sgdsl.runtime.tokenizer.loader import load_tokenizer
+
+    tok = load_tokenizer(EngineConfig(**engine_kwargs(a)), engine_kwargs(a)["model"])
+    gc.collect()
+    gc.freeze()  # as the scheduler process does after startup
+    sys.setswitchinterval(process.SWITCH_INTERVAL_S)
+
+    def run(w: sp.Workload) -> sp.Run:
+        sched.memory.flush()
+        res = bsd.run_mode(sched, w.ids, w.constrained, max(w.budgets),
+                           None if w.constrained else w.budgets)
+        outs = [res["by_rid"][f"r{i}"]["output_ids"] for i in range(len(w.ids))]
+        return sp.Run(res["wall"], [len(o) for o in outs],
+                      [tok.decode(o, skip_special_tokens=True) for o in outs], 0.0)
+    for bs in a.batches:
+        texts, ids = prompts(tok, a, bs)
+        runs = measure(run, texts, ids, a)
+        print("RESULT " + json.dumps({"bs": bs, "runs": {
+            mode: [r.__dict__ for r in rs] for mode, rs in runs.items()}}), flush=True)
+    if sched.grammar is not None:
+        sched.grammar.shutdown()
+
+
+def run_sched(a: argparse.Namespace, argv: list[str], results: dict) -> None:
+    import subprocess
+
+    cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--sched-worker"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("RESULT "):
+            got = json.loads(line[7:])
+            report("sched", got["bs"], {m: [sp.Run(**r) for r in rs]
+                                        for m, rs in got["runs"].items()}, results)
+        else:
+            print(line, end="", flush=True)
+    if proc.wait() != 0:
+        print(f"sched worker failed (exit {proc.returncode})", flush=True)
+
+
+def run_engine(a: argparse.Namespace, results: dict) -> None:
+    """(b) and (d) on Local: one Engine."""
+    from sgdsl.runtime import Engine
+
+    with Engine(**engine_kwargs(a)) as engine:
+        local = None
+        if "lang-local" in a.paths:
+            from sgdsl.backends import Local
+
+            local = Local(engine=engine)
+        for bs in a.batches:
+            texts, ids = prompts(engine.tokenizer, a, bs)
+            if "engine" in a.paths:
+                report("engine", bs, measure(lambda w: sp.engine_run(engine, w), texts, ids, a),
+                       results)
+            if local is not None:
+                report("lang-local", bs,
+                       measure(lambda w: sp.language_run(local, w), texts, ids, a), results)
+
+
+def run_server(a: argparse.Namespace, results: dict) -> None:
+    """(c) and (d) on RuntimeEndpoint: one ``sgdsl serve``."""
+    from sgdsl.runtime.config import EngineConfig
+    from sgdsl.runtime.tokenizer.loader import load_tokenizer
+
+    kw = engine_kwargs(a)
+    tok = load_tokenizer(EngineConfig(**kw), kw["model"])
+    server = sp.Server(["--model", kw.pop("model"), *sp.server_flags(kw)])
+    try:
+        endpoint = None
+        if "lang-endpoint" in a.paths:
+            from sgdsl.backends import RuntimeEndpoint
+
+            endpoint = RuntimeEndpoint(server.url)
+        for bs in a.batches:
+            texts, ids = prompts(tok, a, bs)
+            for transport in ("httpx", "aiohttp"):
+                path = "openai" if transport == "httpx" else "openai-aiohttp"
+                if path not in a.paths or (transport == "aiohttp" and not sp.aiohttp_transport()):
+                    continue
+                report(path, bs, measure(lambda w: _served(server, w, transport), texts, ids, a),
+                       results)
+            if endpoint is not None:
+                report("lang-endpoint", bs,
+                       measure(lambda w: sp.language_run(endpoint, w), texts, ids, a), results)
+    finally:
+        server.stop()
+
+
+def _served(server: sp.Server, w: sp.Workload, transport: str) -> sp.Run:
+    server.flush()
+    return sp.openai_run(server.url, w, transport)
+
+
+# ---------------------------------------------------------------- the table
+
+def table(a: argparse.Namespace, results: dict) -> None:
+    rows = []
+    for bs in a.batches:
+        base = {m: results.get(("sched", bs, m)) for m in ("constrained", "free")}
+        for path in a.paths:
+            c, f = results.get((path, bs, "constrained")), results.get((path, bs, "free"))
+            if c is None or f is None:
+                continue
+            vs = lambda s, m: f"{s['tok_s'] / base[m]['tok_s']:.2f}x" if base[m] else "-"  # noqa: E731
+            rows.append([bs, path, f"{c['tok_s']:.0f}", f"{f['tok_s']:.0f}",
+                         f"{c['tok_s'] / f['tok_s']:.2f}x", vs(c, "constrained"), vs(f, "free"),
+                         c["tokens"], f"{c['wall']:.2f}", f"{f['wall']:.2f}",
+                         f"{c['cpu']:.2f}/{f['cpu']:.2f}", f"{c['valid']}/{c['n']}"])
+    print_table(f"structured generation by path ({Path(a.model_config).name}"
+                f"{' tiny' if a.tiny else ''}, {a.load_format}, {a.grammar_backend}, prompt "
+                f"{a.prompt_len}, max_new {a.max_new}, median of {a.repeat})",
+                ["batch", "path", "constr. tok/s", "free tok/s", "constr./free",
+                 "constr. vs sched", "free vs sched", "constr. tokens", "constr. wall s",
+                 "free wall s", "client cpu s (c/f)", "valid JSON"], rows)
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    a = parse_args(argv)
+    if a.sched_worker:
+        return sched_worker(a)
+    print(device_line(), flush=True)
+    results: dict = {}
+    if "sched" in a.paths:
+        run_sched(a, [x for x in argv if x != "--sched-worker"], results)
+    if {"engine", "lang-local"} & set(a.paths):
+        run_engine(a, results)
+    if {"openai", "openai-aiohttp", "lang-endpoint"} & set(a.paths):
+        run_server(a, results)
+    table(a, results)
+
+
+if __name__ == "__main__":
+    main()
