@@ -199,7 +199,7 @@ def test_and_rows_over_runs_and_threads():
     """The JSON filter is and-ed in place over runs of adjacent rows, split over threads."""
     import numpy as np
 
-    from sgdsl.runtime.grammar.xgrammar_backend import _and_rows
+    from sgdsl.runtime.grammar.xgrammar_threads import and_rows as _and_rows
 
     rng = np.random.default_rng(0)
     words = rng.integers(-2**31, 2**31 - 1, size=(300, 70), dtype=np.int32)
