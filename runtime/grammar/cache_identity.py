@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import importlib.metadata
 from pathlib import Path
 from typing import Any
@@ -45,9 +46,11 @@ def package_version(dist: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def code_digest() -> str:
-    """sha256 over the compile pipeline's sources (this package, subpackages included)."""
+    """sha256 over the compile pipeline's sources: the whole grammar package, subpackages
+    included, wherever in it this module lives."""
     h = hashlib.sha256()
-    root = Path(__file__).resolve().parent
+    package = __name__[:__name__.rindex(".grammar") + len(".grammar")]
+    root = Path(importlib.import_module(package).__file__).resolve().parent
     for path in sorted(root.rglob("*.py")):
         h.update(str(path.relative_to(root)).encode("utf-8") + b"\0")
         h.update(path.read_bytes())

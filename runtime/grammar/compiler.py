@@ -15,9 +15,9 @@ resubmission fails at once. A request whose compile is still queued at its deadl
 saying it waited for a worker. The cache holds failures too (they are cheap and deterministic),
 bounded by entry count and by the bytes of the compiled grammars it holds.
 
-With ``disk`` (a ``GrammarDiskCache``), a key missing here is looked up on disk before a worker
-compiles it (``disk_loader.py``: on its own thread), and fresh compiles are written there, so
-restarts and replicas on one machine reuse them.
+With ``disk`` (a ``GrammarDiskCache``), a key missing here whose file is on disk is loaded from
+there (``disk_loader.py``: on its own thread, never through the compile queue), and fresh
+compiles are written there, so restarts and replicas on one machine reuse them.
 """
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._cache: OrderedDict[GrammarKey, _Entry] = OrderedDict()
         self._pool: CompileWorkerPool | None = None
-        self.disk = None if disk is None else DiskLoader(disk)
+        self.disk = None if disk is None else DiskLoader(disk, backend)
 
     @property
     def pool(self) -> CompileWorkerPool:
@@ -168,13 +168,20 @@ class GrammarCompiler:
             else:
                 self.stats.misses += 1
                 try:
-                    job = self._pool_locked().submit(key)
+                    job = self._start_job(key)
                 except InvalidRequestError:
                     self.stats.rejected_busy += 1
                     raise
                 entry = self._cache[key] = _Entry(job)
                 self._evict()
         return PendingGrammar(self, key, entry, submitted)
+
+    def _start_job(self, key: GrammarKey) -> CompileJob:
+        """From the disk cache if the key's file is there, else compiled by the pool."""
+        pool = self._pool_locked()
+        if self.disk is not None and self.disk.has(key):
+            return self.disk.submit(key, pool)
+        return pool.submit(key)
 
     def compile(self, key: GrammarKey) -> Grammar:
         """Blocking convenience (offline use, tests): submit and wait up to the deadline."""
@@ -192,7 +199,7 @@ class GrammarCompiler:
         if pool is not None:
             pool.shutdown()
         if self.disk is not None:
-            self.disk.shutdown()  # after the pool: its slots wait for lookups in flight
+            self.disk.shutdown()  # after the pool: the compiles it handed over are written
 
     def _pool_locked(self) -> CompileWorkerPool:
         if self._pool is None:
@@ -203,8 +210,9 @@ class GrammarCompiler:
                     field="grammar_backend")
             init = WorkerInit(spec, self.pool_limits.memory_bytes)
             limits = PoolLimits(**{**self.pool_limits.__dict__, "timeout_s": self.timeout_s})
-            self._pool = CompileWorkerPool(init, self.backend.deserialize, limits,
-                                           disk=self.disk)
+            self._pool = CompileWorkerPool(
+                init, self.backend.deserialize, limits,
+                on_compiled=None if self.disk is None else self.disk.store)
         return self._pool
 
     def _expire(self, key: GrammarKey, entry: _Entry) -> InvalidRequestError:

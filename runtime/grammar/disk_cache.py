@@ -143,11 +143,21 @@ class GrammarDiskCache:
         self._count("hits")
         return payload
 
-    def store(self, key: GrammarKey, payload: bytes) -> None:
-        """Write ``payload`` as ``key``'s file (atomically), then keep the folder in budget."""
+    def names(self) -> list[str]:
+        """The file names in this backend's folder (opening the cache first)."""
+        if not self.open():
+            return []
+        try:
+            return [e.name for e in os.scandir(self.folder) if e.name.endswith(SUFFIX)]
+        except OSError:
+            return []
+
+    def store(self, key: GrammarKey, payload: bytes) -> bool:
+        """Write ``payload`` as ``key``'s file (atomically), then keep the folder in budget.
+        True if files were evicted for it."""
         size = _HEAD.size + len(payload)
         if not self.open() or size > self.max_bytes:
-            return
+            return False
         path = self.path(key)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         head = _HEAD.pack(MAGIC, self._digest(key), hashlib.sha256(payload).digest(),
@@ -161,12 +171,14 @@ class GrammarDiskCache:
             self._count("errors")
             logger.warning("grammar disk cache: cannot write %s: %s", path, e)
             _unlink(tmp)
-            return
+            return False
         self._count("writes")
         with self._lock:
             self._total = None if self._total is None else self._total + size
+        evictions = self.stats.evictions
         if self._total is None or self._total > self.max_bytes:
             self.evict()
+        return self.stats.evictions > evictions
 
     def evict(self) -> int:
         """Count the files under ``root``; past the budget, delete the least recently used

@@ -1,16 +1,18 @@
-"""DiskLoader: the compile pool's way to the on-disk cache (``disk_cache.py``), on a thread of
-its own, so the scheduler loop never touches the disk.
+"""DiskLoader: the compiler's way to the on-disk cache (``disk_cache.py``), on a thread of its
+own, so the scheduler loop never touches the disk.
 
-Every compile job the pool queues is also handed here. The loader reads the job's file and, on
-a hit, rebuilds the compiled grammar with the backend's ``deserialize`` (what a worker's reply
-goes through too) and completes the job; a worker that takes the job meanwhile waits until the
-lookup is over (``CompileJob.looked_up``), then skips it if it is done, so a hit is never
-compiled. Lookups do not queue behind compiles: a burst of cached constraints is answered at
-disk speed whatever the workers are doing. What the workers compile comes back here to be
-written (``store``), off their slot threads.
+The loader keeps an index of the files on disk (the names in the backend's folder, read when it
+starts, then after its own writes and evictions, and again at most every ``RESCAN_S`` when a key
+is missing, so another replica's compiles show up). ``GrammarCompiler.submit`` asks ``has(key)``
+(a set lookup) and, for a key on disk, takes a job from ``submit`` instead of the compile pool:
+the file is read and rebuilt here (the backend's ``receive``, else ``deserialize``: what a
+worker's reply goes through too). Such a job never enters the compile queue: a burst of cached
+constraints is answered at disk speed whatever the workers are doing, and does not count
+against the queue's admission. A file that turns out missing or damaged is dropped from the
+index and its key handed to the pool to be compiled (the rare fallback; it may then be refused
+as busy like any new compile).
 
-The cache's identity (a hash of the tokenizer, ~0.1 s) is computed on this thread when the
-loader starts, not on the first request.
+What the workers compile comes back here (``store``) to be written, off their slot threads.
 """
 from __future__ import annotations
 
@@ -18,42 +20,66 @@ import logging
 import queue
 import threading
 import time
-from concurrent.futures import InvalidStateError
-from typing import Any, Callable
+from concurrent.futures import Future, InvalidStateError
+from typing import Any
 
 from .base import GrammarKey
 from .disk_cache import GrammarDiskCache
 
 logger = logging.getLogger(__name__)
 
-_OPEN = "open"
+RESCAN_S = 2.0  # a missing key rescans the folder at most this often (another replica's files)
+_INDEX_WAIT_S = 5.0  # the first lookups wait this long at most for the first scan
 
 
 class DiskLoader:
     """One thread serving lookups and stores of one ``GrammarDiskCache`` in arrival order."""
 
-    def __init__(self, cache: GrammarDiskCache) -> None:
+    def __init__(self, cache: GrammarDiskCache, backend: Any) -> None:
         self.cache = cache
-        self.load_s: list[float] = []  # per hit: read, check and deserialize (a window)
+        # what the pool makes of a worker's payload (the file holds the same bytes)
+        self._rebuild = getattr(backend, "receive", None) or backend.deserialize
+        self._size = getattr(backend, "compiled_bytes", None) or (lambda _c, data: len(data))
+        self.load_s: list[float] = []  # per hit: read, check and rebuild (a window)
+        self._index: set[str] = set()
+        self._indexed = threading.Event()
+        self._scanned_at = 0.0
+        self._rescan_asked = False
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.start()
 
     def start(self) -> None:
-        """Start the thread (again after ``shutdown``); it opens the cache first."""
+        """Start the thread (again after ``shutdown``); it opens and indexes the cache first."""
         with self._lock:
             if self._thread is None:
-                self._queue.put((_OPEN,))
+                self._queue.put(("scan",))
                 self._thread = threading.Thread(target=self._run, daemon=True,
                                                 name="sgdsl-grammar-disk")
                 self._thread.start()
 
-    def look_up(self, job: Any, deserialize: Callable[[bytes], Any]) -> None:
-        """Complete ``job`` (a ``worker_pool.CompileJob``) from disk if its file is there;
-        ``job.looked_up`` is set either way."""
+    def has(self, key: GrammarKey) -> bool:
+        """Whether ``key``'s file is on disk, as far as the index knows (no disk access)."""
+        if not self._indexed.wait(_INDEX_WAIT_S) or self.cache.disabled is not None:
+            return False
+        name = self.cache.path(key).name
+        if name in self._index:
+            return True
+        if not self._rescan_asked and time.monotonic() - self._scanned_at > RESCAN_S:
+            self._rescan_asked = True
+            self._queue.put(("scan",))
+        return False
+
+    def submit(self, key: GrammarKey, pool: Any) -> Any:
+        """A ``worker_pool.CompileJob`` for ``key`` completed from its file, or by ``pool``
+        if the file fails to load."""
+        from .worker_pool import CompileJob
+
+        job = CompileJob(key, time.monotonic())
         self.start()
-        self._queue.put(("load", job, deserialize))
+        self._queue.put(("load", job, pool))
+        return job
 
     def store(self, key: GrammarKey, payload: bytes) -> None:
         """Write a fresh compile's payload (later, on the loader thread)."""
@@ -74,32 +100,74 @@ class DiskLoader:
                 if item[0] == "load":
                     self._load(item[1], item[2])
                 elif item[0] == "store":
-                    self.cache.store(item[1], item[2])
+                    evicted = self.cache.store(item[1], item[2])
+                    self._index.add(self.cache.path(item[1]).name)
+                    if evicted:  # the store made room: the index follows
+                        self._scan()
                 else:
-                    self.cache.identity  # noqa: B018 - computed now, off the scheduler loop
-                    self.cache.open()
+                    self._scan()
             except Exception:  # noqa: BLE001 - a cache problem must never fail a compile
                 logger.exception("grammar disk cache: %s failed", item[0])
-            finally:
                 if item[0] == "load":
-                    item[1].looked_up.set()
+                    self._compile(item[1], item[2])
+            finally:
+                self._indexed.set()  # whatever happened to the first scan, nobody waits
 
-    def _load(self, job: Any, deserialize: Callable[[bytes], Any]) -> None:
+    def _scan(self) -> None:
+        self._index = set(self.cache.names())  # opens the cache (and its identity) first
+        self._scanned_at, self._rescan_asked = time.monotonic(), False
+
+    def _load(self, job: Any, pool: Any) -> None:
         if job.future.done():
             return  # its requests gave up
         t0 = time.perf_counter()
         payload = self.cache.load(job.key)
-        if payload is None:
-            return
-        try:
-            compiled = deserialize(payload)
-        except Exception as e:  # noqa: BLE001 - a format the backend no longer reads
-            self.cache._bad(self.cache.path(job.key), f"does not load: {e}")
+        compiled = None
+        if payload is not None:
+            try:
+                compiled = self._rebuild(payload)
+            except Exception as e:  # noqa: BLE001 - a format the backend no longer reads
+                self.cache._bad(self.cache.path(job.key), f"does not load: {e}")
+        if compiled is None:
+            self._index.discard(self.cache.path(job.key).name)
+            self._compile(job, pool)
             return
         seconds = time.perf_counter() - t0
         try:
-            job.future.set_result((compiled, len(payload), seconds))
+            job.future.set_result((compiled, self._size(compiled, payload), seconds))
         except InvalidStateError:
-            return  # cancelled meanwhile (its deadline passed)
+            return  # cancelled meanwhile
         self.load_s.append(seconds)
         del self.load_s[:-1024]
+
+    @staticmethod
+    def _compile(job: Any, pool: Any) -> None:
+        """The fallback: ``job``'s key goes to the compile pool; its outcome becomes ``job``'s."""
+        if job.future.done():
+            return
+        try:
+            inner = pool.submit(job.key)
+        except Exception as e:  # noqa: BLE001 - refused (busy, shut down): the request's error
+            _settle(job.future, exception=e)
+            return
+        job.future.add_done_callback(lambda f: f.cancelled() and inner.future.cancel())
+        inner.future.add_done_callback(lambda f: _copy(f, job.future))
+
+
+def _copy(source: Future, target: Future) -> None:
+    if source.cancelled():
+        target.cancel()
+    elif source.exception() is not None:
+        _settle(target, exception=source.exception())
+    else:
+        _settle(target, result=source.result())
+
+
+def _settle(future: Future, result: Any = None, exception: BaseException | None = None) -> None:
+    try:
+        if exception is not None:
+            future.set_exception(exception)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        pass  # cancelled meanwhile

@@ -12,9 +12,8 @@ it. So every compile runs in a worker process with a memory budget, and:
   ``submit`` rejects at once, naming the limit;
 - the compiled grammar comes back serialized by the backend and is rebuilt here, on the slot's
   thread (never the scheduler loop);
-- with an on-disk cache (``disk``: ``disk_loader.py``), each job is looked up there first, on
-  the loader's thread: a slot that takes a job waits for its lookup and skips it on a hit;
-  what a worker compiles is handed to the loader to be written.
+- what a worker compiles is handed to ``on_compiled(key, payload)`` (the on-disk cache's
+  writer, ``disk_loader.py``), once it loaded here.
 
 Each slot is one thread driving one worker synchronously (send a job, wait for its reply or its
 deadline with ``select``), so the deadline is exact and needs no other timer. Workers start with
@@ -28,15 +27,12 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from ..errors import InvalidRequestError
 from .base import GrammarKey
 from .worker import WorkerInit
 from .worker_handle import WorkerHandle, WorkerStartError
-
-if TYPE_CHECKING:
-    from .disk_loader import DiskLoader
 
 
 @dataclass(frozen=True)
@@ -76,7 +72,6 @@ class CompileJob:
     key: GrammarKey
     submitted: float  # time.monotonic(); its deadline is ``CompileWorkerPool.deadline``
     future: Future = field(default_factory=Future)
-    looked_up: threading.Event | None = None  # set once the disk cache was read (None: no disk)
 
 
 class CompileTimeout(InvalidRequestError):
@@ -87,9 +82,10 @@ class CompileWorkerPool:
     """Runs ``CompileJob``s in worker processes; ``deserialize`` rebuilds each result here."""
 
     def __init__(self, init: WorkerInit, deserialize: Callable[[bytes], Any],
-                 limits: PoolLimits | None = None, disk: "DiskLoader | None" = None) -> None:
+                 limits: PoolLimits | None = None, *,
+                 on_compiled: Callable[[GrammarKey, bytes], None] | None = None) -> None:
         self.init = init
-        self.disk = disk
+        self.on_compiled = on_compiled
         self.deserialize = deserialize
         self.limits = limits or PoolLimits()
         self.stats = PoolStats()
@@ -114,8 +110,7 @@ class CompileWorkerPool:
 
     def submit(self, key: GrammarKey) -> CompileJob:
         """Queue a compile; raises ``InvalidRequestError`` when the queue is full."""
-        job = CompileJob(key, time.monotonic(),
-                         looked_up=None if self.disk is None else threading.Event())
+        job = CompileJob(key, time.monotonic())
         if self._closed:
             raise InvalidRequestError("the grammar compiler is shut down", field=key.field)
         try:
@@ -125,8 +120,6 @@ class CompileWorkerPool:
                 f"too many grammar compiles in flight: {self.limits.workers} running and "
                 f"{self.limits.max_queued} queued is the limit (grammar_compile_queue); "
                 "retry later", field=key.field) from None
-        if self.disk is not None:
-            self.disk.look_up(job, self.deserialize)
         return job
 
     def worker_pids(self) -> list[int]:
@@ -161,8 +154,6 @@ class CompileWorkerPool:
             job = self._queue.get()
             if job is None or self._closed:
                 break
-            if job.looked_up is not None:
-                job.looked_up.wait()  # a hit completes it: nothing to compile
             if job.future.done() or not job.future.set_running_or_notify_cancel():
                 continue  # its requests gave up while it was queued
             if worker is None:
@@ -238,8 +229,8 @@ class CompileWorkerPool:
             except Exception as e:  # noqa: BLE001 - a version or format mismatch
                 self._fail(job, f"{job.key.field} failed to load its compiled grammar: {e}")
             else:
-                if self.disk is not None:
-                    self.disk.store(job.key, payload)
+                if self.on_compiled is not None:
+                    self.on_compiled(job.key, payload)
         worker.baseline = worker.baseline or used
         # NOTE: heap left over by earlier compiles counts against the budget of the next one;
         # a worker that grew by half its budget is replaced while idle.

@@ -8,6 +8,7 @@ import functools
 import json
 import logging
 import os
+import time
 
 import pytest
 
@@ -181,3 +182,47 @@ def test_estimate_worker_reads_the_disk_cache(backends, tokenizer, tmp_path):
     job_id, found, reason = estimator.run(7, 0, [], False)
     assert (job_id, reason) == (7, None) and found  # a shortest completion from the start
     assert estimator.disk.stats.hits == 1
+
+
+def test_cached_keys_do_not_wait_for_busy_workers(tmp_path):
+    """A key on disk is loaded by the loader's thread, never queued behind compiles: with the
+    only worker busy for a minute, it is ready at once (and the compile queue never saw it)."""
+    from sgdsl.runtime.grammar.worker_pool import PoolLimits
+
+    from .scripted_backend import ScriptedBackend
+
+    backend = ScriptedBackend()
+    disk = GrammarDiskCache(tmp_path, backend.name, "scripted-id")
+    disk.store(GrammarKey("regex", "cached"), backend.serialize("compiled:cached"))
+    c = GrammarCompiler(backend, timeout_s=120, pool=PoolLimits(workers=1), disk=disk)
+    try:
+        c.compile(GrammarKey("regex", "warm-up"))  # the worker is up
+        slow = c.submit(GrammarKey("regex", "sleep:60"))
+        assert c.compile(GrammarKey("regex", "cached")) == "compiled:cached"
+        assert not slow.ready() and c.pool.stats.compiles == 1  # only the warm-up compiled
+        assert c.disk.cache.stats.hits == 1
+    finally:
+        c.shutdown()
+
+
+def test_other_replicas_files_are_found(backends, tmp_path, monkeypatch):
+    """Two compilers on one folder (two replicas): a key one compiled is loaded by the other
+    once it rescans (a miss asks for a rescan at most every RESCAN_S)."""
+    from sgdsl.runtime.grammar import disk_loader
+
+    monkeypatch.setattr(disk_loader, "RESCAN_S", 0.0)
+    backend = backends["xgrammar"]
+    a = GrammarCompiler(backend, timeout_s=120, disk=_disk(backend, tmp_path))
+    b = GrammarCompiler(backend, timeout_s=120, disk=_disk(backend, tmp_path))
+    try:
+        assert not b.disk.has(KEYS[2])  # indexed before anything was written
+        a.compile(KEYS[2])
+        a.disk.shutdown()  # written
+        deadline = time.monotonic() + 60
+        while not b.disk.has(KEYS[2]) and time.monotonic() < deadline:
+            time.sleep(0.05)  # each miss asks for a rescan
+        b.compile(KEYS[2])
+        assert b.pool.stats.compiles == 0 and b.disk.cache.stats.hits == 1
+    finally:
+        a.shutdown()
+        b.shutdown()
