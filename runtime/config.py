@@ -70,6 +70,10 @@ class EngineConfig:
     # one torch.distributed group spread evenly over nnodes machines; node 0 serves, every node
     # reaches the group's rendezvous at dist_init_addr ("HOST:PORT"; default: a free local port).
     tp_size: int = 1
+    # Expert parallelism (SGLang's --ep-size): the MoE layers' experts split over ep_size of
+    # the tp_size ranks (ep_size divides tp_size; attention and dense layers stay TP over all
+    # of them), tokens dispatched to their experts' ranks with all-to-all (layers/moe/dispatch.py)
+    ep_size: int = 1
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: str | None = None
@@ -102,6 +106,11 @@ def _check_parallel(config: EngineConfig) -> None:
 
     if config.tp_size < 1:
         raise bad("tp_size", "must be >= 1")
+    if config.ep_size < 1:
+        raise bad("ep_size", "must be >= 1")
+    if config.tp_size % config.ep_size:
+        raise bad("ep_size", f"must divide tp_size={config.tp_size} (the experts are split over "
+                             "ep_size of the tp_size ranks, as in SGLang)")
     if not config.rank_hang_timeout_s > 0:
         raise bad("rank_hang_timeout_s", "must be > 0")
     if config.nnodes < 1:

@@ -2,7 +2,9 @@
 place the model and the scheduler call torch.distributed.
 
 All are no-ops at size 1, and with no process group (a shape-level test that builds one rank's
-shard in one process: it combines the partial results itself).
+shard in one process: it combines the partial results itself). The tensor collectives take an
+optional ``group`` (a ``state.TPGroup``: the expert-parallel subgroups, ``get_ep_group`` /
+``get_moe_tp_group``); default: the TP group.
 """
 from __future__ import annotations
 
@@ -11,12 +13,12 @@ from typing import Any
 
 import torch
 
-from .state import get_tp_group
+from .state import TPGroup, get_tp_group
 
 
-def all_reduce(x: torch.Tensor) -> torch.Tensor:
+def all_reduce(x: torch.Tensor, group: TPGroup | None = None) -> torch.Tensor:
     """Sum ``x`` over the ranks, in place; returns ``x``."""
-    g = get_tp_group()
+    g = group or get_tp_group()
     if g.size == 1 or g.group is None:
         return x
     import torch.distributed as dist
@@ -25,9 +27,9 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+def all_gather(x: torch.Tensor, dim: int = -1, group: TPGroup | None = None) -> torch.Tensor:
     """Concatenate every rank's ``x`` along ``dim`` (rank order)."""
-    g = get_tp_group()
+    g = group or get_tp_group()
     if g.size == 1 or g.group is None:
         return x
     import torch.distributed as dist
@@ -41,6 +43,31 @@ def all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     dim = dim % x.dim()
     # [size, ..., d, ...] -> [..., size * d, ...]
     return out.movedim(0, dim).reshape(*x.shape[:dim], g.size * x.shape[dim], *x.shape[dim + 1:])
+
+
+def all_to_all(x: torch.Tensor, send_splits: list[int] | None, recv_splits: list[int] | None,
+               group: TPGroup | None = None) -> torch.Tensor:
+    """Rows of ``x`` to every rank: the first ``send_splits[0]`` rows to rank 0, the next to rank
+    1, ...; returns the rows every rank sent here, in rank order (``sum(recv_splits)`` rows).
+    None splits: equal ones (``x.shape[0]`` divisible by the group size), which need no host
+    values and so can be captured in a CUDA graph."""
+    g = group or get_tp_group()
+    if g.size == 1 or g.group is None:
+        return x
+    import torch.distributed as dist
+
+    x = x.contiguous()
+    rows = sum(recv_splits) if recv_splits is not None else x.shape[0]
+    out = torch.empty((rows, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.all_to_all_single(out, x, output_split_sizes=recv_splits,
+                           input_split_sizes=send_splits, group=g.group)
+    return out
+
+
+def exchange_counts(counts: torch.Tensor, group: TPGroup | None = None) -> torch.Tensor:
+    """``counts [size]`` (how many rows this rank sends to each rank) -> how many each rank
+    sends here: the split sizes of a variable ``all_to_all``, exchanged before it."""
+    return all_to_all(counts, None, None, group)
 
 
 def broadcast(x: torch.Tensor, src: int = 0) -> torch.Tensor:

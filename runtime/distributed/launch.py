@@ -64,14 +64,16 @@ def check_devices(config: EngineConfig) -> None:
 
 
 def check_model(config: EngineConfig) -> None:
-    """Refuse a head split the layers cannot do before any rank starts; resolving the model
+    """Refuse a head (or expert) split the layers cannot do before any rank starts; resolving the model
     here also converts or downloads it once, not once per rank."""
     from ..layers.linear import check_heads
+    from ..layers.moe.layer import check_expert_split
     from ..model.loader import resolve_model_dir
     from ..model.model_config import ModelConfig
 
     mc = ModelConfig.from_dir(resolve_model_dir(config))
     check_heads(mc.num_heads, mc.num_kv_heads, config.tp_size)
+    check_expert_split(mc.num_experts, config.ep_size)
 
 
 def start_ranks(config: EngineConfig, specs: list[RankSpec], paths: Any,

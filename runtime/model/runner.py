@@ -14,7 +14,7 @@ import torch
 from ..cache.pool import ReqToTokenPool, TokenKVPool
 from ..config import EngineConfig
 from ..distributed.collectives import all_reduce, min_over_ranks
-from ..distributed.state import get_tp_group
+from ..distributed.state import get_ep_group, get_moe_tp_group, get_tp_group
 from ..errors import ModelLoadError
 from ..layers.linear import local_heads
 from ..layers.attention.registry import create_attention_backend, resolve_backend_name
@@ -149,6 +149,9 @@ class ModelRunner:
             # inside a graph capture: do one before capturing (the graphs then hold the
             # all-reduces and the logits all-gather).
             all_reduce(torch.zeros(1, device=self.device))
+            # and those of the expert-parallel subgroups (their all-to-alls are captured too)
+            all_reduce(torch.zeros(1, device=self.device), get_ep_group())
+            all_reduce(torch.zeros(1, device=self.device), get_moe_tp_group())
             torch.cuda.synchronize(self.device)
         graphs = CudaGraphRunner(self, max_bs)
         graphs.capture()

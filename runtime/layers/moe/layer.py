@@ -2,8 +2,11 @@
 
 Tensor parallelism splits every expert's intermediate dim the way a dense MLP is split (gate/up
 by rows, down by columns), so each rank computes a partial sum of every token's output and one
-all-reduce after the weighted combine completes it. The expert weights and the product come
-from the quant method (unquantized, or fp8; see ``layers/quantization``).
+all-reduce after the weighted combine completes it. Expert parallelism (``ep_size`` > 1) gives
+each EP rank ``num_experts / ep_size`` whole experts (split by intermediate dim only over the
+``tp_size / ep_size`` ranks of its MoE-TP group) and moves the tokens to them (dispatch.py).
+The expert weights and the product come from the quant method (unquantized, or fp8; see
+``layers/quantization``).
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import torch
 from torch import nn
 
 from ...distributed.collectives import all_reduce
-from ...distributed.state import get_tp_group
+from ...distributed.state import get_ep_group, get_moe_tp_group, get_tp_group
 from ...errors import ModelLoadError
 from ..quantization.base import QuantConfig
 from .method import UnquantizedMoEMethod
@@ -24,26 +27,35 @@ class FusedMoE(nn.Module):
                  reduce_results: bool = True, dtype: torch.dtype | None = None,
                  device: torch.device | str | None = None) -> None:
         super().__init__()
-        group = get_tp_group()
+        self.ep = get_ep_group()
+        check_expert_split(num_experts, self.ep.size)
+        # tp_rank / tp_size: the split of each expert's intermediate dim (the MoE-TP group:
+        # the whole TP group without expert parallelism)
+        group = get_moe_tp_group() if self.ep.size > 1 else get_tp_group()
         self.tp_rank, self.tp_size = group.rank, group.size
         if intermediate % self.tp_size:
             raise ModelLoadError(f"moe_intermediate_size={intermediate} is not divisible by "
-                                 f"tp_size={self.tp_size}")
+                                 f"the {self.tp_size} ranks that split each expert")
         if not 0 < top_k <= num_experts:
             raise ModelLoadError(f"num_experts_per_tok={top_k} must be in [1, {num_experts}]")
         self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
+        self.num_local_experts = num_experts // self.ep.size
+        self.first_expert = self.ep.rank * self.num_local_experts
         self.hidden, self.inter_per_rank = hidden, intermediate // self.tp_size
         self.reduce_results = reduce_results
         self.quant_method = (quant.get_moe_method(self, prefix) if quant is not None
                              else UnquantizedMoEMethod())
-        self.quant_method.create_weights(self, num_experts, hidden, self.inter_per_rank, dtype,
-                                         device)
+        self.quant_method.create_weights(self, self.num_local_experts, hidden,
+                                         self.inter_per_rank, dtype, device)
 
     def load_expert(self, expert: int, shard: str, kind: str, tensor: torch.Tensor) -> None:
-        """One checkpoint tensor of one expert (full size; this rank keeps its slice)."""
+        """One checkpoint tensor of one expert (full size; this rank keeps its slice). Under
+        expert parallelism another rank's expert is skipped (a lazy view is never read)."""
         if not 0 <= expert < self.num_experts:
             raise ModelLoadError(f"expert index {expert} out of range [0, {self.num_experts})")
-        self.quant_method.load_expert(self, expert, shard, kind, tensor)
+        local = expert - self.first_expert
+        if 0 <= local < self.num_local_experts:
+            self.quant_method.load_expert(self, local, shard, kind, tensor)
 
     def process_weights_after_loading(self) -> None:
         hook = getattr(self.quant_method, "process_weights_after_loading", None)
@@ -53,9 +65,26 @@ class FusedMoE(nn.Module):
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor,
                 sum_experts: bool = True) -> torch.Tensor:
         """``[T, H]``; ``sum_experts=False`` allows ``[T, k, H]``, the weighted expert rows
-        left for the caller to sum (see ``MoEMethod.apply``)."""
+        left for the caller to sum (see ``MoEMethod.apply``; expert parallelism always sums)."""
         weights, ids = select_experts(router_logits, self.top_k, self.renormalize)
+        if self.ep.size > 1:
+            from .dispatch import expert_parallel_moe
+
+            # NOTE: a CUDA graph cannot hold the host-side split sizes: padded layout there
+            padded = x.is_cuda and torch.cuda.is_current_stream_capturing()
+            return expert_parallel_moe(self, x, weights, ids, self.ep, get_moe_tp_group(),
+                                       padded)
         # NOTE: under TP the rows are summed before the all-reduce (k times fewer bytes).
         sum_experts = sum_experts or (self.reduce_results and self.tp_size > 1)
         out = self.quant_method.apply(self, x, weights, ids, sum_experts=sum_experts)
         return all_reduce(out) if self.reduce_results else out
+
+
+def check_expert_split(num_experts: int, ep_size: int) -> None:
+    """ep_size must split the experts evenly (and only a MoE model has experts to split)."""
+    if num_experts == 0 and ep_size > 1:
+        raise ModelLoadError(f"ep_size={ep_size}: the model has no experts (expert "
+                             "parallelism is for MoE models); use ep_size=1")
+    if num_experts % ep_size:
+        raise ModelLoadError(f"ep_size={ep_size} does not divide the model's {num_experts} "
+                             f"experts; use an ep_size that divides {num_experts}")

@@ -1,5 +1,6 @@
 """Unquantized expert weights: ``w13`` [E, 2I, H] (gate rows, then up rows) and ``w2`` [E, H, I]
-in the model dtype, each rank holding its slice of the intermediate dim."""
+in the model dtype, each rank holding its slice of the intermediate dim (of its own experts,
+under expert parallelism: E is then the rank's local expert count)."""
 from __future__ import annotations
 
 from typing import Any
@@ -22,9 +23,11 @@ class UnquantizedMoEMethod(MoEMethod):
                                                    device=device), requires_grad=False)
         # Whole-tensor loading (dummy weights draw the tp_size-1 tensors and keep a slice):
         # full w13 is [E, 2 * I * tp, H] (all gate rows, then all up rows), full w2 [E, H, I * tp].
-        size = layer.tp_size
-        layer.w13_weight.full_shape = (num_experts, 2 * inter * size, hidden)
-        layer.w2_weight.full_shape = (num_experts, hidden, inter * size)
+        # Under expert parallelism the full tensors hold every expert (``layer.num_experts``);
+        # this rank keeps its own (``FusedMoE.load_expert`` skips the others).
+        size, every = layer.tp_size, layer.num_experts
+        layer.w13_weight.full_shape = (every, 2 * inter * size, hidden)
+        layer.w2_weight.full_shape = (every, hidden, inter * size)
         layer.w13_weight.weight_loader = lambda p, full: _load_w13(layer, p, full)
         layer.w2_weight.weight_loader = lambda p, full: _load_w2(layer, p, full)
 

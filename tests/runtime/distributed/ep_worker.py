@@ -1,0 +1,81 @@
+"""One rank of the expert-parallel tests (spawned by test_ep_models.py). For each layout
+(tp_size, ep_size) it joins a fresh gloo group (ranks beyond tp_size sit that one out), builds
+a ModelRunner per model directory, decodes greedily and reports rank 0's tokens and logits;
+then checks one FusedMoE layer's padded dispatch (the CUDA-graph layout) and variable dispatch
+against the single-process product."""
+from __future__ import annotations
+
+import torch
+
+from .tp_worker import model_test_module
+
+DECODE_STEPS = 6
+
+
+def greedy(runner, prompts: list[list[int]]) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Greedy tokens of every prompt (an extend, then decode steps) and each step's logits."""
+    d = model_test_module("driver").RunnerDriver(runner)
+    reqs = [d.new_request() for _ in prompts]
+    logits = [d.extend(list(zip(reqs, prompts)))]
+    tokens = [logits[-1].argmax(-1).tolist()]
+    for _ in range(DECODE_STEPS):
+        logits.append(d.decode(list(zip(reqs, tokens[-1]))))
+        tokens.append(logits[-1].argmax(-1).tolist())
+    return [list(t) for t in zip(*tokens)], [t.clone() for t in logits]
+
+
+def moe_layer_check(seed: int = 0) -> dict[str, float]:
+    """Max |difference| of the padded and the variable dispatch from the plain torch product
+    of the whole layer (every expert), on this rank's group (9 tokens: uneven chunks)."""
+    from sgdsl.runtime.layers.moe.dispatch import expert_parallel_moe
+    from sgdsl.runtime.layers.moe.layer import FusedMoE
+    from sgdsl.runtime.layers.moe.reference import moe_reference
+    from sgdsl.runtime.layers.moe.router import select_experts
+    from sgdsl.runtime.distributed.state import get_ep_group, get_moe_tp_group
+
+    experts, hidden, inter = 8, 16, 24
+    gen = torch.Generator().manual_seed(seed)
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) * 0.3
+    w2 = torch.randn(experts, hidden, inter, generator=gen) * 0.3
+    x = torch.randn(9, hidden, generator=gen)
+    logits = torch.randn(9, experts, generator=gen)
+    layer = FusedMoE(experts, 3, hidden, inter, renormalize=True, dtype=torch.float32,
+                     device="cpu")
+    layer.w13_weight.weight_loader(layer.w13_weight, w13)
+    layer.w2_weight.weight_loader(layer.w2_weight, w2)
+    weights, ids = select_experts(logits, 3, True)
+    want = moe_reference(x, lambda e: (w13[e], w2[e]), weights, ids)
+    out = {}
+    for name, padded in (("variable", False), ("padded", True)):
+        got = expert_parallel_moe(layer, x, weights, ids, get_ep_group(), get_moe_tp_group(),
+                                  padded)
+        out[name] = float((got - want).abs().max())
+    return out
+
+
+def run_rank(rank: int, layouts: list[tuple[int, int, str]], dirs: list[str],
+             prompts: list[list[int]], results) -> None:
+    """``layouts``: (tp_size, ep_size, init_method) to run one after the other."""
+    from sgdsl.runtime.config import EngineConfig
+    from sgdsl.runtime.distributed.collectives import barrier
+    from sgdsl.runtime.distributed.state import destroy_tp_group, init_tp_group
+    from sgdsl.runtime.model.runner import ModelRunner
+
+    torch.set_num_threads(1)
+    for size, ep, method in layouts:
+        if rank >= size:
+            continue
+        init_tp_group(rank, size, torch.device("cpu"), method, timeout_s=120, ep_size=ep)
+        try:
+            for model_dir in dirs:
+                runner = ModelRunner(EngineConfig(model=model_dir, device="cpu",
+                                                  max_total_tokens=256, max_running_requests=4,
+                                                  tp_size=size, ep_size=ep))
+                tokens, logits = greedy(runner, prompts)
+                local = runner.model.model.layers[0].mlp.experts.w13_weight.shape[0]
+                results.put(("model", size, ep, rank, model_dir, local, tokens,
+                             [t.numpy() for t in logits] if rank == 0 else None))
+            results.put(("layer", size, ep, rank, moe_layer_check()))
+            barrier(timeout_s=120)  # leave together (see tp_worker.run_rank)
+        finally:
+            destroy_tp_group()

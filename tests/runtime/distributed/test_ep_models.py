@@ -1,0 +1,115 @@
+"""Expert parallelism on CPU (gloo, rank processes): tiny random Qwen3-MoE (8 experts, top-3,
+renormalized, a sparse and a dense layer) and Mixtral (8 experts, top-2, w1/w2/w3 names,
+sharded checkpoint) at EP=2 (TP=2), EP=4 (TP=4) and EP=2 over TP=4 (each expert split again
+over 2 ranks) decode greedily token for token as EP=1 (TP=1) does, logits within 1e-4; each
+rank holds only its experts. One FusedMoE layer's padded dispatch (the CUDA-graph layout) and
+variable dispatch equal the single-process product. Bad layouts fail with clear errors."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import socket
+
+import pytest
+import torch
+
+from sgdsl.runtime.config import EngineConfig
+from sgdsl.runtime.errors import InvalidRequestError, ModelLoadError
+from sgdsl.runtime.layers.moe.layer import check_expert_split
+from sgdsl.runtime.model.runner import ModelRunner
+
+from .ep_worker import greedy, run_rank
+from .tp_worker import model_test_module
+
+RANKS = 4
+EXPERTS = 8
+LAYOUTS = [(2, 2), (4, 4), (4, 2)]  # (tp_size, ep_size)
+PROMPTS = [[5, 17, 200, 3, 99, 42, 7], [11, 12], [249, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]]
+CASES = {
+    "qwen3_moe": ("qwen3_moe", dict(head_dim=32, num_experts=EXPERTS, num_experts_per_tok=3,
+                                    moe_intermediate_size=48, norm_topk_prob=True,
+                                    decoder_sparse_step=1, mlp_only_layers=[1])),
+    "mixtral": ("mixtral", dict(num_local_experts=EXPERTS, num_experts_per_tok=2,
+                                save_kwargs={"max_shard_size": "200KB"})),
+}
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory) -> list[str]:
+    dirs = []
+    for name, (kind, overrides) in CASES.items():
+        path = tmp_path_factory.mktemp(name)
+        model_test_module("tiny").tiny_model(kind, path, **dict(overrides))
+        dirs.append(str(path))
+    return dirs
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_ranks(model_dirs: list[str]) -> list[tuple]:
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    layouts = [(tp, ep, f"tcp://127.0.0.1:{_port()}") for tp, ep in LAYOUTS]
+    procs = [ctx.Process(target=run_rank, args=(r, layouts, model_dirs, PROMPTS, results),
+                         daemon=True) for r in range(RANKS)]
+    for p in procs:
+        p.start()
+    want = sum(tp * (len(model_dirs) + 1) for tp, _ in LAYOUTS)
+    got: list[tuple] = []
+    try:
+        while len(got) < want:
+            try:
+                got.append(results.get(timeout=1))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if not p.is_alive() and p.exitcode]
+                assert not dead, f"rank(s) {dead} died (see their stderr)"
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    assert all(p.exitcode == 0 for p in procs)
+    return got
+
+
+def test_ep_equals_tp1_token_for_token(model_dirs):
+    got = _run_ranks(model_dirs)
+    for model_dir in model_dirs:
+        ref_tokens, ref_logits = greedy(ModelRunner(EngineConfig(
+            model=model_dir, device="cpu", max_total_tokens=256, max_running_requests=4)),
+            PROMPTS)
+        for tp, ep in LAYOUTS:
+            rows = [g for g in got if g[:3] == ("model", tp, ep) and g[4] == model_dir]
+            assert sorted(r[3] for r in rows) == list(range(tp))
+            assert all(r[5] == EXPERTS // ep for r in rows)  # each rank: only its experts
+            for r in rows:  # every rank decoded the same tokens as TP=1
+                assert r[6] == ref_tokens, (model_dir, tp, ep, r[3])
+            logits = next(r[7] for r in rows if r[3] == 0)
+            for a, b in zip(logits, ref_logits):
+                torch.testing.assert_close(torch.from_numpy(a), b, rtol=0, atol=1e-4)
+    for tp, ep in LAYOUTS:
+        checks = [g[4] for g in got if g[:3] == ("layer", tp, ep)]
+        assert len(checks) == tp
+        for diffs in checks:
+            assert diffs["variable"] < 1e-5 and diffs["padded"] < 1e-5, (tp, ep, diffs)
+
+
+def test_bad_layouts_fail_clearly(model_dirs, tmp_path):
+    with pytest.raises(InvalidRequestError, match="ep_size=3.*must divide tp_size=4"):
+        EngineConfig(model="x", tp_size=4, ep_size=3)
+    with pytest.raises(InvalidRequestError, match="ep_size=0"):
+        EngineConfig(model="x", ep_size=0)
+    with pytest.raises(ModelLoadError, match="does not divide the model's 8 experts"):
+        check_expert_split(8, 3)
+    with pytest.raises(ModelLoadError, match="no experts"):
+        check_expert_split(0, 2)
+    from sgdsl.runtime.distributed.launch import check_model
+
+    check_model(EngineConfig(model=model_dirs[0], tp_size=4, ep_size=4))  # fine
+    model_test_module("tiny").tiny_model("llama", tmp_path)  # dense: nothing to split
+    with pytest.raises(ModelLoadError, match="ep_size=2: the model has no experts"):
+        check_model(EngineConfig(model=str(tmp_path), tp_size=2, ep_size=2))
