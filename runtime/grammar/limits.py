@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import InvalidRequestError
 from .base import GrammarKey
+from .schema.rejection import keyword_at
 
 # {n}, {n,}, {n,m} quantifiers not preceded by a backslash.
 _REPEAT = re.compile(r"(?<!\\)\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
@@ -44,12 +45,12 @@ class GrammarLimits:
         elif key.kind == "choices" and len(json.loads(key.text)) > self.max_choices:
             _fail(key, f"at most {self.max_choices} choices are allowed")
 
-    def _check_repetition(self, key: GrammarKey, text: str) -> None:
+    def _check_repetition(self, key: GrammarKey, text: str, where: str = "") -> None:
         for m in _REPEAT.finditer(text):
             for bound in m.groups():
                 if bound and int(bound) > self.max_repetition:
                     _fail(key, f"repetition bound {{{m.group(0)[1:-1]}}} exceeds the limit "
-                               f"of {self.max_repetition}")
+                               f"of {self.max_repetition}{where}")
 
     def _check_schema(self, key: GrammarKey) -> None:
         try:
@@ -58,39 +59,51 @@ class GrammarLimits:
             _fail(key, f"json_schema is not valid JSON: {e}")
         if not isinstance(schema, (dict, bool)):
             _fail(key, "json_schema must be a JSON object (or a boolean)")
-        self._walk(key, schema, 1)
+        self._walk(key, schema, [])
         _check_meta_schema(key, schema)
 
-    def _walk(self, key: GrammarKey, node: Any, depth: int) -> None:
-        if depth > self.max_json_depth:
-            _fail(key, f"json_schema nesting depth exceeds the limit of {self.max_json_depth}")
+    def _walk(self, key: GrammarKey, node: Any, parts: list) -> None:
+        if len(parts) >= self.max_json_depth:
+            _fail(key, f"json_schema nesting depth exceeds the limit of {self.max_json_depth} "
+                       f"({_where(parts)})")
         if isinstance(node, dict):
             for k, v in node.items():
                 if k in _BOUND_KEYS and isinstance(v, (int, float)) and v > self.max_schema_bound:
-                    _fail(key, f"json_schema {k}={v} exceeds the limit of {self.max_schema_bound}")
+                    _fail(key, f"json_schema {k}={v} exceeds the limit of "
+                               f"{self.max_schema_bound} ({_where(parts + [k])})")
                 if k == "pattern" and isinstance(v, str):
-                    self._check_repetition(key, v)
-                self._walk(key, v, depth + 1)
+                    self._check_repetition(key, v, f" ({_where(parts + [k])})")
+                self._walk(key, v, parts + [k])
         elif isinstance(node, list):
-            for v in node:
-                self._walk(key, v, depth + 1)
+            for i, v in enumerate(node):
+                self._walk(key, v, parts + [i])
 
 
 def _check_meta_schema(key: GrammarKey, schema: Any) -> None:
-    """Reject schemas that break the JSON Schema meta-schema (e.g. ``"type": 5``)."""
+    """Reject schemas that break the JSON Schema meta-schema (e.g. ``"type": 5``), naming the
+    keyword and where it is. Repeated ``enum``/``required``/``type`` values are harmless and
+    pass (``schema/lenient.py``)."""
     try:
         import jsonschema
     except ImportError:  # optional: the backends still reject what they cannot parse
         return
+    from .schema.lenient import without_repeats
     from .schema.validator import validator_class
 
+    schema = without_repeats(schema)
     try:
         validator_class(schema).check_schema(schema)
     except jsonschema.SchemaError as e:
-        where = "/".join(str(p) for p in e.absolute_path) or "(root)"
-        _fail(key, f"json_schema is not a valid JSON Schema at {where}: {e.message}")
+        keyword, where = keyword_at(list(e.absolute_path))
+        _fail(key, f"json_schema is not a valid JSON Schema: keyword {keyword!r} at {where}: "
+                   f"{e.message}")
     except RecursionError:
         _fail(key, "json_schema is too deeply nested")
+
+
+def _where(parts: list) -> str:
+    keyword, holder = keyword_at(parts)
+    return f"keyword {keyword!r} at {holder}"
 
 
 def _fail(key: GrammarKey, message: str) -> None:

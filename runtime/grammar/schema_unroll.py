@@ -68,8 +68,10 @@ def unroll_recursive_refs(schema: Any, max_depth: int = MAX_DEPTH) -> Any:
     out = unroller.expand(schema, ())
     if out is _IMPOSSIBLE:
         raise InvalidRequestError(
-            f"json_schema has no finite instance within {max_depth} levels of its recursive "
-            f"$ref {unroller.cut!r}: every branch recurses again", field="json_schema")
+            f"json_schema keyword '$ref' at {unroller.cut} (a definition that refers to "
+            f"itself) cannot be enforced by outlines: the schema has no finite instance "
+            f"within {max_depth} levels of this recursion (every branch recurses again)",
+            field="json_schema")
     return out
 
 
@@ -99,7 +101,8 @@ def _resolve(schema: Any, ref: str, missing_ok: bool = False) -> Any:
         except (KeyError, IndexError, ValueError, TypeError):
             if missing_ok:
                 return None
-            raise InvalidRequestError(f"json_schema $ref {ref!r} does not resolve",
+            raise InvalidRequestError(f"json_schema keyword '$ref' cannot be enforced: "
+                                      f"{ref!r} does not resolve (no {ref} in the schema)",
                                       field="json_schema") from None
     return node
 
@@ -119,8 +122,10 @@ class _Unroller:
         self.nodes += 1
         if self.nodes > MAX_NODES:
             raise InvalidRequestError(
-                f"json_schema is too large once its recursive $refs are unrolled "
-                f"{self.max_depth} levels (over {MAX_NODES} subschemas)", field="json_schema")
+                f"json_schema keyword '$ref' at {stack[-1] if stack else '#'} (a recursive "
+                f"definition) cannot be enforced by outlines: the schema is too large once "
+                f"its recursive $refs are unrolled {self.max_depth} levels (over {MAX_NODES} "
+                f"subschemas)", field="json_schema")
         ref = node.get("$ref")
         if isinstance(ref, str) and ref.startswith("#"):
             return self._expand_ref(node, ref, stack)

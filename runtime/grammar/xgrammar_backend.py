@@ -18,6 +18,7 @@ import torch
 from ..errors import InvalidRequestError
 from .base import (Grammar, GrammarBackend, GrammarKey, StateKey, accept_positions,
                    choices_regex)
+from .failure_site import failure_site, site_message
 from .schema import normalize_schema
 from .token_rows import undo_if_empty
 from .utf8_tokens import BOUNDARY, REJECT, Utf8Tokens
@@ -200,26 +201,34 @@ class XGrammarBackend(GrammarBackend):
         return XGrammarCompiled(grammar, json_kind, self._utf8, self._filters[json_kind])
 
     def _compile(self, key: GrammarKey) -> Any:
-        c = self._compiler
         try:
-            if key.kind == "json_schema":
-                schema = normalize_schema(json.loads(key.text), self.name)
-                return c.compile_json_schema(json.dumps(schema), any_whitespace=False)
-            if key.kind == "json_object":
-                # Any JSON object, any keys: strict_mode off allows unlisted properties.
-                return c.compile_json_schema('{"type": "object"}', any_whitespace=False,
-                                             strict_mode=False)
-            if key.kind == "regex":
-                return c.compile_regex(key.text)
-            if key.kind == "ebnf":
-                return c.compile_grammar(key.text)
-            return c.compile_regex(choices_regex(json.loads(key.text)))
+            return self._build(key)
         except InvalidRequestError:
             raise
         except Exception as e:  # xgrammar raises RuntimeError/ValueError subclasses
+            if key.kind == "json_schema":  # name the keyword and path that failed
+                site = failure_site(json.loads(key.text), lambda sub: self._build(
+                    GrammarKey("json_schema", json.dumps(sub))))
+                raise InvalidRequestError(site_message(self.name, site, e),
+                                          field=key.field) from e
             raise InvalidRequestError(
                 f"xgrammar cannot compile this {key.field}: {_first_line(e)}",
                 field=key.field) from e
+
+    def _build(self, key: GrammarKey) -> Any:
+        c = self._compiler
+        if key.kind == "json_schema":
+            schema = normalize_schema(json.loads(key.text), self.name)
+            return c.compile_json_schema(json.dumps(schema), any_whitespace=False)
+        if key.kind == "json_object":
+            # Any JSON object, any keys: strict_mode off allows unlisted properties.
+            return c.compile_json_schema('{"type": "object"}', any_whitespace=False,
+                                         strict_mode=False)
+        if key.kind == "regex":
+            return c.compile_regex(key.text)
+        if key.kind == "ebnf":
+            return c.compile_grammar(key.text)
+        return c.compile_regex(choices_regex(json.loads(key.text)))
 
     def serialize(self, compiled: XGrammarCompiled) -> bytes:
         # xgrammar's own format leaves the tokenizer tables out (the parent has them).

@@ -123,7 +123,7 @@ def _unique(node: dict, path: str) -> dict:
     lo = node.get("minItems", 0)
     if size >= 0 and lo > size:
         raise Impossible(path, f"uniqueItems with minItems {lo}: items allow only {size} "
-                               "distinct values")
+                               "distinct values", "uniqueItems")
     marked = {**{k: v for k, v in node.items() if k != "uniqueItems"}, UNIQUE_MARK: True}
     if domain is None:
         return marked
@@ -147,7 +147,7 @@ def _contains(node: dict, path: str, sub: Sub) -> dict:
     out = {k: v for k, v in node.items() if k not in ("contains", "minContains")}
     first = sub(node.get("items", {}), node["contains"], f"{path}/contains")
     if first is False:
-        raise Impossible(path, "no item satisfies contains")
+        raise Impossible(path, "no item satisfies contains", "contains")
     out["prefixItems"] = [first]
     out["minItems"] = max(1, node.get("minItems", 0))
     return out

@@ -43,7 +43,7 @@ def emit(node: Any, path: str) -> Any:
             except Impossible:
                 continue
         if not branches:
-            raise Impossible(path, "no anyOf branch is satisfiable")
+            raise Impossible(path, "no anyOf branch is satisfiable", "anyOf")
         return branches[0] if len(branches) == 1 else {"anyOf": branches}
     out = dict(node)
     for key in _NAMED:
@@ -98,7 +98,8 @@ def _open_for_count(node: dict, path: str) -> None:
             "object" not in (types if isinstance(types, list) else [types]):
         return
     if node.get("additionalProperties", {}) is False:
-        raise Impossible(path, f"minProperties {need} but only {listed} keys are allowed")
+        raise Impossible(path, f"minProperties {need} but only {listed} keys are allowed",
+                         "minProperties")
     node.setdefault("additionalProperties", {})
 
 
@@ -113,9 +114,10 @@ def _drop_forbidden(node: dict, path: str) -> None:
     patterns = list((node.get("patternProperties") or {}).keys())
     for name in banned:
         if name in node.get("required", []):
-            raise Impossible(path, f"required property {name!r} is not allowed")
+            raise Impossible(path, f"required property {name!r} is not allowed", "required")
         if extra or any(re.search(p, name) for p in patterns):
-            raise Impossible(path, f"property {name!r} must not occur, but unlisted keys may")
+            raise Impossible(path, f"property {name!r} must not occur, but unlisted keys may",
+                             "properties")
         del props[name]
     # NOTE: the backends emit no unlisted key anyway; saying so keeps the emitted schema a
     # subset of the original under JSON Schema's own reading too.

@@ -59,12 +59,13 @@ def _check_ranges(node: dict, path: str) -> None:
     for lo, hi in (("minimum", "maximum"), ("minLength", "maxLength"),
                    ("minItems", "maxItems"), ("minProperties", "maxProperties")):
         if lo in node and hi in node and node[lo] > node[hi]:
-            raise Impossible(path, f"{lo} {node[lo]} exceeds {hi} {node[hi]}")
+            raise Impossible(path, f"{lo} {node[lo]} exceeds {hi} {node[hi]}", lo)
     lo = max([node[k] for k in ("minimum", "exclusiveMinimum") if k in node], default=None)
     hi = min([node[k] for k in ("maximum", "exclusiveMaximum") if k in node], default=None)
     if lo is not None and hi is not None and lo == hi and \
             ("exclusiveMinimum" in node or "exclusiveMaximum" in node):
-        raise Impossible(path, "an empty exclusive range")
+        raise Impossible(path, "an empty exclusive range",
+                        "exclusiveMinimum" if "exclusiveMinimum" in node else "exclusiveMaximum")
 
 
 def _array_positions(node: dict, path: str) -> dict:
@@ -79,7 +80,7 @@ def _array_positions(node: dict, path: str) -> dict:
     if cap is None:
         return node
     if node.get("minItems", 0) > cap:
-        raise Impossible(path, "required array items cannot be satisfied")
+        raise Impossible(path, "required array items cannot be satisfied", "minItems")
     node["maxItems"] = min(node.get("maxItems", cap), cap)
     node.pop("items", None)
     if not node.get("prefixItems"):
@@ -92,9 +93,9 @@ def _check_object(node: dict, path: str) -> None:
     closed = node.get("additionalProperties") is False and "patternProperties" not in node
     for name in node.get("required", []):
         if props.get(name, None) is False or (closed and name not in props):
-            raise Impossible(path, f"required property {name!r} is not allowed")
+            raise Impossible(path, f"required property {name!r} is not allowed", "required")
         if "propertyNames" in node and node["propertyNames"] is False:
-            raise Impossible(path, "no property name is allowed")
+            raise Impossible(path, "no property name is allowed", "propertyNames")
 
 
 def _list_required(node: dict, path: str, sub: Sub) -> None:
@@ -123,7 +124,8 @@ def _enum_only(node: dict, path: str) -> dict:
         check = jsonschema.Draft202012Validator(_refs_widened(rest))
         values = [v for v in values if check.is_valid(v)]
     if not values:
-        raise Impossible(path, "no enum/const value satisfies the other keywords")
+        raise Impossible(path, "no enum/const value satisfies the other keywords",
+                         "const" if "const" in node else "enum")
     if "$ref" in str(rest):
         raise reject("enum", path, "enum/const beside a recursive $ref")
     return {"enum": values}

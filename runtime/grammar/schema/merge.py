@@ -46,7 +46,7 @@ def intersect_types(a: Any, b: Any, path: str) -> Any:
     if "integer" in sa and "number" in sb or "number" in sa and "integer" in sb:
         both.add("integer")
     if not both:
-        raise Impossible(path, f"types {sorted(sa)} and {sorted(sb)} do not intersect")
+        raise Impossible(path, f"types {sorted(sa)} and {sorted(sb)} do not intersect", "type")
     return next(iter(both)) if len(both) == 1 else sorted(both)
 
 
@@ -80,7 +80,7 @@ def _merge_keyword(key: str, x: Any, y: Any, path: str, sub: Sub) -> Any:
         keep = {canon(v) for v in y}
         return [v for v in x if canon(v) in keep]
     if key == "const":
-        raise Impossible(path, "two different const values")
+        raise Impossible(path, "two different const values", "const")
     if key == "uniqueItems":
         return bool(x or y)
     if key == "multipleOf":

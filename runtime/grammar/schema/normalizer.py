@@ -27,7 +27,8 @@ from .refs import RefTable
 from .strings import spell_assertions
 from .subsume import drop_subsumed
 from ..schema_support import check_schema_support
-from .rejection import Impossible, reject
+from .lenient import without_repeats
+from .rejection import Impossible, keyword_at, reject
 from .tuning import tune_for_backend
 
 MAX_NODES = 20_000  # subschemas visited (inlined references repeat theirs)
@@ -44,6 +45,7 @@ def normalize_schema(schema: Any, backend_name: str = "xgrammar") -> dict:
 
     Raises ``InvalidRequestError(field="json_schema")`` naming the keyword and JSON path of
     what cannot be enforced, or saying the schema has no valid instance."""
+    schema = without_repeats(schema)  # served once each, not rejected (lenient.py)
     norm = _Normalizer(schema)
     try:
         out = norm.schema(schema, "#")
@@ -51,9 +53,9 @@ def normalize_schema(schema: Any, backend_name: str = "xgrammar") -> dict:
         defs = {name: emit(d, f"#/$defs/{name}") for name, d in norm.defs.items()}
         out = emit(out, "#")
     except Impossible as e:
-        raise reject("(schema)", e.path, f"no instance can satisfy it: {e.why}") from None
+        raise reject(e.keyword, e.path, f"no instance can satisfy it: {e.why}") from None
     if out is False:
-        raise reject("(schema)", "#", "no instance can satisfy it")
+        raise reject("false", "#", "no instance can satisfy it")
     if defs:
         out = {**out, "$defs": defs}
     out = tune_for_backend(mark_lengths(out), backend_name)
@@ -77,9 +79,10 @@ class _Normalizer:
         if node is True:
             return {}
         if node is False:
-            raise Impossible(path, "the schema is false")
+            raise Impossible(path, "the schema is false", "false")
         if not isinstance(node, dict):
-            raise reject("(schema)", path, "a schema must be an object or a boolean")
+            keyword, _ = keyword_at(path.split("/")[1:])
+            raise reject(keyword, path, "a schema must be an object or a boolean")
         self.nodes += 1
         if self.nodes > MAX_NODES:
             raise reject("$ref", path, f"the schema has over {MAX_NODES} subschemas once its "
@@ -197,7 +200,7 @@ class _Normalizer:
         branches = drop_subsumed(_dedupe(branches))
         self._check_count(branches, key, path)
         if not branches:
-            raise Impossible(path, f"no {key} alternative is satisfiable with its siblings")
+            raise Impossible(path, f"no {key} alternative is satisfiable with its siblings", key)
         return branches[0] if len(branches) == 1 else {"anyOf": branches}
 
     @staticmethod

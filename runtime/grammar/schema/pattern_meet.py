@@ -28,7 +28,7 @@ def meet_pattern_keywords(a: Any, b: Any, path: str) -> str:
         raise reject("pattern", path, f"two patterns meet and only a prefix of a few literal "
                                       f"strings can be met with another pattern ({e})") from None
     if met is None:
-        raise Impossible(path, "no string matches both patterns")
+        raise Impossible(path, "no string matches both patterns", "pattern")
     return met
 
 

@@ -78,7 +78,8 @@ def _fold_lengths(node: dict, path: str) -> dict:
         # rejected there; the bounds stay beside the pattern until then
         return {**node, UNFOLDED: True}
     if folded is None:
-        raise Impossible(path, "the pattern's lengths and minLength/maxLength do not meet")
+        raise Impossible(path, "the pattern's lengths and minLength/maxLength do not meet",
+                         "pattern")
     if _largest_count(folded) > max(GRAMMAR_MAX, _largest_count(node["pattern"])):
         # NOTE: a fold that counts past GRAMMAR_MAX (a URL pattern's ``.+`` under maxLength
         # 2000 became ``.{1,1993}``, seven of them in one schema: past the compile deadline)

@@ -70,12 +70,15 @@ def validator_class(schema: Any) -> Any:
     boolean ``exclusiveMinimum`` or tuple ``items``, is read as draft-04)."""
     import jsonschema
 
+    from .lenient import without_repeats
+
     declared = isinstance(schema, dict) and "$schema" in schema
     cls = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
     if declared:
         return cls
+    probe = without_repeats(schema)  # a repeated enum value does not make it another draft
     for candidate in (jsonschema.Draft202012Validator, jsonschema.Draft7Validator,
                       jsonschema.Draft4Validator):
-        if candidate(candidate.META_SCHEMA).is_valid(schema):
+        if candidate(candidate.META_SCHEMA).is_valid(probe):
             return candidate
     return cls

@@ -63,7 +63,8 @@ def test_schema_without_finite_instance_is_rejected():
     endless = {"$defs": {"a": {"type": "object", "required": ["x"],
                                "properties": {"x": {"$ref": "#/$defs/a"}}}},
                "$ref": "#/$defs/a"}
-    with pytest.raises(InvalidRequestError, match=r"no finite instance.*#/\$defs/a") as e:
+    with pytest.raises(InvalidRequestError,
+                       match=r"keyword .\$ref. at #/\$defs/a .*no finite instance") as e:
         unroll_recursive_refs(endless)
     assert e.value.field == "json_schema"
     non_empty = {"type": "array", "minItems": 1, "items": {"$ref": "#"}}
