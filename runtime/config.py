@@ -74,6 +74,10 @@ class EngineConfig:
     # the tp_size ranks (ep_size divides tp_size; attention and dense layers stay TP over all
     # of them), tokens dispatched to their experts' ranks with all-to-all (layers/moe/dispatch.py)
     ep_size: int = 1
+    # How tokens reach their experts at ep_size > 1: all_to_all (dispatch and combine between
+    # the EP ranks), or all_reduce (SGLang's --moe-a2a-backend none: every rank computes its own
+    # experts for all tokens, one all-reduce sums them; no dispatch, no host sync)
+    ep_dispatch: Literal["all_to_all", "all_reduce"] = "all_to_all"
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: str | None = None

@@ -23,7 +23,7 @@ SCALE_NONE, SCALE_CHANNEL, SCALE_BLOCK = 0, 1, 2
 @triton.jit
 def _moe_gemm_kernel(
     A, B, C, B_scale, Topk_w, Sorted_ids, Block_expert, Num_padded,
-    N, K, num_pairs,
+    N, K, num_pairs, num_experts,
     stride_am, stride_be, stride_bn, stride_cm, stride_se, stride_sn, stride_sk,
     A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, MUL_WEIGHT: tl.constexpr,
     SCALE: tl.constexpr, GROUP_N: tl.constexpr, GROUP_K: tl.constexpr,
@@ -39,9 +39,14 @@ def _moe_gemm_kernel(
     ids = tl.load(Sorted_ids + offs_m)
     valid = ids < num_pairs
     expert = tl.load(Block_expert + pid_m).to(tl.int64)
-    a_rows = (ids // A_ROW_DIV).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
+    if expert >= num_experts:  # skipped pairs (expert id E): zero rows, no weights read
+        c_ptrs = C + ids[:, None].to(tl.int64) * stride_cm + offs_n[None, :]
+        tl.store(c_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=C.dtype.element_ty),
+                 mask=valid[:, None] & mask_n[None, :])
+        return
+    a_rows = (ids // A_ROW_DIV).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = A + a_rows[:, None] * stride_am + offs_k[None, :]
     b_ptrs = B + expert * stride_be + offs_n[None, :].to(tl.int64) * stride_bn + offs_k[:, None]
@@ -138,7 +143,7 @@ def moe_gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, b_scale: torch.T
     _moe_gemm_kernel[grid](
         a, b, c, b_scale if b_scale is not None else c, topk_weights if topk_weights is not None
         else c, align.sorted_ids, align.block_expert, align.num_padded,
-        n, k, num_pairs,
+        n, k, num_pairs, e,
         a.stride(0), b.stride(0), b.stride(1), c.stride(0), *strides,
         A_ROW_DIV=a_row_div, GATED=gated, MUL_WEIGHT=topk_weights is not None,
         SCALE=mode, GROUP_N=group_n, GROUP_K=group_k,
@@ -153,7 +158,9 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
               block: tuple[int, int] | None = None, sum_experts: bool = True) -> torch.Tensor:
     """``x [T, H]``, ``w13 [E, 2I, H]``, ``w2 [E, H, I]``, routing ``[T, k]`` -> ``[T, H]``;
     ``sum_experts=False``: ``[T, k, H]``, the weighted rows before the combine (a fused
-    add+RMSNorm sums them, see ``kernels/rmsnorm.py``)."""
+    add+RMSNorm sums them, see ``kernels/rmsnorm.py``). An id equal to E marks a skipped pair
+    (expert parallelism: padding, or another rank's expert): no expert computes it and it
+    adds zero to its token."""
     from ..layers.moe.align import PAIR_BLOCKS_MAX, align_by_expert, align_pairs
 
     tokens, hidden = x.shape
@@ -166,7 +173,8 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     if pairs <= PAIR_BLOCKS_MAX:
         align = align_pairs(topk_ids, 16)
     else:
-        align = align_by_expert(topk_ids, num_experts, pick_block_m(pairs, num_experts))
+        # one bucket more: padding pairs (id E) sort after the real ones and are skipped
+        align = align_by_expert(topk_ids, num_experts + 1, pick_block_m(pairs, num_experts))
     inter = torch.empty(pairs, two_inter // 2, dtype=x.dtype, device=x.device)
     moe_gemm(x, w13, inter, w13_scale, block, None, align, pairs, top_k, gated=True)
     out = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)

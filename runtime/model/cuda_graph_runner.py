@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..layers.attention.shared_prefix import SharedPrefix, max_tiles
+from ..layers.moe.dispatch import padded_layout
 from .forward_batch import ForwardBatch, ForwardMode
 
 logger = logging.getLogger(__name__)
@@ -110,7 +111,8 @@ class CudaGraphRunner:
         self.runner.attn_backend.init_cuda_graph_state(self.max_bs)
         stream = torch.cuda.Stream(self.runner.device)
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
+        # padded_layout: expert-parallel all-to-alls with equal splits (no host sync)
+        with torch.cuda.stream(stream), padded_layout():
             for bs in reversed(self.batch_sizes):
                 batch = self._static_batch(bs)
                 for _ in range(2):  # warm up: Triton compiles, cuBLAS picks kernels

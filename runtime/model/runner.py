@@ -17,6 +17,7 @@ from ..distributed.collectives import all_reduce, min_over_ranks
 from ..distributed.state import get_ep_group, get_moe_tp_group, get_tp_group
 from ..errors import ModelLoadError
 from ..layers.linear import local_heads
+from ..layers.moe.dispatch import set_ep_dispatch
 from ..layers.attention.registry import create_attention_backend, resolve_backend_name
 from .cpu_decoder import CpuDecoder
 from .forward_batch import ForwardBatch
@@ -67,6 +68,7 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.dtype, self.device)
         torch.manual_seed(config.seed)
         self.model_dir = resolve_model_dir(config)
+        set_ep_dispatch(config.ep_dispatch)  # read by the MoE layers as they are built
         self.model, self.model_config = load_model_from_dir(
             self.model_dir, self.device, self.dtype, config.load_format, config.seed,
             config.quantization)

@@ -12,22 +12,64 @@ there completes them. The rows go back by the reverse all-to-all, the sender sum
 k rows times its routing weights (fp32), and an all-gather over the EP group gives every rank
 all ``T`` outputs again.
 
-Two layouts of the send buffer:
+The other mode, ``all_reduce`` (SGLang's ``--moe-a2a-backend none``): every rank computes
+its own experts' pairs of all ``T`` tokens (the others' pairs are skipped: expert id
+E_local in the fused kernel, weight 0 on the torch path) and one all-reduce over the TP group
+sums the experts' and the MoE-TP slices' parts. No dispatch and no host sync; each rank's
+share of the work is whatever the routing gives its experts.
+
+Two layouts of the all-to-all send buffer:
 - variable (eager: CPU, GPU prefill): rows sorted by destination, the per-destination counts
   exchanged first (``collectives.exchange_counts``), then all-to-all with those split sizes.
   Exact sizes, at the price of a host sync per layer for the counts.
-- padded (during CUDA-graph capture: decode): each destination gets a fixed slot of ``chunk *
-  k`` rows (the most one chunk can send it), unused rows are zero and computed as expert 0 and
-  dropped. Equal splits need no host values, so the whole exchange is captured in the graph.
+- padded (CUDA-graph capture and its warm-up runs: decode): each destination gets a fixed slot of ``chunk *
+  k`` rows (the most one chunk can send it); unused rows are never read back (the fused kernel
+  skips them: expert id E_local; the torch path computes them as expert 0 on zero rows).
+  Equal splits need no host values, so the whole exchange is captured in the graph.
 """
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from ...distributed.collectives import all_gather, all_reduce, all_to_all, exchange_counts
 from ...distributed.state import TPGroup
+from ...kernels.dispatch import use_triton
+
+# all_to_all (above) or all_reduce (``local_experts_moe``); set from EngineConfig.ep_dispatch
+# by the model runner before it builds the model
+_MODE = ["all_to_all"]
+
+
+def set_ep_dispatch(mode: str) -> None:
+    if mode not in ("all_to_all", "all_reduce"):
+        raise ValueError(f"ep_dispatch={mode!r}: expected all_to_all or all_reduce")
+    _MODE[0] = mode
+
+
+def ep_dispatch() -> str:
+    return _MODE[0]
+
+
+_PADDED = [False]
+
+
+@contextlib.contextmanager
+def padded_layout() -> Iterator[None]:
+    """All-to-alls use the padded layout inside (``CudaGraphRunner.capture`` wraps its warm-up
+    runs and captures: the warm-up then compiles and caches what the capture will use)."""
+    _PADDED[0] = True
+    try:
+        yield
+    finally:
+        _PADDED[0] = False
+
+
+def use_padded_layout(x: torch.Tensor) -> bool:
+    return _PADDED[0] or (x.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 @dataclass(frozen=True)
@@ -72,7 +114,8 @@ def expert_parallel_moe(layer, x: torch.Tensor, weights: torch.Tensor, ids: torc
     pair_token = torch.arange(my_ids.numel(), device=x.device) // top_k
     send_x = x.new_zeros(plan.rows, hidden)
     send_x[plan.pos] = x[lo:hi][pair_token]
-    send_e = torch.zeros(plan.rows, dtype=torch.int32, device=x.device)
+    pad_id = layer.num_local_experts if use_triton(x) else 0  # see the module docstring
+    send_e = torch.full((plan.rows,), pad_id, dtype=torch.int32, device=x.device)
     send_e[plan.pos] = (my_ids % layer.num_local_experts).to(torch.int32)
     recv_x = all_to_all(send_x, plan.send_splits, plan.recv_splits, ep)
     recv_e = all_to_all(send_e, plan.send_splits, plan.recv_splits, ep)
@@ -86,3 +129,19 @@ def expert_parallel_moe(layer, x: torch.Tensor, weights: torch.Tensor, ids: torc
     if chunk != hi - lo:  # every rank gathers chunk rows: pad the short chunks
         out = torch.cat([out, out.new_zeros(chunk - (hi - lo), hidden)])
     return all_gather(out, dim=0, group=ep)[:tokens]
+
+
+def local_experts_moe(layer, x: torch.Tensor, weights: torch.Tensor,
+                      ids: torch.Tensor) -> torch.Tensor:
+    """``all_reduce`` mode: this rank's experts' part of every token's output, summed over the
+    TP group (``[T, H]``, complete on every rank)."""
+    local = ids.long() - layer.first_expert
+    mine = (local >= 0) & (local < layer.num_local_experts)
+    if use_triton(x):  # the fused kernel skips expert id E_local (zero rows)
+        local_ids = torch.where(mine, local, layer.num_local_experts).to(torch.int32)
+        out = layer.quant_method.apply(layer, x, weights, local_ids, sum_experts=True)
+    else:  # the torch path: weight 0 on expert 0 (wasted work, CPU tests only)
+        local_ids = torch.where(mine, local, 0).to(torch.int32)
+        out = layer.quant_method.apply(layer, x, torch.where(mine, weights, 0.0), local_ids,
+                                       sum_experts=True)
+    return all_reduce(out)

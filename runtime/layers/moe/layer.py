@@ -4,7 +4,8 @@ Tensor parallelism splits every expert's intermediate dim the way a dense MLP is
 by rows, down by columns), so each rank computes a partial sum of every token's output and one
 all-reduce after the weighted combine completes it. Expert parallelism (``ep_size`` > 1) gives
 each EP rank ``num_experts / ep_size`` whole experts (split by intermediate dim only over the
-``tp_size / ep_size`` ranks of its MoE-TP group) and moves the tokens to them (dispatch.py).
+``tp_size / ep_size`` ranks of its MoE-TP group) and moves the tokens to them, or computes
+its experts' part of every token and all-reduces (``ep_dispatch``; see dispatch.py).
 The expert weights and the product come from the quant method (unquantized, or fp8; see
 ``layers/quantization``).
 """
@@ -17,6 +18,7 @@ from ...distributed.collectives import all_reduce
 from ...distributed.state import get_ep_group, get_moe_tp_group, get_tp_group
 from ...errors import ModelLoadError
 from ..quantization.base import QuantConfig
+from .dispatch import ep_dispatch, expert_parallel_moe, local_experts_moe, use_padded_layout
 from .method import UnquantizedMoEMethod
 from .router import select_experts
 
@@ -41,6 +43,7 @@ class FusedMoE(nn.Module):
         self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
         self.num_local_experts = num_experts // self.ep.size
         self.first_expert = self.ep.rank * self.num_local_experts
+        self.ep_dispatch = ep_dispatch()
         self.hidden, self.inter_per_rank = hidden, intermediate // self.tp_size
         self.reduce_results = reduce_results
         self.quant_method = (quant.get_moe_method(self, prefix) if quant is not None
@@ -68,12 +71,11 @@ class FusedMoE(nn.Module):
         left for the caller to sum (see ``MoEMethod.apply``; expert parallelism always sums)."""
         weights, ids = select_experts(router_logits, self.top_k, self.renormalize)
         if self.ep.size > 1:
-            from .dispatch import expert_parallel_moe
-
+            if self.ep_dispatch == "all_reduce":
+                return local_experts_moe(self, x, weights, ids)
             # NOTE: a CUDA graph cannot hold the host-side split sizes: padded layout there
-            padded = x.is_cuda and torch.cuda.is_current_stream_capturing()
             return expert_parallel_moe(self, x, weights, ids, self.ep, get_moe_tp_group(),
-                                       padded)
+                                       use_padded_layout(x))
         # NOTE: under TP the rows are summed before the all-reduce (k times fewer bytes).
         sum_experts = sum_experts or (self.reduce_results and self.tp_size > 1)
         out = self.quant_method.apply(self, x, weights, ids, sum_experts=sum_experts)

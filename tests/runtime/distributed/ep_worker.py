@@ -1,6 +1,7 @@
 """One rank of the expert-parallel tests (spawned by test_ep_models.py). For each layout
 (tp_size, ep_size) it joins a fresh gloo group (ranks beyond tp_size sit that one out), builds
-a ModelRunner per model directory, decodes greedily and reports rank 0's tokens and logits;
+a ModelRunner per model directory, decodes greedily (also with the padded all-to-all layout
+of CUDA graphs) and reports the tokens and rank 0's logits;
 then checks one FusedMoE layer's padded dispatch (the CUDA-graph layout) and variable dispatch
 against the single-process product."""
 from __future__ import annotations
@@ -25,9 +26,10 @@ def greedy(runner, prompts: list[list[int]]) -> tuple[list[list[int]], list[torc
 
 
 def moe_layer_check(seed: int = 0) -> dict[str, float]:
-    """Max |difference| of the padded and the variable dispatch from the plain torch product
+    """Max |difference| of the padded and the variable dispatch (and of the all_reduce mode)
+    from the plain torch product
     of the whole layer (every expert), on this rank's group (9 tokens: uneven chunks)."""
-    from sgdsl.runtime.layers.moe.dispatch import expert_parallel_moe
+    from sgdsl.runtime.layers.moe.dispatch import expert_parallel_moe, local_experts_moe
     from sgdsl.runtime.layers.moe.layer import FusedMoE
     from sgdsl.runtime.layers.moe.reference import moe_reference
     from sgdsl.runtime.layers.moe.router import select_experts
@@ -50,19 +52,21 @@ def moe_layer_check(seed: int = 0) -> dict[str, float]:
         got = expert_parallel_moe(layer, x, weights, ids, get_ep_group(), get_moe_tp_group(),
                                   padded)
         out[name] = float((got - want).abs().max())
+    out["all_reduce"] = float((local_experts_moe(layer, x, weights, ids) - want).abs().max())
     return out
 
 
-def run_rank(rank: int, layouts: list[tuple[int, int, str]], dirs: list[str],
+def run_rank(rank: int, layouts: list[tuple[int, int, str, str]], dirs: list[str],
              prompts: list[list[int]], results) -> None:
-    """``layouts``: (tp_size, ep_size, init_method) to run one after the other."""
+    """``layouts``: (tp_size, ep_size, ep_dispatch, init_method) to run one after the other."""
     from sgdsl.runtime.config import EngineConfig
     from sgdsl.runtime.distributed.collectives import barrier
     from sgdsl.runtime.distributed.state import destroy_tp_group, init_tp_group
+    from sgdsl.runtime.layers.moe.dispatch import padded_layout
     from sgdsl.runtime.model.runner import ModelRunner
 
     torch.set_num_threads(1)
-    for size, ep, method in layouts:
+    for size, ep, mode, method in layouts:
         if rank >= size:
             continue
         init_tp_group(rank, size, torch.device("cpu"), method, timeout_s=120, ep_size=ep)
@@ -70,12 +74,15 @@ def run_rank(rank: int, layouts: list[tuple[int, int, str]], dirs: list[str],
             for model_dir in dirs:
                 runner = ModelRunner(EngineConfig(model=model_dir, device="cpu",
                                                   max_total_tokens=256, max_running_requests=4,
-                                                  tp_size=size, ep_size=ep))
+                                                  tp_size=size, ep_size=ep,
+                                                  ep_dispatch=mode))
                 tokens, logits = greedy(runner, prompts)
+                with padded_layout():  # what CUDA graphs run (equal splits)
+                    padded = greedy(runner, prompts)[0]
                 local = runner.model.model.layers[0].mlp.experts.w13_weight.shape[0]
-                results.put(("model", size, ep, rank, model_dir, local, tokens,
+                results.put(("model", size, ep, mode, rank, model_dir, local, tokens, padded,
                              [t.numpy() for t in logits] if rank == 0 else None))
-            results.put(("layer", size, ep, rank, moe_layer_check()))
+            results.put(("layer", size, ep, mode, rank, moe_layer_check()))
             barrier(timeout_s=120)  # leave together (see tp_worker.run_rank)
         finally:
             destroy_tp_group()

@@ -1,9 +1,11 @@
 """Expert parallelism on CPU (gloo, rank processes): tiny random Qwen3-MoE (8 experts, top-3,
 renormalized, a sparse and a dense layer) and Mixtral (8 experts, top-2, w1/w2/w3 names,
 sharded checkpoint) at EP=2 (TP=2), EP=4 (TP=4) and EP=2 over TP=4 (each expert split again
-over 2 ranks) decode greedily token for token as EP=1 (TP=1) does, logits within 1e-4; each
-rank holds only its experts. One FusedMoE layer's padded dispatch (the CUDA-graph layout) and
-variable dispatch equal the single-process product. Bad layouts fail with clear errors."""
+over 2 ranks), all-to-all dispatch, and EP=2 over TP=4 in the all_reduce mode, decode greedily
+token for token as EP=1 (TP=1) does (also in the padded all-to-all layout CUDA graphs use),
+logits within 1e-4; each rank holds only its experts.
+One FusedMoE layer's padded dispatch (the CUDA-graph layout), variable dispatch and
+all_reduce mode equal the single-process product. Bad layouts fail with clear errors."""
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -23,7 +25,8 @@ from .tp_worker import model_test_module
 
 RANKS = 4
 EXPERTS = 8
-LAYOUTS = [(2, 2), (4, 4), (4, 2)]  # (tp_size, ep_size)
+# (tp_size, ep_size, ep_dispatch)
+LAYOUTS = [(2, 2, "all_to_all"), (4, 4, "all_to_all"), (4, 2, "all_to_all"), (4, 2, "all_reduce")]
 PROMPTS = [[5, 17, 200, 3, 99, 42, 7], [11, 12], [249, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]]
 CASES = {
     "qwen3_moe": ("qwen3_moe", dict(head_dim=32, num_experts=EXPERTS, num_experts_per_tok=3,
@@ -53,12 +56,12 @@ def _port() -> int:
 def _run_ranks(model_dirs: list[str]) -> list[tuple]:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    layouts = [(tp, ep, f"tcp://127.0.0.1:{_port()}") for tp, ep in LAYOUTS]
+    layouts = [(*layout, f"tcp://127.0.0.1:{_port()}") for layout in LAYOUTS]
     procs = [ctx.Process(target=run_rank, args=(r, layouts, model_dirs, PROMPTS, results),
                          daemon=True) for r in range(RANKS)]
     for p in procs:
         p.start()
-    want = sum(tp * (len(model_dirs) + 1) for tp, _ in LAYOUTS)
+    want = sum(tp * (len(model_dirs) + 1) for tp, _, _ in LAYOUTS)
     got: list[tuple] = []
     try:
         while len(got) < want:
@@ -82,20 +85,20 @@ def test_ep_equals_tp1_token_for_token(model_dirs):
         ref_tokens, ref_logits = greedy(ModelRunner(EngineConfig(
             model=model_dir, device="cpu", max_total_tokens=256, max_running_requests=4)),
             PROMPTS)
-        for tp, ep in LAYOUTS:
-            rows = [g for g in got if g[:3] == ("model", tp, ep) and g[4] == model_dir]
-            assert sorted(r[3] for r in rows) == list(range(tp))
-            assert all(r[5] == EXPERTS // ep for r in rows)  # each rank: only its experts
-            for r in rows:  # every rank decoded the same tokens as TP=1
-                assert r[6] == ref_tokens, (model_dir, tp, ep, r[3])
-            logits = next(r[7] for r in rows if r[3] == 0)
+        for layout in LAYOUTS:
+            rows = [g[4:] for g in got if g[:4] == ("model", *layout) and g[5] == model_dir]
+            assert sorted(r[0] for r in rows) == list(range(layout[0]))
+            assert all(r[2] == EXPERTS // layout[1] for r in rows)  # each rank: its experts
+            for r in rows:  # every rank decoded the same tokens as TP=1, in both layouts
+                assert r[3] == ref_tokens and r[4] == ref_tokens, (model_dir, layout, r[0])
+            logits = next(r[5] for r in rows if r[0] == 0)
             for a, b in zip(logits, ref_logits):
                 torch.testing.assert_close(torch.from_numpy(a), b, rtol=0, atol=1e-4)
-    for tp, ep in LAYOUTS:
-        checks = [g[4] for g in got if g[:3] == ("layer", tp, ep)]
-        assert len(checks) == tp
+    for layout in LAYOUTS:
+        checks = [g[5] for g in got if g[:4] == ("layer", *layout)]
+        assert len(checks) == layout[0]
         for diffs in checks:
-            assert diffs["variable"] < 1e-5 and diffs["padded"] < 1e-5, (tp, ep, diffs)
+            assert max(diffs.values()) < 1e-5, (layout, diffs)
 
 
 def test_bad_layouts_fail_clearly(model_dirs, tmp_path):

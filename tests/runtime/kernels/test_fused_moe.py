@@ -81,6 +81,36 @@ def test_fused_moe_matches_reference(device, dtype, tokens, experts, top_k, hidd
     assert torch.equal(rows.float().sum(1).to(dtype), out)
 
 
+@pytest.mark.parametrize("pair_blocks", [32, 0])
+def test_fused_moe_skips_padding_pairs(device, dtype, pair_blocks, monkeypatch):
+    """Expert parallelism's skipped pairs (id E): padding rows of the padded dispatch give zero
+    rows; the real rows equal the reference."""
+    monkeypatch.setattr(align_mod, "PAIR_BLOCKS_MAX", pair_blocks)
+    gen = torch.Generator().manual_seed(3)
+    experts, rows, hidden, inter = 4, 24, 48, 40
+    x = torch.randn(rows, hidden, generator=gen).to(dtype).to(device)
+    w13, w2 = _experts(experts, hidden, inter, gen, dtype, device)
+    ids = torch.randint(0, experts, (rows, 1), generator=gen, dtype=torch.int32)
+    pad = torch.arange(rows) % 3 == 1
+    ids[pad] = experts
+    ones = torch.ones(rows, 1, device=device)
+    out = fused_moe(x, w13, w2, ones, ids.to(device))
+    real = ~pad
+    ref = moe_reference(x[real.to(device)].double(), lambda e: (w13[e].double(), w2[e].double()),
+                        ones[real.to(device)], ids[real].to(device))
+    assert rel_err(out[real.to(device)], ref) < tol(dtype)
+    assert not out[pad.to(device)].any()  # skipped pairs add nothing
+    # top_k > 1 with some pairs skipped (all_reduce EP: another rank's experts): the sum of
+    # the kept ones
+    ids2 = torch.randint(0, experts + 1, (rows // 2, 3), generator=gen, dtype=torch.int32)
+    w = torch.rand(rows // 2, 3, generator=gen)
+    keep = ids2 < experts
+    got = fused_moe(x[:rows // 2], w13, w2, w.to(device), ids2.to(device))
+    ref = moe_reference(x[:rows // 2].double(), lambda e: (w13[e].double(), w2[e].double()),
+                        (w * keep).to(device), ids2.clamp(max=experts - 1).to(device))
+    assert rel_err(got, ref) < tol(dtype)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="fp8 tensor math needs a CUDA device")
 @pytest.mark.parametrize("block", [None, (128, 128)])
