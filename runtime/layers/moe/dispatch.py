@@ -108,7 +108,9 @@ def expert_parallel_moe(layer, x: torch.Tensor, weights: torch.Tensor, ids: torc
     top_k = ids.shape[1]
     chunk = -(-tokens // ep.size)
     lo, hi = min(ep.rank * chunk, tokens), min((ep.rank + 1) * chunk, tokens)
-    my_ids = ids[lo:hi].reshape(-1).long()
+    # NOTE: the clamp keeps a NaN row's id (a CUDA graph's padding rows may hold garbage; the
+    # routing kernel then returns E) inside the send buffer; its output is never used
+    my_ids = ids[lo:hi].reshape(-1).long().clamp_(max=layer.num_experts - 1)
     dest = my_ids // layer.num_local_experts
     plan = plan_sends(dest, ep, chunk * top_k if padded else None)
     pair_token = torch.arange(my_ids.numel(), device=x.device) // top_k
