@@ -131,7 +131,8 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._cache: OrderedDict[GrammarKey, _Entry] = OrderedDict()
         self._pool: CompileWorkerPool | None = None
-        self.disk = None if disk is None else DiskLoader(disk, backend)
+        self.disk = None if disk is None else DiskLoader(disk, backend,
+                                                         self.pool_limits.workers)
 
     @property
     def pool(self) -> CompileWorkerPool:

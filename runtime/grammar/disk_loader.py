@@ -1,21 +1,24 @@
-"""DiskLoader: the compiler's way to the on-disk cache (``disk_cache.py``), on a thread of its
+"""DiskLoader: the compiler's way to the on-disk cache (``disk_cache.py``), on threads of its
 own, so the scheduler loop never touches the disk.
 
 The loader keeps an index of the files on disk (the names in the backend's folder, read when it
 starts, then after its own writes and evictions, and again at most every ``RESCAN_S`` when a key
 is missing, so another replica's compiles show up). ``GrammarCompiler.submit`` asks ``has(key)``
 (a set lookup) and, for a key on disk, takes a job from ``submit`` instead of the compile pool:
-the file is read and rebuilt here (the backend's ``receive``, else ``deserialize``: what a
-worker's reply goes through too). Such a job never enters the compile queue: a burst of cached
+the file is read and rebuilt by one of ``threads`` load threads (the backend's ``receive``, else
+``deserialize``: what a worker's reply goes through too; several, so one big grammar does not
+hold up the small ones behind it). Such a job never enters the compile queue: a burst of cached
 constraints is answered at disk speed whatever the workers are doing, and does not count
 against the queue's admission. A file that turns out missing or damaged is dropped from the
 index and its key handed to the pool to be compiled (the rare fallback; it may then be refused
 as busy like any new compile).
 
-What the workers compile comes back here (``store``) to be written, off their slot threads.
+What the workers compile comes back here (``store``) to be written, off their slot threads, by
+the loader's own thread, which also keeps the index.
 """
 from __future__ import annotations
 
+import concurrent.futures as cf
 import logging
 import queue
 import threading
@@ -33,10 +36,12 @@ _INDEX_WAIT_S = 5.0  # the first lookups wait this long at most for the first sc
 
 
 class DiskLoader:
-    """One thread serving lookups and stores of one ``GrammarDiskCache`` in arrival order."""
+    """Loads of one ``GrammarDiskCache`` on ``threads`` threads; its stores and index on one."""
 
-    def __init__(self, cache: GrammarDiskCache, backend: Any) -> None:
+    def __init__(self, cache: GrammarDiskCache, backend: Any, threads: int = 2) -> None:
         self.cache = cache
+        self.threads = threads
+        self._loads: cf.ThreadPoolExecutor | None = None
         # what the pool makes of a worker's payload (the file holds the same bytes)
         self._rebuild = getattr(backend, "receive", None) or backend.deserialize
         self._size = getattr(backend, "compiled_bytes", None) or (lambda _c, data: len(data))
@@ -50,14 +55,18 @@ class DiskLoader:
         self._thread: threading.Thread | None = None
         self.start()
 
-    def start(self) -> None:
-        """Start the thread (again after ``shutdown``); it opens and indexes the cache first."""
+    def start(self) -> cf.ThreadPoolExecutor:
+        """Start the threads (again after ``shutdown``); the loader's own opens and indexes the
+        cache first. Returns the load threads' executor."""
         with self._lock:
             if self._thread is None:
+                self._loads = cf.ThreadPoolExecutor(self.threads,
+                                                    thread_name_prefix="sgdsl-grammar-load")
                 self._queue.put(("scan",))
                 self._thread = threading.Thread(target=self._run, daemon=True,
                                                 name="sgdsl-grammar-disk")
                 self._thread.start()
+            return self._loads  # type: ignore[return-value]
 
     def has(self, key: GrammarKey) -> bool:
         """Whether ``key``'s file is on disk, as far as the index knows (no disk access)."""
@@ -77,8 +86,7 @@ class DiskLoader:
         from .worker_pool import CompileJob
 
         job = CompileJob(key, time.monotonic())
-        self.start()
-        self._queue.put(("load", job, pool))
+        self.start().submit(self._load_or_compile, job, pool)
         return job
 
     def store(self, key: GrammarKey, payload: bytes) -> None:
@@ -87,9 +95,12 @@ class DiskLoader:
         self._queue.put(("store", key, payload))
 
     def shutdown(self) -> None:
-        """Stop the thread once the queued work is done (stores included)."""
+        """Stop the threads once the queued work is done (stores included)."""
         with self._lock:
             thread, self._thread = self._thread, None
+            loads, self._loads = self._loads, None
+        if loads is not None:
+            loads.shutdown(wait=True)
         if thread is not None:
             self._queue.put(None)
             thread.join(timeout=30)
@@ -97,9 +108,7 @@ class DiskLoader:
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
             try:
-                if item[0] == "load":
-                    self._load(item[1], item[2])
-                elif item[0] == "store":
+                if item[0] == "store":
                     evicted = self.cache.store(item[1], item[2])
                     self._index.add(self.cache.path(item[1]).name)
                     if evicted:  # the store made room: the index follows
@@ -108,14 +117,19 @@ class DiskLoader:
                     self._scan()
             except Exception:  # noqa: BLE001 - a cache problem must never fail a compile
                 logger.exception("grammar disk cache: %s failed", item[0])
-                if item[0] == "load":
-                    self._compile(item[1], item[2])
             finally:
                 self._indexed.set()  # whatever happened to the first scan, nobody waits
 
     def _scan(self) -> None:
         self._index = set(self.cache.names())  # opens the cache (and its identity) first
         self._scanned_at, self._rescan_asked = time.monotonic(), False
+
+    def _load_or_compile(self, job: Any, pool: Any) -> None:
+        try:
+            self._load(job, pool)
+        except Exception:  # noqa: BLE001 - a cache problem must never fail a compile
+            logger.exception("grammar disk cache: loading %s failed", job.key.field)
+            self._compile(job, pool)
 
     def _load(self, job: Any, pool: Any) -> None:
         if job.future.done():
