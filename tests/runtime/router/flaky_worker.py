@@ -22,6 +22,7 @@ class Script:
     name: str = "w"
     seen: list[dict] = field(default_factory=list)  # bodies of the requests served
     flushed: int = 0
+    precompile_fails: tuple[int, ...] = ()  # indexes of the constraints this worker rejects
 
 
 def _events(name: str, n: int) -> list[bytes]:
@@ -44,6 +45,15 @@ def make_app(script: Script) -> FastAPI:
     async def flush() -> Response:
         script.flushed += 1
         return PlainTextResponse("Cache flushed.")
+
+    @app.post("/precompile")
+    async def precompile(request: Request) -> Response:
+        constraints = (await request.json())["constraints"]
+        script.seen.append({"precompile": constraints})
+        return JSONResponse({"results": [
+            {"ok": False, "kind": "regex", "error": f"{script.name} rejects it", "field": "regex",
+             "status": 400} if i in script.precompile_fails else {"ok": True, "kind": "regex"}
+            for i in range(len(constraints))]})
 
     @app.post("/generate")
     @app.post("/v1/messages")

@@ -180,6 +180,19 @@ def test_flush_is_broadcast_and_info_comes_from_any_worker(pool2):
     assert pool2.client.get("/get_model_info").json()["model_path"] == "/flaky"
 
 
+def test_precompile_is_broadcast_and_merged(pool2):
+    """Every worker compiles; a constraint is ok only if ok on every worker, else the first
+    worker's error is its result."""
+    pool2.scripts[1].precompile_fails = (1,)
+    body = {"constraints": [{"regex": "a"}, {"regex": "b"}, {"regex": "c"}]}
+    r = pool2.client.post("/precompile", json=body)
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert [x["ok"] for x in results] == [True, False, True] and r.json()["workers"] == 2
+    assert results[1]["error"] == "b rejects it"
+    assert all({"precompile": body["constraints"]} in s.seen for s in pool2.scripts)
+
+
 def test_api_key_and_metrics_per_worker_and_policy():
     pool = Pool(2, policy="power_of_two", api_key="sekret", max_body_bytes=1000)
     try:
