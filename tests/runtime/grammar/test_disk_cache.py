@@ -226,3 +226,30 @@ def test_other_replicas_files_are_found(backends, tmp_path, monkeypatch):
     finally:
         a.shutdown()
         b.shutdown()
+
+
+def test_concurrent_writers_and_readers_never_see_half_a_file(tmp_path):
+    """Replicas writing and reading one key at once (two caches on one folder, as two
+    processes would be): every read is a miss or a whole, valid payload, never an error."""
+    import threading
+
+    writers = [GrammarDiskCache(tmp_path, "xgrammar", "id") for _ in range(2)]
+    reader = GrammarDiskCache(tmp_path, "xgrammar", "id")
+    payloads = [bytes([i]) * (1 << 20) for i in range(2)]  # 1 MiB: many write() calls each
+    stop = threading.Event()
+
+    def write(cache, payload):
+        while not stop.is_set():
+            cache.store(KEYS[0], payload)
+    threads = [threading.Thread(target=write, args=wp) for wp in zip(writers, payloads)]
+    for t in threads:
+        t.start()
+    try:
+        seen = [reader.load(KEYS[0]) for _ in range(200)]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert reader.stats.errors == 0
+    assert {p for p in seen if p is not None} <= set(payloads) and any(seen)
+    assert not list(tmp_path.rglob("*.tmp"))  # no temporary file left behind
