@@ -32,6 +32,9 @@ from .disk_cache import GrammarDiskCache
 logger = logging.getLogger(__name__)
 
 RESCAN_S = 2.0  # a missing key rescans the folder at most this often (another replica's files)
+# The fallback compile of an admitted key retries a busy pool's refusal this long (the request
+# was admitted as cached; its compile waits for room as a queued one would)
+_REFUSED_RETRY_S = 60.0
 _INDEX_WAIT_S = 5.0  # the first lookups wait this long at most for the first scan
 
 
@@ -156,13 +159,21 @@ class DiskLoader:
 
     @staticmethod
     def _compile(job: Any, pool: Any) -> None:
-        """The fallback: ``job``'s key goes to the compile pool; its outcome becomes ``job``'s."""
-        if job.future.done():
-            return
-        try:
-            inner = pool.submit(job.key)
-        except Exception as e:  # noqa: BLE001 - refused (busy, shut down): the request's error
-            _settle(job.future, exception=e)
+        """The fallback: ``job``'s key goes to the compile pool; its outcome becomes ``job``'s.
+        A refusal other than an invalid request (the pool busy) is retried for a while."""
+        from ..errors import InvalidRequestError
+
+        give_up = time.monotonic() + _REFUSED_RETRY_S
+        while not job.future.done():
+            try:
+                inner = pool.submit(job.key)
+                break
+            except Exception as e:  # noqa: BLE001 - refused: busy, or shut down
+                if isinstance(e, InvalidRequestError) or time.monotonic() > give_up:
+                    _settle(job.future, exception=e)
+                    return
+                time.sleep(min(1.0, float(getattr(e, "retry_after", 1.0))))
+        else:
             return
         job.future.add_done_callback(lambda f: f.cancelled() and inner.future.cancel())
         inner.future.add_done_callback(lambda f: _copy(f, job.future))
