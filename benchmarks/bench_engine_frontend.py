@@ -8,8 +8,9 @@
     unconstrained one (ignore_eos) at the lengths the constrained in-process run produced, so
     both paths and both modes do the same work. Both paths are alive at once and their runs
     interleave (``--repeat`` rounds, medians), so the host's drifting load hits both alike.
-    Printed: wall, tokens/s, forward steps, ms per step, Engine vs in-process, and the front-end
-    cost per step ((Engine wall - in-process wall) / in-process steps).
+    Printed: wall, tokens/s, forward steps, ms per step, Engine vs in-process, and CPU time per
+    step: the scheduler's (in-process / the Engine's child) and the Engine's main process's
+    (request building, IPC, detokenization, the output check: the front-end's own cost).
 
 CPU (default: a 2-layer Llama at the embedded model's tokenizer, random weights, so the forward
 is cheap and the per-step host costs show):
@@ -21,9 +22,8 @@ GPU (the issue's shapes):
     python benchmarks/bench_engine_frontend.py --model benchmarks/gpu/configs/llama-3.1-8b \\
         --device cuda --batches 1 32 256 --prompt-len 256 --max-new 96
 
-``--py-spy DIR``: record every timed run with py-spy into DIR as speedscope files: the
-in-process runs (this process) and the Engine's scheduler process, for where the time goes.
-(The Engine's main process: ``py-spy record --pid <this pid>`` beside it.)
+``--py-spy DIR``: record every timed run with py-spy into DIR as speedscope files (the Engine's
+with its scheduler process and workers), for where the time goes.
 """
 from __future__ import annotations
 
@@ -123,6 +123,7 @@ class InProcess:
 
         self.outs, self.done = {}, 0
         steps0 = self.sched.counters["forward_steps"]
+        cpu0 = time.process_time()
         t0 = time.perf_counter()
         for i, (ids, p) in enumerate(zip(prompts, params)):
             self.sched.handle(m.TokenizedGenerateReq(f"r{i}", ids, SamplingParams(**p)))
@@ -132,7 +133,7 @@ class InProcess:
         wall = time.perf_counter() - t0
         lengths = [len(self.outs[f"r{i}"]) for i in range(len(prompts))]
         return {"wall": wall, "steps": self.sched.counters["forward_steps"] - steps0,
-                "lengths": lengths}
+                "sched_cpu": time.process_time() - cpu0, "lengths": lengths}
 
     def close(self) -> None:
         self.sched.memory.flush()
@@ -141,12 +142,25 @@ class InProcess:
 
 
 def engine_run(engine, prompts: list[list[int]], params: list[dict]) -> dict:
+    """One generate call: wall, steps, and the CPU seconds of this (the main) process and of
+    the scheduler process over it (CPU time, unlike wall time, barely moves with the host's
+    load: the front-end's cost itself)."""
+    child = engine._tm.proc.pid
     steps0 = engine.stats()["forward_steps"]
+    cpu0, sched0 = time.process_time(), cpu_seconds(child)
     t0 = time.perf_counter()
     res = engine.generate(input_ids=prompts, sampling_params=params)
     wall = time.perf_counter() - t0
-    return {"wall": wall, "steps": engine.stats()["forward_steps"] - steps0,
-            "lengths": [len(r["output_ids"]) for r in res]}
+    cpu, sched = time.process_time() - cpu0, cpu_seconds(child) - sched0
+    return {"wall": wall, "steps": engine.stats()["forward_steps"] - steps0, "main_cpu": cpu,
+            "sched_cpu": sched, "lengths": [len(r["output_ids"]) for r in res]}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _sync() -> None:
@@ -156,14 +170,16 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def timed(a, name: str, pid: int, fn, *args) -> dict:
-    """``fn(*args)``, recorded by py-spy (``--py-spy``: process ``pid`` only) if asked."""
+def timed(a, name: str, fn, *args, children: bool = False) -> dict:
+    """``fn(*args)``, recorded by py-spy (``--py-spy``: this process, and with ``children`` the
+    engine's scheduler process and workers) if asked."""
     spy = None
     if a.py_spy:
         os.makedirs(a.py_spy, exist_ok=True)
         out = os.path.join(a.py_spy, f"{name}.speedscope")
-        spy = subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--format", "speedscope",
-                                "-o", out, "--rate", "100", "--nonblocking"],
+        spy = subprocess.Popen(["py-spy", "record", "--pid", str(os.getpid()), "--format",
+                                "speedscope", "-o", out, "--rate", "100", "--nonblocking"]
+                               + (["--subprocesses"] if children else []),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1.0)  # attached before the clock starts
     try:
@@ -186,7 +202,6 @@ def run_both(a, config) -> tuple[dict, dict]:
     inproc: dict = {}
     eng: dict = {}
     with Engine(config) as engine:
-        child = engine._tm.proc.pid
         for bs in a.batches:
             prompts = prompts_for(bs, a.prompt_len, seed=bs)
             json_params = params_for(True, a.max_new, None, bs)
@@ -199,10 +214,11 @@ def run_both(a, config) -> tuple[dict, dict]:
                 for mode, params in (("json", json_params), ("plain", plain)):
                     tag = f"bs{bs}-{mode}-{r}"
                     inproc.setdefault((bs, mode), []).append(
-                        timed(a, f"inproc-{tag}", os.getpid(), ip.run, prompts, params))
+                        timed(a, f"inproc-{tag}", ip.run, prompts, params))
                     ip.sched.memory.flush()
                     eng.setdefault((bs, mode), []).append(
-                        timed(a, f"engine-{tag}", child, engine_run, engine, prompts, params))
+                        timed(a, f"engine-{tag}", engine_run, engine, prompts, params,
+                              children=True))
                     engine.flush_cache()
         engine.check_idle_integrity()
     ip.close()
@@ -217,18 +233,19 @@ def report(a, inproc: dict, eng: dict) -> None:
     print(f"\n## Engine vs in-process scheduler ({a.model or 'tiny 2-layer Llama'}, {a.device}, "
           f"prompt {a.prompt_len}, max_new {a.max_new}, median of {a.repeat} interleaved rounds)")
     print("| batch | mode | tokens | in-proc s | Engine s | in-proc tok/s | Engine tok/s | "
-          "Engine/in-proc | steps in/eng | in-proc ms/step | Engine ms/step | front-end ms/step |")
-    print("|" + "---|" * 12)
+          "Engine/in-proc | steps in/eng | in-proc ms/step | Engine ms/step | "
+          "sched CPU ms/step in-proc/Engine | Engine main-process CPU ms/step |")
+    print("|" + "---|" * 13)
     for (bs, mode), runs in inproc.items():
         ip, en = _median(runs), _median(eng[bs, mode])
         tok_i, tok_e = sum(ip["lengths"]), sum(en["lengths"])
-        ms_i = 1e3 * ip["wall"] / max(ip["steps"], 1)
-        ms_e = 1e3 * en["wall"] / max(en["steps"], 1)
-        fe = 1e3 * (en["wall"] - ip["wall"]) / max(ip["steps"], 1)
+        per = lambda r, k: 1e3 * r[k] / max(r["steps"], 1)  # noqa: E731
+        main_cpu = sorted(per(r, "main_cpu") for r in eng[bs, mode])[len(eng[bs, mode]) // 2]
         print(f"| {bs} | {mode} | {tok_i}/{tok_e} | {ip['wall']:.3f} | {en['wall']:.3f} | "
               f"{tok_i / ip['wall']:.0f} | {tok_e / en['wall']:.0f} | "
               f"{(tok_e / en['wall']) / (tok_i / ip['wall']):.3f}x | {ip['steps']}/{en['steps']}"
-              f" | {ms_i:.2f} | {ms_e:.2f} | {fe:+.2f} |")
+              f" | {per(ip, 'wall'):.2f} | {per(en, 'wall'):.2f} | {per(ip, 'sched_cpu'):.2f}/"
+              f"{per(en, 'sched_cpu'):.2f} | {main_cpu:.2f} |")
 
 
 def main() -> None:

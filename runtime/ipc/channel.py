@@ -1,7 +1,9 @@
 """ZMQ PUSH/PULL channels over ipc:// sockets in a private temp directory.
 
 The main process binds both ends (it outlives the child); the scheduler process connects. One
-direction per socket keeps ordering simple: messages on a channel arrive in the order sent.
+direction per socket keeps ordering simple: messages on a channel arrive in the order sent. A
+list sent as one message (a batch call's requests) reaches the scheduler as its items, in order,
+all in the same drain.
 """
 from __future__ import annotations
 
@@ -54,12 +56,13 @@ class SyncChannel:
 
     def recv_all(self) -> list[Any]:
         """Everything queued right now, without blocking."""
-        out = []
+        out: list[Any] = []
         while True:
             try:
-                out.append(loads(self.recv_sock.recv(zmq.NOBLOCK)))
+                msg = loads(self.recv_sock.recv(zmq.NOBLOCK))
             except zmq.Again:
                 return out
+            out.extend(msg) if isinstance(msg, list) else out.append(msg)
 
     def wait(self, timeout_ms: int) -> bool:
         """Block until a message is queued or the timeout passes."""

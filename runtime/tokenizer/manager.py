@@ -174,10 +174,14 @@ class TokenizerManager:
             raise EngineDeadError(str(self.dead))
 
     # -- requests -------------------------------------------------------------------------------
-    def _send_req(self, req: m.TokenizedGenerateReq, spec: GenerateSpec, stream: bool) -> ReqState:
+    def _track(self, req: m.TokenizedGenerateReq, spec: GenerateSpec, stream: bool) -> ReqState:
         state = ReqState(req.rid, req.sampling_params, self.tokenizer, req.return_logprob,
                          spec.return_text_in_logprobs, stream, validator=self.output_validator)
         self.states[req.rid] = state
+        return state
+
+    def _send_req(self, req: m.TokenizedGenerateReq, spec: GenerateSpec, stream: bool) -> ReqState:
+        state = self._track(req, spec, stream)
         self.chan.send_nowait(req)
         return state
 
@@ -205,7 +209,13 @@ class TokenizerManager:
             warm = [s for s in specs if len(s.reqs) > 1 and not self.config.disable_radix_cache]
             if warm:
                 await asyncio.gather(*(self._warm_prefix(s) for s in warm))
-            states = [self._send_req(r, s, False) for s in specs for r in s.reqs]
+            states = [self._track(r, s, False) for s in specs for r in s.reqs]
+            # NOTE: the call's requests go as one message, so the scheduler admits them in one
+            # step as the in-process scheduler does (one message each let it start on the
+            # first few while the rest were in flight: more prefill batches, a staggered
+            # decode), and requests that share a SamplingParams pickle it once.
+            reqs = [r for s in specs for r in s.reqs]
+            self.chan.send_nowait(reqs if len(reqs) > 1 else reqs[0])
             await asyncio.gather(*(st.done.wait() for st in states))
         except asyncio.CancelledError:  # the caller went away: free the scheduler's work
             for spec in specs:
