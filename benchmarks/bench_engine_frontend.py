@@ -4,9 +4,10 @@
 (a) in-process: the scheduler the engine's child process builds (``scheduler/process._build``:
     same grammar manager, decoder and config), fed the requests directly and stepped to the end,
     as the child's loop does; (b) the Engine: one ``generate`` call with every prompt. Per batch
-    size: a JSON-schema run (the 5-field person schema of bench_structured_decode.py) and an
+    size: a JSON-schema run (the 5-field person schema of bench_structured_decode.py), an
     unconstrained one (ignore_eos) at the lengths the constrained in-process run produced, so
-    both paths and both modes do the same work. Both paths are alive at once and their runs
+    both paths and all modes do the same work, and that unconstrained one streamed (each
+    request its own ``async_generate(stream=True)`` on one loop, as a server consumes them). Both paths are alive at once and their runs
     interleave (``--repeat`` rounds, medians), so the host's drifting load hits both alike.
     Printed: wall, tokens/s, forward steps, ms per step, Engine vs in-process, and CPU time per
     step: the scheduler's (in-process / the Engine's child) and the Engine's main process's
@@ -28,6 +29,7 @@ with its scheduler process and workers), for where the time goes.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
@@ -117,7 +119,7 @@ class InProcess:
             self.outs.setdefault(o.rid, []).extend(o.new_ids)
             self.done += o.finish_reason is not None
 
-    def run(self, prompts: list[list[int]], params: list[dict]) -> dict:
+    def run(self, prompts: list[list[int]], params: list[dict], stream: bool = False) -> dict:
         from sgdsl.runtime.ipc import messages as m
         from sgdsl.runtime.sampling_params import SamplingParams
 
@@ -126,7 +128,8 @@ class InProcess:
         cpu0 = time.process_time()
         t0 = time.perf_counter()
         for i, (ids, p) in enumerate(zip(prompts, params)):
-            self.sched.handle(m.TokenizedGenerateReq(f"r{i}", ids, SamplingParams(**p)))
+            self.sched.handle(m.TokenizedGenerateReq(f"r{i}", ids, SamplingParams(**p),
+                                                     stream=stream))
         while self.done < len(prompts):
             self.sched.step()
         _sync()
@@ -141,7 +144,8 @@ class InProcess:
             self.sched.grammar.shutdown()
 
 
-def engine_run(engine, prompts: list[list[int]], params: list[dict]) -> dict:
+def engine_run(engine, prompts: list[list[int]], params: list[dict],
+               stream: bool = False) -> dict:
     """One generate call: wall, steps, and the CPU seconds of this (the main) process and of
     the scheduler process over it (CPU time, unlike wall time, barely moves with the host's
     load: the front-end's cost itself)."""
@@ -149,11 +153,23 @@ def engine_run(engine, prompts: list[list[int]], params: list[dict]) -> dict:
     steps0 = engine.stats()["forward_steps"]
     cpu0, sched0 = time.process_time(), cpu_seconds(child)
     t0 = time.perf_counter()
-    res = engine.generate(input_ids=prompts, sampling_params=params)
+    res = (asyncio.run(_streams(engine, prompts, params)) if stream
+           else engine.generate(input_ids=prompts, sampling_params=params))
     wall = time.perf_counter() - t0
     cpu, sched = time.process_time() - cpu0, cpu_seconds(child) - sched0
     return {"wall": wall, "steps": engine.stats()["forward_steps"] - steps0, "main_cpu": cpu,
             "sched_cpu": sched, "lengths": [len(r["output_ids"]) for r in res]}
+
+
+async def _streams(engine, prompts: list[list[int]], params: list[dict]) -> list[dict]:
+    """Every prompt as its own stream on one loop, as a server's handlers consume them."""
+    async def one(ids: list[int], p: dict) -> dict:
+        last = None
+        async for last in await engine.async_generate(input_ids=ids, sampling_params=p,
+                                                      stream=True):
+            pass
+        return last
+    return await asyncio.gather(*(one(ids, p) for ids, p in zip(prompts, params)))
 
 
 def cpu_seconds(pid: int) -> float:
@@ -211,13 +227,14 @@ def run_both(a, config) -> tuple[dict, dict]:
             engine.flush_cache()
             plain = params_for(False, a.max_new, lengths, bs)
             for r in range(a.repeat):
-                for mode, params in (("json", json_params), ("plain", plain)):
-                    tag = f"bs{bs}-{mode}-{r}"
+                for mode, params in (("json", json_params), ("plain", plain),
+                                     ("stream", plain)):
+                    tag, stream = f"bs{bs}-{mode}-{r}", mode == "stream"
                     inproc.setdefault((bs, mode), []).append(
-                        timed(a, f"inproc-{tag}", ip.run, prompts, params))
+                        timed(a, f"inproc-{tag}", ip.run, prompts, params, stream))
                     ip.sched.memory.flush()
                     eng.setdefault((bs, mode), []).append(
-                        timed(a, f"engine-{tag}", engine_run, engine, prompts, params,
+                        timed(a, f"engine-{tag}", engine_run, engine, prompts, params, stream,
                               children=True))
                     engine.flush_cache()
         engine.check_idle_integrity()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import os
 import queue
 import threading
@@ -17,6 +18,7 @@ from typing import Any, AsyncIterator, Iterator
 from .config import EngineConfig
 from .errors import EngineDeadError
 from .ipc import messages as m
+from .mailbox import Mailboxes
 from .quiet_tqdm import import_tqdm_auto_quietly
 from .scheduler.process import freeze_startup_objects
 from .tokenizer.manager import TokenizerManager
@@ -35,6 +37,7 @@ class Engine:
         import_tqdm_auto_quietly()  # before transformers: no TqdmWarning in a notebook cell
         self._closed = False
         self._loop = asyncio.new_event_loop()
+        self._mailboxes = Mailboxes(self._loop)
         self._thread = threading.Thread(target=self._loop.run_forever, name="sgdsl-engine",
                                         daemon=True)
         self._thread.start()
@@ -147,9 +150,9 @@ class Engine:
                 self.abort(spec.rid)
 
     async def _async_stream(self, spec: GenerateSpec) -> AsyncIterator[dict]:
-        loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
-        put = lambda item: loop.call_soon_threadsafe(q.put_nowait, item)  # noqa: E731
+        box = self._mailboxes.of(asyncio.get_running_loop())  # streams share the wake-ups
+        put = functools.partial(box.put, q)
         fut = asyncio.run_coroutine_threadsafe(_pump(self._tm.stream(spec), put), self._loop)
         try:
             while (item := await q.get()) is not _END:
