@@ -40,6 +40,27 @@ class ConstraintViolationError(RuntimeErrorBase):
     kind = "constraint_violation"
 
 
+class OverloadedError(RuntimeErrorBase):
+    """The engine is too busy to take this request now; nothing is wrong with the request.
+    Retryable: ``retry_after`` is the seconds to wait before trying again (the server answers
+    503 with a ``Retry-After`` header)."""
+
+    status = 503
+    kind = "overloaded"
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = max(1.0, float(retry_after))
+
+
+class GrammarQueueFullError(OverloadedError):
+    """A constrained request would wait too long for a grammar compile worker (the compile
+    queue's expected wait is past ``grammar_compile_max_wait_s``, or the queue is full)."""
+
+    kind = "grammar_queue_full"
+
+
 class ModelLoadError(RuntimeErrorBase):
     """Unknown architecture, missing files, bad config: raised at engine start."""
 
@@ -69,11 +90,13 @@ def error_of(reason: dict | None) -> RuntimeErrorBase | None:
         return None
     key = (reason.get("err_type"), reason.get("status_code"))
     cls = next((c for c in _TYPED if (c.kind, c.status) == key), RuntimeErrorBase)
-    err = cls(str(reason.get("message") or "request failed"))
+    message = str(reason.get("message") or "request failed")
+    err = (cls(message, reason.get("retry_after", 1.0)) if issubclass(cls, OverloadedError)
+           else cls(message))
     if cls is RuntimeErrorBase:  # an error type this module does not name: keep its facts
         err.kind, err.status = str(key[0]), key[1] if isinstance(key[1], int) else 500
     return err
 
 
 _TYPED = (InvalidRequestError, RequestTooLargeError, ConstraintViolationError, EngineDeadError,
-          AbortedError, ModelLoadError)
+          AbortedError, ModelLoadError, GrammarQueueFullError, OverloadedError)

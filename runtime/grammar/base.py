@@ -5,8 +5,8 @@ Three pieces, one per lifetime:
 - ``GrammarKey`` — what a request asks for: ``(kind, text)``; the cache key of a compiled grammar.
 - ``GrammarBackend`` — built once per engine from the tokenizer; compiles a key into an opaque
   compiled grammar (slow: run in worker processes by ``compiler.GrammarCompiler``, each holding
-  its own backend rebuilt from ``backend.spec``; the result comes back through ``serialize`` /
-  ``deserialize``) and makes a fresh per-request ``Grammar`` from it (fast).
+  its own backend rebuilt from ``backend.spec``; the result comes back through ``ship`` /
+  ``receive``) and makes a fresh per-request ``Grammar`` from it (fast).
 - ``Grammar`` — one per request: a matcher that accepts tokens, fills one row of a packed int32
   bitmask (bit ``t`` of row ``r`` set = token ``t`` allowed), reports a jump-forward string
   (text the grammar forces), termination, and rolls back.
@@ -288,6 +288,23 @@ class GrammarBackend(ABC):
     def deserialize(self, data: bytes) -> Any:
         """The compiled grammar back from ``serialize``'s bytes, in the engine's process."""
         return pickle.loads(data)
+
+    def ship(self, compiled: Any) -> bytes:
+        """What a compile worker sends its parent for ``compile``'s result (default: the
+        ``serialize``d grammar). A backend whose serialized form costs more than compiling
+        again sends what to compile instead (xgrammar: ``XGrammarBackend.ship``)."""
+        return self.serialize(compiled)
+
+    def receive(self, data: bytes) -> Any:
+        """The compiled grammar, in the engine's process, from ``ship``'s bytes (default:
+        ``deserialize``). Runs on a compile-pool thread, never the scheduler loop, and only for
+        a key the worker compiled within its deadline and memory budget."""
+        return self.deserialize(data)
+
+    def compiled_bytes(self, compiled: Any, shipped: bytes) -> int:
+        """Bytes ``compiled`` holds in this process (the compile cache's byte bound);
+        default: the length of what was shipped."""
+        return len(shipped)
 
     @abstractmethod
     def compile(self, key: GrammarKey) -> Any:

@@ -5,15 +5,18 @@ bounded cache keyed by (kind, text) here in the parent.
 The scheduler calls ``submit(key)`` at admission (cheap: limit checks plus a cache lookup) and
 parks the request as "grammar pending"; each step it polls ``PendingGrammar.ready()`` and, once
 ready, ``result()`` gives a fresh matcher or raises ``InvalidRequestError`` naming the field and
-the limit it broke. Nothing is compiled in this process: the backend is rebuilt once per worker
-(from ``backend.spec``) and the compiled grammar comes back serialized (``backend.serialize`` /
-``deserialize``; measured in benchmarks/RESULTS.md: a few ms against tens to hundreds of ms of
-compiling, so there is no in-process fast path).
+the limit it broke. The backend is rebuilt once per worker (from ``backend.spec``); what the
+worker ships back is made usable here on a pool thread (``backend.ship`` / ``receive``:
+xgrammar compiles again from the shipped source, which the worker proved to finish within the
+deadline and memory budget; its serialized form cost far more, benchmarks/RESULTS.md).
+Identical keys in flight share one compile (one cache entry).
 
-A compile past its deadline is killed with its worker; its key is remembered as too slow, so a
-resubmission fails at once. A request whose compile is still queued at its deadline fails
-saying it waited for a worker. The cache holds failures too (they are cheap and deterministic),
-bounded by entry count and by the bytes of the compiled grammars it holds.
+A compile past its deadline (counted from when its worker started it) is killed with its
+worker; its key is remembered as too slow, so a resubmission fails at once. The wait for a
+worker has no deadline: admission bounds it (``compile_admission.py``; a retryable
+``GrammarQueueFullError`` when the expected wait is too long). The cache holds failures too
+(they are cheap and deterministic), bounded by entry count and by the bytes of the compiled
+grammars it holds.
 
 With ``disk`` (a ``GrammarDiskCache``), a key missing here whose file is on disk is loaded from
 there (``disk_loader.py``: on its own thread, never through the compile queue), and fresh
@@ -26,15 +29,21 @@ import time
 from collections import OrderedDict
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
+from typing import Callable
 
-from ..errors import InvalidRequestError
+from ..errors import GrammarQueueFullError, InvalidRequestError
 from .base import Grammar, GrammarBackend, GrammarKey
 from .disk_cache import GrammarDiskCache
 from .disk_loader import DiskLoader
 from .limits import GrammarLimits
 from .worker import WorkerInit
-from .worker_handle import STARTUP_TIMEOUT_S
 from .worker_pool import CompileJob, CompileTimeout, CompileWorkerPool, PoolLimits
+
+
+# What ``warm`` compiles: a small schema that takes the normalizer's and the guards' paths.
+WARM_PROBE = GrammarKey("json_schema", '{"type": "object", "properties": {"sgdsl_warm": '
+                                       '{"type": "string", "maxLength": 8}}, '
+                                       '"required": ["sgdsl_warm"]}')
 
 
 @dataclass
@@ -46,7 +55,7 @@ class _Entry:
         return self.job.future
 
     def size(self) -> int:
-        """Bytes of the compiled grammar (its serialized size); 0 while pending or failed."""
+        """Bytes the compiled grammar holds; 0 while pending or failed."""
         f = self.job.future
         return f.result()[1] if f.done() and not f.cancelled() and not f.exception() else 0
 
@@ -55,14 +64,13 @@ class _Entry:
 class CompilerStats:
     hits: int = 0
     misses: int = 0
-    timeouts: int = 0  # requests failed at their deadline (killed or still queued)
-    rejected_busy: int = 0  # queue full at submit
+    timeouts: int = 0  # requests failed at their compile's deadline
+    rejected_busy: int = 0  # refused at submit: the queue's wait too long, or it was full
     compile_s: list[float] = field(default_factory=list)
 
 
 class PendingGrammar:
-    """A request's handle on a compile in flight; its deadline counts from its own submit (or
-    from when the workers came up, if it arrived before)."""
+    """A request's handle on a compile in flight (queued, compiling, or done)."""
 
     def __init__(self, compiler: "GrammarCompiler", key: GrammarKey, entry: _Entry,
                  submitted: float) -> None:
@@ -71,37 +79,24 @@ class PendingGrammar:
         self._entry = entry
         self.submitted = submitted
 
-    @property
-    def deadline(self) -> float | None:
-        """None while the compile workers are still starting."""
-        pool = self.compiler._pool
-        return pool.deadline(self.submitted) if pool is not None else None
-
     def ready(self) -> bool:
-        """True once ``result()`` will not block: compiled, failed, or past the deadline."""
-        if self._entry.future.done():
-            return True
-        deadline = self.deadline
-        return deadline is not None and time.monotonic() >= deadline
+        """True once ``result()`` will not block: compiled or failed (the pool ends every
+        compile by its deadline, and fails what is queued at shutdown)."""
+        return self._entry.future.done()
 
     def future(self) -> Future:
         """The compile's future (shared by every request with the same key)."""
         return self._entry.future
 
     def result(self, wait: bool = False) -> Grammar:
-        """A fresh matcher; raises ``InvalidRequestError`` on failure or a missed deadline."""
+        """A fresh matcher; raises ``InvalidRequestError`` on failure. ``wait``: block until
+        the compile is done (offline use, tests), else it must be ``ready()``."""
         fut = self._entry.future
-        while wait and not self.ready():
-            deadline = self.deadline
-            left = STARTUP_TIMEOUT_S if deadline is None else deadline - time.monotonic()
-            try:
-                fut.exception(timeout=max(0.0, left))
-            except (TimeoutError, CancelledError):
-                pass
-            if deadline is None and not fut.done() and self.deadline is None:
-                break  # no worker came up at all: fail below as a deadline miss
+        if wait:
+            fut.exception()  # compiled, failed, or stopped at its deadline
         if not fut.done() or fut.cancelled():
-            raise self.compiler._expire(self.key, self._entry)
+            raise InvalidRequestError(f"{self.key.field} has not compiled yet",
+                                      field=self.key.field)
         exc = fut.exception()
         if exc is not None:
             if isinstance(exc, CompileTimeout):
@@ -113,15 +108,20 @@ class PendingGrammar:
 class GrammarCompiler:
     """Compiles grammar keys for one backend in worker processes, with a bounded LRU cache.
 
-    ``pool`` limits are the workers' (count, queue, memory, result size); ``timeout_s`` is the
-    per-request deadline. The pool starts on the first submit (or ``start()``).
+    ``pool`` limits are the workers' (count, queue wait, memory, result size); ``timeout_s`` is
+    a compile's deadline, from when a worker starts it. The pool starts on the first submit (or
+    ``start()``; ``warm()`` also waits for it).
     """
 
     def __init__(self, backend: GrammarBackend, *, limits: GrammarLimits | None = None,
-                 timeout_s: float = 10.0, max_workers: int = 2, cache_size: int = 1024,
+                 timeout_s: float = 10.0, max_workers: int | None = None, cache_size: int = 1024,
                  cache_bytes: int = 1 << 30, pool: PoolLimits | None = None,
-                 disk: GrammarDiskCache | None = None) -> None:
+                 disk: GrammarDiskCache | None = None,
+                 after: Callable[[GrammarKey], None] | None = None) -> None:
+        """``after(key)``: run on a pool thread once ``key`` compiled, before its requests
+        see it (the manager builds its guard tables there, off the scheduler loop)."""
         self.backend = backend
+        self.after = after
         self.limits = limits or GrammarLimits()
         self.timeout_s = timeout_s
         self.pool_limits = pool or PoolLimits(workers=max_workers)
@@ -142,6 +142,19 @@ class GrammarCompiler:
     def start(self) -> None:
         """Start the worker processes now instead of at the first compile."""
         self.pool  # noqa: B018 - property with a side effect
+
+    def warm(self, timeout_s: float = 120.0) -> bool:
+        """Start the workers and wait (up to ``timeout_s``) until each is up, then compile a
+        small schema through the whole path (limits, a worker, ``receive``), so the first
+        request pays no start-up. False if that did not finish in time."""
+        if not self.pool.warm(timeout_s):
+            return False
+        pending = self.submit(WARM_PROBE)
+        try:
+            pending.future().exception(timeout=timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     def submit(self, key: GrammarKey) -> PendingGrammar:
         """Start (or reuse) the compile of ``key``; limit violations raise here, at once."""
@@ -170,7 +183,7 @@ class GrammarCompiler:
                 self.stats.misses += 1
                 try:
                     job = self._start_job(key)
-                except InvalidRequestError:
+                except GrammarQueueFullError:
                     self.stats.rejected_busy += 1
                     raise
                 entry = self._cache[key] = _Entry(job)
@@ -212,25 +225,19 @@ class GrammarCompiler:
             init = WorkerInit(spec, self.pool_limits.memory_bytes)
             limits = PoolLimits(**{**self.pool_limits.__dict__, "timeout_s": self.timeout_s})
             self._pool = CompileWorkerPool(
-                init, self.backend.deserialize, limits,
+                init, self.backend.receive, limits, self.backend.compiled_bytes, self.after,
                 on_compiled=None if self.disk is None else self.disk.store)
         return self._pool
 
-    def _expire(self, key: GrammarKey, entry: _Entry) -> InvalidRequestError:
-        """A request reached its deadline with its compile unfinished: the error to raise."""
-        self.stats.timeouts += 1
-        if entry.future.cancel() or entry.future.cancelled():  # still queued: it never ran
-            with self._lock:
-                if self._cache.get(key) is entry:
-                    del self._cache[key]
-            return InvalidRequestError(
-                f"{key.field} did not compile within the {self.timeout_s:g} s deadline "
-                f"(grammar_compile_timeout_s; it waited for one of "
-                f"{self.pool_limits.workers} compile workers)", field=key.field)
-        # Running: its worker is killed at the same deadline; the entry stays as "too slow".
-        return InvalidRequestError(
-            f"{key.field} did not compile within the {self.timeout_s:g} s deadline "
-            "(grammar_compile_timeout_s; the compile was stopped)", field=key.field)
+    def stats_dict(self) -> dict:
+        """The compile pipeline's counters, gauges and histograms (``Engine.stats()``)."""
+        out = {"grammar_compile_cache_hits": self.stats.hits,
+               "grammar_compile_cache_misses": self.stats.misses,
+               "grammar_compile_timeouts": self.stats.timeouts}
+        pool = self._pool
+        if pool is not None:
+            out.update(pool.admission.stats())
+        return out
 
     def _evict(self) -> None:
         """Drop the oldest finished entries past the count or byte bound."""

@@ -124,6 +124,11 @@ class CompletionTracker:
         self.forced = 0  # requests completed by force
         self.repetitions = 0  # of those, ended by the repetition guard
 
+    def may_estimate(self, req: Any) -> bool:
+        """Whether ``req`` can ever send an estimate to the worker (its budget leaves room for
+        one ``_ASYNC_MARGIN`` ahead); if not, the worker need not compile its grammar."""
+        return self.jobs is not None and req.sampling_params.max_new_tokens > _ASYNC_MARGIN + 1
+
     @staticmethod
     def due(req: Any) -> bool:
         budget = req.completion

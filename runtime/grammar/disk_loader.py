@@ -149,6 +149,9 @@ class DiskLoader:
             self._index.discard(self.cache.path(job.key).name)
             self._compile(job, pool)
             return
+        after = getattr(pool, "after", None)  # the tables its requests read, built here
+        if after is not None:
+            after(job.key)
         seconds = time.perf_counter() - t0
         try:
             job.future.set_result((compiled, self._size(compiled, payload), seconds))

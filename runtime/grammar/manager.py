@@ -30,7 +30,7 @@ import torch
 from ..errors import InvalidRequestError
 from .base import (GrammarBackend, GrammarKey, accept_token_grouped, allocate_bitmask,
                    fill_bitmask_grouped)
-from .compiler import GrammarCompiler
+from .compiler import WARM_PROBE, GrammarCompiler
 from .disk_cache import GrammarDiskCache, disk_cache_from_config
 from .completion import CompletionConfig, CompletionTracker
 from .worker_pool import PoolLimits
@@ -38,7 +38,7 @@ from .jump_forward import only_stop_allowed, stop_only_row
 from .forcing import Forcing
 from .precompile import Precompiles
 from .prefetch import MaskPrefetch
-from .unique_keys import build_quote_tokens, guard_keys
+from .unique_keys import build_quote_tokens, guard_keys, has_open_keys, marked_schema
 
 
 @dataclass
@@ -61,7 +61,7 @@ class GrammarManager(Forcing):
         # A compiler passed in (shared, e.g. by tests) is not shut down with this manager.
         self._owns_compiler = compiler is None
         self.compiler = compiler or GrammarCompiler(backend, timeout_s=timeout_s, pool=pool,
-                                                    disk=disk_cache)
+                                                    disk=disk_cache, after=self._tables)
         # warm-up batches (Engine.precompile), a few compiles at a time
         self.precompiles = Precompiles(self.compiler, 2 * self.compiler.pool_limits.workers)
         self.tokenizer = tokenizer
@@ -86,9 +86,25 @@ class GrammarManager(Forcing):
                            if completion is not None and completion.enabled else None)
 
     # -- admission ------------------------------------------------------------------------------
+    def warm(self, timeout_s: float = 120.0) -> bool:
+        """At start-up: the compile workers up and one small schema through the whole path
+        (compile, load, guard), and the estimate worker starting, so the first request pays
+        no start-up. False if the workers did not come up within ``timeout_s``."""
+        if self.completion is not None and self.completion.jobs is not None:
+            self.completion.jobs.worker.start()
+        try:
+            if not self.compiler.warm(timeout_s):
+                return False
+            grammar = self.compiler.submit(WARM_PROBE).result()  # guarded as a request's is
+        except InvalidRequestError:  # a backend without JSON schemas: the workers are up
+            return True
+        guard_keys(grammar, WARM_PROBE, self.quote_tokens, self.compiler.backend.name)
+        return True
+
     def admit(self, req: Any) -> bool:
         """Start compiling ``req``'s constraint; True if it now waits in ``pending``. Raises
-        ``InvalidRequestError`` at once for limit violations and known-bad grammars."""
+        ``InvalidRequestError`` at once for limit violations and known-bad grammars, and
+        ``GrammarQueueFullError`` (retryable) when the compile queue is too long."""
         constraint = req.sampling_params.constraint
         if constraint is None:
             return False
@@ -134,13 +150,22 @@ class GrammarManager(Forcing):
         self.pending = still
         return ready, failed
 
+    def _tables(self, key: GrammarKey) -> None:
+        """On a compile-pool thread, once ``key`` compiled: what ``_guard`` reads for it
+        (the normalized schema's marks, cached), so the scheduler loop does not normalize
+        the schema again (up to seconds for a large one)."""
+        if key.kind in ("json_schema", "json_object"):
+            has_open_keys(key.kind, key.text)
+            if key.kind == "json_schema":
+                marked_schema(key.text, self.compiler.backend.name)
+
     def _guard(self, req: Any, grammar: Any) -> Any:
         """JSON grammars get unique object keys (unique_keys.py says why a CFG cannot).
         Called once a request's grammar compiled: the completion-estimate worker compiles
         its own copy meanwhile (never before: a key that fails its deadline or memory limit
         here must not run unbounded there)."""
         key = GrammarKey.from_constraint(*req.sampling_params.constraint)
-        if self.completion is not None and self.completion.jobs is not None:
+        if self.completion is not None and self.completion.may_estimate(req):
             self.completion.jobs.prepare(key)
         return guard_keys(grammar, key, self.quote_tokens, self.compiler.backend.name)
 
@@ -349,7 +374,7 @@ class GrammarManager(Forcing):
         return {"grammar_pending_reqs": len(self.pending),
                 "grammar_sampled_tokens": self.stats.sampled_tokens,
                 "grammar_jump_forward_tokens": self.stats.jump_forward_tokens,
-                "grammar_compile_timeouts": self.compiler.stats.timeouts,
+                **self.compiler.stats_dict(),
                 **self._compile_stats(),
                 "grammar_forced_completions": self.completion.forced if self.completion else 0,
                 "grammar_repetition_stops": self.completion.repetitions if self.completion else 0,
@@ -385,9 +410,12 @@ def create_grammar_manager(config: Any, tokenizer: Any, vocab_size: int,
                                   repetition_window=config.grammar_repetition_window)
     pool = PoolLimits(workers=config.grammar_compile_workers,
                       max_queued=config.grammar_compile_queue,
-                      memory_bytes=config.grammar_compile_memory_bytes)
-    return GrammarManager(backend, tokenizer, vocab_size, eos_token_ids,
-                          timeout_s=config.grammar_compile_timeout_s, pool=pool,
-                          disk_cache=disk_cache_from_config(config, backend),
-                          jump_forward=not getattr(config, "disable_jump_forward", False),
-                          completion=completion)
+                      memory_bytes=config.grammar_compile_memory_bytes,
+                      max_wait_s=config.grammar_compile_max_wait_s)
+    manager = GrammarManager(backend, tokenizer, vocab_size, eos_token_ids,
+                             timeout_s=config.grammar_compile_timeout_s, pool=pool,
+                             disk_cache=disk_cache_from_config(config, backend),
+                             jump_forward=not getattr(config, "disable_jump_forward", False),
+                             completion=completion)
+    manager.compiler.start()  # the workers start while the scheduler finishes its own start
+    return manager

@@ -8,7 +8,8 @@ are answered once every constraint is decided; the scheduler loop polls them eac
 polls requests waiting for grammars, and never blocks on them.
 
 A batch does not take the compile queue from live requests: at most ``max_inflight`` of its
-constraints (all batches together) are submitted at a time, the next ones as those finish.
+constraints (all batches together) are submitted at a time, the next ones as those finish, and
+one the queue's admission refuses (busy) is submitted again at a later poll.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import concurrent.futures as cf
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ..errors import InvalidRequestError
+from ..errors import InvalidRequestError, OverloadedError
 from .base import GrammarKey
 
 
@@ -73,13 +74,15 @@ class Precompiles:
         for batch in self._batches:
             while room > 0 and batch.next < len(batch.constraints):
                 index, (kind, value) = batch.next, batch.constraints[batch.next]
-                batch.next += 1
                 try:
                     batch.pending[index] = self.compiler.submit(
                         GrammarKey.from_constraint(kind, value))
                     room -= 1
                 except InvalidRequestError as e:
                     batch.results[index] = _error(kind, e)
+                except OverloadedError:  # the queue is long: submitted again at a later poll
+                    return
+                batch.next += 1
 
 
 def _outcome(kind: str, pending: Any) -> dict:

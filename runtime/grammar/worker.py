@@ -8,7 +8,7 @@ length-prefixed pickle frames:
 - parent -> worker, once: ``WorkerInit`` (how to build the backend, the memory budget);
   worker -> parent: ``("ready", None)`` or ``("startup_error", message)``.
 - parent -> worker, per job: ``(job_id, key)``; worker -> parent: ``(job_id, "ok", payload,
-  compile_s, data_bytes)`` with the backend's ``serialize``d result, or ``(job_id, "error" |
+  compile_s, data_bytes)`` with the backend's ``ship``ped result, or ``(job_id, "error" |
   "memory", message)``. Exceptions travel as text, so nothing unpicklable crosses the pipe.
 
 The budget is applied with ``RLIMIT_DATA`` (heap and private mappings, not shared libraries) on
@@ -118,7 +118,7 @@ def _compile(backend: Any, job_id: int, key: Any) -> tuple:
 
     t0 = time.perf_counter()
     try:
-        payload = backend.serialize(backend.compile(key))
+        payload = backend.ship(backend.compile(key))
     except MemoryError:
         return (job_id, "memory", "")
     except InvalidRequestError as e:

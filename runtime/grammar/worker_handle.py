@@ -3,7 +3,9 @@ completion-estimate worker, ``estimate_worker.py``): start it, talk to it in len
 pickle frames over its pipes, wait for a reply with a deadline, kill it.
 
 The pipes are read as raw file descriptors with ``select``, so a deadline is exact and no
-buffered byte hides from ``select``.
+buffered byte hides from ``select``. A wait may also end when the worker has used a given
+amount of CPU time (``recv``'s ``cpu_limit``): a compile's deadline counts the compile's own
+work, so a loaded machine, where a compile's wall time stretches, does not fail it.
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from .worker import FRAME_HEADER, PARENT_ENV
 
 COMPILE_WORKER = "from sgdsl.runtime.grammar.worker import main; main()"
 STARTUP_TIMEOUT_S = 120.0  # imports and the backend's tokenizer tables; slow on a loaded box
+CPU_POLL_S = 0.05  # how often a wait with a CPU-time limit reads the worker's CPU time
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 class WorkerStartError(Exception):
@@ -61,20 +65,38 @@ class WorkerHandle:
         while view:
             view = view[os.write(self._in, view):]
 
-    def recv(self, deadline: float) -> Any | None:
-        """The next frame, or None once ``deadline`` passes; EOFError if the worker died."""
-        head = self._read(FRAME_HEADER.size, deadline)
+    def recv(self, deadline: float, cpu_limit: float | None = None) -> Any | None:
+        """The next frame, or None once ``deadline`` (monotonic) passes or the worker's CPU
+        time (``cpu_seconds``) reaches ``cpu_limit``; EOFError if the worker died."""
+        head = self._read(FRAME_HEADER.size, deadline, cpu_limit)
         if head is None:
             return None
-        body = self._read(FRAME_HEADER.unpack(head)[0], deadline)
+        body = self._read(FRAME_HEADER.unpack(head)[0], deadline, None)
         return None if body is None else pickle.loads(body)
 
-    def _read(self, size: int, deadline: float) -> bytes | None:
+    def cpu_seconds(self) -> float | None:
+        """CPU time the worker has used (user + system), None where unknown (not Linux)."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+    def _read(self, size: int, deadline: float, cpu_limit: float | None) -> bytes | None:
         chunks, left = [], size
         while left:
             wait = deadline - time.monotonic()
-            if wait <= 0 or not select.select([self._out], [], [], wait)[0]:
+            if cpu_limit is not None:
+                # NOTE: checked every CPU_POLL_S: at most that much compile past the limit
+                wait = min(wait, CPU_POLL_S)
+            if wait <= 0:
                 return None
+            if not select.select([self._out], [], [], wait)[0]:
+                used = self.cpu_seconds() if cpu_limit is not None else None
+                if time.monotonic() >= deadline or used is not None and used >= cpu_limit:
+                    return None
+                continue
             chunk = os.read(self._out, min(left, 1 << 20))
             if not chunk:
                 raise EOFError

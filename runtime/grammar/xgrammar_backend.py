@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -167,6 +168,9 @@ class XGrammarCompiled:
     json: bool
     utf8: Utf8Tokens
     filters: np.ndarray  # [utf8_tokens.STATES, bitmask width] uint32
+    # the call that compiled it, (xgrammar call, its text): what a compile worker ships
+    # (see ``XGrammarBackend.ship``)
+    source: tuple[str, str] | None = None
 
 
 class XGrammarBackend(GrammarBackend):
@@ -184,25 +188,29 @@ class XGrammarBackend(GrammarBackend):
             tokenizer, vocab_size=vocab_size, stop_token_ids=list(self.eos_token_ids))
         # NOTE: our own cache (compiler.py) is keyed by the request text; xgrammar's would only
         # duplicate it without a bound, so it is off.
-        self._compiler = xgr.GrammarCompiler(info, max_threads=compile_threads,
-                                             cache_enabled=False)
+        self._threads = compile_threads
+        self._local = threading.local()  # its GrammarCompiler per thread (_thread_compiler)
         tokens = token_bytes(tokenizer, vocab_size)
         self._utf8 = Utf8Tokens(tokens, vocab_size)
         self._filters = {False: self._utf8.rows,
                          True: self._utf8.rows & _json_safe_row(tokens, vocab_size)}
 
     def compile(self, key: GrammarKey) -> XGrammarCompiled:
-        compiled = self._compile(key)
+        grammar, source = self._compile(key)
         # NOTE: xgrammar's JSON strings admit raw control characters (a byte-level token such as
         # "\x03"), which JSON forbids; masking those tokens out keeps every output parseable.
-        return self._wrap(compiled, key.kind in ("json_schema", "json_object"))
+        return self._wrap(grammar, key.kind in ("json_schema", "json_object"), source)
 
-    def _wrap(self, grammar: Any, json_kind: bool) -> XGrammarCompiled:
-        return XGrammarCompiled(grammar, json_kind, self._utf8, self._filters[json_kind])
+    def _wrap(self, grammar: Any, json_kind: bool,
+              source: tuple[str, str] | None = None) -> XGrammarCompiled:
+        return XGrammarCompiled(grammar, json_kind, self._utf8, self._filters[json_kind],
+                                source)
 
-    def _compile(self, key: GrammarKey) -> Any:
+    def _compile(self, key: GrammarKey) -> tuple[Any, tuple[str, str]]:
+        """(xgrammar's compiled grammar, its source)."""
         try:
-            return self._build(key)
+            source = _source(key)
+            return self._call(*source), source
         except InvalidRequestError:
             raise
         except Exception as e:  # xgrammar raises RuntimeError/ValueError subclasses
@@ -216,19 +224,49 @@ class XGrammarBackend(GrammarBackend):
                 field=key.field) from e
 
     def _build(self, key: GrammarKey) -> Any:
-        c = self._compiler
-        if key.kind == "json_schema":
-            schema = normalize_schema(json.loads(key.text), self.name)
-            return c.compile_json_schema(json.dumps(schema), any_whitespace=False)
-        if key.kind == "json_object":
+        return self._call(*_source(key))
+
+    def _call(self, call: str, text: str) -> Any:
+        c = self._thread_compiler()
+        if call == "json":
+            return c.compile_json_schema(text, any_whitespace=False)
+        if call == "json_object":
             # Any JSON object, any keys: strict_mode off allows unlisted properties.
             return c.compile_json_schema('{"type": "object"}', any_whitespace=False,
                                          strict_mode=False)
-        if key.kind == "regex":
-            return c.compile_regex(key.text)
-        if key.kind == "ebnf":
-            return c.compile_grammar(key.text)
-        return c.compile_regex(choices_regex(json.loads(key.text)))
+        if call == "regex":
+            return c.compile_regex(text)
+        return c.compile_grammar(text)
+
+    def _thread_compiler(self) -> Any:
+        """This thread's ``xgrammar.GrammarCompiler`` (the compile pool's threads receive at
+        once; a compiler is only a handle on the shared tokenizer tables, made in ~0.1 ms)."""
+        c = getattr(self._local, "compiler", None)
+        if c is None:
+            c = self._local.compiler = self._xgr.GrammarCompiler(
+                self._info, max_threads=self._threads, cache_enabled=False)
+        return c
+
+    def ship(self, compiled: XGrammarCompiled) -> bytes:
+        """The compile's source, not the compiled grammar: xgrammar serializes its token-mask
+        tables as JSON text, which on the real-world schemas cost 3-30x the compile (a 1.4 MB
+        grammar became 43 MB of JSON in 7.4 s, parsed back in 2.3 s) and on some ran past
+        6 GB (benchmarks/RESULTS.md, "Compile admission"). Compiling the source again here
+        (``receive``) costs what the worker's compile did, and is safe: the worker just
+        finished the same compile within its deadline and memory budget."""
+        if compiled.source is None:  # loaded from its serialized form: no source to ship
+            return b"s" + self.serialize(compiled)
+        kind = b"j" if compiled.json else b"-"
+        return kind + json.dumps(compiled.source).encode("utf-8")
+
+    def receive(self, data: bytes) -> XGrammarCompiled:
+        if data[:1] == b"s":
+            return self.deserialize(data[1:])
+        call, text = json.loads(data[1:].decode("utf-8"))
+        return self._wrap(self._call(call, text), data[:1] == b"j", (call, text))
+
+    def compiled_bytes(self, compiled: XGrammarCompiled, shipped: bytes) -> int:
+        return int(compiled.grammar.memory_size_bytes)
 
     def serialize(self, compiled: XGrammarCompiled) -> bytes:
         # xgrammar's own format leaves the tokenizer tables out (the parent has them).
@@ -247,6 +285,15 @@ class XGrammarBackend(GrammarBackend):
 
 
 _STATE_KEYS: dict[tuple[str, bool], StateKey] = {}  # (debug text, completed) -> key
+
+
+def _source(key: GrammarKey) -> tuple[str, str]:
+    """(xgrammar call, its text) for ``key``: a JSON schema normalized first."""
+    if key.kind == "json_schema":
+        return "json", json.dumps(normalize_schema(json.loads(key.text), "xgrammar"))
+    if key.kind == "choices":
+        return "regex", choices_regex(json.loads(key.text))
+    return key.kind, key.text
 
 
 def _state_key(text: str, done: bool) -> StateKey:

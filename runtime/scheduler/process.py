@@ -130,6 +130,9 @@ def _build(config: EngineConfig, send: Any) -> tuple[Any, m.Ready]:
     decode = _load_decoder(config, runner.model_dir)
     grammar = _grammar_manager(config, runner, eos)  # grammar: None when constraints are off
     scheduler = Scheduler(runner, config, eos, decode, send, grammar=grammar)
+    if grammar is not None and not grammar.warm():  # grammar: no first-request start-up
+        print("sgdsl: the grammar compile workers did not start in time; requests will wait "
+              "for them", file=sys.stderr, flush=True)
     ready = m.Ready(model_dir=str(runner.model_dir), context_len=int(runner.context_len),
                     vocab_size=int(runner.model_config.vocab_size),
                     kv_total_slots=int(runner.token_kv_pool.size),

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from ..cache.radix import RadixCache
-from ..errors import InvalidRequestError
+from ..errors import InvalidRequestError, OverloadedError
 from ..grammar.base import bitmask_width
 from ..layers.bitmask import warm_up_fused
 from ..ipc import messages as m
@@ -257,7 +257,7 @@ class Scheduler(Stepping):
             return True
         try:
             return self.grammar.admit(req)
-        except InvalidRequestError as e:
+        except (InvalidRequestError, OverloadedError) as e:  # overloaded: retryable, a 503
             self._fail_invalid(req, e)
             return True
 
@@ -283,10 +283,13 @@ class Scheduler(Stepping):
             for call_id, results in self.grammar.precompiles.poll():
                 self.send(m.RpcResp(call_id, ok=True, value=results))
 
-    def _fail_invalid(self, req: Req, err: InvalidRequestError) -> None:
-        """Finish before any KV was allocated; the main process raises it as a 400."""
+    def _fail_invalid(self, req: Req, err: InvalidRequestError | OverloadedError) -> None:
+        """Finish before any KV was allocated; the main process raises it again from the
+        status (400: invalid; 503: overloaded, with its retry-after)."""
         req.finish_reason = {"type": "abort", "message": err.message, "status": err.status,
-                             "field": err.field}
+                             "field": getattr(err, "field", None)}
+        if isinstance(err, OverloadedError):
+            req.finish_reason["retry_after"] = err.retry_after
         req.state = ReqState.FINISHED
         self.send(m.BatchTokenOut([make_out(req)]))
 

@@ -3,12 +3,15 @@
 Every failure that reaches a client goes through ``error_response``: the route's protocol
 (Anthropic for ``/v1/messages``, OpenAI for other ``/v1/`` routes, SGLang-native otherwise)
 picks the body shape, and the status comes from the error itself. Bad input is always 4xx;
-only a bug in the server answers 500.
+only a bug in the server answers 500. An overloaded engine (``OverloadedError``, e.g. the
+grammar compile queue) answers 503 with a ``Retry-After`` header: retryable, never blamed on
+the request.
 """
 from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import InvalidRequestError, RuntimeErrorBase
+from ..errors import InvalidRequestError, OverloadedError, RuntimeErrorBase
 
 logger = logging.getLogger(__name__)
 
@@ -33,12 +36,18 @@ class APIError(Exception):
     """An error with an HTTP status, raised by route handlers (unknown model, bad auth...)."""
 
     def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None) -> None:
+                 code: str | None = None, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.retry_after = retry_after  # seconds: the Retry-After header (503s)
+
+    def headers(self) -> dict[str, str] | None:
+        if self.retry_after is None:
+            return None
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
 
 
 class ClientDisconnected(Exception):
@@ -71,7 +80,8 @@ def as_api_error(exc: BaseException) -> APIError:
         return exc
     if isinstance(exc, RuntimeErrorBase):
         field = exc.field if isinstance(exc, InvalidRequestError) else None
-        return APIError(exc.status, str(exc), param=field, code=exc.kind)
+        retry = exc.retry_after if isinstance(exc, OverloadedError) else None
+        return APIError(exc.status, str(exc), param=field, code=exc.kind, retry_after=retry)
     if isinstance(exc, RequestValidationError):
         return _from_validation(exc)
     if isinstance(exc, StarletteHTTPException):
@@ -84,7 +94,7 @@ def error_response(path: str, exc: BaseException) -> JSONResponse:
     """The full JSON error response for a failure on route ``path``."""
     err = as_api_error(exc)
     body = error_body(protocol_of(path), err.status, err.message, err.param, err.code)
-    return JSONResponse(body, status_code=err.status)
+    return JSONResponse(body, status_code=err.status, headers=err.headers())
 
 
 def sse_error_event(protocol: str, exc: BaseException) -> bytes:

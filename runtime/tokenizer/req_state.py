@@ -66,6 +66,11 @@ class ReqState:
 
                 self.error = InvalidRequestError(out.finish_reason["message"],
                                                  field=out.finish_reason.get("field"))
+            elif out.finish_reason.get("status") == 503:  # grammar: compile queue too long
+                from ..errors import GrammarQueueFullError
+
+                self.error = GrammarQueueFullError(out.finish_reason["message"],
+                                                   out.finish_reason.get("retry_after", 1.0))
             elif self.validator is not None and self.params.json_schema is not None:
                 self._check_output()
             self.done.set()
@@ -125,6 +130,8 @@ class ReqState:
                 "type": "abort", "message": getattr(err, "message", None) or str(err),
                 "status_code": getattr(err, "status", 500),
                 "err_type": getattr(err, "kind", type(err).__name__)}
+            if getattr(err, "retry_after", None) is not None:  # overloaded: when to retry
+                out["meta_info"]["finish_reason"]["retry_after"] = err.retry_after
         return out
 
     def to_dict(self, text: str, logprobs_from: int = 0) -> dict:

@@ -12,7 +12,7 @@ from sgdsl.runtime.grammar import GrammarBackend, GrammarKey
 
 
 class ScriptedBackend(GrammarBackend):
-    """``sleep:S`` sleeps S s; ``bad`` is a compile error; ``boom`` a bug; ``hog`` allocates
+    """``sleep:S`` sleeps S s; ``spin:S`` computes for S s of CPU time; ``bad`` is a compile error; ``boom`` a bug; ``hog`` allocates
     until memory runs out; ``abort``/``segv`` kill the worker; ``lambda`` cannot be pickled;
     ``pid`` returns the worker's pid; anything else compiles to ``"compiled:<text>"``."""
 
@@ -26,6 +26,10 @@ class ScriptedBackend(GrammarBackend):
         text = key.text
         if text.startswith("sleep:"):
             time.sleep(float(text.split(":")[1]))
+        elif text.startswith("spin:"):  # CPU work, what a compile's deadline counts
+            end = time.process_time() + float(text.split(":")[1])
+            while time.process_time() < end:
+                pass
         elif text == "bad":
             raise InvalidRequestError("bad grammar", field=key.field)
         elif text == "boom":

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from sgdsl.runtime.errors import InvalidRequestError
+from sgdsl.runtime.errors import GrammarQueueFullError, InvalidRequestError
 from sgdsl.runtime.grammar import GrammarCompiler, GrammarKey
 from sgdsl.runtime.grammar.worker_pool import PoolLimits
 
@@ -68,7 +68,7 @@ def test_pending_polls_without_blocking(shared):
 def test_deadline_kills_the_compile_others_keep_going():
     c = _compiler(workers=2, timeout_s=2)
     try:
-        slow = c.submit(GrammarKey("regex", "sleep:60"))
+        slow = c.submit(GrammarKey("regex", "spin:60"))
         fast = c.submit(GrammarKey("regex", "fast"))
         assert fast.result(wait=True) == "compiled:fast"
         pids = c.pool.worker_pids()
@@ -78,7 +78,7 @@ def test_deadline_kills_the_compile_others_keep_going():
         time.sleep(0.5)
         assert sum(_alive(p) for p in pids) == 1  # the slow compile's worker was killed
         with pytest.raises(InvalidRequestError, match="timed out before"):
-            c.submit(GrammarKey("regex", "sleep:60"))
+            c.submit(GrammarKey("regex", "spin:60"))
         assert c.compile(GrammarKey("regex", "other")) == "compiled:other"
         assert c.pool.stats.timeouts == 1
     finally:
@@ -109,13 +109,65 @@ def test_queue_is_bounded():
         while c.pool._queue.qsize():  # wait until the worker took it
             time.sleep(0.01)
         queued = [c.submit(GrammarKey("regex", f"q{i}")) for i in range(2)]
-        with pytest.raises(InvalidRequestError, match=r"2 queued is the limit") as e:
+        with pytest.raises(GrammarQueueFullError, match=r"2 compiles wait") as e:
             c.submit(GrammarKey("regex", "one too many"))
-        assert "grammar_compile_queue" in str(e.value) and e.value.field == "regex"
+        # retryable, never a bad request
+        assert "grammar_compile_queue" in str(e.value) and e.value.status == 503
+        assert e.value.retry_after >= 1 and not isinstance(e.value, InvalidRequestError)
         assert running.result(wait=True) == "compiled:sleep:3"
         assert [q.result(wait=True) for q in queued] == ["compiled:q0", "compiled:q1"]
     finally:
         c.shutdown()
+
+
+def test_deadline_counts_compile_work_not_wall_time():
+    """A compile that sleeps (no CPU work) past its deadline is not stopped until the wall
+    backstop; the deadline is the compile's CPU time."""
+    c = _compiler(timeout_s=1)
+    try:
+        assert c.compile(GrammarKey("regex", "sleep:3")) == "compiled:sleep:3"
+        assert c.pool.stats.timeouts == 0
+    finally:
+        c.shutdown()
+
+
+def test_deadline_counts_from_the_start_of_the_compile():
+    """A compile that waited for the only worker longer than the deadline still compiles: the
+    deadline bounds compile work, not the wait for a worker."""
+    c = _compiler(timeout_s=5)
+    try:
+        first = c.submit(GrammarKey("regex", "sleep:3"))
+        second = c.submit(GrammarKey("regex", "sleep:3.0"))  # waits ~3 s, then compiles ~3 s
+        assert first.result(wait=True) == "compiled:sleep:3"
+        assert second.result(wait=True) == "compiled:sleep:3.0"
+        assert c.pool.stats.timeouts == 0
+        stats = c.stats_dict()
+        assert stats["grammar_compile_wait_seconds"]["count"] >= 3
+        assert stats["grammar_compile_queue_depth"] == 0
+    finally:
+        c.shutdown()
+
+
+def test_expected_wait_past_the_limit_is_refused_retryably():
+    """With the only worker busy and no wait allowed, a new compile is refused at once with the
+    retryable queue error; the same key as the compile in flight shares it instead."""
+    c = _compiler(max_wait_s=0)
+    try:
+        running = c.submit(GrammarKey("regex", "sleep:60"))
+        with pytest.raises(GrammarQueueFullError, match="grammar_compile_max_wait_s") as e:
+            c.submit(GrammarKey("regex", "waits"))
+        assert e.value.status == 503 and e.value.retry_after >= 1
+        shared = c.submit(GrammarKey("regex", "sleep:60"))  # identical: one compile
+        assert shared.future() is running.future()
+        assert c.stats.rejected_busy == 1 and c.stats_dict()["grammar_compile_rejected_busy"] == 1
+    finally:
+        c.shutdown()
+
+
+def test_default_workers_come_from_the_cores():
+    workers = PoolLimits().workers
+    assert isinstance(workers, int) and 2 <= workers <= 8
+    assert workers == max(2, min(len(os.sched_getaffinity(0)) - 1, 8))
 
 
 def test_shutdown_leaves_no_worker_and_fails_pending():
