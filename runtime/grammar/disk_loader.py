@@ -78,6 +78,7 @@ class DiskLoader:
         name = self.cache.path(key).name
         if name in self._index:
             return True
+        self.cache._count("misses")
         if not self._rescan_asked and time.monotonic() - self._scanned_at > RESCAN_S:
             self._rescan_asked = True
             self._queue.put(("scan",))

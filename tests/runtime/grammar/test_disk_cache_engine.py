@@ -38,8 +38,10 @@ def test_restart_compiles_nothing(tiny_model_dir, tmp_path):
         assert results[3]["field"] == "regex" and results[3]["status"] == 400
         assert results[4]["field"] == "json_schema" and "nosuchtype" in results[4]["error"]
         assert "at most one" in results[5]["error"] and "exactly one" in results[6]["error"]
-        compiled = first.stats()["grammar_compiles"]
+        stats = first.stats()
+        compiled = stats["grammar_compiles"]
         assert compiled >= 3  # (and any warm-up compile of the engine's own)
+        assert stats["grammar_disk_cache_misses"] >= compiled  # (and the invalid ones')
         outs = _outputs(first)  # precompiled: found in memory, nothing compiled again
         assert first.stats()["grammar_compiles"] == compiled
         first.check_idle_integrity()
@@ -53,6 +55,7 @@ def test_restart_compiles_nothing(tiny_model_dir, tmp_path):
         stats = second.stats()
         assert stats["grammar_compiles"] == 0, stats
         assert stats["grammar_disk_cache_hits"] >= 3 and stats["grammar_disk_cache_errors"] == 0
+        assert stats["grammar_disk_cache_misses"] == 0
         assert [r["ok"] for r in second.precompile(CONSTRAINTS)] == [True] * 3
         assert second.stats()["grammar_compiles"] == 0
         second.check_idle_integrity()

@@ -34,6 +34,9 @@ def test_precompile_route(tiny_model_dir, tmp_path):
             assert r.status_code == 200, r.text
             assert client.get("/get_server_info").json()["grammar_compiles"] == compiled
             assert client.get("/debug/check_idle_integrity").status_code == 200
+            metrics = client.get("/metrics").text  # the counters reach Prometheus too
+            assert f"sgdsl_engine_grammar_compiles {float(compiled)}" in metrics
+            assert "sgdsl_engine_grammar_disk_cache_misses" in metrics
     finally:
         code = stop_real_server(served)
     assert code in (0, -signal.SIGTERM)  # uvicorn re-raises the SIGTERM it handled
