@@ -182,3 +182,18 @@ def test_api_speculative_execution_reads_ahead():
     state = prog.run(backend=backend)
     assert (state["name"], state["age"]) == ("Ada", "36")
     assert len(backend.calls) == 1 and backend.calls[0].params.max_tokens == 256
+
+
+def test_check_json_reports_as_jsonschema_and_refuses_a_bad_schema():
+    import jsonschema
+
+    from sgdsl.interpreter.validate import check_json
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 3}},
+              "required": ["n"]}
+    for form in (schema, json.dumps(schema)):  # dict or text: one cached validator each
+        assert check_json('{"n": 2}', form) == ({"n": 2}, '{"n": 2}')
+        with pytest.raises(ValueError, match="5 is greater than the maximum of 3"):
+            check_json('{"n": 5}', form)
+    with pytest.raises(jsonschema.SchemaError):
+        check_json('{"n": 5}', {"type": "nonsense"})
