@@ -16,6 +16,8 @@ from typing import Any, AsyncIterator
 
 import httpx
 
+from sgdsl.runtime.errors import error_of
+
 from ._common import backend_error
 from .base import BackendError
 from .coalescer import Coalescer, batchable
@@ -42,7 +44,7 @@ class RuntimeEndpoint(SrtBackend):
         self._transport = transport
         self._sync_transport = sync_transport
         self._clients = LoopLocal(self._new_client)
-        self._coalescers = LoopLocal(lambda: Coalescer(self._post_generate))
+        self._coalescers = LoopLocal(lambda: Coalescer(self._post_generate, self._failed))
         self._model_info: dict[str, Any] | None = None
         self._init_capabilities()
 
@@ -92,6 +94,12 @@ class RuntimeEndpoint(SrtBackend):
             raise backend_error(self.name, exc, what="POST /generate failed") from exc
         _raise_for_status(self.name, resp, "POST /generate")
         return resp.json()
+
+    def _failed(self, out: dict[str, Any]) -> BaseException | None:
+        """A list answer reports a request that failed in its own output (finish_reason with
+        the error): the BackendError its caller gets."""
+        cause = error_of((out.get("meta_info") or {}).get("finish_reason"))
+        return None if cause is None else backend_error(self.name, cause)
 
     async def _call_stream(self, request: dict[str, Any]) -> AsyncIterator[dict]:
         try:

@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator, Sequence
 
 from starlette.requests import Request
 
+from ..errors import error_of
 from .errors import ClientDisconnected
 from .metrics import ServerMetrics
 
@@ -72,6 +73,22 @@ class GenBatch:
             kw["prompt"] = item.prompt
         else:
             kw["input_ids"] = item.input_ids
+        return self._logprob_kwargs(kw)
+
+    def list_kwargs(self) -> dict[str, Any] | None:
+        """Every item as one list call of the Engine (None when text and ids are mixed)."""
+        kinds = {it.prompt is None for it in self.items}
+        if len(kinds) != 1:
+            return None
+        kw: dict[str, Any] = {"sampling_params": [it.sampling for it in self.items],
+                              "rid": [it.rid for it in self.items]}
+        if kinds == {False}:
+            kw["prompt"] = [it.prompt for it in self.items]
+        else:
+            kw["input_ids"] = [it.input_ids for it in self.items]
+        return self._logprob_kwargs(kw)
+
+    def _logprob_kwargs(self, kw: dict[str, Any]) -> dict[str, Any]:
         if self.return_logprob:
             kw.update(return_logprob=True, logprob_start_len=self.logprob_start_len,
                       top_logprobs_num=self.top_logprobs_num,
@@ -102,10 +119,13 @@ class EngineClient:
             except Exception:  # aborting a finished or unknown request is not an error
                 pass
 
-    async def run(self, batch: GenBatch, request: Request | None = None) -> list[dict[str, Any]]:
+    async def run(self, batch: GenBatch, request: Request | None = None,
+                  per_request_errors: bool = False) -> list[dict[str, Any]]:
         """Final outputs, one per item. Raises ClientDisconnected (after aborting every item)
-        if ``request``'s client goes away first."""
-        work = asyncio.ensure_future(self._collect(batch))
+        if ``request``'s client goes away first. A request that failed while it ran raises its
+        error, or with ``per_request_errors`` (an answer that is a list) is its own output,
+        with the error in its finish_reason as the Engine's list calls report it."""
+        work = asyncio.ensure_future(self._collect(batch, per_request_errors))
         watch = asyncio.ensure_future(wait_disconnect(request)) if request is not None else None
         try:
             done, _ = await asyncio.wait({work} | ({watch} if watch else set()),
@@ -123,11 +143,40 @@ class EngineClient:
         self.abort([it.rid for it in batch.items])
         raise ClientDisconnected()
 
-    async def _collect(self, batch: GenBatch) -> list[dict[str, Any]]:
-        # NOTE: one non-streaming engine call per item, not a stream read to its end: a stream
-        # detokenizes every token, builds a cumulative dict per token and hops threads per
-        # token, which at batch 256 cost the server path half the Engine's throughput (issue
-        # 29). TTFT and inter-token latency are therefore observed on streamed requests only.
+    async def _collect(self, batch: GenBatch, per_request_errors: bool) -> list[dict[str, Any]]:
+        # NOTE: non-streaming engine calls, not a stream read to its end: a stream detokenizes
+        # every token, builds a cumulative dict per token and hops threads per token, which at
+        # batch 256 cost the server path half the Engine's throughput (issue 29). TTFT and
+        # inter-token latency are therefore observed on streamed requests only.
+        kw = batch.list_kwargs()
+        if kw is None or (len(batch.items) == 1 and not per_request_errors):
+            return await self._gather(batch)
+        outs = await self._call_list(batch, kw)
+        if not per_request_errors:
+            for out in outs:
+                err = error_of(out.get("meta_info", {}).get("finish_reason"))
+                if err is not None:
+                    raise err
+        return outs
+
+    async def _call_list(self, batch: GenBatch, kw: dict[str, Any]) -> list[dict[str, Any]]:
+        """All items as one Engine call: one message to the scheduler for the lot."""
+        rids = [it.rid for it in batch.items]
+        start = time.perf_counter()
+        self.live.update(rids)
+        try:
+            outs = await _resolve(self.engine.async_generate(**kw))
+        except asyncio.CancelledError:
+            self.abort(rids)
+            raise
+        finally:
+            self.live.difference_update(rids)
+        elapsed = time.perf_counter() - start
+        for out in outs:
+            self.metrics.observe_output(out.get("meta_info", {}), elapsed)
+        return list(outs)
+
+    async def _gather(self, batch: GenBatch) -> list[dict[str, Any]]:
         calls = [asyncio.ensure_future(self._call(batch, it)) for it in batch.items]
         try:
             return list(await asyncio.gather(*calls))

@@ -88,7 +88,8 @@ async def generate(req: GenerateRequest, request: Request) -> Response:
     if req.stream:
         events = await prefetch(_stream_events(c, batch, is_batch))
         return SSEResponse(guarded(events, "native"))
-    outputs = await c.client.run(batch, request)
+    # a list answer reports a failed request in its own output, as SGLang does
+    outputs = await c.client.run(batch, request, per_request_errors=is_batch)
     return JSONResponse(outputs if is_batch else outputs[0])
 
 

@@ -72,3 +72,30 @@ async def test_different_logprob_options_are_separate_calls_and_cancel_is_not_se
         await doomed
     sent = [r["text"] for r in runtime.requests]
     assert sorted(sent) == ["a", "b"]  # two option groups, the cancelled one never sent
+
+
+class FailingRuntime(FakeRuntime):
+    """A list call reports the prompt "bad" failed in its own output, as the runtime does."""
+
+    def generate(self, req):
+        outs = super().generate(req)
+        for out, text in zip(outs if isinstance(outs, list) else [outs],
+                             req["text"] if isinstance(req["text"], list) else [req["text"]]):
+            if text == "bad":
+                out["meta_info"]["finish_reason"] = {
+                    "type": "abort", "message": "regex did not compile", "status_code": 400,
+                    "err_type": "invalid_request_error"}
+        return outs
+
+
+@KINDS
+async def test_a_request_failed_in_a_list_answer_fails_alone_without_a_retry(kind):
+    runtime = FailingRuntime()
+    backend = backend_of(kind, runtime)
+    good, bad = await asyncio.gather(
+        backend.generate(Context(text="a"), SamplingParams(max_tokens=2)),
+        backend.generate(Context(text="bad"), SamplingParams(max_tokens=2)),
+        return_exceptions=True)
+    assert good[0].text == "xy"
+    assert isinstance(bad, BackendError) and bad.status == 400 and "compile" in str(bad)
+    assert len(runtime.requests) == 1

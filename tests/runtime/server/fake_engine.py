@@ -71,6 +71,13 @@ class FakeEngine:
                              logprob_start_len: int = -1, top_logprobs_num: int = 0,
                              return_text_in_logprobs: bool = False, stream: bool = False,
                              rid: str | None = None) -> Any:
+        many = prompt if isinstance(prompt, list) else input_ids
+        if many and not isinstance(many[0], int):  # a list call: one request per prompt
+            sps = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(many)
+            key = "prompt" if isinstance(prompt, list) else "input_ids"
+            return list(await asyncio.gather(*(self.async_generate(
+                **{key: p}, sampling_params=sp, rid=r, return_logprob=return_logprob,
+                top_logprobs_num=top_logprobs_num) for p, sp, r in zip(many, sps, rid))))
         params = SamplingParams.from_dict(sampling_params)
         ids = input_ids if input_ids is not None else self.tokenizer.encode(prompt or "")
         if len(ids) + params.max_new_tokens > self.context:

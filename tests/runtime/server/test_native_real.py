@@ -53,6 +53,23 @@ def test_generate_batch_and_logprobs(real_server: Served) -> None:
         assert all(len(top) == 2 for top in meta["output_top_logprobs"])
 
 
+def test_batch_reports_a_failed_request_in_its_own_output(real_server: Served) -> None:
+    """A list answer carries each request's own result; one that failed in the scheduler (a
+    regex that does not compile) has SGLang's abort finish_reason with the status, as the
+    Engine's list calls report it. The same request alone is an HTTP 400."""
+    params = [{"max_new_tokens": 3, "temperature": 0}, {"regex": "(ab", "max_new_tokens": 3}]
+    with real_server.client() as client:
+        resp = client.post("/generate", json={"text": [PROMPT, "x"], "sampling_params": params})
+        assert resp.status_code == 200
+        good, bad = resp.json()
+        alone = client.post("/generate", json={"text": "x", "sampling_params": params[1]})
+    assert good["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
+    reason = bad["meta_info"]["finish_reason"]
+    assert reason["type"] == "abort" and reason["status_code"] == 400
+    assert reason["err_type"] == "invalid_request_error" and "regex" in reason["message"]
+    assert alone.status_code == 400
+
+
 def test_info_health_flush(real_server: Served) -> None:
     with real_server.client() as client:
         info = client.get("/get_model_info").json()
