@@ -73,7 +73,8 @@ def make_workload(tokenizer: Any, args: argparse.Namespace) -> list[str]:
 async def run_workload(url: str, prompts: list[str], args: argparse.Namespace,
                        headers: dict[str, str]) -> dict[str, float]:
     sem = asyncio.Semaphore(args.concurrency)
-    totals = {"prompt_tokens": 0, "completion_tokens": 0, "failed": 0}
+    totals: dict[str, Any] = {"prompt_tokens": 0, "completion_tokens": 0, "failed": 0}
+    errors: list[str] = []
     limits = httpx.Limits(max_connections=args.concurrency + 8)
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=None,
                                  limits=limits) as client:
@@ -83,6 +84,7 @@ async def run_workload(url: str, prompts: list[str], args: argparse.Namespace,
                     "max_new_tokens": args.output_len, "temperature": 0, "ignore_eos": True}})
             if r.status_code != 200:
                 totals["failed"] += 1
+                errors.append(f"{r.status_code}: {r.text[:300]}")
                 return
             meta = r.json()["meta_info"]
             totals["prompt_tokens"] += meta["prompt_tokens"]
@@ -91,6 +93,8 @@ async def run_workload(url: str, prompts: list[str], args: argparse.Namespace,
         started = time.perf_counter()
         await asyncio.gather(*(one(p) for p in prompts))
         totals["seconds"] = time.perf_counter() - started
+    if errors:
+        print(f"{len(errors)} requests failed, the first: {errors[0]}", flush=True)
     return totals
 
 
@@ -142,7 +146,7 @@ def with_router(policy: str, workers: list[str], args: argparse.Namespace,
                 prompts: list[str], headers: dict[str, str]) -> dict[str, Any]:
     """A fresh ``sgdsl router`` process (as deployed: its own interpreter, not this one's)."""
     cmd = [sys.executable, "-m", "sgdsl.runtime.router", "--worker-urls", *workers,
-           *policy_flags(policy), "--host", "127.0.0.1", "--port", "0",
+           *policy_flags(policy), *args.router_args.split(), "--host", "127.0.0.1", "--port", "0",
            *(["--worker-api-key", args.api_key, "--api-key", args.api_key]
              if args.api_key else [])]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -212,12 +216,12 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(f"{'run':<{width}}{'seconds':>9}{'total tok/s':>13}{'out tok/s':>11}{'hit rate':>10}"
           f"{'balance':>9}{'failed':>8}{'vs rr':>8}")
     for r in rows:
-        ratio = f"{r['total_tok_s'] / rr['total_tok_s']:.2f}x" if rr else "-"
+        ratio = f"{r['total_tok_s'] / rr['total_tok_s']:.2f}x" if rr and rr["total_tok_s"] else "-"
         balance = f"{r['balance']:.2f}" if "balance" in r else "-"
         print(f"{r['label']:<{width}}{r['seconds']:>9.2f}{r['total_tok_s']:>13.1f}"
               f"{r['output_tok_s']:>11.1f}{r['hit_rate']:>10.1%}{balance:>9}{r['failed']:>8}"
               f"{ratio:>8}")
-    if rr:
+    if rr and rr["total_tok_s"]:
         for r in rows:
             if r is not rr and r["label"] != "one replica":
                 print(f"{r['label']} / round_robin throughput: "
@@ -240,6 +244,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--api-key", default=None)
     p.add_argument("--policies", default="cost_aware,round_robin,cache_aware",
                    help="comma-separated; each NAME[:key=value+key=value] (router options)")
+    p.add_argument("--router-args", default="--health-timeout-s 30",
+                   help="more flags for every router (default: patient health checks, as a "
+                        "CPU step under load can outlast the default 5 s)")
     p.add_argument("--baseline", action="store_true", help="also run on one replica alone")
     p.add_argument("--groups", type=int, default=64)
     p.add_argument("--prompts-per-group", type=int, default=16)

@@ -20,8 +20,8 @@ from ..errors import InvalidRequestError
 from .config import RouterConfig, normalize_worker_url
 from .metrics import RouterMetrics
 from .policies import Policy, make_policy
-from .proxy import Proxy, Upstream, json_error
 from .poller import LoadPoller
+from .proxy import Proxy, Upstream, json_error
 from .registry import HealthChecker, WorkerRegistry, probe
 from .request_text import output_budget, routing_text
 
