@@ -192,7 +192,8 @@ def _summary(events: list[dict]) -> dict:
     if "choices" in last:
         text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
         return {"text": text, "finish_reason": last["choices"][0]["finish_reason"]}
-    meta = {k: v for k, v in last["meta_info"].items() if k not in ("id", "cached_tokens")}
+    meta = {k: v for k, v in last["meta_info"].items()
+            if k not in ("id", "cached_tokens", "e2e_latency")}  # per request, timing
     return {"text": "".join(e["delta"] for e in events), "final_text": last["text"],
             "output_ids": last["output_ids"], "meta_info": meta}
 
