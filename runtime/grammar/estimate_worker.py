@@ -109,7 +109,7 @@ class _Estimator:
         payload = self.disk.load(key) if self.disk is not None else None
         if payload is not None:
             try:
-                return self.backend.deserialize(payload)
+                return self.backend.receive(payload)  # what a compile worker shipped
             except Exception as e:  # noqa: BLE001 - compiled below instead
                 print(f"estimate worker: cached grammar does not load: {e}", file=sys.stderr)
         return self.backend.compile(key)
