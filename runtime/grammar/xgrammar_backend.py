@@ -255,13 +255,15 @@ class XGrammarBackend(GrammarBackend):
         (``receive``) costs what the worker's compile did, and is safe: the worker just
         finished the same compile within its deadline and memory budget."""
         if compiled.source is None:  # loaded from its serialized form: no source to ship
-            return b"s" + self.serialize(compiled)
+            return self.serialize(compiled)
         kind = b"j" if compiled.json else b"-"
         return kind + json.dumps(compiled.source).encode("utf-8")
 
     def receive(self, data: bytes) -> XGrammarCompiled:
-        if data[:1] == b"s":
-            return self.deserialize(data[1:])
+        """``ship``'s bytes: a source (a JSON list) is compiled here, a serialized grammar
+        (``serialize``'s JSON object, e.g. an older disk-cache file) deserialized."""
+        if data[1:2] != b"[":
+            return self.deserialize(data)
         call, text = json.loads(data[1:].decode("utf-8"))
         return self._wrap(self._call(call, text), data[:1] == b"j", (call, text))
 
