@@ -14,9 +14,27 @@ concatenated deltas equal ``tokenizer.decode(all_ids)`` for tokenizers whose dec
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 _REPLACEMENT = "\ufffd"
+
+
+def ids_decoder(tokenizer: Any, skip_special_tokens: bool = True,
+                spaces_between_special_tokens: bool = True) -> Callable[[list[int]], str]:
+    """``tokenizer.decode`` with these options, as a function of the ids.
+
+    NOTE: for a fast (Rust) tokenizer that does no clean-up of tokenization spaces, HF's decode
+    is the backend's decode behind a Python wrapper (argument conversion, options) that costs
+    about as much as the decode of a few ids itself; a streamed request decodes twice per step,
+    so the backend is called directly there (``spaces_between_special_tokens`` only applies to
+    slow tokenizers)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if (backend is not None and getattr(tokenizer, "is_fast", False)
+            and getattr(tokenizer, "clean_up_tokenization_spaces", True) is False):
+        return lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)
+    kwargs = {"skip_special_tokens": skip_special_tokens,
+              "spaces_between_special_tokens": spaces_between_special_tokens}
+    return lambda ids: tokenizer.decode(ids, **kwargs)
 
 
 class IncrementalDetokenizer:
@@ -25,15 +43,15 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Any, skip_special_tokens: bool = True,
                  spaces_between_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
-        self._kwargs = {"skip_special_tokens": skip_special_tokens,
-                        "spaces_between_special_tokens": spaces_between_special_tokens}
+        self._decode_ids = ids_decoder(tokenizer, skip_special_tokens,
+                                       spaces_between_special_tokens)
         self.ids: list[int] = []
         self.prefix_offset = 0
         self.read_offset = 0
         self.text = ""  # everything emitted so far
 
     def _decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), **self._kwargs) if len(ids) else ""
+        return self._decode_ids(list(ids)) if len(ids) else ""
 
     def add(self, token_ids: Sequence[int]) -> str:
         """Append new token ids; return the text they complete (possibly "")."""

@@ -93,3 +93,19 @@ def test_random_token_streams_match_full_decode(tokenizer) -> None:
         for skip in (True, False):
             deltas, _ = stream(tokenizer, ids, skip_special_tokens=skip)
             assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=skip)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_direct_backend_decode_equals_the_tokenizers_decode(tokenizer, skip: bool) -> None:
+    """The stream path decodes through the fast tokenizer's backend (``ids_decoder``): the same
+    text as ``tokenizer.decode``, special tokens and broken UTF-8 included."""
+    from sgdsl.runtime.tokenizer.detokenizer import ids_decoder
+
+    assert tokenizer.is_fast and tokenizer.clean_up_tokenization_spaces is False
+    decode = ids_decoder(tokenizer, skip_special_tokens=skip)
+    rng = random.Random(7)
+    texts = [tokenizer.encode(t, add_special_tokens=False) for t in TEXTS]
+    for _ in range(300):
+        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randrange(1, 12))]
+        ids += rng.choice(texts)[:rng.randrange(0, 6)] + [rng.randrange(0, 17)]
+        assert decode(ids) == tokenizer.decode(ids, skip_special_tokens=skip), ids
