@@ -27,15 +27,19 @@ class _WorkerCollector(Collector):
         circuit = GaugeMetricFamily(f"{PREFIX}_worker_circuit_state",
                                     "Circuit breaker: 0 closed, 1 half-open, 2 open",
                                     labels=["worker"])
+        work = GaugeMetricFamily(f"{PREFIX}_worker_work_tokens", "Tokens of work the router "
+                                 "believes each worker has left (prefill + decode: its last "
+                                 "/load report + requests routed since)", labels=["worker"])
         tree = GaugeMetricFamily(f"{PREFIX}_cache_tree_chars", "Characters in the cache_aware "
                                  "policy's tree of each worker", labels=["worker"])
         for w in workers:
             load.add_metric([w.url], w.load)
+            work.add_metric([w.url], w.ledger.work(1.0))
             healthy.add_metric([w.url], 1.0 if w.healthy else 0.0)
             circuit.add_metric([w.url], STATE_CODES[w.breaker.state])
         for url, chars in tree_chars.items():
             tree.add_metric([url], chars)
-        yield from (load, healthy, circuit, tree)
+        yield from (load, work, healthy, circuit, tree)
         yield GaugeMetricFamily(f"{PREFIX}_workers", "Registered workers", value=len(workers))
 
 

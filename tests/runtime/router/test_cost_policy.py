@@ -162,3 +162,39 @@ def test_output_budget_and_answered_prompt_tokens():
                                   b'{"prompt_tokens": 41}}') == 41
     assert answered_prompt_tokens(b'{"usage": {"input_tokens": 7}}') == 7
     assert answered_prompt_tokens(b'{"x": 1}') == 0
+
+
+def test_the_poller_applies_reports_and_gives_up_on_workers_without_load():
+    import asyncio
+
+    import httpx
+
+    from sgdsl.runtime.router.poller import LoadPoller
+    from sgdsl.runtime.router.registry import WorkerRegistry
+
+    answers = {URLS[0]: (200, {"num_waiting_reqs": 3, "queued_prefill_tokens": 700,
+                               "remaining_decode_tokens": 90, "kv_total_slots": 1000,
+                               "kv_free_slots": 250}),
+               URLS[1]: (404, {"detail": "Not Found"}), URLS[2]: (200, ["not", "an", "object"])}
+    seen_auth = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen_auth.append(request.headers.get("authorization"))
+        status, body = answers[f"{request.url.scheme}://{request.url.netloc.decode()}"]
+        return httpx.Response(status, json=body)
+
+    async def run() -> WorkerRegistry:
+        registry = WorkerRegistry(RouterConfig(worker_urls=URLS[:3]))
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            poller = LoadPoller(registry, client, {"Authorization": "Bearer k"})
+            await poller.poll_all()
+            await poller.poll_all()  # the worker without /load is not asked again
+        return registry
+
+    ws = list(asyncio.run(run()).workers.values())
+    assert ws[0].ledger.report == LoadReport(waiting_reqs=3, prefill_tokens=700, decode_tokens=90,
+                                             kv_total=1000, kv_free=250)
+    assert ws[0].ledger.report.kv_pressure == 0.75 and ws[0].ledger.work(2.0) == 880
+    assert not ws[1].ledger.supported and ws[1].ledger.report is None
+    assert ws[2].ledger.supported and ws[2].ledger.report is None  # a bad answer is ignored
+    assert len(seen_auth) == 5 and set(seen_auth) == {"Bearer k"}

@@ -100,4 +100,7 @@ def test_requests_spread_and_a_shared_prefix_stays_with_its_cache(router, worker
         time.sleep(0.1)
         listing = httpx.get(f"{router}/list_workers", timeout=30).json()
     assert all(w["work"]["booked"] == 0 for w in listing["workers"])  # all answered
+    metrics = httpx.get(f"{router}/metrics", timeout=30).text
+    assert 'sgdsl_router_policy_decisions_total{policy="cost_aware"' in metrics
+    assert all(f'sgdsl_router_worker_work_tokens{{worker="{w}"}}' in metrics for w in workers)
     assert httpx.get(f"{router}/debug/check_idle_integrity", timeout=60).status_code == 200
