@@ -30,6 +30,7 @@ import torch
 from ..errors import InvalidRequestError
 from .base import (GrammarBackend, GrammarKey, accept_token_grouped, allocate_bitmask,
                    fill_bitmask_grouped)
+from .compile_admission import Histogram
 from .compiler import WARM_PROBE, GrammarCompiler
 from .disk_cache import GrammarDiskCache, disk_cache_from_config
 from .completion import CompletionConfig, CompletionTracker
@@ -48,6 +49,9 @@ class GrammarStats:
     mask_fill_s: list[float] = field(default_factory=list)  # per step, per constrained row
     jump_forward_tokens: int = 0
     sampled_tokens: int = 0  # tokens sampled under a grammar
+    # a request's admission: from its compile's submit (limit checks included) until its
+    # grammar is ready here (or failed): the wait a constrained request adds
+    admission_s: Histogram = field(default_factory=Histogram)
 
 
 class GrammarManager(Forcing):
@@ -115,10 +119,12 @@ class GrammarManager(Forcing):
     def poll(self) -> tuple[list[Any], list[tuple[Any, InvalidRequestError]]]:
         """(requests now ready to schedule, (request, error) pairs that failed)."""
         ready, failed, still = [], [], []
+        now = time.monotonic()
         for req in self.pending:
             if not req.grammar_pending.ready():
                 still.append(req)
                 continue
+            self.stats.admission_s.observe(now - req.grammar_pending.submitted)
             try:
                 req.grammar = self._guard(req, req.grammar_pending.result())
                 ready.append(req)
@@ -375,6 +381,7 @@ class GrammarManager(Forcing):
                 "grammar_sampled_tokens": self.stats.sampled_tokens,
                 "grammar_jump_forward_tokens": self.stats.jump_forward_tokens,
                 **self.compiler.stats_dict(),
+                "grammar_admission_seconds": self.stats.admission_s.snapshot(),
                 **self._compile_stats(),
                 "grammar_forced_completions": self.completion.forced if self.completion else 0,
                 "grammar_repetition_stops": self.completion.repetitions if self.completion else 0,

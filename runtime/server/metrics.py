@@ -46,6 +46,8 @@ _COUNTERS = {
     "grammar_compile_timeouts": "Grammar compiles stopped at their deadline",
 }
 _HISTOGRAMS = {
+    "grammar_admission_seconds": "Time a constrained request waits for its grammar "
+                                 "(checks, queue, compile, load)",
     "grammar_compile_wait_seconds": "Wait of a grammar compile for a compile worker",
     "grammar_compile_seconds": "Grammar compile time in a compile worker",
     "grammar_compile_load_seconds": "Time to make a compiled grammar usable in the scheduler",

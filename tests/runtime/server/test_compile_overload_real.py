@@ -101,3 +101,4 @@ def test_an_overloaded_compile_queue_answers_503_with_retry_after(served):
     assert "sgdsl_engine_grammar_compile_rejected_busy_total 3.0" in metrics
     assert "sgdsl_engine_grammar_compile_wait_seconds_bucket" in metrics
     assert "sgdsl_engine_grammar_compile_cache_hits" in metrics
+    assert "sgdsl_engine_grammar_admission_seconds_count" in metrics
