@@ -54,6 +54,11 @@ class EngineConfig:
     grammar_cache_bytes: int = 1 << 30
     disable_grammar_disk_cache: bool = False
     disable_jump_forward: bool = False  # grammar: sample forced text instead of appending it
+    # grammar: jump forward only while at most this many requests decode (None: always); above
+    # it forced text is sampled under the mask. At large batches a decode step is compute-bound,
+    # so forced tokens cost the device as much as sampled ones, while the jump's host work
+    # (retokenize, accept, the mixed step's indices) can set the step's pace.
+    grammar_jump_max_batch: int | None = None
     # grammar: end every constrained output with a complete value when the budget allows
     # (docs/structured_output.md): force it within this many tokens of the budget; stop
     # runaway repetition (one pattern over this many tokens; 0 = off).

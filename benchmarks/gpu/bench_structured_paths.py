@@ -57,6 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
     ap.add_argument("--grammar-backend", default="xgrammar")
     ap.add_argument("--disable-jump-forward", action="store_true")
+    ap.add_argument("--jump-max-batch", type=int, default=None,
+                    help="grammar_jump_max_batch: jump forward only while at most N requests "
+                         "decode (default: always)")
     ap.add_argument("--repeat", type=int, default=1, help="timed rounds per row (median)")
     ap.add_argument("--warmup-tokens", type=int, default=16)
     ap.add_argument("--sched-worker", action="store_true", help=argparse.SUPPRESS)
@@ -85,7 +88,8 @@ def engine_kwargs(a: argparse.Namespace) -> dict[str, Any]:
                               context_length=a.prompt_len + a.max_new + 256,
                               max_running_requests=max_bs, chunked_prefill_size=8192,
                               grammar_backend=a.grammar_backend,
-                              disable_jump_forward=a.disable_jump_forward)
+                              disable_jump_forward=a.disable_jump_forward,
+                              grammar_jump_max_batch=a.jump_max_batch)
     if a.device != "cpu":
         kw["cuda_graph_max_bs"] = max_bs
     return kw

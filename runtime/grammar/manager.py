@@ -423,6 +423,7 @@ def create_grammar_manager(config: Any, tokenizer: Any, vocab_size: int,
                              timeout_s=config.grammar_compile_timeout_s, pool=pool,
                              disk_cache=disk_cache_from_config(config, backend),
                              jump_forward=not getattr(config, "disable_jump_forward", False),
+                             jump_max_batch=getattr(config, "grammar_jump_max_batch", None),
                              completion=completion)
     manager.compiler.start()  # the workers start while the scheduler finishes its own start
     return manager

@@ -209,3 +209,20 @@ def test_and_rows_over_runs_and_threads():
     expected[rows] &= filt
     _and_rows(words, rows, filt)
     assert (words == expected).all()
+
+
+def test_engine_config_sets_the_jump_batch_limit(tokenizer, tmp_path):
+    """``EngineConfig.grammar_jump_max_batch`` reaches the scheduler's GrammarManager (default:
+    jump forward at every batch size)."""
+    from sgdsl.runtime.grammar.manager import create_grammar_manager
+
+    made = []
+    try:
+        for limit in (None, 64):
+            config = EngineConfig(grammar_backend="xgrammar", grammar_jump_max_batch=limit,
+                                  grammar_compile_workers=1, grammar_cache_dir=str(tmp_path))
+            made.append(create_grammar_manager(config, tokenizer, VOCAB, [EOS]))
+        assert [(g.jump_forward, g.jump_max_batch) for g in made] == [(True, None), (True, 64)]
+    finally:
+        for manager in made:
+            manager.shutdown()
