@@ -27,19 +27,24 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 
 @pytest.fixture(scope="session", autouse=True)
 def grammar_cache_dir(tmp_path_factory) -> Path:
-    """Engines keep compiled grammars on disk (runtime/grammar/disk_cache.py): the suite's go to
-    a folder of its own, never the user's ~/.cache, so no run sees another's compiles."""
+    """Engines keep compiled grammars on disk (runtime/grammar/disk_cache.py). In the suite the
+    default folder is off, so no test sees another's compiles (nor writes outlines indexes of
+    tens of MB for nothing); the cache's own tests name a folder (``grammar_cache_dir``), which
+    turns it on for their engines. The default folder points into the session's temporary
+    folder anyway, never the user's ~/.cache."""
     import os
 
-    ENV_DIR = "SGDSL_GRAMMAR_CACHE_DIR"  # runtime.grammar.disk_cache.ENV_DIR (torch-free here)
-    folder = tmp_path_factory.mktemp("grammar-cache")
-    saved = os.environ.get(ENV_DIR)
-    os.environ[ENV_DIR] = str(folder)
-    yield folder
-    if saved is None:
-        os.environ.pop(ENV_DIR, None)
-    else:
-        os.environ[ENV_DIR] = saved
+    # runtime.grammar.disk_cache.ENV_DIR / ENV_SWITCH (not imported: torch-free here)
+    env = {"SGDSL_GRAMMAR_CACHE_DIR": str(tmp_path_factory.mktemp("grammar-cache")),
+           "SGDSL_GRAMMAR_DISK_CACHE": "0"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    yield Path(env["SGDSL_GRAMMAR_CACHE_DIR"])
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 @pytest.fixture(scope="session")

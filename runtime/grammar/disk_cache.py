@@ -46,6 +46,7 @@ MAGIC = b"SGDSLGC\x01"
 _HEAD = struct.Struct(">8s32s32sQ")  # magic, key digest, payload sha256, payload length
 SUFFIX = ".grammar"
 ENV_DIR = "SGDSL_GRAMMAR_CACHE_DIR"
+ENV_SWITCH = "SGDSL_GRAMMAR_DISK_CACHE"  # "0": off unless a config names its folder (tests)
 _LOW_WATER = 0.8  # eviction goes down to this share of the budget (not one file per store)
 _STALE_TMP_S = 3600.0  # a temporary file this old was left by a writer that died
 
@@ -283,7 +284,8 @@ def _unlink(path: Any) -> bool:
 def disk_cache_from_config(config: Any, backend: Any) -> GrammarDiskCache | None:
     """The cache an ``EngineConfig`` asks for (``grammar_cache_dir``, ``grammar_cache_bytes``,
     ``disable_grammar_disk_cache``) for ``backend``; None when off or the backend has no
-    ``spec`` to identify it by."""
+    ``spec`` to identify it by. ``$SGDSL_GRAMMAR_DISK_CACHE=0`` turns the default folder off
+    (a ``grammar_cache_dir`` given explicitly still counts)."""
     from ..errors import InvalidRequestError
     from .cache_identity import cache_identity
 
@@ -293,8 +295,10 @@ def disk_cache_from_config(config: Any, backend: Any) -> GrammarDiskCache | None
     if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
         raise InvalidRequestError(f"grammar_cache_bytes must be an integer >= 0, not "
                                   f"{budget!r}", field="grammar_cache_bytes")
-    if budget == 0:
+    explicit = getattr(config, "grammar_cache_dir", None)
+    if budget == 0 or not explicit and os.environ.get(ENV_SWITCH, "1").lower() in (
+            "0", "false", "off", "no"):
         return None
-    root = getattr(config, "grammar_cache_dir", None) or default_cache_dir()
+    root = explicit or default_cache_dir()
     return GrammarDiskCache(Path(root).expanduser(), backend.name,
                             functools.partial(cache_identity, backend.spec), budget)

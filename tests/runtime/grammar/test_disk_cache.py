@@ -253,3 +253,34 @@ def test_concurrent_writers_and_readers_never_see_half_a_file(tmp_path):
     assert reader.stats.errors == 0
     assert {p for p in seen if p is not None} <= set(payloads) and any(seen)
     assert not list(tmp_path.rglob("*.tmp"))  # no temporary file left behind
+
+
+def test_config_switches(backends, tmp_path, monkeypatch):
+    """Where the engine's cache goes and what turns it off (EngineConfig fields, env)."""
+    from sgdsl.runtime.config import EngineConfig
+    from sgdsl.runtime.grammar.disk_cache import default_cache_dir, disk_cache_from_config
+
+    backend = backends["xgrammar"]
+    monkeypatch.delenv("SGDSL_GRAMMAR_DISK_CACHE", raising=False)
+    monkeypatch.delenv("SGDSL_GRAMMAR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "sgdsl" / "grammars"
+    assert disk_cache_from_config(EngineConfig(), backend).root == default_cache_dir()
+    monkeypatch.setenv("SGDSL_GRAMMAR_CACHE_DIR", str(tmp_path / "env"))
+    assert disk_cache_from_config(EngineConfig(), backend).root == tmp_path / "env"
+    named = EngineConfig(grammar_cache_dir=str(tmp_path / "cfg"))
+    assert disk_cache_from_config(named, backend).root == tmp_path / "cfg"
+    monkeypatch.setenv("SGDSL_GRAMMAR_DISK_CACHE", "0")  # the default folder off ...
+    assert disk_cache_from_config(EngineConfig(), backend) is None
+    assert disk_cache_from_config(named, backend) is not None  # ... a named one still on
+    assert disk_cache_from_config(named.replace(disable_grammar_disk_cache=True), backend) is None
+    assert disk_cache_from_config(named.replace(grammar_cache_bytes=0), backend) is None
+
+
+def test_server_flags():
+    from sgdsl.runtime.server.cli import parse_args
+
+    config, _ = parse_args(["--grammar-cache-dir", "/x", "--grammar-cache-bytes", "4096",
+                            "--disable-grammar-disk-cache"])
+    assert (config.grammar_cache_dir, config.grammar_cache_bytes) == ("/x", 4096)
+    assert config.disable_grammar_disk_cache
