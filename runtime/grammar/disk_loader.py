@@ -125,7 +125,8 @@ class DiskLoader:
                 self._indexed.set()  # whatever happened to the first scan, nobody waits
 
     def _scan(self) -> None:
-        self._index = set(self.cache.names())  # opens the cache (and its identity) first
+        self.cache.identity  # noqa: B018 - computed here (the tokenizer's hash), not on the loop
+        self._index = set(self.cache.names())  # opens the cache first
         self._scanned_at, self._rescan_asked = time.monotonic(), False
 
     def _load_or_compile(self, job: Any, pool: Any) -> None:
