@@ -1,0 +1,149 @@
+"""Where the HTTP path's time goes: N concurrent native ``/generate`` requests against
+``sgdsl serve`` from httpx and from aiohttp (the peer client), with each process's CPU seconds.
+
+On a loaded or small host wall times move with everything else running; CPU seconds per
+process do not, and they say who pays: the client (its own process), the server's main
+process (HTTP, the Engine's front-end) or the scheduler process. ``--python`` adds servers run
+by other interpreters (e.g. another tree's venv, for a before/after in the same run); rounds
+interleave the servers. Unconstrained requests (token ids in, ignore_eos), tiny dummy Llama.
+
+    python benchmarks/bench_http_path.py --requests 256 --new-tokens 32 \\
+        --python base=/path/to/other/tree/.venv/bin/python
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 49152,
+        "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu"}
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tiny_model() -> str:
+    from sgdsl.runtime.model.embedded import embedded_model_path
+
+    src, dst = embedded_model_path(), Path(tempfile.gettempdir()) / "sgdsl-http-tiny"
+    dst.mkdir(exist_ok=True)
+    (dst / "config.json").write_text(json.dumps(TINY))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (src / name).exists() and not (dst / name).exists():
+            (dst / name).symlink_to(src / name)
+    return str(dst)
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def children(pid: int) -> list[int]:
+    kids = []
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(d))
+        except OSError:
+            pass
+    return kids
+
+
+def start(python: str, model: str, a: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    cmd = [python, "-m", "sgdsl.runtime.server", "--model", model, "--port", "0",
+           "--load-format", "dummy", "--grammar-backend", "none", "--num-threads", "1",
+           "--max-running-requests", str(a.requests),
+           "--max-total-tokens", str(a.requests * (a.prompt_len + a.new_tokens) + 1024)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return proc, re.search(r"(http://\S+)", proc.stdout.readline()).group(1)
+
+
+async def httpx_batch(url: str, bodies: list[dict]) -> list[dict]:
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as client:
+        async def one(body: dict) -> dict:
+            return (await client.post("/generate", json=body)).json()
+        return await asyncio.gather(*(one(b) for b in bodies))
+
+
+async def aiohttp_batch(url: str, bodies: list[dict]) -> list[dict]:
+    import aiohttp
+
+    async with aiohttp.ClientSession(url, connector=aiohttp.TCPConnector(limit=0)) as client:
+        async def one(body: dict) -> dict:
+            async with client.post("/generate", json=body) as resp:
+                return await resp.json()
+        return await asyncio.gather(*(one(b) for b in bodies))
+
+
+def measure(proc: subprocess.Popen, url: str, client: str, bodies: list[dict]) -> dict[str, Any]:
+    httpx.post(url + "/flush_cache", timeout=60)
+    kids = children(proc.pid)
+    s0, k0, c0 = cpu_s(proc.pid), sum(map(cpu_s, kids)), time.process_time()
+    t0 = time.perf_counter()
+    batch = httpx_batch if client == "httpx" else aiohttp_batch
+    outs = asyncio.run(batch(url, bodies))
+    wall = time.perf_counter() - t0
+    return {"wall": wall, "tokens": sum(len(o["output_ids"]) for o in outs),
+            "server_cpu": cpu_s(proc.pid) - s0, "scheduler_cpu": sum(map(cpu_s, kids)) - k0,
+            "client_cpu": time.process_time() - c0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--python", action="append", default=[], metavar="NAME=PATH",
+                    help="another server interpreter (repeatable); this one is 'this'")
+    a = ap.parse_args()
+    rng = random.Random(0)
+    sp = {"max_new_tokens": a.new_tokens, "ignore_eos": True, "temperature": 0.0}
+    bodies = [{"input_ids": [rng.randrange(100, 40000) for _ in range(a.prompt_len)],
+               "sampling_params": sp} for _ in range(a.requests)]
+    model = tiny_model()
+    pythons = [("this", sys.executable)] + [tuple(p.split("=", 1)) for p in a.python]
+    clients = ["httpx"] + (["aiohttp"] if _has_aiohttp() else [])
+    servers = {name: start(py, model, a) for name, py in pythons}
+    try:
+        for name, (proc, url) in servers.items():
+            measure(proc, url, clients[-1], bodies[:8])  # warm-up
+        for r in range(a.rounds):
+            for name, (proc, url) in servers.items():
+                for client in clients:
+                    m = measure(proc, url, client, bodies)
+                    print(f"round {r} server {name:6s} client {client:7s} wall {m['wall']:6.2f} s"
+                          f"  {m['tokens'] / m['wall']:6.0f} tok/s  cpu: server "
+                          f"{m['server_cpu']:.2f} s, scheduler {m['scheduler_cpu']:.2f} s, "
+                          f"client {m['client_cpu']:.2f} s", flush=True)
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(60)
+
+
+def _has_aiohttp() -> bool:
+    try:
+        import aiohttp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+if __name__ == "__main__":
+    main()
