@@ -25,8 +25,8 @@ from .token_rows import undo_if_empty
 from .utf8_tokens import BOUNDARY, REJECT, Utf8Tokens
 from .vocab import token_bytes
 from .xgrammar_threads import (MIN_ACCEPT_CHUNK, MIN_THREADED_ACCEPT, MIN_THREADED_TOKENS,
-                               accept_pool, and_rows, batch_filler, fill_threads,
-                               spans_by_weight)
+                               accept_pool, and_rows, batch_accept, batch_filler,
+                               fill_threads, spans_by_weight)
 
 _STEPS = re.compile(r"There are (\d+) steps")
 _START = re.compile(r"(?<=rule_start_pos=)(\d+)")  # -1 (the root rule) stays as it is
@@ -309,13 +309,11 @@ def _state_key(text: str, done: bool) -> StateKey:
 def _accept_native(grammars: Sequence[Grammar], token_ids: Sequence[int]) -> list[bool]:
     """One native batch accept on the calling thread (a token that would make the output
     invalid UTF-8 is refused before it reaches xgrammar)."""
-    import xgrammar as xgr
-
     states = [g._after(t) for g, t in zip(grammars, token_ids)]
     go = [i for i, s in enumerate(states) if s != REJECT]
     oks = [False] * len(grammars)
-    done = xgr.BatchGrammarMatcher.batch_accept_token(
-        [grammars[i]._matcher for i in go], [int(token_ids[i]) for i in go]) if go else []
+    done = batch_accept([grammars[i]._matcher for i in go],
+                        [int(token_ids[i]) for i in go]) if go else []
     for i, ok in zip(go, done):
         if ok:
             oks[i] = True
