@@ -88,7 +88,7 @@ class InProcess:
         from transformers import AutoTokenizer
 
         from sgdsl.runtime.grammar import create_grammar_backend
-        from sgdsl.runtime.grammar.vacuous_bounds import longest_token_bytes
+        from sgdsl.runtime.grammar.compile.vacuous_bounds import longest_token_bytes
         from sgdsl.runtime.model.embedded import embedded_model_path
 
         tok = AutoTokenizer.from_pretrained(str(embedded_model_path()))
@@ -120,7 +120,7 @@ class InProcess:
     def backend_s(self, schema: dict) -> float | None:
         from sgdsl.runtime.errors import InvalidRequestError
         from sgdsl.runtime.grammar import GrammarKey
-        from sgdsl.runtime.grammar.vacuous_bounds import drop_vacuous_bounds
+        from sgdsl.runtime.grammar.compile.vacuous_bounds import drop_vacuous_bounds
 
         key = GrammarKey("json_schema", drop_vacuous_bounds(json.dumps(schema), 100_000,
                                                            self.reach))

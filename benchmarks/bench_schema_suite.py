@@ -58,8 +58,8 @@ def admit(backend_name: str, tokenizer, schemas: dict, timeout_s: float,
     admits a request of ``max_new_tokens``: bounds it cannot reach dropped first."""
     from sgdsl.runtime.errors import InvalidRequestError
     from sgdsl.runtime.grammar import GrammarCompiler, GrammarKey, create_grammar_backend
-    from sgdsl.runtime.grammar.limits import GrammarLimits
-    from sgdsl.runtime.grammar.vacuous_bounds import drop_vacuous_bounds, longest_token_bytes
+    from sgdsl.runtime.grammar.compile.limits import GrammarLimits
+    from sgdsl.runtime.grammar.compile.vacuous_bounds import drop_vacuous_bounds, longest_token_bytes
 
     reach = max_new_tokens * longest_token_bytes(tokenizer)
     limit = GrammarLimits().max_schema_bound

@@ -38,7 +38,7 @@ class EngineConfig:
     grammar_backend: Literal["xgrammar", "outlines", "none"] = "xgrammar"
     # A compile's deadline, from when a worker starts it (the wait for a worker is not counted).
     grammar_compile_timeout_s: float = 10.0
-    # Compiles run in killable worker processes (runtime/grammar/worker_pool.py): how many at
+    # Compiles run in killable worker processes (runtime/grammar/compile/worker_pool.py): how many at
     # once (None: from the machine's cores), how many may wait, how long a new one may expect
     # to wait for a worker (past either, a retryable 503 with Retry-After), and the memory one
     # compile may use.
@@ -46,7 +46,7 @@ class EngineConfig:
     grammar_compile_queue: int = 512
     grammar_compile_max_wait_s: float = 60.0
     grammar_compile_memory_bytes: int = 2 << 30
-    # Compiled grammars are kept on disk (runtime/grammar/disk_cache.py), so restarts and the
+    # Compiled grammars are kept on disk (runtime/grammar/compile/disk_cache.py), so restarts and the
     # replicas on one machine reuse compiles: where (None: $SGDSL_GRAMMAR_CACHE_DIR, else
     # $XDG_CACHE_HOME/sgdsl/grammars, else ~/.cache/sgdsl/grammars), how many bytes at most
     # (least recently used files go first; 0 = off), or off altogether.

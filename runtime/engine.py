@@ -181,7 +181,7 @@ class Engine:
         result per constraint, in order: ``{"ok": True, "kind": ...}``, or ``{"ok": False,
         "kind", "error", "field", "status"}`` with the error a request with it would get.
         Blocks until every one is decided (``timeout``: at most that many seconds)."""
-        from .grammar.precompile import parse_constraints
+        from .grammar.compile.precompile import parse_constraints
 
         self._check_open()
         parsed, results = parse_constraints(constraints)

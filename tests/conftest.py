@@ -27,14 +27,14 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 
 @pytest.fixture(scope="session", autouse=True)
 def grammar_cache_dir(tmp_path_factory) -> Path:
-    """Engines keep compiled grammars on disk (runtime/grammar/disk_cache.py). In the suite the
+    """Engines keep compiled grammars on disk (runtime/grammar/compile/disk_cache.py). In the suite the
     default folder is off, so no test sees another's compiles (nor writes outlines indexes of
     tens of MB for nothing); the cache's own tests name a folder (``grammar_cache_dir``), which
     turns it on for their engines. The default folder points into the session's temporary
     folder anyway, never the user's ~/.cache."""
     import os
 
-    # runtime.grammar.disk_cache.ENV_DIR / ENV_SWITCH (not imported: torch-free here)
+    # runtime.grammar.compile.disk_cache.ENV_DIR / ENV_SWITCH (not imported: torch-free here)
     env = {"SGDSL_GRAMMAR_CACHE_DIR": str(tmp_path_factory.mktemp("grammar-cache")),
            "SGDSL_GRAMMAR_DISK_CACHE": "0"}
     saved = {k: os.environ.get(k) for k in env}

@@ -74,7 +74,7 @@ MODES = {"unconstrained": (None, None), "mask-only": (False, "async"),
 
 def make_scheduler(runner, config, tokenizer, backend, mode: str,
                    jump_max_batch: int | None = None):
-    from sgdsl.runtime.grammar.completion import CompletionConfig
+    from sgdsl.runtime.grammar.forcing.completion import CompletionConfig
     from sgdsl.runtime.grammar.manager import GrammarManager
     from sgdsl.runtime.scheduler.scheduler import Scheduler
 
@@ -89,8 +89,8 @@ def make_scheduler(runner, config, tokenizer, backend, mode: str,
         # compile is measured by --compile)
         from sgdsl.runtime.grammar import GrammarKey
 
-        grammar.compiler.compile(GrammarKey.from_constraint("json_schema", json.dumps(SCHEMA)))
-        jobs = grammar.completion.jobs if grammar.completion else None
+        grammar.compile.compiler.compile(GrammarKey.from_constraint("json_schema", json.dumps(SCHEMA)))
+        jobs = grammar.forcing.completion.jobs if grammar.forcing.completion else None
         if jobs is not None:  # the completion-estimate worker, likewise up in a serving engine
             assert jobs.worker.wait_ready(120), jobs.worker.dead
     return Scheduler(runner, config, EOS, None, lambda msg: None, grammar=grammar)
@@ -231,7 +231,7 @@ def measure_mode(a: argparse.Namespace, sched, prompts: list[list[int]], bs: int
     if a.timeline:
         step_timeline.start()
     # cProfiles asked for: the completion tracker's plan, the mixed-step batch builder
-    targets = [(sched.grammar.completion if sched.grammar else None, "plan", a.profile_plan),
+    targets = [(sched.grammar.forcing.completion if sched.grammar else None, "plan", a.profile_plan),
                (sched.running, "mixed_batch", a.profile_mixed)]
     profs = [(obj, attr, n, profile_method(obj, attr)) for obj, attr, n in targets
              if n and constrained and obj is not None]
@@ -252,7 +252,7 @@ def measure_mode(a: argparse.Namespace, sched, prompts: list[list[int]], bs: int
     # unconstrained run, last, then retracted and re-prefilled: 35 extends, not 8)
     sched.memory.flush()
     if sched.grammar:
-        jobs = sched.grammar.completion.jobs if sched.grammar.completion else None
+        jobs = sched.grammar.forcing.completion.jobs if sched.grammar.forcing.completion else None
         if jobs is not None:
             print(f"estimates in the worker: {jobs.submitted} sent, {jobs.answered} "
                   f"answers taken from it, {jobs.searched_here} searched here", flush=True)

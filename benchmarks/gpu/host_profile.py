@@ -29,16 +29,16 @@ HOT = [
     ("sgdsl.runtime.grammar.manager:GrammarManager", "_settle"),
     ("sgdsl.runtime.grammar.manager:GrammarManager", "plan_deferred"),
     ("sgdsl.runtime.grammar.prefetch:MaskPrefetch", "result"),
-    ("sgdsl.runtime.grammar.forcing:", "jump_forward_batch"),
+    ("sgdsl.runtime.grammar.forcing.appends:", "jump_forward_batch"),
     ("sgdsl.runtime.scheduler.running:RunningBatch", "mixed_batch"),
     ("sgdsl.runtime.scheduler.stepping:Stepping", "_jumped"),
-    ("sgdsl.runtime.grammar.completion:CompletionTracker", "plan"),
-    ("sgdsl.runtime.grammar.shortest:CompletionSearch", "search"),
-    ("sgdsl.runtime.grammar.shortest:CompletionSearch", "_search"),
+    ("sgdsl.runtime.grammar.forcing.completion:CompletionTracker", "plan"),
+    ("sgdsl.runtime.grammar.forcing.shortest:CompletionSearch", "search"),
+    ("sgdsl.runtime.grammar.forcing.shortest:CompletionSearch", "_search"),
     ("sgdsl.runtime.grammar.manager:GrammarManager", "upload_mask"),
-    ("sgdsl.runtime.grammar.jump_forward:", "only_stop_allowed"),
-    ("sgdsl.runtime.grammar.xgrammar_backend:XGrammarGrammar", "fill_bitmask_batch"),
-    ("sgdsl.runtime.grammar.xgrammar_backend:XGrammarGrammar", "accept_token_batch"),
+    ("sgdsl.runtime.grammar.forcing.jump_forward:", "only_stop_allowed"),
+    ("sgdsl.runtime.grammar.backends.xgrammar:XGrammarGrammar", "fill_bitmask_batch"),
+    ("sgdsl.runtime.grammar.backends.xgrammar:XGrammarGrammar", "accept_token_batch"),
     ("sgdsl.runtime.model.runner:ModelRunner", "forward"),
     ("concurrent.futures:Future", "result"),
 ]
@@ -70,8 +70,8 @@ def instrument() -> None:
                 acc[1] += 1
                 acc[2] += time.thread_time() - c0
         setattr(obj, attr, wrapped)
-        if not cls_name and attr == "only_stop_allowed":  # imported by name into manager
-            import sgdsl.runtime.grammar.manager as mgr
+        if not cls_name and attr == "only_stop_allowed":  # imported by name into steps.py
+            import sgdsl.runtime.grammar.steps as mgr
             if hasattr(mgr, attr):
                 setattr(mgr, attr, wrapped)
 

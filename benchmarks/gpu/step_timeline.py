@@ -98,10 +98,10 @@ def _timed(owner, attr: str, key: str, only_in_read: bool = True) -> None:
 
 def _segments() -> None:
     """Host time inside a decode step's read, by part (``SEGMENTS``, ms per decode read)."""
-    from sgdsl.runtime.grammar.completion import CompletionTracker
+    from sgdsl.runtime.grammar.forcing.completion import CompletionTracker
     from sgdsl.runtime.grammar.manager import GrammarManager
     from sgdsl.runtime.grammar.prefetch import MaskPrefetch
-    from sgdsl.runtime.grammar.shortest import CompletionSearch
+    from sgdsl.runtime.grammar.forcing.shortest import CompletionSearch
     from sgdsl.runtime.scheduler.inflight import HostIds
     from sgdsl.runtime.scheduler.scheduler import Scheduler
     from sgdsl.runtime.scheduler.stepping import Stepping

@@ -9,13 +9,13 @@ from .base import GrammarBackend
 
 
 def _xgrammar(tokenizer: Any, vocab_size: int, eos: Sequence[int]) -> GrammarBackend:
-    from .xgrammar_backend import XGrammarBackend
+    from .backends.xgrammar import XGrammarBackend
 
     return XGrammarBackend(tokenizer, vocab_size, eos)
 
 
 def _outlines(tokenizer: Any, vocab_size: int, eos: Sequence[int]) -> GrammarBackend:
-    from .outlines_backend import OutlinesBackend
+    from .backends.outlines import OutlinesBackend
 
     return OutlinesBackend(tokenizer, vocab_size, eos)
 

@@ -8,7 +8,18 @@ from __future__ import annotations
 
 import functools
 import re
+import string
 from typing import Any
+
+# The characters completions are built of (the shortest-completion search's single-character
+# moves, forcing/moves.py, and outlines' completion table), in the order they are tried.
+# NOTE: order matters twice: it breaks ties between equally short paths, and it decides which
+# characters are tried first when a state allows many (at most ``max_tries``): one digit and
+# one letter of each case come before the punctuation, the other digits and letters after it;
+# the backslash last (an escape is a state of its own, so a depth-first walk would otherwise
+# prefer escaping forever when the closing quote is masked, e.g. a unique item already used).
+PRIORITY = ('"}])' + ",:" + "0a" + "A1" + " -._@/+#$%&'*;<=>?[^`{|~!(" + string.digits[2:]
+            + string.ascii_lowercase[1:] + string.ascii_uppercase[1:] + "\n\t" + "\\")
 
 _SP_BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 

@@ -50,7 +50,7 @@ class CheckIntegrityReq:
 @dataclass(frozen=True)
 class PrecompileReq:
     """Compile these constraints ((kind, value) as ``SamplingParams.constraint``) ahead of
-    requests; answered with one result dict per constraint (``grammar/precompile.py``)."""
+    requests; answered with one result dict per constraint (``grammar/compile/precompile.py``)."""
 
     call_id: int
     constraints: tuple[tuple[str, Any], ...] = ()

@@ -71,7 +71,7 @@ class Req:
         # valid (an overlapped step may have computed the replaced token's); 0: all valid.
         # The next release trims to it.
         self.jump_kv_valid = 0
-        # grammar: budget tracking of the forced completion (grammar/completion.py).
+        # grammar: budget tracking of the forced completion (grammar/forcing/completion.py).
         self.completion: Any = None
         # grammar: output positions of tokens the grammar appended without sampling them
         # (jump-forward, forced completion, a stop token it alone allowed), in order.

@@ -4,7 +4,7 @@ Counters and latency histograms are updated by the request path; engine-side gau
 lengths, running batch size, KV usage, cache hit rate, token totals) are read from
 ``engine.stats()`` at scrape time, so they are never stale and cost nothing between scrapes;
 so are the grammar compile pipeline's (queue depth, wait and compile-time histograms, cache
-hits: ``runtime/grammar/compile_admission.py`` keeps them in the scheduler).
+hits: ``runtime/grammar/compile/admission.py`` keeps them in the scheduler).
 """
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ class _EngineCollector(Collector):
 
 
 def _histogram(name: str, doc: str, snap: dict[str, Any]) -> HistogramMetricFamily:
-    """A histogram from a ``compile_admission.Histogram.snapshot()``."""
+    """A histogram from a ``grammar.compile.admission.Histogram.snapshot()``."""
     buckets = [(repr(float(le)), float(n)) for le, n in zip(snap["le"], snap["cumulative"])]
     buckets.append(("+Inf", float(snap["count"])))
     return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=float(snap["sum"]))

@@ -131,7 +131,7 @@ class RequestBuilder:
     def _check_constraint(self, sp: SamplingParams, kind: str,
                           text: str | None) -> tuple[str | None, InvalidRequestError | None]:
         from ..grammar.base import GrammarKey
-        from ..grammar.limits import GrammarLimits
+        from ..grammar.compile.limits import GrammarLimits
 
         limits = GrammarLimits()
         if kind == "json_schema":
@@ -145,8 +145,8 @@ class RequestBuilder:
 
     def _without_vacuous_bounds(self, text: str, max_new_tokens: int, limit: int) -> str:
         """grammar: schema upper bounds this request's output cannot reach, dropped
-        (``grammar/vacuous_bounds.py``)."""
-        from ..grammar.vacuous_bounds import drop_vacuous_bounds, longest_token_bytes
+        (``grammar/compile/vacuous_bounds.py``)."""
+        from ..grammar.compile.vacuous_bounds import drop_vacuous_bounds, longest_token_bytes
 
         if self._token_bytes is None:
             self._token_bytes = longest_token_bytes(self.tokenizer)

@@ -6,10 +6,10 @@
   order (every one unique; a generator need not produce every permutation), when those are few;
   ``minItems`` above the domain's size has no instance. Any other array keeps its items as they
   are, marked ``UNIQUE_MARK``: a grammar cannot remember which items it already emitted, so the
-  runtime does (``grammar/unique_keys.py`` masks a token that would end an item JSON-equal to an
-  earlier one: ``grammar/unique_items.py``). A finite domain too large to expand is written as
+  runtime does (``grammar/guards/unique_keys.py`` masks a token that would end an item JSON-equal to an
+  earlier one: ``grammar/guards/unique_items.py``). A finite domain too large to expand is written as
   the items' ``enum`` (an integer range stays one): the runtime reads it there and keeps every
-  item one it can still finish distinctly (``grammar/item_domain.py``), so all values used up
+  item one it can still finish distinctly (``grammar/guards/item_domain.py``), so all values used up
   never leaves an item open with nothing to end it.
 - ``contains``: the first item must satisfy it (``prefixItems``), which implies the keyword.
 

@@ -6,7 +6,7 @@ Both backends compile a length bound by unrolling it: xgrammar took 0.06 s for
 distinct bound pays again, so schemas with several missed the compile deadline on a loaded box.
 A plain string whose bound exceeds ``GRAMMAR_MAX`` (see there why 128) therefore reaches the backend without its
 ``minLength``/``maxLength`` and carries ``LENGTH_MARK: [lo, hi]`` (``hi`` None: no upper
-bound) instead; ``grammar/string_chars.py`` counts the characters of the open string and masks
+bound) instead; ``grammar/guards/string_chars.py`` counts the characters of the open string and masks
 the tokens that would break the bound. So does a ``pattern`` whose length bounds cannot be
 folded into it (``strings.py`` leaves those bounds beside it, ``UNFOLDED``).
 

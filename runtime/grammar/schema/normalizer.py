@@ -26,7 +26,7 @@ from .oneof import make_exclusive
 from .refs import RefTable
 from .strings import spell_assertions
 from .subsume import drop_subsumed
-from ..schema_support import check_schema_support
+from .support import check_schema_support
 from .lenient import without_repeats
 from .rejection import Impossible, keyword_at, reject
 from .tuning import tune_for_backend

@@ -47,7 +47,7 @@ def compiler(backend, compilers):
 @pytest.fixture(scope="session")
 def quotes(tokenizer):
     """The vocabulary's quote and length tables for the unique-keys guard (``guarded``)."""
-    from sgdsl.runtime.grammar.unique_keys import build_quote_tokens
+    from sgdsl.runtime.grammar.guards.unique_keys import build_quote_tokens
 
     return build_quote_tokens(tokenizer, VOCAB)
 

@@ -60,7 +60,7 @@ def run_to_end(runner, config, manager, requests: list, max_steps: int = 2000) -
 def guarded(backend, quotes, schema: dict) -> Grammar:
     """``schema``'s grammar on ``backend`` wrapped as the runtime wraps it (``guard_keys``:
     unique keys and items, runtime string lengths); asserts it is wrapped."""
-    from sgdsl.runtime.grammar.unique_keys import UniqueKeyGrammar, guard_keys
+    from sgdsl.runtime.grammar.guards.unique_keys import UniqueKeyGrammar, guard_keys
 
     key = GrammarKey.from_constraint("json_schema", json.dumps(schema))
     if (id(backend), key.text) not in _COMPILED:  # compiled once: walks take many grammars

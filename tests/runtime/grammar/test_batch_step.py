@@ -16,7 +16,7 @@ from sgdsl.runtime.ipc import messages as m
 from sgdsl.runtime.sampling_params import SamplingParams
 
 from .helpers import EOS, VOCAB, feed_text, run_to_end, shared_compiler
-from .test_jump_logprobs import HashRunner
+from .forcing.test_jump_logprobs import HashRunner
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 6}, "age": {"type": "integer", "maximum": 99},
@@ -138,7 +138,7 @@ def _prefetch_case(backend, tokenizer, prefetched: bool):
     """Four requests after one more sampled token each: inside a string, closing the value
     (only the stop token may follow), a string's first letter (due for a completion
     measurement: no budget yet), a token the grammar rejects."""
-    from sgdsl.runtime.grammar.completion import _Budget
+    from sgdsl.runtime.grammar.forcing.completion import _Budget
     from sgdsl.runtime.scheduler.finish import FinishChecker
     from sgdsl.runtime.scheduler.req import Req
 
@@ -199,7 +199,7 @@ def test_and_rows_over_runs_and_threads():
     """The JSON filter is and-ed in place over runs of adjacent rows, split over threads."""
     import numpy as np
 
-    from sgdsl.runtime.grammar.xgrammar_threads import and_rows as _and_rows
+    from sgdsl.runtime.grammar.backends.xgrammar_threads import and_rows as _and_rows
 
     rng = np.random.default_rng(0)
     words = rng.integers(-2**31, 2**31 - 1, size=(300, 70), dtype=np.int32)

@@ -155,7 +155,7 @@ def _check_answers(answers: list[tuple[int, dict]]) -> None:
 def _is_worker(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"sgdsl.runtime.grammar.worker" in f.read()
+            return b"sgdsl.runtime.grammar.compile.worker" in f.read()
     except OSError:
         return False
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from sgdsl.runtime.errors import InvalidRequestError
-from sgdsl.runtime.grammar.limits import GrammarLimits
+from sgdsl.runtime.grammar.compile.limits import GrammarLimits
 from sgdsl.runtime.ipc.messages import Ready
 from sgdsl.runtime.tokenizer.request_builder import RequestBuilder
 
@@ -58,7 +58,7 @@ def test_a_remembered_rejection_is_raised_every_time(tokenizer, checks):
 
 
 def test_the_budget_decides_whether_a_bound_is_vacuous(tokenizer):
-    from sgdsl.runtime.grammar.vacuous_bounds import longest_token_bytes
+    from sgdsl.runtime.grammar.compile.vacuous_bounds import longest_token_bytes
 
     builder = RequestBuilder(tokenizer, READY)
     bound = GrammarLimits().max_schema_bound + 1  # over the limit: allowed only when vacuous

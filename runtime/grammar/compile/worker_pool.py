@@ -1,0 +1,338 @@
+"""A small pool of killable compile worker processes (``worker.py``).
+
+Native grammar compilers cannot be interrupted, and a thread that missed its deadline keeps
+eating CPU and memory: 140 slow schemas once took a scheduler past 21 GB and the kernel killed
+it. So every compile runs in a worker process with a memory budget, and:
+
+- a compile past its deadline gets its worker killed (and replaced); its job fails naming the
+  deadline in seconds; the other workers keep compiling;
+- a compile over the memory budget fails naming the budget in bytes, its worker replaced; so
+  does a worker that crashes (segfault, abort);
+- at most ``workers`` compiles run at once; a new one waits only if its expected wait is
+  within ``max_wait_s`` and fewer than ``max_queued`` wait (``admission.py``); beyond
+  that ``submit`` refuses at once with a retryable ``GrammarQueueFullError``;
+- the deadline counts from when a worker starts the compile: it bounds compile work, never the
+  wait in the queue (a busy server must not fail valid requests as too slow to compile);
+- the worker ships its result (``backend.ship``) and the slot's thread makes it usable here
+  (``backend.receive``; never on the scheduler loop).
+- what a worker compiles is handed to ``on_compiled(key, payload)`` (the on-disk cache's
+  writer, ``disk_loader.py``), once it loaded here.
+
+Each slot is one thread driving one worker synchronously (send a job, wait for its reply or its
+deadline with ``select``), so the deadline is exact and needs no other timer. Workers start with
+the pool, in the background, and die with it (``shutdown``; or with their parent process);
+``warm`` waits until each has started and compiled once.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ...errors import InvalidRequestError
+from ..base import GrammarKey
+from .admission import CompileAdmission
+from .worker import WorkerInit
+from .worker_handle import WorkerHandle, WorkerStartError
+
+
+WALL_BACKSTOP = 10  # x timeout_s: the wall-time bound of a compile (its CPU time is timeout_s)
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    """How much compiling the pool may do (``EngineConfig.grammar_compile_*``). ``workers``
+    None: from the machine's cores (``default_workers``)."""
+
+    workers: int | None = None
+    max_queued: int = 512
+    memory_bytes: int = 2 << 30  # per compile, on top of the worker's own footprint
+    timeout_s: float = 10.0  # a compile's deadline, from when its worker starts it
+    max_result_bytes: int = 256 << 20  # what a worker ships back to the parent
+    max_wait_s: float = 60.0  # expected queue wait beyond which a new compile is refused
+
+    def __post_init__(self) -> None:
+        if self.workers is None:
+            object.__setattr__(self, "workers", default_workers())
+        if not isinstance(self.max_wait_s, (int, float)) or not self.max_wait_s >= 0:
+            raise InvalidRequestError("grammar_compile_max_wait_s must be a number >= 0, not "
+                                      f"{self.max_wait_s!r}", field="grammar_compile_max_wait_s")
+        for name, value, least in (("grammar_compile_workers", self.workers, 1),
+                                   ("grammar_compile_queue", self.max_queued, 1),
+                                   ("grammar_compile_memory_bytes", self.memory_bytes, 0)):
+            if not isinstance(value, int) or value < least:
+                raise InvalidRequestError(f"{name} must be an integer >= {least}, not {value!r}",
+                                          field=name)
+
+
+def default_workers() -> int:
+    """Compile workers for this machine: one per core but one (the scheduler's), at least 2 (a
+    slow compile must not hold up every other), at most 8."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 2
+    return max(2, min(cores - 1, 8))
+
+
+@dataclass
+class PoolStats:
+    compiles: int = 0
+    timeouts: int = 0  # workers killed at a deadline
+    memory_failures: int = 0
+    crashes: int = 0
+    workers_started: int = 0
+    compile_s: list[float] = field(default_factory=list)  # inside the worker, per compile
+
+
+@dataclass(eq=False)
+class CompileJob:
+    """One compile; ``future``'s result is (compiled grammar, its serialized bytes, compile s)
+    or an ``InvalidRequestError``."""
+
+    key: GrammarKey
+    submitted: float  # time.monotonic()
+    future: Future = field(default_factory=Future)
+    started: float | None = None  # when a worker took it; its deadline counts from here
+
+
+class CompileTimeout(InvalidRequestError):
+    """A compile stopped at its deadline (the compiler remembers its key as too slow)."""
+
+
+class CompileWorkerPool:
+    """Runs ``CompileJob``s in worker processes; ``receive`` makes each result usable here and
+    ``size_of(result, shipped bytes)`` tells the bytes it holds."""
+
+    def __init__(self, init: WorkerInit, receive: Callable[[bytes], Any],
+                 limits: PoolLimits | None = None,
+                 size_of: Callable[[Any, bytes], int] | None = None,
+                 after: Callable[[GrammarKey], None] | None = None, *,
+                 on_compiled: Callable[[GrammarKey, bytes], None] | None = None) -> None:
+        """``after(key)``: run on the slot's thread once a key's result is loaded, before its
+        requests see it (tables the scheduler will want for it, built off its loop)."""
+        self.init = init
+        self.receive = receive
+        self.after = after
+        self.on_compiled = on_compiled
+        self.size_of = size_of or (lambda _compiled, shipped: len(shipped))
+        self.limits = limits or PoolLimits()
+        self.stats = PoolStats()
+        self.admission = CompileAdmission(self.limits.workers, self.limits.max_wait_s)
+        self._up = threading.Condition()
+        self._slots_up: set[int] = set()  # slots whose first worker started (see ``warm``)
+        self._queue: queue.Queue[CompileJob | None] = queue.Queue(self.limits.max_queued)
+        self._workers: dict[int, WorkerHandle] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self.ready_at: float | None = None  # when the first worker became ready
+        self._ids = itertools.count()
+        self._threads = [threading.Thread(target=self._serve, args=(slot,), daemon=True,
+                                          name=f"sgdsl-grammar-{slot}")
+                         for slot in range(self.limits.workers)]
+        for t in self._threads:
+            t.start()
+
+    def deadline(self, job: CompileJob, worker: WorkerHandle) -> tuple[float, float | None]:
+        """When ``job``'s compile, just started on ``worker``, is stopped: (monotonic time,
+        the worker's CPU time or None). The deadline counts compile work: ``timeout_s`` of
+        the worker's CPU time (a loaded machine stretches a compile's wall time, not its
+        work), with ``WALL_BACKSTOP`` times that of wall time for a compile that hangs without
+        using CPU; where CPU time is unknown, ``timeout_s`` of wall time."""
+        assert job.started is not None
+        cpu = worker.cpu_seconds()
+        if cpu is None:
+            return job.started + self.limits.timeout_s, None
+        return job.started + WALL_BACKSTOP * self.limits.timeout_s, cpu + self.limits.timeout_s
+
+    def submit(self, key: GrammarKey) -> CompileJob:
+        """Queue a compile; raises ``GrammarQueueFullError`` (retryable) when it would wait
+        too long or the queue is full."""
+        job = CompileJob(key, time.monotonic())
+        if self._closed:
+            raise InvalidRequestError("the grammar compiler is shut down", field=key.field)
+        self.admission.admit(key.field)
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            raise self.admission.full(key.field, self.limits.max_queued) from None
+        return job
+
+    def warm(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` until every slot's worker has started (False if one has
+        not): requests after this pay no worker start-up."""
+        with self._up:
+            return self._up.wait_for(
+                lambda: self._closed or len(self._slots_up) == len(self._threads), timeout_s)
+
+    def worker_pids(self) -> list[int]:
+        with self._lock:
+            return [w.proc.pid for w in self._workers.values()]
+
+    def shutdown(self) -> None:
+        """Kill every worker and fail what is queued; no process is left behind."""
+        self._closed = True
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                self.admission.dropped()
+                self._fail(job, "the engine is shutting down")
+        with self._up:
+            self._up.notify_all()
+        for _ in self._threads:
+            self._queue.put(None)
+        with self._lock:
+            workers = list(self._workers.values())
+        for w in workers:
+            w.kill()
+        for t in self._threads:
+            t.join(timeout=10)
+
+    # -- one slot ---------------------------------------------------------------------------------
+    def _serve(self, slot: int) -> None:
+        worker = None
+        while True:
+            if worker is None and not self._closed:
+                worker = self._start(slot, None)  # replace a lost worker before the next job
+            job = self._queue.get()
+            if job is None or self._closed:
+                break
+            if job.future.done() or not job.future.set_running_or_notify_cancel():
+                self.admission.dropped()
+                continue  # its requests gave up while it was queued
+            if worker is None:
+                try:
+                    worker = self._start(slot, job)
+                except WorkerStartError as e:
+                    self.admission.dropped()
+                    self._fail(job, f"the grammar compile worker failed to start: {e}")
+                    continue
+            job.started = time.monotonic()
+            self.admission.started(job.future, job.started - job.submitted)
+            times: list[float | None] = [None, None]  # (compile in the worker, load here)
+            try:
+                worker = self._run(slot, worker, job, times)
+            finally:
+                self.admission.finished(job.future, *times, time.monotonic() - job.started)
+        with self._lock:
+            left = self._workers.pop(slot, None)
+        if left is not None:
+            left.kill()
+
+    def _start(self, slot: int, job: CompileJob | None) -> WorkerHandle | None:
+        """A fresh worker for ``slot``; raises WorkerStartError only when a job waits on it."""
+        try:
+            worker = WorkerHandle(self.init)
+        except OSError as e:
+            if job is None:
+                return None  # retried when a job comes
+            raise WorkerStartError(str(e)) from e
+        with self._lock:  # registered before the handshake, so shutdown can kill it meanwhile
+            if self._closed:
+                worker.kill()
+                return None
+            self._workers[slot] = worker
+            self.stats.workers_started += 1
+        try:
+            worker.handshake()
+        except WorkerStartError:
+            self._retire(slot, worker)
+            if job is None:
+                return None
+            raise
+        with self._lock:
+            if self.ready_at is None:
+                self.ready_at = time.monotonic()
+        with self._up:
+            self._slots_up.add(slot)
+            self._up.notify_all()
+        return worker
+
+    def _run(self, slot: int, worker: WorkerHandle, job: CompileJob,
+             times: list[float | None]) -> WorkerHandle | None:
+        """Compile one job; returns the worker if it may take the next one. ``times`` gets
+        the seconds of the compile (in the worker) and of its load here."""
+        field_name = job.key.field
+        try:
+            bounds = self.deadline(job, worker)
+            worker.send((next(self._ids), job.key))
+            reply = worker.recv(*bounds)
+        except (EOFError, OSError):
+            return self._lost(slot, worker, job, worker.exit_text())
+        if reply is None:
+            self.stats.timeouts += 1
+            self._retire(slot, worker)
+            job.future.set_exception(CompileTimeout(
+                f"{field_name} did not compile within the {self.limits.timeout_s:g} s deadline "
+                "(grammar_compile_timeout_s; the compile was stopped)", field=field_name))
+            return None
+        if reply[1] == "memory":
+            return self._lost(slot, worker, job, "MemoryError")
+        if reply[1] == "error":
+            self._fail(job, reply[2])
+            return worker
+        times[0] = reply[3]
+        return self._deliver(slot, worker, job, *reply[2:], times=times)
+
+    def _deliver(self, slot: int, worker: WorkerHandle, job: CompileJob, payload: bytes,
+                 compile_s: float, used: int, times: list[float | None]) -> WorkerHandle | None:
+        self.stats.compiles += 1
+        self.stats.compile_s.append(compile_s)
+        del self.stats.compile_s[:-1024]  # a window, not a leak
+        if len(payload) > self.limits.max_result_bytes:
+            self._fail(job, f"{job.key.field} compiles to {len(payload)} bytes; the limit is "
+                            f"{self.limits.max_result_bytes} bytes")
+        else:
+            t0 = time.monotonic()
+            try:
+                compiled = self.receive(payload)
+                if self.after is not None:
+                    self.after(job.key)
+                job.future.set_result((compiled, self.size_of(compiled, payload), compile_s))
+            except Exception as e:  # noqa: BLE001 - a version or format mismatch
+                self._fail(job, f"{job.key.field} failed to load its compiled grammar: {e}")
+            else:
+                if self.on_compiled is not None:
+                    self.on_compiled(job.key, payload)
+            times[1] = time.monotonic() - t0
+        worker.baseline = worker.baseline or used
+        # NOTE: heap left over by earlier compiles counts against the budget of the next one;
+        # a worker that grew by half its budget is replaced while idle.
+        if used > worker.baseline + self.limits.memory_bytes // 2:
+            self._retire(slot, worker)
+            return None
+        return worker
+
+    def _lost(self, slot: int, worker: WorkerHandle, job: CompileJob, how: str) -> None:
+        """The worker died or ran out of memory during ``job``: fail it, retire the worker."""
+        self._retire(slot, worker)
+        if self._closed:
+            self._fail(job, "the engine is shutting down")
+        elif how in ("MemoryError", "SIGABRT", "SIGKILL"):  # Rust and C++ abort on a failed alloc
+            self.stats.memory_failures += 1
+            self._fail(job, f"{job.key.field} needs more than the "
+                            f"{self.limits.memory_bytes} bytes of memory one grammar compile may "
+                            f"use (grammar_compile_memory_bytes; the worker stopped: {how})")
+        else:
+            self.stats.crashes += 1
+            self._fail(job, f"{job.key.field} crashed the grammar compiler ({how})")
+        return None
+
+    def _retire(self, slot: int, worker: WorkerHandle) -> None:
+        with self._lock:
+            if self._workers.get(slot) is worker:
+                del self._workers[slot]
+        worker.kill()
+
+    @staticmethod
+    def _fail(job: CompileJob, message: str) -> None:
+        if not job.future.done():
+            job.future.set_exception(InvalidRequestError(message, field=job.key.field))
