@@ -30,24 +30,25 @@ The repetition guard ends runaway output early (``runaway.py``): when the last
 ``repetition_window`` tokens repeat one pattern of at most 4 tokens, or a longer one (up to half
 the window) inside one string or number or nesting deeper each time, the value is completed
 right away. It is checked every ``repetition_window // 2`` tokens, not per token.
+
+The knobs and the per-request state are in ``budget.py``; the plan's text against the output
+sampled since (its rest, string state, token counts) in ``plan_ahead.py``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ...errors import InvalidRequestError
 from ..base import Grammar, GrammarKey
+from .budget import Budget, CompletionConfig
 from .continuation import Continuations
 from .estimate import COLLECT_AFTER, EstimateJobs
 from .jump_forward import JumpForward, force_text
-from .plan_follow import rest_after
+from .plan_ahead import PlanAhead
 from .runaway import is_runaway
 from .search_walk import completes
 from .shortest import CompletionSearch
 from ..vocab import fast_decoder, fast_encoder
 
-_COUNT_CACHE = 4096
 # An estimate goes to the worker only this many tokens or more before the one in hand
 # would force (more than estimate.COLLECT_AFTER: the answer comes that many steps late).
 _ASYNC_MARGIN = 8
@@ -59,51 +60,7 @@ _LAST_RESORTS = 3
 COMPLETED = {"type": "stop", "matched": None}
 
 
-@dataclass(frozen=True)
-class CompletionConfig:
-    """Forced-completion knobs (``EngineConfig.grammar_*`` fields feed them)."""
-
-    enabled: bool = True
-    # Force when remaining <= need + slack: room for a sampled token that raises ``need``.
-    slack_tokens: int = 4
-    repetition_window: int = 32  # 0 turns the repetition guard off
-    max_expansions: int = 256  # search work per measurement
-    async_estimates: bool = True  # estimates far from the end in a worker process
-
-    def __post_init__(self) -> None:
-        for name in ("slack_tokens", "repetition_window", "max_expansions"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                field = {"slack_tokens": "grammar_completion_slack",
-                         "repetition_window": "grammar_repetition_window"}.get(name, name)
-                raise InvalidRequestError(f"{field} must be an integer >= 0, got {value!r}",
-                                          field=field)
-
-
-@dataclass
-class _Budget:
-    """One request's tracking state (``req.completion``)."""
-
-    check_at: int = 0  # output length of the next measurement
-    search_at: int = 0  # output length of the next search (the rest only check repetition)
-    plan: str | None = None  # text of the last completion found
-    plan_at: int = 0  # output length when it was found
-    need: int = 0  # tokens it takes, stop token included
-    finishing: bool = False  # forced and applied; a logprob request awaits their scoring
-    checked: bool = False  # the plan was replayed from this state (not a shared estimate)
-    peak: int = 0  # the largest need measured
-    failures: int = 0  # searches in a row that found nothing (deep ones included)
-    last_resorts: int = 0  # deep searches made after repeated failures (_last_resort)
-    job: Any = None  # estimate.Pending: a search out in the estimate worker
-    # (tokens scanned, the output there ends inside a JSON string, after a backslash): kept
-    # at plan_at by _record (see _lex)
-    lex: tuple[int, bool, bool] = (0, False, False)
-    # _plan_ahead's answers for (output length, plan_at, plan) = ahead_key
-    ahead_key: tuple | None = None
-    ahead: dict = field(default_factory=dict)
-
-
-class CompletionTracker:
+class CompletionTracker(PlanAhead):
     def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: Sequence[int],
                  config: CompletionConfig = CompletionConfig(), backend: Any = None,
                  disk: Any = None) -> None:
@@ -137,7 +94,7 @@ class CompletionTracker:
     def plan(self, req: Any, grammar: Grammar) -> JumpForward | None:
         """Measure ``req``; if it must finish now, apply the completion to ``grammar`` and
         return it (tokens to append, stop token not included), else None."""
-        budget = req.completion = req.completion or _Budget()
+        budget = req.completion = req.completion or Budget()
         n = len(req.output_ids)
         repeating = self._repeating(req.output_ids)
         if budget.job is not None and n >= budget.job.at + COLLECT_AFTER:
@@ -150,7 +107,7 @@ class CompletionTracker:
             budget.check_at = min(budget.check_at, budget.job.at + COLLECT_AFTER)
         return plan
 
-    def _submit(self, req: Any, grammar: Grammar, budget: _Budget, n: int) -> bool:
+    def _submit(self, req: Any, grammar: Grammar, budget: Budget, n: int) -> bool:
         """Measure an estimate without searching on this thread, where it may come a few
         steps late: not the first measurement and not near the end of the budget. The
         previous plan or the answer cache may answer at once; else the search goes to the
@@ -169,7 +126,7 @@ class CompletionTracker:
                                       GrammarKey.from_constraint(*req.sampling_params.constraint))
         return budget.job is not None
 
-    def _collect(self, req: Any, budget: _Budget) -> None:
+    def _collect(self, req: Any, budget: Budget) -> None:
         """Take the answer of ``req``'s estimate (``COLLECT_AFTER`` steps after it was asked,
         always, so that when a request is forced never depends on the worker)."""
         pending, budget.job = budget.job, None
@@ -188,7 +145,7 @@ class CompletionTracker:
         self._record(req, budget, text, pending.at,
                      lambda: self.continuations.most(pending.grammar, text))
 
-    def _decide(self, req: Any, grammar: Grammar, budget: _Budget, n: int,
+    def _decide(self, req: Any, grammar: Grammar, budget: Budget, n: int,
                 repeating: bool) -> JumpForward | None:
         slack = req.sampling_params.max_new_tokens - n - budget.need - self._reserve(req, budget)
         if budget.plan is not None and (slack <= 0 or repeating) and (
@@ -213,7 +170,7 @@ class CompletionTracker:
         budget.finishing = True
         return plan
 
-    def _reserve(self, req: Any, budget: _Budget) -> int:
+    def _reserve(self, req: Any, budget: Budget) -> int:
         """Tokens kept beside ``need``: room for the next rise of it (see the module doc)."""
         cap = req.sampling_params.max_new_tokens // 4
         return max(self.config.slack_tokens, min(budget.peak, cap))
@@ -223,7 +180,7 @@ class CompletionTracker:
         """In the last quarter of the budget."""
         return 4 * len(req.output_ids) >= 3 * req.sampling_params.max_new_tokens
 
-    def _last_resort(self, req: Any, budget: _Budget) -> bool:
+    def _last_resort(self, req: Any, budget: Budget) -> bool:
         """A deep search after repeated failures: allowed in the end zone, up to
         ``_LAST_RESORTS`` times per request. NOTE: without it a request whose searches all
         failed earlier (from inside a long string of an array item, outlines) ran to its
@@ -233,7 +190,7 @@ class CompletionTracker:
         budget.last_resorts += 1
         return True
 
-    def _measure(self, req: Any, grammar: Grammar, budget: _Budget, check: bool = True) -> None:
+    def _measure(self, req: Any, grammar: Grammar, budget: Budget, check: bool = True) -> None:
         n = len(req.output_ids)
         ahead = self._plan_ahead(req, budget)
         if ahead is not None:  # the output followed the plan: checked if the plan was
@@ -249,7 +206,7 @@ class CompletionTracker:
             ahead = None if found is None else found.text
         self._record(req, budget, ahead, n, lambda: self.continuations.most(grammar, ahead))
 
-    def _record(self, req: Any, budget: _Budget, plan: str | None, at: int,
+    def _record(self, req: Any, budget: Budget, plan: str | None, at: int,
                 continued: Callable[[], int]) -> None:
         """Keep a measurement: ``plan`` found from the state after ``at`` output tokens
         (None: nothing found); ``continued``: see ``Continuations.most`` (called only if needed)."""
@@ -267,67 +224,6 @@ class CompletionTracker:
         if budget.peak < req.sampling_params.max_new_tokens // 4:  # else the cap holds it
             budget.peak = max(budget.peak, budget.need, continued())
         budget.search_at = 1 << 62  # plan() sets the next search from the slack
-
-    def _count(self, text: str) -> int:
-        """Tokens ``text`` encodes to. NOTE: requests sharing a search answer (or the rest of
-        one) count the same texts; encoding is ~50 us, so counts are kept (bounded, oldest
-        dropped first)."""
-        n = self._counts.get(text)
-        if n is None:
-            n = self._counts[text] = len(self._encode(text))
-            if len(self._counts) > _COUNT_CACHE:
-                del self._counts[next(iter(self._counts))]
-        return n
-
-    def _plan_ahead(self, req: Any, budget: _Budget, estimate: bool = False) -> str | None:
-        """The rest of the previous plan if the tokens sampled since spell its beginning.
-        ``estimate``: also where they wrote other values in the plan's structure
-        (``plan_follow.rest_after``; an estimate: the plan's values were the shortest)."""
-        if budget.plan is None or not budget.plan_at:
-            return None
-        # NOTE: one measurement asks up to three times (submit, exact, estimate): the answers
-        # are kept for this output length and plan (at 256 rows, ~26 measured per step, the
-        # repeated decoding and structure walks were half the tracker's host time)
-        key = (len(req.output_ids), budget.plan_at, budget.plan)
-        if budget.ahead_key != key:
-            new = self._decode(req.output_ids[budget.plan_at:])
-            budget.ahead_key = key
-            budget.ahead = {"new": None if not new or "\ufffd" in new else new}
-        memo = budget.ahead
-        if estimate not in memo:
-            memo[estimate] = self._rest(budget, memo["new"], estimate)
-        return memo[estimate]
-
-    @staticmethod
-    def _rest(budget: _Budget, new: str | None, estimate: bool) -> str | None:
-        if new is None:
-            return None
-        if budget.plan.startswith(new):
-            rest = budget.plan[len(new):]
-        elif estimate:
-            rest = rest_after(budget.plan, new, in_string=budget.lex[1])
-        else:
-            rest = None
-        return rest or None
-
-    def _lex(self, req: Any, budget: _Budget, at: int) -> bool:
-        """Whether the first ``at`` output tokens end inside a JSON string, scanning only
-        the tokens since the last call (quotes and backslashes are ASCII: a slice that
-        splits a multi-byte character does not change the answer)."""
-        done, string, escape = budget.lex
-        if at < done:  # an older state's measurement: scan from the start
-            done, string, escape = 0, False, False
-        key = budget.ahead_key  # _plan_ahead may have decoded exactly these tokens
-        text = budget.ahead.get("new") if key and key[:2] == (at, done) else None
-        for ch in text if text is not None else self._decode(req.output_ids[done:at]):
-            if escape:
-                escape = False
-            elif string and ch == "\\":
-                escape = True
-            elif ch == '"':
-                string = not string
-        budget.lex = (at, string, escape)
-        return string
 
     def _apply(self, req: Any, grammar: Grammar, text: str, remaining: int) -> JumpForward | None:
         """Force ``text`` (leaving one token for the stop); None if it does not fit or does not

@@ -138,7 +138,7 @@ def _prefetch_case(backend, tokenizer, prefetched: bool):
     """Four requests after one more sampled token each: inside a string, closing the value
     (only the stop token may follow), a string's first letter (due for a completion
     measurement: no budget yet), a token the grammar rejects."""
-    from sgdsl.runtime.grammar.forcing.completion import _Budget
+    from sgdsl.runtime.grammar.forcing.budget import Budget
     from sgdsl.runtime.scheduler.finish import FinishChecker
     from sgdsl.runtime.scheduler.req import Req
 
@@ -156,7 +156,7 @@ def _prefetch_case(backend, tokenizer, prefetched: bool):
         req.output_ids = tokenizer.encode(text, add_special_tokens=False) + [
             tokenizer.encode(nxt, add_special_tokens=False)[-1]]
         if i != 2:
-            req.completion = _Budget(check_at=1 << 30, search_at=1 << 30)
+            req.completion = Budget(check_at=1 << 30, search_at=1 << 30)
         reqs.append(req)
     prefetch = manager.prefetch(reqs) if prefetched else None
     if prefetch is not None:  # its rows start undefined: garbage must not survive the step

@@ -8,7 +8,8 @@ import json
 from types import SimpleNamespace
 
 from sgdsl.runtime.grammar import GrammarKey
-from sgdsl.runtime.grammar.forcing.completion import CompletionConfig, CompletionTracker, _Budget
+from sgdsl.runtime.grammar.forcing.budget import Budget
+from sgdsl.runtime.grammar.forcing.completion import CompletionConfig, CompletionTracker
 from sgdsl.runtime.sampling_params import SamplingParams
 
 from ..helpers import EOS, VOCAB, shared_compiler
@@ -28,7 +29,7 @@ def _setup(backends, tokenizer, max_new: int):
         max_expansions=8, async_estimates=False))
     params = SamplingParams(max_new_tokens=max_new, json_schema=json.dumps(TREE))
     req = SimpleNamespace(output_ids=list(ids), sampling_params=params, return_logprob=False,
-                          completion=_Budget(failures=4, peak=8, search_at=0, check_at=0))
+                          completion=Budget(failures=4, peak=8, search_at=0, check_at=0))
     return tracker, req, grammar
 
 

@@ -40,16 +40,17 @@ def test_tracker_knows_when_the_output_ends_inside_a_string(tokenizer):
     since the last measurement only), escapes included."""
     from types import SimpleNamespace
 
-    from sgdsl.runtime.grammar.forcing.completion import CompletionTracker, _Budget
+    from sgdsl.runtime.grammar.forcing.budget import Budget
+    from sgdsl.runtime.grammar.forcing.completion import CompletionTracker
 
     from ..helpers import EOS, VOCAB
 
     tracker = CompletionTracker(tokenizer, VOCAB, [EOS])
     ids = tokenizer.encode('{"a": "x\\"y", "b": "z', add_special_tokens=False)
-    req, budget = SimpleNamespace(output_ids=ids), _Budget()
+    req, budget = SimpleNamespace(output_ids=ids), Budget()
     cuts = list(range(1, len(ids) + 1))
     seen = [tracker._lex(req, budget, k) for k in cuts]  # one token more each time
-    fresh = [CompletionTracker(tokenizer, VOCAB, [EOS])._lex(req, _Budget(), k) for k in cuts]
+    fresh = [CompletionTracker(tokenizer, VOCAB, [EOS])._lex(req, Budget(), k) for k in cuts]
     assert seen == fresh
     assert seen[-1] is True  # inside "z
     text_at = [tokenizer.decode(ids[:k]) for k in cuts]

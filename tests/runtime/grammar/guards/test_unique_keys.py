@@ -174,7 +174,7 @@ def test_unique_items_completion_and_walks(backends, quotes, tokenizer, walker):
 def _wrapped_step(backend, quotes, tokenizer, prefetched: bool):
     """Requests under open keys after one more sampled token each, stepped by a manager with
     or without the mask prefetch (whose helper thread then accepts and fills them)."""
-    from sgdsl.runtime.grammar.forcing.completion import _Budget
+    from sgdsl.runtime.grammar.forcing.budget import Budget
     from sgdsl.runtime.grammar.manager import GrammarManager
     from sgdsl.runtime.sampling_params import SamplingParams
     from sgdsl.runtime.scheduler.finish import FinishChecker
@@ -194,7 +194,7 @@ def _wrapped_step(backend, quotes, tokenizer, prefetched: bool):
         req.grammar = _guarded(backend, quotes, OPEN)
         assert feed_text(req.grammar, tokenizer, text)
         req.output_ids = enc(text) + [enc(nxt)[-1]]
-        req.completion = _Budget(check_at=1 << 30, search_at=1 << 30)
+        req.completion = Budget(check_at=1 << 30, search_at=1 << 30)
         reqs.append(req)
     prefetch = manager.prefetch(reqs) if prefetched else None
     manager.after_sample(reqs, FinishChecker([EOS], None), batch_size=len(reqs),
