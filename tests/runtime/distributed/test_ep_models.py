@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
-import socket
 
 import pytest
 import torch
@@ -22,6 +21,7 @@ from sgdsl.runtime.model.runner import ModelRunner
 
 from .ep_worker import greedy, run_rank, runner_config
 from .tp_worker import model_test_module
+from processes import free_port
 
 RANKS = 4
 EXPERTS = 8
@@ -47,16 +47,10 @@ def model_dirs(tmp_path_factory) -> list[str]:
     return dirs
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_ranks(model_dirs: list[str], device: str) -> list[tuple]:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    layouts = [(*layout, f"tcp://127.0.0.1:{_port()}") for layout in LAYOUTS]
+    layouts = [(*layout, f"tcp://127.0.0.1:{free_port()}") for layout in LAYOUTS]
     procs = [ctx.Process(target=run_rank, args=(r, layouts, model_dirs, PROMPTS, results,
                                                 device), daemon=True) for r in range(RANKS)]
     for p in procs:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import pytest
 
 from sgdsl.runtime import Engine
 from sgdsl.runtime.errors import EngineDeadError, ModelLoadError
+from processes import free_port
 
 PROMPTS = [
     "Hi",
@@ -115,14 +115,8 @@ def test_smollm2_tp3_equals_tp1(embedded_engine):
         assert_same(run_mixed(engine, extra=False), ref)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_nodes_on_loopback_equal_one_node(tiny_model_dir, tiny_ref):
-    addr = f"127.0.0.1:{_free_port()}"
+    addr = f"127.0.0.1:{free_port()}"
     node1 = subprocess.Popen(
         [sys.executable, "-m", "sgdsl.runtime.server", "--model", str(tiny_model_dir),
          "--load-format", "dummy", "--chunked-prefill-size", "16", "--max-total-tokens", "72",

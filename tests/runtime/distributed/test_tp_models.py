@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
-import socket
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from sgdsl.runtime.config import EngineConfig
 from sgdsl.runtime.model.runner import ModelRunner
 
 from .tp_worker import logits_of, model_test_module, run_rank
+from processes import free_port
 
 TP = 4
 PROMPTS = [[5, 17, 200, 3, 99, 42, 7], [11, 12], [249, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]]
@@ -43,16 +43,10 @@ def model_dirs(tmp_path_factory) -> list[str]:
     return dirs
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_every_architecture_at_tp4_equals_tp1(model_dirs):
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    method = f"tcp://127.0.0.1:{_port()}"
+    method = f"tcp://127.0.0.1:{free_port()}"
     procs = [ctx.Process(target=run_rank, args=(r, TP, method, model_dirs, PROMPTS, results),
                          daemon=True) for r in range(TP)]
     for p in procs:

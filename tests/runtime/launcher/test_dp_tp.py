@@ -14,6 +14,7 @@ from typing import Iterator
 
 import httpx
 import pytest
+from processes import pid_alive
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["Hi", "The capital of France is", "def fibonacci(n):\n    "]
@@ -84,14 +85,7 @@ def test_dp2_tp2_equals_tp1_and_stops_cleanly(served, tiny_engine):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) in (0, -signal.SIGTERM)
     deadline = time.monotonic() + 60  # a rank may still be exiting when its parent is gone
-    while (alive := [p for p in family if _alive(p)]) and time.monotonic() < deadline:
+    while (alive := [p for p in family if pid_alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not alive, f"left behind: {alive}"
 
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False

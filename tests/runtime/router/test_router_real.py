@@ -21,6 +21,7 @@ import pytest
 from sgdsl.runtime.router.app import create_app
 from sgdsl.runtime.router.config import RouterConfig
 from sgdsl.runtime.server.thread_server import ThreadServer
+from processes import pid_alive
 
 pytestmark = pytest.mark.slow
 KEY = "router-key"
@@ -55,7 +56,7 @@ def dp(tiny_model_dir) -> Iterator[DP]:
     proc.send_signal(signal.SIGTERM)
     # uvicorn re-raises the SIGTERM it drained on; the replicas are stopped before that.
     assert proc.wait(timeout=120) in (0, -signal.SIGTERM)
-    assert kids and not [k for k in kids if _alive(k)], "replica processes left behind"
+    assert kids and not [k for k in kids if pid_alive(k)], "replica processes left behind"
 
 
 def _children(pid: int) -> list[int]:
@@ -69,14 +70,6 @@ def _children(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             kids.append(int(entry))
     return kids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _pid_listening_on(port: int, pids: list[int]) -> int:

@@ -7,14 +7,7 @@ import threading
 import time
 
 from .conftest import children_of, start_real_server
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+from processes import pid_alive
 
 
 def test_sigterm_drains_then_exits_without_children() -> None:
@@ -47,8 +40,8 @@ def test_sigterm_drains_then_exits_without_children() -> None:
     assert chunks[-1]["meta_info"]["completion_tokens"] == 24
     served.proc.wait(timeout=120)
     deadline = time.monotonic() + 30
-    while any(_alive(pid) for pid in kids) and time.monotonic() < deadline:
+    while any(pid_alive(pid) for pid in kids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [pid for pid in kids if _alive(pid)], "child process left behind"
+    assert not [pid for pid in kids if pid_alive(pid)], "child process left behind"
     # uvicorn re-raises the signal it handled once it is done: a SIGTERM exit status
     assert served.proc.returncode in (0, -signal.SIGTERM), served.proc.returncode

@@ -12,15 +12,7 @@ from sgdsl.runtime.grammar import GrammarCompiler, GrammarKey
 from sgdsl.runtime.grammar.compile.worker_pool import PoolLimits
 
 from ..scripted_backend import ScriptedBackend
-
-
-def _alive(pid: int) -> bool:
-    """True if ``pid`` runs (a zombie, dead but not yet reaped, counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+from processes import pid_alive
 
 
 def _compiler(**pool: int) -> GrammarCompiler:
@@ -76,7 +68,7 @@ def test_deadline_kills_the_compile_others_keep_going():
             slow.result(wait=True)
         assert e.value.field == "regex" and e.value.status == 400
         time.sleep(0.5)
-        assert sum(_alive(p) for p in pids) == 1  # the slow compile's worker was killed
+        assert sum(pid_alive(p) for p in pids) == 1  # the slow compile's worker was killed
         with pytest.raises(InvalidRequestError, match="timed out before"):
             c.submit(GrammarKey("regex", "spin:60"))
         assert c.compile(GrammarKey("regex", "other")) == "compiled:other"
@@ -177,9 +169,9 @@ def test_shutdown_leaves_no_worker_and_fails_pending():
         if len(pids := c.pool.worker_pids()) == 2:
             break
         time.sleep(0.01)
-    assert len(pids) == 2 and all(_alive(p) for p in pids)
+    assert len(pids) == 2 and all(pid_alive(p) for p in pids)
     c.shutdown()
-    assert not any(_alive(p) for p in pids)
+    assert not any(pid_alive(p) for p in pids)
     with pytest.raises(InvalidRequestError):
         pending.result(wait=True)
 
