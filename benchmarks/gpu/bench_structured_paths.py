@@ -11,6 +11,9 @@ given the length it had constrained on the same path), through:
 - ``openai``: ``sgdsl serve`` (a subprocess on loopback) with the official ``openai`` client,
   ``chat.completions`` with ``response_format`` json_schema, concurrency = batch; and
   ``openai-aiohttp``: the same client over an aiohttp transport (client cost vs server cost);
+  ``chat-raw`` / ``native-raw``: bare aiohttp posts, no SDK, to ``/v1/chat/completions`` (the
+  same body) and to native ``/generate`` (token ids): the SDK's, the chat route's and every
+  HTTP request's share of a gap;
 - ``lang-local`` / ``lang-endpoint``: ``run_batch`` of a ``@function`` with
   ``gen(json_schema=...)`` on ``Local`` (the same Engine) and on ``RuntimeEndpoint`` (the
   same server).
@@ -38,7 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import CONFIGS, device_line, print_table, random_prompts  # noqa: E402
 import structured_paths as sp  # noqa: E402
 
-PATHS = ("sched", "engine", "openai", "openai-aiohttp", "lang-local", "lang-endpoint")
+PATHS = ("sched", "engine", "openai", "openai-aiohttp", "chat-raw", "native-raw", "lang-local",
+         "lang-endpoint")
+SERVED = {"openai", "openai-aiohttp", "chat-raw", "native-raw", "lang-endpoint"}
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
         "torch_dtype": "float32"}
@@ -223,6 +228,10 @@ def run_server(a: argparse.Namespace, results: dict) -> None:
                     continue
                 report(path, bs, measure(lambda w: _served(server, w, transport), texts, ids, a),
                        results)
+            for route in ("chat", "native"):
+                if f"{route}-raw" in a.paths and sp.aiohttp_transport():
+                    report(f"{route}-raw", bs, measure(
+                        lambda w: _raw(server, w, route), texts, ids, a), results)
             if endpoint is not None:
                 report("lang-endpoint", bs,
                        measure(lambda w: sp.language_run(endpoint, w), texts, ids, a), results)
@@ -233,6 +242,11 @@ def run_server(a: argparse.Namespace, results: dict) -> None:
 def _served(server: sp.Server, w: sp.Workload, transport: str) -> sp.Run:
     server.flush()
     return sp.openai_run(server.url, w, transport)
+
+
+def _raw(server: sp.Server, w: sp.Workload, route: str) -> sp.Run:
+    server.flush()
+    return sp.raw_run(server.url, w, route)
 
 
 # ---------------------------------------------------------------- the table
@@ -269,7 +283,7 @@ def main() -> None:
         run_sched(a, [x for x in argv if x != "--sched-worker"], results)
     if {"engine", "lang-local"} & set(a.paths):
         run_engine(a, results)
-    if {"openai", "openai-aiohttp", "lang-endpoint"} & set(a.paths):
+    if SERVED & set(a.paths):
         run_server(a, results)
     table(a, results)
 

@@ -199,6 +199,37 @@ async def _openai_batch(url: str, w: Workload, transport: str) -> tuple[list[int
             [o.choices[0].message.content or "" for o in outs])
 
 
+def raw_run(url: str, w: Workload, route: str) -> Run:
+    """The same requests as bare aiohttp JSON posts, no SDK: ``native`` (``/generate``, token
+    ids in) or ``chat`` (``/v1/chat/completions``, the openai path's body). Beside ``openai``
+    these split a gap into the SDK's cost, the chat route's and every HTTP request's."""
+    return timed(lambda: asyncio.run(_raw_batch(url, w, route)))
+
+
+async def _raw_batch(url: str, w: Workload, route: str) -> tuple[list[int], list[str]]:
+    import aiohttp
+
+    rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
+
+    def body(i: int) -> dict[str, Any]:
+        if route == "native":
+            return {"input_ids": w.ids[i], "sampling_params": sampling(w, i)}
+        extra = {"response_format": rf} if w.constrained else {"ignore_eos": True}
+        return {"model": "default", "messages": [{"role": "user", "content": w.texts[i]}],
+                "max_tokens": w.budgets[i], "temperature": 0.0, **extra}
+
+    path = "/generate" if route == "native" else "/v1/chat/completions"
+    async with aiohttp.ClientSession(url, connector=aiohttp.TCPConnector(limit=0)) as session:
+        async def one(i: int) -> dict[str, Any]:
+            async with session.post(path, json=body(i)) as resp:
+                return await resp.json()
+        outs = await asyncio.gather(*(one(i) for i in range(len(w.texts))))
+    if route == "native":
+        return [len(o["output_ids"]) for o in outs], [o["text"] for o in outs]
+    return ([o["usage"]["completion_tokens"] for o in outs],
+            [o["choices"][0]["message"]["content"] or "" for o in outs])
+
+
 def server_flags(engine_kw: dict[str, Any]) -> list[str]:
     """EngineConfig keyword arguments as ``sgdsl serve`` flags."""
     flags = []

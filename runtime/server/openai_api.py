@@ -122,7 +122,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request) -> Resp
     plan = req.tool_plan(c.tool_format)
     reasoning = c.reasoning if req.separate_reasoning else None
     text = render_prompt(c.chat_template, [m.as_template_message() for m in req.messages], plan)
-    ids = c.encode_chat(text)
+    ids = await c.encode_chat_async(text)
     limit = req.token_limit()
     if limit is None:  # OpenAI's default: whatever room the context leaves
         limit = max(c.context_length - len(ids), 1) if c.context_length else 256

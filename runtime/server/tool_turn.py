@@ -93,7 +93,8 @@ class _Turn:
         limit = min(changes.pop("max_new_tokens", self.remaining), self.remaining)
         sampling = {**self.sampling, **changes, "max_new_tokens": limit}
         sampling = {k: v for k, v in sampling.items() if v is not None}
-        batch = GenBatch.fan_out([self.c.encode_chat(self.prompt + text)], self.c.sampling(sampling))
+        ids = await self.c.encode_chat_async(self.prompt + text)
+        batch = GenBatch.fan_out([ids], self.c.sampling(sampling))
         if not (self.stream or internal_stream):
             out = (await self.c.client.run(batch, self.request))[0]
             self._account(out["meta_info"])

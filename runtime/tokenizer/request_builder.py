@@ -14,6 +14,7 @@ from typing import Any, Sequence
 from ..errors import ContextLengthError, InvalidRequestError, RequestTooLargeError
 from ..ipc.messages import Ready, TokenizedGenerateReq
 from ..sampling_params import SamplingParams
+from .encoder import ids_encoder
 
 CHECKED_MEMO_SIZE = 1024  # distinct (constraint, budget) pairs whose checks are remembered
 
@@ -38,6 +39,7 @@ def _per_item(value: Any, n: int, name: str, scalar_types: tuple) -> list:
 class RequestBuilder:
     def __init__(self, tokenizer: Any, ready: Ready) -> None:
         self.tokenizer = tokenizer
+        self._encode = ids_encoder(tokenizer)
         self._token_bytes: int | None = None  # grammar: the longest token, in bytes
         # grammar: (kind, text, budget) -> (json_schema to send, the limits error or None)
         self._checked: OrderedDict[tuple, tuple[str, InvalidRequestError | None]] = OrderedDict()
@@ -77,7 +79,7 @@ class RequestBuilder:
                                       field="prompt")
         if not text:
             raise InvalidRequestError("prompt must not be empty", field="prompt")
-        return self.tokenizer.encode(text, add_special_tokens=False) or self._empty()
+        return self._encode(text) or self._empty()
 
     def _empty(self) -> list[int]:
         raise InvalidRequestError("prompt tokenizes to zero tokens", field="prompt")
