@@ -13,7 +13,8 @@ given the length it had constrained on the same path), through:
   ``openai-aiohttp``: the same client over an aiohttp transport (client cost vs server cost);
   ``chat-raw`` / ``native-raw``: bare aiohttp posts, no SDK, to ``/v1/chat/completions`` (the
   same body) and to native ``/generate`` (token ids): the SDK's, the chat route's and every
-  HTTP request's share of a gap;
+  HTTP request's share of a gap (``--chat-matched`` gives every other path the chat-rendered
+  prompt, so all prefill the same tokens; without it the chat paths prefill ~11% more);
 - ``lang-local`` / ``lang-endpoint``: ``run_batch`` of a ``@function`` with
   ``gen(json_schema=...)`` on ``Local`` (the same Engine) and on ``RuntimeEndpoint`` (the
   same server).
@@ -67,6 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "decode (default: always)")
     ap.add_argument("--repeat", type=int, default=1, help="timed rounds per row (median)")
     ap.add_argument("--warmup-tokens", type=int, default=16)
+    ap.add_argument("--chat-matched", action="store_true",
+                    help="every non-chat path gets the chat-rendered prompt (the model's template "
+                         "around the same user text), so all paths prefill the same tokens")
     ap.add_argument("--sched-worker", action="store_true", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
@@ -100,24 +104,31 @@ def engine_kwargs(a: argparse.Namespace) -> dict[str, Any]:
     return kw
 
 
-def prompts(tokenizer: Any, a: argparse.Namespace, bs: int) -> tuple[list[str], list[list[int]]]:
-    """Seeded random text (ids below the stand-in tokenizer's vocab, decoded) and its ids."""
-    texts = [tokenizer.decode(p) for p in random_prompts(bs, a.prompt_len, seed=bs)]
-    return texts, [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+def prompts(tokenizer: Any, a: argparse.Namespace, bs: int
+            ) -> tuple[list[str], list[list[int]], list[str]]:
+    """Seeded random text (ids below the stand-in tokenizer's vocab, decoded), its ids, and the
+    chat paths' user texts. With --chat-matched the text and ids are the chat-rendered prompt
+    (as the server renders it: the template adds a system turn and role markers, ~30 tokens)."""
+    users = [tokenizer.decode(p) for p in random_prompts(bs, a.prompt_len, seed=bs)]
+    texts = users
+    if a.chat_matched:
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": u}], tokenize=False,
+                                               add_generation_prompt=True) for u in users]
+    return texts, [tokenizer.encode(t, add_special_tokens=False) for t in texts], users
 
 
-def measure(run: Any, texts: list[str], ids: list[list[int]], a: argparse.Namespace
-            ) -> dict[str, list[sp.Run]]:
+def measure(run: Any, texts: list[str], ids: list[list[int]], a: argparse.Namespace,
+            users: list[str] | None = None) -> dict[str, list[sp.Run]]:
     """Warm-up, then ``repeat`` rounds of constrained then unconstrained at its lengths."""
     n = len(texts)
     for constrained in (True, False):
-        run(sp.Workload(texts, ids, [a.warmup_tokens] * n, constrained))
+        run(sp.Workload(texts, ids, [a.warmup_tokens] * n, constrained, users))
     runs: dict[str, list[sp.Run]] = {"constrained": [], "free": []}
     for _ in range(a.repeat):
-        c = run(sp.Workload(texts, ids, [a.max_new] * n, True))
+        c = run(sp.Workload(texts, ids, [a.max_new] * n, True, users))
         lengths = [max(1, t) for t in c.tokens]
         runs["constrained"].append(c)
-        runs["free"].append(run(sp.Workload(texts, ids, lengths, False)))
+        runs["free"].append(run(sp.Workload(texts, ids, lengths, False, users)))
     return runs
 
 
@@ -162,7 +173,7 @@ def sched_worker(a: argparse.Namespace) -> None:
         return sp.Run(res["wall"], [len(o) for o in outs],
                       [tok.decode(o, skip_special_tokens=True) for o in outs], 0.0)
     for bs in a.batches:
-        texts, ids = prompts(tok, a, bs)
+        texts, ids, _ = prompts(tok, a, bs)
         runs = measure(run, texts, ids, a)
         print("RESULT " + json.dumps({"bs": bs, "runs": {
             mode: [r.__dict__ for r in rs] for mode, rs in runs.items()}}), flush=True)
@@ -197,7 +208,7 @@ def run_engine(a: argparse.Namespace, results: dict) -> None:
 
             local = Local(engine=engine)
         for bs in a.batches:
-            texts, ids = prompts(engine.tokenizer, a, bs)
+            texts, ids, _ = prompts(engine.tokenizer, a, bs)
             if "engine" in a.paths:
                 report("engine", bs, measure(lambda w: sp.engine_run(engine, w), texts, ids, a),
                        results)
@@ -221,17 +232,17 @@ def run_server(a: argparse.Namespace, results: dict) -> None:
 
             endpoint = RuntimeEndpoint(server.url)
         for bs in a.batches:
-            texts, ids = prompts(tok, a, bs)
+            texts, ids, users = prompts(tok, a, bs)
             for transport in ("httpx", "aiohttp"):
                 path = "openai" if transport == "httpx" else "openai-aiohttp"
                 if path not in a.paths or (transport == "aiohttp" and not sp.aiohttp_transport()):
                     continue
-                report(path, bs, measure(lambda w: _served(server, w, transport), texts, ids, a),
-                       results)
+                report(path, bs, measure(lambda w: _served(server, w, transport), texts, ids, a,
+                                         users), results)
             for route in ("chat", "native"):
                 if f"{route}-raw" in a.paths and sp.aiohttp_transport():
                     report(f"{route}-raw", bs, measure(
-                        lambda w: _raw(server, w, route), texts, ids, a), results)
+                        lambda w: _raw(server, w, route), texts, ids, a, users), results)
             if endpoint is not None:
                 report("lang-endpoint", bs,
                        measure(lambda w: sp.language_run(endpoint, w), texts, ids, a), results)

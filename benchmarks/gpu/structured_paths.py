@@ -29,6 +29,10 @@ class Workload:
     ids: list[list[int]]  # the same prompts as token ids (scheduler, Engine)
     budgets: list[int]  # max_new_tokens per request
     constrained: bool  # json_schema (greedy, stops at the value's end) or ignore_eos
+    users: list[str] | None = None  # the chat paths' user texts (None: ``texts``)
+
+    def user(self, i: int) -> str:
+        return (self.users or self.texts)[i]
 
 
 @dataclass(frozen=True)
@@ -189,7 +193,7 @@ async def _openai_batch(url: str, w: Workload, transport: str) -> tuple[list[int
     async def one(i: int) -> Any:
         kw = {"response_format": rf} if w.constrained else {"extra_body": {"ignore_eos": True}}
         return await client.chat.completions.create(
-            model="default", messages=[{"role": "user", "content": w.texts[i]}],
+            model="default", messages=[{"role": "user", "content": w.user(i)}],
             max_tokens=w.budgets[i], temperature=0.0, **kw)
     try:
         outs = await asyncio.gather(*(one(i) for i in range(len(w.texts))))
@@ -215,7 +219,7 @@ async def _raw_batch(url: str, w: Workload, route: str) -> tuple[list[int], list
         if route == "native":
             return {"input_ids": w.ids[i], "sampling_params": sampling(w, i)}
         extra = {"response_format": rf} if w.constrained else {"ignore_eos": True}
-        return {"model": "default", "messages": [{"role": "user", "content": w.texts[i]}],
+        return {"model": "default", "messages": [{"role": "user", "content": w.user(i)}],
                 "max_tokens": w.budgets[i], "temperature": 0.0, **extra}
 
     path = "/generate" if route == "native" else "/v1/chat/completions"
