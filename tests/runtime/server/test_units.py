@@ -149,3 +149,33 @@ def test_prompt_with_tools_uses_the_template_or_the_fallback() -> None:
     assert fallback.endswith("[user]<tool_response>\n3\n</tool_response>[assistant]")
     none = plan_tools([Tool("add", {"type": "object"})], "none", get_format("hermes"))
     assert "<tools>" not in render_prompt(ChatTemplate(TEMPLATE), history[:1], none)
+
+
+def test_chat_encode_short_on_the_loop_long_on_a_thread_same_ids() -> None:
+    """A chat prompt's ids are the tokenizer's, whether it is encoded on the event loop (short)
+    or on a worker thread (OFFLOAD_ENCODE_CHARS and longer)."""
+    import asyncio
+    import dataclasses
+    import threading
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from sgdsl.runtime.model.embedded import embedded_model_path
+    from sgdsl.runtime.server import context
+
+    tok = AutoTokenizer.from_pretrained(str(embedded_model_path()))
+    engine = SimpleNamespace(tokenizer=tok, model_info={"model_path": "/m"}, stats=lambda: {})
+    c = context.ServerContext.build(engine, parse_args(["--port", "0"])[1])
+    threads = []
+    real = c.encode
+
+    def spy(text: str) -> list[int]:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return real(text)
+    c = dataclasses.replace(c, encode=spy)
+    short = "<|im_start|>user\nhello there<|im_end|>\n"
+    long = short + "héllo wörld 🙂 " * (context.OFFLOAD_ENCODE_CHARS // 10)
+    for text in (short, long):
+        assert asyncio.run(c.encode_chat_async(text)) == tok.encode(text, add_special_tokens=False)
+    assert threads == [True, False]  # short: on the loop's thread; long: on a worker
