@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from ...errors import InvalidRequestError
+from ..schema.refs import refs_in
 
 MAX_DEPTH = 4  # expansions of one reference on the current path (outlines-core's own is ~4)
 MAX_NODES = 20_000  # unrolled schema size; a wide recursive schema grows as width**depth
@@ -48,7 +49,7 @@ def has_recursive_ref(schema: Any) -> bool:
     state: dict[str, bool] = {}  # True: on the current path; False: finished, no cycle
 
     def visit(node: Any) -> bool:
-        for ref in _refs_in(node):
+        for ref in refs_in(node):
             if ref in state:
                 if state[ref]:
                     return True
@@ -73,22 +74,6 @@ def unroll_recursive_refs(schema: Any, max_depth: int = MAX_DEPTH) -> Any:
             f"within {max_depth} levels of this recursion (every branch recurses again)",
             field="json_schema")
     return out
-
-
-def _refs_in(node: Any) -> list[str]:
-    """Local ``$ref`` strings applied within ``node`` (not inside ``$defs`` or data keywords)."""
-    found: list[str] = []
-    if isinstance(node, dict):
-        ref = node.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#"):
-            found.append(ref)
-        for key, value in node.items():
-            if key not in _DATA_KEYS and key not in _DEF_KEYS and key != "$ref":
-                found += _refs_in(value)
-    elif isinstance(node, list):
-        for value in node:
-            found += _refs_in(value)
-    return found
 
 
 def _resolve(schema: Any, ref: str, missing_ok: bool = False) -> Any:

@@ -20,12 +20,12 @@ class RefTable:
         """True if following references from ``ref``'s target can come back to ``ref``."""
         if ref not in self._recursive:
             seen: set[str] = set()
-            todo = list(_refs_in(self.resolve(ref, path)))
+            todo = list(refs_in(self.resolve(ref, path)))
             while todo and ref not in seen:
                 nxt = todo.pop()
                 if nxt not in seen:
                     seen.add(nxt)
-                    todo += _refs_in(self.resolve(nxt, path))
+                    todo += refs_in(self.resolve(nxt, path))
             self._recursive[ref] = ref in seen
         return self._recursive[ref]
 
@@ -51,7 +51,7 @@ class RefTable:
 _DATA = frozenset({"enum", "const", "default", "examples", "required", "$defs", "definitions"})
 
 
-def _refs_in(node: Any) -> list[str]:
+def refs_in(node: Any) -> list[str]:
     """Local references applied within ``node`` (not inside definitions or data keywords)."""
     found: list[str] = []
     if isinstance(node, dict):
@@ -60,8 +60,8 @@ def _refs_in(node: Any) -> list[str]:
             found.append(ref)
         for key, value in node.items():
             if key not in _DATA and key != "$ref":
-                found += _refs_in(value)
+                found += refs_in(value)
     elif isinstance(node, list):
         for value in node:
-            found += _refs_in(value)
+            found += refs_in(value)
     return found
