@@ -5,6 +5,7 @@ Importable from any test as ``from processes import pid_alive, free_port``: pyte
 """
 from __future__ import annotations
 
+import os
 import socket
 
 
@@ -22,3 +23,22 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (from /proc; zombies count as gone)."""
+    parent_of: dict[int, int] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            parent_of[int(entry)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        kids = [p for p, parent in parent_of.items() if parent in frontier]
+        found += kids
+        frontier = kids
+    return found

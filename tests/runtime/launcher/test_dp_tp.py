@@ -4,7 +4,6 @@ ranks, behind the router. Each replica answers with TP=2, both give the TP=1 gre
 leaves no process behind."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -14,30 +13,11 @@ from typing import Iterator
 
 import httpx
 import pytest
-from processes import pid_alive
+from processes import descendants, pid_alive
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["Hi", "The capital of France is", "def fibonacci(n):\n    "]
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
-
-
-def descendants(pid: int) -> list[int]:
-    """Live processes below ``pid`` (from /proc)."""
-    parents = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            parents[int(entry)] = int(fields[1])
-    found, frontier = [], [pid]
-    while frontier:
-        kids = [p for p, parent in parents.items() if parent in frontier]
-        found += kids
-        frontier = kids
-    return found
 
 
 @pytest.fixture(scope="module")

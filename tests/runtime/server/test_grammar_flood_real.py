@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from .conftest import Served, start_real_server, stop_real_server
+from processes import descendants
 
 pytestmark = pytest.mark.slow
 
@@ -30,26 +31,6 @@ FLOOD = 8
 LIMIT_WORDS = (f"within the {TIMEOUT_S} s deadline", f"more than the {MEMORY_BYTES} bytes")
 QUEUE_WORDS = ("grammar_compile_queue", "grammar_compile_max_wait_s")
 RSS_BOUND = 8 << 30  # the whole server tree; a safety net far above what the limits allow
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (scheduler, compile workers...)."""
-    parent_of: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z":
-                parent_of[int(entry)] = int(fields[1])
-    found, frontier = [], [pid]
-    while frontier:
-        kids = [p for p, pp in parent_of.items() if pp in frontier]
-        found += kids
-        frontier = kids
-    return found
 
 
 def rss_bytes(pids: list[int]) -> int:
