@@ -93,9 +93,29 @@ class EngineConfig:
     # A TP rank whose scheduler loop has not moved for this long is taken for hung: requests
     # fail naming it and every rank is stopped (distributed/heartbeat.py).
     rank_hang_timeout_s: float = 300.0
+    # spec: speculative decoding (runtime/speculative), SGLang's option names. The algorithm
+    # is NGRAM | STANDALONE | EAGLE | EAGLE3, any case (normalised to upper case); None: off.
+    speculative_algorithm: str | None = None
+    speculative_draft_model_path: str | None = None  # STANDALONE / EAGLE: the draft weights
+    speculative_num_steps: int | None = None  # draft depth (default: num_draft_tokens - 1)
+    speculative_eagle_topk: int | None = None  # branching per draft step (default 1: a chain)
+    speculative_num_draft_tokens: int | None = None  # tree nodes verified per step (default 4)
+    # spec: NGRAM: match the last min..max tokens of the request against its own prompt and
+    # output; up to max_bfs_breadth branches at the first draft position (a tree).
+    speculative_ngram_min_match_window_size: int = 1
+    speculative_ngram_max_match_window_size: int = 12
+    speculative_ngram_max_bfs_breadth: int = 1
+    # spec: adaptive speculation: off for a step whose batch has more decoding requests than
+    # this (verify then costs more than it wins), and off for a request whose recent accepted
+    # tokens per verify step fall below the threshold (tried again after a backoff).
+    speculative_max_batch_size: int = 32
+    speculative_min_accept_per_step: float = 0.3
 
     def __post_init__(self) -> None:
         _check_parallel(self)
+        from .speculative.options import check_speculative  # spec:
+
+        check_speculative(self)
 
     def replace(self, **changes: Any) -> "EngineConfig":
         return dataclasses.replace(self, **changes)
