@@ -87,6 +87,9 @@ class EngineConfig:
     # the EP ranks), or all_reduce (SGLang's --moe-a2a-backend none: every rank computes its own
     # experts for all tokens, one all-reduce sums them; no dispatch, no host sync)
     ep_dispatch: Literal["all_to_all", "all_reduce"] = "all_to_all"
+    # TP all-reduces of decode-sized messages go one-/two-shot over NVLink peer-to-peer
+    # (distributed/custom_all_reduce.py) where every GPU pair has P2P; NCCL otherwise.
+    disable_custom_all_reduce: bool = False
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: str | None = None

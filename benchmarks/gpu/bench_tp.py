@@ -24,21 +24,42 @@ BF16_TFLOPS = 989.0  # dense bf16 per H100/H200 SXM
 PARAMS = {"llama-3.1-8b": 8.03e9, "llama-3.1-70b": 70.6e9}
 
 
-def decode_tok_s(model: str, tp: int, prompt_len: int, out_len: int) -> float:
+def copy_tb_s() -> float:
+    """This card's device-to-device copy bandwidth (bytes read + written per second, TB/s): the
+    floor a weights-read decode can reach in practice (the spec sheet's figure is higher)."""
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        y.copy_(x)
+    end.record()
+    torch.cuda.synchronize()
+    return 2 * 10 * x.numel() / (start.elapsed_time(end) * 1e-3) / 1e12
+
+
+def decode_tok_s(model: str, tp: int, prompt_len: int, out_len: int,
+                 custom_ar: bool = True) -> float:
     from sgdsl.runtime import Engine
 
     ids = random_prompts(1, prompt_len, seed=0)[0]
     params = lambda n: {"max_new_tokens": n, "ignore_eos": True, "temperature": 0.0}  # noqa: E731
     with Engine(model=model_dir(model), load_format="dummy", tp_size=tp, max_running_requests=4,
-                cuda_graph_max_bs=4, context_length=4096, grammar_backend="none") as engine:
+                cuda_graph_max_bs=4, context_length=4096, grammar_backend="none",
+                disable_custom_all_reduce=not custom_ar) as engine:
         engine.generate(input_ids=ids, sampling_params=params(out_len))  # warm-up
         return 1 / time_decode(engine, ids, out_len)[1]
 
 
-def decode_row(model: str, tp: int, a: argparse.Namespace) -> list:
-    tok_s = decode_tok_s(model, tp, a.prompt_len, a.out_len)
+def decode_row(model: str, tp: int, a: argparse.Namespace, custom_ar: bool = True) -> list:
+    tok_s = decode_tok_s(model, tp, a.prompt_len, a.out_len, custom_ar)
     floor = HBM_TB_S * 1e12 / (2 * PARAMS[model] / tp)  # bf16: 2 bytes per weight
-    return [f"{model} TP={tp} batch-1 decode", tok_s, floor, tok_s / floor]
+    measured = a.copy_tb_s * 1e12 / (2 * PARAMS[model] / tp)
+    ar = "" if tp == 1 else (" custom all-reduce" if custom_ar else " NCCL only")
+    return [f"{model} TP={tp} batch-1 decode{ar}", tok_s, floor, tok_s / floor, measured,
+            tok_s / measured]
 
 
 def offline_row(a: argparse.Namespace) -> list:
@@ -54,7 +75,7 @@ def offline_row(a: argparse.Namespace) -> list:
     prefill_s = r["in_tokens"] / compute_floor
     bw_floor = (r["in_tokens"] + r["out_tokens"]) / (decode_s + prefill_s)
     return [f"{model} TP=2 offline {a.num}x1024/256 total", total, min(compute_floor, bw_floor),
-            total / min(compute_floor, bw_floor)]
+            total / min(compute_floor, bw_floor), "-", "-"]
 
 
 def main() -> None:
@@ -63,18 +84,27 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--out-len", type=int, default=256)
     ap.add_argument("--num", type=int, default=256)
+    ap.add_argument("--custom-ar", choices=["on", "off", "both"], default="on",
+                    help="TP runs with the custom all-reduce, NCCL only, or both rows")
     a = ap.parse_args()
     assert torch.cuda.device_count() >= 2 or a.runs == "8b-tp1", "needs 2 GPUs"
+    a.copy_tb_s = copy_tb_s()
+    print(f"device-to-device copy: {a.copy_tb_s:.2f} TB/s (read + write)", flush=True)
     rows = []
     for run in a.runs.split(","):
         if run == "70b-offline":
             rows.append(offline_row(a))
         else:
             size, tp = run.split("-tp")
-            rows.append(decode_row(f"llama-3.1-{size}", int(tp), a))
+            modes = {"on": [True], "off": [False], "both": [False, True]}[a.custom_ar]
+            for on in (modes if int(tp) > 1 else [True]):
+                rows.append(decode_row(f"llama-3.1-{size}", int(tp), a, on))
+                print(rows[-1], flush=True)
+            continue
         print(rows[-1], flush=True)
     print_table("Tensor parallelism (dummy bf16, CUDA graphs, overlap on)",
-                ["run", "tok/s", "floor tok/s", "of floor"], rows)
+                ["run", "tok/s", f"floor @{HBM_TB_S} TB/s", "of floor",
+                 f"floor @{a.copy_tb_s:.2f} TB/s copy", "of copy floor"], rows)
 
 
 if __name__ == "__main__":

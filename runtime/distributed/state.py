@@ -137,6 +137,9 @@ def destroy_tp_group() -> None:
     """Leave the group (if any) and return to the trivial one."""
     global _TP, _EP, _MOE_TP
     _EP = _MOE_TP = None
+    from .custom_all_reduce import uninstall_all  # its buffers go with the group
+
+    uninstall_all()
     if _TP.size > 1:
         import torch.distributed as dist
 

@@ -13,6 +13,7 @@ import torch
 
 from ..cache.pool import ReqToTokenPool, TokenKVPool
 from ..config import EngineConfig
+from ..distributed import custom_all_reduce
 from ..distributed.collectives import all_reduce, min_over_ranks
 from ..distributed.state import get_ep_group, get_moe_tp_group, get_tp_group
 from ..errors import ModelLoadError
@@ -92,6 +93,10 @@ class ModelRunner:
         # CPU path: decode batches run as flat matmuls + C kernels (cpu_decoder.py); None when
         # the kernels cannot be built or the model/dtype/backend does not fit.
         self.cpu_decoder = CpuDecoder.create(self) if self.device.type == "cpu" else None
+        # TP on GPUs: small all-reduces over NVLink P2P; its buffer must predate graph capture
+        self.custom_all_reduce = (self.tp_size > 1 and self.device.type == "cuda"
+                                  and not config.disable_custom_all_reduce
+                                  and custom_all_reduce.install(tp, self.dtype))
         # GPU path (issue 6): decode CUDA graphs, captured after the KV pool exists.
         self.cuda_graph_runner = self._init_cuda_graphs()
         logger.info("model %s on %s/%s: context %d, %d KV slots, attention %s", self.model_dir,
