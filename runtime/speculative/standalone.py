@@ -1,0 +1,169 @@
+"""STANDALONE drafting: a smaller model with the target's tokenizer drafts a chain greedily.
+
+The draft model runs in its own ``ModelRunner`` (its own request table and KV pool, sized for
+the target's running requests; its own CPU decoder or decode CUDA graphs), on the target's
+device and dtype. Per ``propose`` it syncs each request's draft KV with ``req.all_ids``
+(``DraftKV``), feeds the missing tokens in one batched forward (an extend, or a decode when
+each request misses one token), then ``num_steps - 1`` batched decode forwards, each taking
+the argmax. The draft KV of the fed drafts is kept: when the target accepts them, the next
+``propose`` only has to feed the token the target added.
+
+``speculative_draft_model_path`` is an HF directory, a ``.gguf`` file (the embedded model's
+GGUF maps to the embedded model's converted copy) or a hub id; the target's ``load_format``
+applies, so a ``dummy`` target drafts with the same random weights when the path names its
+own model (acceptance ~100%, the mechanism's ceiling).
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from ..config import EngineConfig
+from ..errors import ModelLoadError
+from ..model.loader import resolve_model_dir
+from ..model.model_config import ModelConfig
+from ..model.runner import EXTRA_REQ_ROWS, ModelRunner
+from .base import EMPTY_TREE, DraftTree, Drafter
+from .draft_batch import Feed, build_batch
+from .draft_kv import DraftEntry, DraftKV
+
+logger = logging.getLogger(__name__)
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+# Share of the GPU memory left after the draft weights that its KV pool may take (the rest
+# stays for both models' activations).
+GPU_KV_SHARE = 0.5
+
+
+def resolve_draft_dir(config: EngineConfig) -> Path:
+    """HF directory of ``speculative_draft_model_path`` (the loader's rules; the embedded
+    model's own GGUF file maps to its existing converted copy instead of a second one)."""
+    path = str(config.speculative_draft_model_path)
+    p = Path(path).expanduser()
+    if p.suffix == ".gguf" and p.is_file():
+        from ..model.embedded import embedded_gguf_path, embedded_model_path
+
+        try:
+            if p.resolve() == embedded_gguf_path().resolve():
+                return embedded_model_path()
+        except ModelLoadError:
+            pass  # the embedded package is absent: an ordinary GGUF file
+    return resolve_model_dir(config.replace(model=path, speculative_algorithm=None,
+                                            speculative_draft_model_path=None))
+
+
+def draft_engine_config(config: EngineConfig, runner: Any, extra_per_req: int) -> EngineConfig:
+    """The draft runner's settings: the target's device, dtype and running requests; a
+    context no longer than the target's; KV for every slot the target holds plus
+    ``extra_per_req`` positions per request row (drafts past the verified tokens)."""
+    model_dir = resolve_draft_dir(config)
+    draft_cfg = ModelConfig.from_dir(model_dir)
+    context = min(runner.context_len, draft_cfg.max_context_len)
+    rows = config.max_running_requests + EXTRA_REQ_ROWS
+    slots = runner.max_total_tokens + rows * extra_per_req
+    if runner.device.type == "cuda":
+        slots = min(slots, _gpu_slot_cap(draft_cfg, runner.dtype))
+    return config.replace(
+        model=str(model_dir), tokenizer=None, speculative_algorithm=None,
+        speculative_draft_model_path=None, grammar_backend="none", context_length=context,
+        max_total_tokens=slots, device=runner.device.type, dtype=_DTYPE_NAMES[runner.dtype])
+
+
+def _gpu_slot_cap(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """KV slots the draft may take on the GPU: a share of what its weights leave free."""
+    size = torch.empty((), dtype=dtype).element_size()
+    h, layer = cfg.hidden_size, cfg.hidden_size * (2 * cfg.q_size + 2 * cfg.kv_size)
+    layer += 3 * h * cfg.intermediate_size
+    heads = 1 if cfg.tie_word_embeddings else 2
+    weights = (cfg.num_layers * layer + heads * cfg.vocab_size * h) * size
+    free, _ = torch.cuda.mem_get_info()
+    per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * size
+    return max(int((free - weights) * GPU_KV_SHARE) // per_token, 0)
+
+
+class StandaloneDrafter(Drafter):
+    def __init__(self, config: EngineConfig, runner: Any) -> None:
+        self.num_steps = config.speculative_num_steps
+        self.target_vocab = runner.model_config.vocab_size
+        self.runner = ModelRunner(draft_engine_config(config, runner, self.num_steps))
+        self.kv = DraftKV(self.runner.req_to_token_pool, self.runner.token_kv_pool)
+        self.context_len = self.runner.context_len
+        logger.info("STANDALONE draft model %s: %d KV slots, %d steps", self.runner.model_dir,
+                    self.runner.max_total_tokens, self.num_steps)
+
+    def propose(self, reqs: Sequence[Any], max_tokens: int,
+                hidden: Any = None) -> list[DraftTree]:
+        steps = min(max_tokens, self.num_steps)
+        trees = [EMPTY_TREE] * len(reqs)
+        if steps <= 0:
+            return trees
+        budget = self.kv.kv_pool.available()
+        live: list[int] = []
+        feeds: list[Feed] = []
+        for i, req in enumerate(reqs):
+            feed, budget = self._sync(req, steps, budget)
+            if feed is not None:
+                live.append(i)
+                feeds.append(feed)
+        if not feeds:
+            return trees
+        entries = [self.kv.entries[reqs[i].rid] for i in live]
+        for i, chain in zip(live, self._draft(feeds, entries, steps)):
+            trees[i] = DraftTree.chain(chain)
+        return trees
+
+    def _sync(self, req: Any, steps: int, budget: int) -> tuple[Feed | None, int]:
+        """The request's first feed (its tokens without draft KV), with the slots of all its
+        drafts counted against ``budget``; None: no speculation for it this step."""
+        ids = req.all_ids
+        n = len(ids)
+        if n + steps - 1 > self.context_len:
+            self.release(req.rid)
+            return None, budget
+        entry = self.kv.sync(req.rid, ids, n - 1)  # NOTE: the last token is always fed
+        if entry is None:
+            return None, budget
+        keep = len(entry.ids)
+        need = (n - keep) + (steps - 1)
+        if need > budget:
+            return None, budget
+        slots = self.kv.reserve(entry, ids[keep:])
+        assert slots is not None  # within the budget just checked
+        return Feed(entry.row, keep, ids[keep:], slots), budget - need
+
+    def _draft(self, feeds: list[Feed], entries: list[DraftEntry],
+               steps: int) -> list[list[int]]:
+        """Greedy chains of ``steps`` tokens: one forward for the feeds, then decodes."""
+        chains: list[list[int]] = [[] for _ in feeds]
+        tokens = self._greedy(feeds)
+        for step in range(1, steps + 1):
+            for chain, tok in zip(chains, tokens):
+                chain.append(tok)
+            if step == steps:
+                break
+            feeds = []
+            for entry, tok in zip(entries, tokens):
+                start = len(entry.ids)
+                feeds.append(Feed(entry.row, start, [tok], self.kv.reserve(entry, [tok])))
+            tokens = self._greedy(feeds)
+        return [self._in_vocab(c) for c in chains]
+
+    def _greedy(self, feeds: list[Feed]) -> list[int]:
+        logits = self.runner.forward(build_batch(feeds, self.runner.device))
+        return logits.argmax(dim=-1).tolist()
+
+    def _in_vocab(self, chain: list[int]) -> list[int]:
+        """A draft vocabulary may be larger (padding rows): cut at the first foreign id."""
+        for j, tok in enumerate(chain):
+            if tok >= self.target_vocab:
+                return chain[:j]
+        return chain
+
+    def release(self, rid: str) -> None:
+        self.kv.release(rid)
+
+    def check_idle(self) -> list[str]:
+        return self.kv.check_idle()
