@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -71,7 +72,7 @@ class SymmMemAllReduce:
             return None
         why = _unsupported(group)
         if why:
-            logger.info("custom all-reduce off (%s): NCCL for every all-reduce", why)
+            logger.warning("custom all-reduce off (%s): NCCL for every all-reduce", why)
             return None
         os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         import torch.distributed._symmetric_memory as symm_mem
@@ -79,7 +80,9 @@ class SymmMemAllReduce:
         try:
             name = group.group.group_name
             if hasattr(symm_mem, "enable_symm_mem_for_group"):
-                symm_mem.enable_symm_mem_for_group(name)
+                with warnings.catch_warnings():  # deprecated (a no-op) in newer torch
+                    warnings.simplefilter("ignore")
+                    symm_mem.enable_symm_mem_for_group(name)
             buffer = symm_mem.empty(max_bytes // dtype.itemsize, dtype=dtype,
                                     device=group.device)
             symm_mem.rendezvous(buffer, name)
@@ -87,6 +90,8 @@ class SymmMemAllReduce:
             logger.warning("custom all-reduce off (symmetric memory rendezvous failed: %s)", e)
             return None
         one_shot = min(ONE_SHOT_MAX_BYTES.get(group.size, 256 << 10), max_bytes)
+        logger.info("custom all-reduce on: %d ranks, one-shot <= %d B, two-shot <= %d B",
+                    group.size, one_shot, max_bytes)
         return cls(group, buffer, AllReducePlan(one_shot, max_bytes))
 
     def can_run(self, x: torch.Tensor) -> bool:

@@ -1,0 +1,77 @@
+"""Where a TP batch-1 decode step's time goes: the model runner alone (CUDA graph replay of one
+decode step, no scheduler), with NCCL only and with the custom all-reduce, on N GPUs.
+
+Compare its ms/step with bench_tp.py's per-token time through the Engine: the difference is
+the scheduler's host work per step (TP lockstep, sampling bookkeeping, output), which a faster
+all-reduce cannot remove.
+
+    python probe_tp_step.py --tp 2 --model llama-3.1-8b
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+
+import torch
+import torch.multiprocessing as mp
+
+from common import model_dir, print_table
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_main(rank: int, tp: int, port: int, model: str, custom: bool, steps: int,
+              out: dict) -> None:
+    from sgdsl.runtime.config import EngineConfig
+    from sgdsl.runtime.distributed import custom_all_reduce
+    from sgdsl.runtime.distributed.state import get_tp_group, init_tp_group
+    from sgdsl.runtime.model.runner import ModelRunner
+    from tests.runtime.model.driver import RunnerDriver
+
+    init_tp_group(rank, tp, torch.device(f"cuda:{rank}"), f"tcp://127.0.0.1:{port}")
+    config = EngineConfig(model=model_dir(model), load_format="dummy", tp_size=tp,
+                          max_running_requests=4, cuda_graph_max_bs=4, context_length=4096,
+                          grammar_backend="none", disable_custom_all_reduce=not custom)
+    runner = ModelRunner(config)
+    driver = RunnerDriver(runner)
+    req = driver.new_request()
+    token = int(driver.extend([(req, list(range(1, 129)))]).argmax(-1)[0])
+    for _ in range(20):
+        token = int(driver.decode([(req, token)]).argmax(-1)[0])
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        token = int(driver.decode([(req, token)]).argmax(-1)[0])  # host sync, as the engine's
+    ms = (time.perf_counter() - t0) * 1e3 / steps
+    ar = custom_all_reduce.lookup(get_tp_group())
+    if rank == 0:
+        out[custom] = [f"{model} TP={tp} runner decode step, "
+                       f"{'custom all-reduce' if ar else 'NCCL only'}", ms,
+                       str(dict(ar.calls)) if ar else "-"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--model", default="llama-3.1-8b")
+    ap.add_argument("--steps", type=int, default=200)
+    a = ap.parse_args()
+    out = mp.Manager().dict()
+    for custom in (False, True):
+        mp.spawn(rank_main, args=(a.tp, _port(), a.model, custom, a.steps, out), nprocs=a.tp)
+    print_table("TP decode step of the model runner alone (graph replay + argmax on the host)",
+                ["run", "ms/step", "eager custom calls (warm-up, prefill)"],
+                [out[False], out[True]])
+
+
+if __name__ == "__main__":
+    main()
