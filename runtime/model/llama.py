@@ -225,7 +225,12 @@ class LlamaModel(nn.Module):
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_context_len, cfg.rope_theta,
                                           cfg.rope_scaling, dtype=dtype, device=device)
 
+    # spec: an EAGLE drafter's capture of hidden states (speculative/hidden_capture.py); None: off
+    spec_capture: Any = None
+
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        if self.spec_capture is not None:  # spec:
+            return self.spec_capture.forward(self, batch, attn)
         h = self.embed_tokens(batch.input_ids)
         rope = self.rotary_emb.lookup(batch.positions)  # once per forward, shared by all layers
         residual = None
