@@ -27,7 +27,7 @@ from ..layers.attention.registry import create_attention_backend, resolve_backen
 from ..layers.upload import to_device
 from ..model.runner import EXTRA_REQ_ROWS
 from .base import EMPTY_TREE, ROOT, DraftTree, Drafter
-from .draft_batch import Feed, build_batch
+from .draft_batch import Feed, build_batch, last_rows
 from .draft_kv import DraftKV
 from .eagle_head_loader import head_capture_points, load_head
 from .eagle_tree import TreeCandidates
@@ -147,9 +147,9 @@ class EagleDrafter(Drafter):
         request (its last fed position)."""
         batch = build_batch(feeds, self.device)
         out, state = self._run(batch, self.capture.read(target_slots))
-        if not batch.mode.is_decode:
-            last = batch.last_token_indices()
-            out, state = out[last], state[last]
+        if out.shape[0] > len(feeds):  # every fed token's row
+            last = to_device(torch.tensor(last_rows(feeds), dtype=torch.int64), self.device)
+            out, state = out.index_select(0, last), state.index_select(0, last)
         return self._logprobs(out), state
 
     def _expand(self, cands: list[TreeCandidates], expanding: list[list[tuple[int, int]]],

@@ -27,7 +27,7 @@ from ..model.loader import resolve_model_dir
 from ..model.model_config import ModelConfig
 from ..model.runner import EXTRA_REQ_ROWS, ModelRunner
 from .base import EMPTY_TREE, DraftTree, Drafter
-from .draft_batch import Feed, build_batch
+from .draft_batch import Feed, build_batch, last_rows
 from .draft_kv import DraftEntry, DraftKV
 
 logger = logging.getLogger(__name__)
@@ -152,7 +152,10 @@ class StandaloneDrafter(Drafter):
         return [self._in_vocab(c) for c in chains]
 
     def _greedy(self, feeds: list[Feed]) -> list[int]:
-        logits = self.runner.forward(build_batch(feeds, self.runner.device))
+        batch = build_batch(feeds, self.runner.device)
+        logits = self.runner.forward(batch)
+        if logits.shape[0] > len(feeds):  # one row per fed token
+            logits = logits[last_rows(feeds)]
         return logits.argmax(dim=-1).tolist()
 
     def _in_vocab(self, chain: list[int]) -> list[int]:
