@@ -108,6 +108,9 @@ class ReqOut:
     output_token_logprobs: list | None = None  # new entries only
     output_top_logprobs: list | None = None
     forced_positions: list[int] | None = None  # grammar: new positions of unsampled tokens
+    # spec: decode/verify steps so far and draft tokens accepted (None: no speculation)
+    spec_verify_ct: int | None = None
+    spec_accepted_tokens: int = 0
 
 
 @dataclass

@@ -16,6 +16,9 @@ import torch
 class ForwardMode(enum.Enum):
     EXTEND = "extend"  # prefill of new tokens on top of a (possibly cached) prefix
     DECODE = "decode"  # exactly one new token per request
+    # spec: an extend over each request's draft tree (runtime/speculative): the new tokens
+    # attend to the prefix and to their tree ancestors only (``ForwardBatch.spec_info``).
+    TARGET_VERIFY = "target_verify"
 
     @property
     def is_decode(self) -> bool:
@@ -45,6 +48,8 @@ class ForwardBatch:
     # (layers/attention/shared_prefix.SharedPrefix); a backend may read such a prefix once per
     # group (cascade attention) or ignore it. Never changes results.
     shared_prefix: Any = None
+    # spec: TARGET_VERIFY only: the draft trees' attention masks (speculative.tree_mask.TreeMask)
+    spec_info: Any = None
     # Filled by the attention backend's init_forward_metadata.
     attn_metadata: Any = None
 

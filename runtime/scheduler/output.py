@@ -76,6 +76,8 @@ def make_out(req: Req) -> m.ReqOut:
     if req.forced_positions and req.forced_positions[-1] >= req.sent_ids:
         out.forced_positions = [p for p in req.forced_positions if p >= req.sent_ids]
     req.sent_ids = len(req.output_ids)
+    if req.spec_verify_ct is not None:  # spec
+        out.spec_verify_ct, out.spec_accepted_tokens = req.spec_verify_ct, req.spec_accepted_tokens
     if req.return_logprob:
         if req.input_logprobs_done and not req.input_logprobs_sent and req.logprob_start_len >= 0:
             out.input_token_logprobs = list(req.input_token_logprobs or [])

@@ -85,6 +85,13 @@ class Req:
         self.sent_ids = 0
         self.sent_logprobs = 0
         self.input_logprobs_sent = False
+        # spec: verify steps this request took part in, draft tokens it accepted (meta_info
+        # ``spec_verify_ct`` / ``spec_accepted_tokens``), its acceptance backoff
+        # (speculative/stats.py Backoff; None until it drafts).
+        # None on an engine without speculation (no meta_info keys then).
+        self.spec_verify_ct: int | None = None
+        self.spec_accepted_tokens = 0
+        self.spec_backoff: Any = None
 
     # -- derived values -------------------------------------------------------------------
     @property

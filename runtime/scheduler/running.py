@@ -238,6 +238,15 @@ class RunningBatch:
         for r in self.reqs:
             r.kv_len += 1
 
+    def after_verify(self, reqs: list[Req]) -> None:
+        """spec: after a speculative step (runtime/speculative) appended several tokens per
+        request: every request's next position is its ``kv_len`` and its last token the
+        newest output token. ``reqs`` is ``self.reqs``."""
+        pos = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
+        self.pos_host, self.pos = pos, to_device(pos, self.device)
+        ids = torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64)
+        self.last_token.index_copy_(0, self.rows, to_device(ids, self.device))
+
     def record_tokens(self, rows: torch.Tensor, ids: torch.Tensor) -> None:
         """Sampled ids (device) of the requests in ``rows`` (device): the next decode's inputs."""
         self.last_token.index_copy_(0, rows, ids)

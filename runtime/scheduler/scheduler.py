@@ -68,6 +68,12 @@ class Scheduler(Stepping):
             warm_up_fused(self.device, int(logits_width or grammar.vocab_size),
                           bitmask_width(grammar.vocab_size))
         self._arrivals = 0
+        # spec: speculative decoding (runtime/speculative) when an algorithm is configured
+        self.spec = None
+        if getattr(config, "speculative_algorithm", None):
+            from ..speculative.decoder import SpecDecoder
+
+            self.spec = SpecDecoder(config, runner)
         self.counters = dict(requests_total=0, prompt_tokens_total=0, generated_tokens_total=0,
                              cache_hit_tokens=0, cache_query_tokens=0, retractions_total=0,
                              forward_steps=0)
@@ -80,6 +86,8 @@ class Scheduler(Stepping):
                       msg.logprob_start_len, msg.top_logprobs_num, self._arrivals,
                       msg.stream)
             self.counters["requests_total"] += 1
+            if self.spec is not None:  # spec: meta_info counts its verify steps
+                req.spec_verify_ct = 0
             if not self._admit_grammar(req):  # grammar: compiling requests wait aside
                 self.waiting.append(req)
         elif isinstance(msg, m.AbortReq):
@@ -101,6 +109,8 @@ class Scheduler(Stepping):
             assert self.is_idle, (f"not idle: {len(self.running)} running, "
                                   f"{len(self.waiting)} waiting, chunked={self.chunked}")
             self.memory.check_idle()
+            problems = self.spec.check_idle() if self.spec is not None else []  # spec:
+            assert not problems, "; ".join(problems)
         except AssertionError as exc:
             return m.RpcResp(call_id, ok=False, error=str(exc) or repr(exc))
         return m.RpcResp(call_id, ok=True)
@@ -119,7 +129,8 @@ class Scheduler(Stepping):
                 "kv_evictable_slots": self.memory.evictable(),
                 "cache_hit_rate": c["cache_hit_tokens"] / q if q else 0.0, **c,
                 **self._work_left(),
-                **(self.grammar.stats_dict() if self.grammar else {})}  # grammar
+                **(self.grammar.stats_dict() if self.grammar else {}),  # grammar
+                **(self.spec.stats_dict() if self.spec is not None else {})}  # spec
 
     def _work_left(self) -> dict:
         """Tokens still to compute, for a router balancing by work (``GET /load``): prompt
@@ -151,6 +162,7 @@ class Scheduler(Stepping):
             if req is None:
                 return  # already finished (or never arrived): nothing to free
         self.memory.release(req)
+        self._spec_release(req)
         if self.pending is not None and not self.pending.live():
             self.pending = None  # nothing left to read from the step in flight
         req.finish_reason = {"type": "abort", "message": message}
@@ -239,6 +251,7 @@ class Scheduler(Stepping):
             else:
                 raise RuntimeError("KV pool too small for a single request (validation missed it)")
             self.memory.release(victim)
+            self._spec_release(victim)
             victim.state = ReqState.WAITING
             victim.num_retractions += 1
             self.waiting.append(victim)
@@ -305,6 +318,11 @@ class Scheduler(Stepping):
                 req.state = ReqState.WAITING
                 self.waiting.append(req)
 
+    def _spec_release(self, req: Req) -> None:
+        """spec: the drafter forgets a request that finished, aborted or was retracted."""
+        if self.spec is not None:
+            self.spec.release(req)
+
     def _finish_and_send(self, reqs: list[Req]) -> None:
         outs = []
         for req in reqs:
@@ -314,6 +332,7 @@ class Scheduler(Stepping):
                 # already computed KV for; only KV under its own ids goes to the cache.
                 self.memory.truncate(req, req.seq_len)
                 self.memory.release(req)
+                self._spec_release(req)
                 self.counters["generated_tokens_total"] += len(req.output_ids)
             if req.finished or (req.stream and req.output_ids[req.sent_ids:]):
                 outs.append(make_out(req))

@@ -64,6 +64,12 @@ class Stepping:
         self._make_room_for_decode()
         if not self.running:
             return None
+        if self.spec is not None:  # spec: a speculative step when it pays (runtime/speculative)
+            step = self.spec.launch(self)
+            if step is not None:
+                return step
+            if not self.running:  # the read of the step in flight finished every request
+                return None
         reqs = self.running.reqs
         step = InflightStep.launched(ForwardMode.DECODE, reqs, self._must_sync(reqs))
         step.sampled = reqs
@@ -190,6 +196,9 @@ class Stepping:
         for req, token in zip(reqs, next_ids):
             req.output_ids.append(token)
             req.finish_reason = check(req)
+        if self.spec is not None and step.mode is ForwardMode.DECODE:
+            for req in reqs:  # spec: a plain decode step of a speculative engine
+                req.spec_verify_ct += 1
         if step.logits is not None:  # sync step: logits rows still valid
             rows = step.logits if len(keep) == len(ids) else step.logits[keep]
             record_output_logprobs(reqs, rows, next_ids)

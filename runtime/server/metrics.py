@@ -51,6 +51,7 @@ _HISTOGRAMS = {
     "grammar_compile_wait_seconds": "Wait of a grammar compile for a compile worker",
     "grammar_compile_seconds": "Grammar compile time in a compile worker",
     "grammar_compile_load_seconds": "Time to make a compiled grammar usable in the scheduler",
+    "spec_accept_length": "Draft tokens accepted per request per speculative verify step",
 }
 
 

@@ -35,6 +35,8 @@ class ReqState:
     output_token_logprobs: list = field(default_factory=list)
     output_top_logprobs: list = field(default_factory=list)
     forced_positions: list[int] | None = None  # grammar requests: unsampled output positions
+    spec_verify_ct: int | None = None  # spec: verify steps (speculative engines only)
+    spec_accepted_tokens: int = 0
     done: asyncio.Event = field(default_factory=asyncio.Event)
     updated: asyncio.Event = field(default_factory=asyncio.Event)
     error: BaseException | None = None
@@ -50,6 +52,9 @@ class ReqState:
     def apply(self, out: ReqOut) -> None:
         self.output_ids.extend(out.new_ids)
         self.prompt_tokens, self.cached_tokens = out.prompt_tokens, out.cached_tokens
+        if out.spec_verify_ct is not None:  # spec
+            self.spec_verify_ct, self.spec_accepted_tokens = (out.spec_verify_ct,
+                                                              out.spec_accepted_tokens)
         if out.input_token_logprobs is not None:
             self.input_token_logprobs = out.input_token_logprobs
             self.input_top_logprobs = out.input_top_logprobs or []
@@ -143,6 +148,9 @@ class ReqState:
             "cached_tokens": self.cached_tokens}
         if self.e2e_latency is not None:
             meta["e2e_latency"] = self.e2e_latency
+        if self.spec_verify_ct is not None:  # spec: tokens per step = completion / verify_ct
+            meta["spec_verify_ct"] = self.spec_verify_ct
+            meta["spec_accepted_tokens"] = self.spec_accepted_tokens
         if self.params.constraint is not None:  # grammar: which tokens were not sampled
             meta["forced_token_positions"] = [p for p in self.forced_positions or ()
                                               if p < len(self.output_ids)]

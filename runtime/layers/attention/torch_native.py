@@ -78,8 +78,13 @@ class TorchNativeAttnBackend(AttentionBackend):
         lengths = batch.extend_seq_lens_cpu or batch.extend_seq_lens.tolist()
         rows = batch.req_pool_indices.tolist()
         segments, start = [], 0
-        for row, p, n in zip(rows, prefix, lengths):
-            if p == 0:
+        tree = batch.spec_info  # spec: TARGET_VERIFY's draft-tree masks (speculative.verify_batch)
+        for i, (row, p, n) in enumerate(zip(rows, prefix, lengths)):
+            if tree is not None:  # spec: the prefix, then the node's tree ancestors
+                prefix_cols = torch.ones(n, p, dtype=torch.bool, device=self.device)
+                segments.append(ExtendSegment(start, n, p, self.req_to_token[row, : p + n],
+                                              torch.cat([prefix_cols, tree.masks[i]], dim=1)))
+            elif p == 0:
                 segments.append(ExtendSegment(start, n, 0, None, None))
             else:
                 slots = self.req_to_token[row, : p + n]

@@ -1,0 +1,212 @@
+"""SpecDecoder: the speculative decode step the scheduler runs in place of a plain one.
+
+One step: the drafter proposes a tree per request (``Drafter.propose``), constrained requests'
+drafts are checked against their grammar (grammar_drafts.py), one target forward verifies every
+node (verify_batch.py), the target's samples decide the accepted path per request (accept.py),
+and up to ``num_draft_tokens + 1`` tokens are appended per request, each through the same finish
+checks as a decode step's (EOS, stop ids/strings/regex, max_new_tokens: the output ends at the
+first that fires); the KV of rejected nodes is freed. Requests without a draft ride along as
+one-token rows, exactly a decode step for them.
+
+NOTE: the step is read synchronously (no overlap scheduling for a speculative step): the next
+step's draft depends on this step's accepted tokens, and the KV columns of the next step on how
+many were accepted. A step in flight is read first. When speculation does not pay (more
+decoding requests than ``speculative_max_batch_size``, or no request has a draft) the scheduler
+runs its plain, overlapped decode step instead. Per request, a low recent acceptance backs off
+(stats.Backoff). Logprobs are computed for accepted tokens (from the verify logits).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..grammar.base import allocate_bitmask
+from ..layers.sampler import SamplingBatchInfo
+from ..layers.upload import to_device
+from ..model.forward_batch import ForwardMode
+from ..scheduler.inflight import InflightStep
+from .accept import commit_kv, record_logprobs, row_of_emitted, walk
+from .base import Drafter, DraftTree, EMPTY_TREE
+from .grammar_drafts import check_draft, draft_limit
+from .registry import build_drafter
+from .stats import Backoff, SpecStats
+from .verify_batch import VerifyLayout, build_verify
+
+
+class SpecDecoder:
+    def __init__(self, config: Any, runner: Any, drafter: Drafter | None = None) -> None:
+        self.drafter = drafter if drafter is not None else build_drafter(config, runner)
+        self.k = config.speculative_num_draft_tokens
+        self.max_batch = config.speculative_max_batch_size
+        self.threshold = config.speculative_min_accept_per_step
+        self.context_len = runner.context_len
+        self.stats = SpecStats(self.k)
+
+    # -- the step -------------------------------------------------------------------------
+    def launch(self, sched: Any) -> InflightStep | None:
+        """Run one speculative step (forward, accept, append, outputs); None: the scheduler
+        runs its plain decode step instead (a step in flight may have been read)."""
+        running = sched.running
+        if len(running) > self.max_batch or running.forced() or not any(
+                self._may_draft(r) for r in running.reqs):
+            self.stats.skipped_steps += 1
+            for req in running.reqs:  # a plain step counts toward each backoff's wait
+                if req.spec_backoff is not None:
+                    req.spec_backoff.skip()
+            return None
+        if sched.pending is not None:
+            sched._read(sched.pending)
+        if not running or running.forced():
+            return None
+        reqs = list(running.reqs)
+        trees, masks = self._drafts(sched, reqs)
+        total = len(reqs) + sum(map(len, trees))
+        if not any(trees) or sched.memory.available() < total:
+            self.stats.skipped_steps += 1
+            return None
+        batch, layout = build_verify(reqs, trees, sched.memory, sched.device)
+        logits = sched.runner.forward(batch)
+        ids = self._sample(sched, reqs, trees, logits, masks)
+        self.stats.verify_steps += 1
+        self._accept(sched, reqs, trees, layout, logits, ids)
+        return InflightStep.launched(ForwardMode.DECODE, [], True)
+
+    def _may_draft(self, req: Any) -> bool:
+        backoff = req.spec_backoff
+        return (not req.pending_forced and req.remaining_tokens > 1
+                and (backoff is None or backoff.wait == 0))
+
+    def _drafts(self, sched: Any, reqs: list[Any]) -> tuple[list[DraftTree], list[Any]]:
+        """A (possibly empty) tree per request and, for constrained ones, its mask rows."""
+        limits = [self._limit(r) for r in reqs]
+        asking = [i for i, n in enumerate(limits) if n > 0]
+        proposed = self.drafter.propose([reqs[i] for i in asking], self.k) if asking else []
+        trees = [EMPTY_TREE] * len(reqs)
+        for i, tree in zip(asking, proposed):
+            trees[i] = tree.prefix(min(len(tree), limits[i]))
+        masks: list[Any] = [None] * len(reqs)
+        manager = sched.grammar
+        if manager is not None:
+            jump = manager.jump_forward and (manager.jump_max_batch is None
+                                             or len(reqs) <= manager.jump_max_batch)
+            for i, req in enumerate(reqs):
+                if req.grammar is not None:
+                    limit = draft_limit(req, manager, len(trees[i]))
+                    trees[i], masks[i] = check_draft(req, trees[i], manager, jump, limit)
+        return trees, masks
+
+    def _limit(self, req: Any) -> int:
+        """Draft tokens this request may take now: 0 while backing off; never past its
+        max_new_tokens (the bonus token counts) nor its context."""
+        backoff = req.spec_backoff
+        if backoff is not None and backoff.skip():
+            return 0
+        room = min(req.remaining_tokens - 1, self.context_len - req.seq_len - 1)
+        return max(min(self.k, room), 0) if not req.pending_forced else 0
+
+    # -- sampling every node ------------------------------------------------------------------
+    def _sample(self, sched: Any, reqs: list[Any], trees: list[DraftTree],
+                logits: torch.Tensor, masks: list[Any]) -> list[int]:
+        """One sample per fed row with the request's own sampling state at that node: its
+        output step (seeds), the draft path as output so far (penalties, min_new_tokens) and
+        the grammar mask of the state there."""
+        params, outputs, prompts = [], [], []
+        for req, tree in zip(reqs, trees):
+            penal = req.sampling_params.has_penalties
+            for node in [-1, *range(len(tree))]:
+                path = [tree.tokens[j] for j in tree.path(node)] if node >= 0 else []
+                params.append(req.sampling_params)
+                prompts.append(req.origin_input_ids)
+                # NOTE: without penalties only the length counts (the seeded step number)
+                n = len(req.output_ids) + len(path)
+                outputs.append(req.output_ids + path if penal else range(n))
+        info = SamplingBatchInfo.from_params(params, logits.shape[-1], logits.device,
+                                             sched.sampler.eos, prompts, outputs)
+        mask = self._mask(sched, trees, masks)
+        if mask is not None:
+            mask = to_device(mask, logits.device)
+        return sched.sampler.sample_ids(logits, info, mask).tolist()
+
+    @staticmethod
+    def _mask(sched: Any, trees: list[DraftTree], masks: list[Any]) -> torch.Tensor | None:
+        if all(m is None for m in masks):
+            return None
+        bitmask = allocate_bitmask(len(trees) + sum(map(len, trees)), sched.grammar.vocab_size)
+        at = 0
+        for tree, rows in zip(trees, masks):
+            if rows is not None:
+                bitmask[at:at + rows.shape[0]] = rows
+            at += len(tree) + 1
+        return bitmask
+
+    # -- accepting ------------------------------------------------------------------------
+    def _accept(self, sched: Any, reqs: list[Any], trees: list[DraftTree],
+                layout: VerifyLayout, logits: torch.Tensor, ids: list[int]) -> None:
+        for i, (req, tree) in enumerate(zip(reqs, trees)):
+            first = layout.first[i]
+            path, emitted = walk(tree, ids[first:first + len(tree) + 1])
+            commit_kv(sched.memory, req, layout.kv_lens[i], len(tree), path,
+                      layout.slots[first:first + len(tree) + 1])
+            n = self._append(sched, req, emitted)
+            if req.return_logprob:
+                record_logprobs(req, logits, row_of_emitted(first, path)[:n], emitted[:n])
+            accepted = min(len(path), n)
+            req.spec_verify_ct += 1
+            req.spec_accepted_tokens += accepted
+            self.stats.observe(len(tree), accepted, n)
+            if len(tree):
+                req.spec_backoff = req.spec_backoff or Backoff()
+                req.spec_backoff.update(accepted, self.threshold)
+        self._sync_running(sched, reqs, logits.shape[-1])
+        self._after_tokens(sched, reqs)
+
+    @staticmethod
+    def _append(sched: Any, req: Any, emitted: list[int]) -> int:
+        """Append up to the first finish; constrained requests' matchers take all but the
+        last appended token here (the last goes through the grammar's own step)."""
+        n = 0
+        for token in emitted:
+            req.output_ids.append(token)
+            n += 1
+            req.finish_reason = sched.checker.check(req)
+            if req.finish_reason is not None:
+                break
+        if req.grammar is not None and n > 1 and not req.grammar.accept_tokens(emitted[:n - 1]):
+            req.finish_reason = {"type": "abort",
+                                 "message": "a verified draft token does not fit the grammar"}
+        return n
+
+    @staticmethod
+    def _sync_running(sched: Any, reqs: list[Any], vocab: int) -> None:
+        """The running batch's positions, last tokens and sampling rows follow the appends."""
+        running = sched.running
+        running.after_verify(reqs)  # spec: running.py
+        info = running.info
+        if info.penalties.is_empty:
+            info.steps = [len(r.output_ids) for r in reqs]
+        else:  # penalty counts over the new tokens: rebuilt from the outputs
+            running.info = sched.sampler.new_info(reqs, vocab)
+
+    @staticmethod
+    def _after_tokens(sched: Any, reqs: list[Any]) -> None:
+        """As a decode step's read: grammar steps on the last tokens (jump-forward, forced
+        completion, termination), leavers out, outputs sent."""
+        constrained = [r for r in reqs if r.grammar is not None]
+        if constrained:
+            for req in sched.grammar.after_sample(constrained, sched.checker, len(reqs)):
+                sched._jumped(req)
+        sched._leave_batch(reqs)
+        sched._requeue_jumped(reqs)
+        sched._finish_and_send(reqs)
+
+    # -- requests leaving, integrity, statistics ------------------------------------------------
+    def release(self, req: Any) -> None:
+        self.drafter.release(req.rid)
+        req.spec_backoff = None
+
+    def check_idle(self) -> list[str]:
+        return self.drafter.check_idle()
+
+    def stats_dict(self) -> dict:
+        return self.stats.as_dict()

@@ -1,0 +1,79 @@
+"""Grammar + speculation: a constrained request's draft is checked against its matcher before
+verify, and the verify rows get the masks of the matcher advanced along the draft.
+
+The matcher accepts the draft token by token (each checked against the mask of the state it
+is in), filling the mask row of every state on the way, then rolls back: the verify step's
+sampling then applies row ``j`` to the logits that choose the token after ``j`` draft tokens,
+exactly the mask the non-speculative step would use there. The draft is cut before the first
+token the grammar rejects, and before any token after which the non-speculative path would not
+sample the next token itself (the grammar is terminated or allows only a stop token, a
+jump-forward would append forced text, or a forced completion is due): those steps stay the
+grammar's own, taken on the last emitted token exactly as in a normal decode step
+(``GrammarManager.after_sample``). Grammar drafts are chains (the first branch of a tree).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..grammar.base import allocate_bitmask
+from ..grammar.forcing.jump_forward import stop_only_row
+from .base import DraftTree, EMPTY_TREE
+
+
+def draft_limit(req: Any, manager: Any, max_tokens: int) -> int:
+    """Draft tokens the request may take before its forced completion needs a measurement:
+    every emitted token but the last must land before ``check_at`` (none before the first
+    measurement)."""
+    if manager.completion is None:
+        return max_tokens
+    budget = req.completion
+    if budget is None:
+        return 0
+    return max(min(max_tokens, budget.check_at - len(req.output_ids) - 1), 0)
+
+
+def first_chain(tree: DraftTree) -> DraftTree:
+    """The tree's first branch from the root, as a chain."""
+    n = 0
+    while n < len(tree) and tree.parents[n] == n - 1:
+        n += 1
+    return tree.prefix(n)
+
+
+def check_draft(req: Any, tree: DraftTree, manager: Any, jump: bool,
+                limit: int) -> tuple[DraftTree, torch.Tensor]:
+    """The accepted prefix of the draft (a chain) and its mask rows ``[len + 1, words]``."""
+    grammar = req.grammar
+    chain = first_chain(tree).prefix(limit)
+    vocab, eos = manager.vocab_size, manager.eos
+    rows = allocate_bitmask(len(chain) + 1, vocab)
+    grammar.fill_bitmask(rows, 0)
+    n = 0
+    for token in chain.tokens:
+        if not _allowed(rows[n], token) or not grammar.accept_token(token):
+            break
+        if _grammar_steps_in(grammar, jump):
+            grammar.rollback(1)
+            break
+        grammar.fill_bitmask(rows, n + 1)
+        if not req.return_logprob and grammar.is_completed() and stop_only_row(
+                rows[n + 1], vocab, eos):
+            grammar.rollback(1)
+            break
+        n += 1
+    if n:
+        grammar.rollback(n)
+    return (chain.prefix(n) if n else EMPTY_TREE), rows[:n + 1]
+
+
+def _grammar_steps_in(grammar: Any, jump: bool) -> bool:
+    """After this token the grammar, not the sampler, decides what comes next."""
+    return grammar.is_terminated() or (jump and bool(grammar.jump_forward_string()))
+
+
+def _allowed(words: torch.Tensor, token: int) -> bool:
+    if token < 0 or (token >> 5) >= words.shape[0]:
+        return False
+    return bool((int(words[token >> 5]) >> (token & 31)) & 1)

@@ -1,0 +1,75 @@
+"""Speculation statistics: engine counters (``spec_*`` in ``stats()``, exported by /metrics)
+and the per-request acceptance that drives the adaptive backoff."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class SpecStats:
+    """Counters over all verify steps and a histogram of accepted draft tokens per request
+    per verify step (a ``grammar.compile.admission.Histogram``-style snapshot)."""
+
+    def __init__(self, max_draft: int) -> None:
+        self.bounds = list(range(max_draft + 1))
+        self.counts = [0] * (max_draft + 2)  # per accepted length, the last: above max
+        self.verify_steps = 0  # verify forwards
+        self.verify_rows = 0  # request rows verified (with or without a draft)
+        self.draft_tokens = 0
+        self.accepted_tokens = 0
+        self.emitted_tokens = 0
+        self.skipped_steps = 0  # decode steps run without speculation (batch too large...)
+
+    def observe(self, drafted: int, accepted: int, emitted: int) -> None:
+        self.verify_rows += 1
+        self.draft_tokens += drafted
+        self.accepted_tokens += accepted
+        self.emitted_tokens += emitted
+        if drafted:
+            self.counts[min(accepted, len(self.bounds))] += 1
+
+    def snapshot(self) -> dict:
+        cumulative, total = [], 0
+        for n in self.counts[:-1]:
+            total += n
+            cumulative.append(total)
+        count = total + self.counts[-1]
+        return {"le": self.bounds, "cumulative": cumulative, "count": count,
+                "sum": sum(i * n for i, n in enumerate(self.counts))}
+
+    def as_dict(self) -> dict:
+        rows = self.verify_rows
+        return {"spec_verify_steps": self.verify_steps, "spec_verify_rows": rows,
+                "spec_draft_tokens": self.draft_tokens,
+                "spec_accepted_tokens": self.accepted_tokens,
+                "spec_emitted_tokens": self.emitted_tokens,
+                "spec_skipped_steps": self.skipped_steps,
+                "spec_accept_rate": self.accepted_tokens / self.draft_tokens
+                if self.draft_tokens else 0.0,
+                "spec_tokens_per_row": self.emitted_tokens / rows if rows else 0.0,
+                "spec_accept_length": self.snapshot()}
+
+
+@dataclass
+class Backoff:
+    """Per request: recent accepted tokens per verify (an average over about 8 steps); below
+    the threshold the request sits out ``wait`` steps, doubling each time (up to 64), and
+    halving again when a retry accepts well."""
+
+    avg: float = 1.0
+    wait: int = 0
+    penalty: int = 1
+
+    def skip(self) -> bool:
+        if self.wait > 0:
+            self.wait -= 1
+            return True
+        return False
+
+    def update(self, accepted: int, threshold: float) -> None:
+        self.avg = 0.875 * self.avg + 0.125 * accepted
+        if self.avg < threshold:
+            self.wait = self.penalty
+            self.penalty = min(2 * self.penalty, 64)
+            self.avg = threshold  # a fresh start after the wait
+        elif accepted:
+            self.penalty = max(self.penalty // 2, 1)
