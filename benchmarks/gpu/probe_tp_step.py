@@ -52,11 +52,30 @@ def rank_main(rank: int, tp: int, port: int, model: str, custom: bool, steps: in
     for _ in range(steps):
         token = int(driver.decode([(req, token)]).argmax(-1)[0])  # host sync, as the engine's
     ms = (time.perf_counter() - t0) * 1e3 / steps
+    batch = _last_batch(runner, driver, req, token)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):  # the same step replayed back to back: the GPU's time alone
+        runner.forward(batch)
+    torch.cuda.synchronize()
+    gpu_ms = (time.perf_counter() - t0) * 1e3 / steps
     ar = custom_all_reduce.lookup(get_tp_group())
     if rank == 0:
         out[custom] = [f"{model} TP={tp} runner decode step, "
-                       f"{'custom all-reduce' if ar else 'NCCL only'}", ms,
+                       f"{'custom all-reduce' if ar else 'NCCL only'}", ms, gpu_ms,
                        str(dict(ar.calls)) if ar else "-"]
+
+
+def _last_batch(runner, driver, req, token):
+    """The ForwardBatch of one more decode step (caught on its way to the runner)."""
+    seen = []
+    forward = runner.forward
+    runner.forward = lambda batch: seen.append(batch) or forward(batch)
+    try:
+        driver.decode([(req, token)])
+    finally:
+        runner.forward = forward
+    return seen[0]
 
 
 def main() -> None:
@@ -66,11 +85,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     a = ap.parse_args()
     out = mp.Manager().dict()
-    for custom in (False, True):
+    for custom in (False, True) if a.tp > 1 else (False,):
         mp.spawn(rank_main, args=(a.tp, _port(), a.model, custom, a.steps, out), nprocs=a.tp)
     print_table("TP decode step of the model runner alone (graph replay + argmax on the host)",
-                ["run", "ms/step", "eager custom calls (warm-up, prefill)"],
-                [out[False], out[True]])
+                ["run", "ms/step (host sync)", "ms/step GPU only",
+                 "eager custom calls (warm-up, prefill)"],
+                [out[k] for k in (False, True) if k in out])
 
 
 if __name__ == "__main__":

@@ -16,13 +16,14 @@ answers the main process; a follower's socket carries nothing but its own startu
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import gc
 import os
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, Iterator
 
 from ..config import EngineConfig
 from ..distributed.heartbeat import Heartbeats
@@ -69,7 +70,8 @@ def run_scheduler_process(config: EngineConfig, paths: IpcPaths | None, parent_p
     try:
         beat = (lambda: None) if beats is None else functools.partial(
             Heartbeats.beat, beats, spec.local_rank)
-        _loop(scheduler, chan if leader else None, parent_pid, size > 1, beat)
+        with _profiled(spec.rank if spec is not None else 0):
+            _loop(scheduler, chan if leader else None, parent_pid, size > 1, beat)
     except BaseException as exc:  # noqa: BLE001
         _report(chan, m.StartupError(f"{where}scheduler crashed: {type(exc).__name__}: {exc}",
                                      traceback.format_exc(), "engine_dead"))
@@ -166,6 +168,27 @@ def _grammar_manager(config: EngineConfig, runner: Any, eos: list[int]) -> Any:
 
     tok = load_tokenizer(config, runner.model_dir)
     return create_grammar_manager(config, tok, int(runner.model_config.vocab_size), eos)
+
+
+@contextlib.contextmanager
+def _profiled(rank: int) -> Iterator[None]:
+    """``$SGDSL_PROFILE_DIR``: cProfile the scheduler loop of every rank and write
+    ``scheduler-rank{N}.prof`` there when it ends (read with ``python -m pstats``): where a
+    step's host time goes, e.g. under tensor parallelism or at large batches."""
+    folder = os.environ.get("SGDSL_PROFILE_DIR")
+    if not folder:
+        yield
+        return
+    import cProfile
+
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+        os.makedirs(folder, exist_ok=True)
+        profile.dump_stats(os.path.join(folder, f"scheduler-rank{rank}.prof"))
 
 
 def _loop(scheduler: Any, chan: SyncChannel | None, parent_pid: int, parallel: bool,
