@@ -59,11 +59,35 @@ def rank_main(rank: int, tp: int, port: int, model: str, custom: bool, steps: in
         runner.forward(batch)
     torch.cuda.synchronize()
     gpu_ms = (time.perf_counter() - t0) * 1e3 / steps
+    if rank == 0 and custom == (tp > 1):
+        _kernel_table(runner, batch, f"{model} TP={tp} custom={custom}")
     ar = custom_all_reduce.lookup(get_tp_group())
     if rank == 0:
         out[custom] = [f"{model} TP={tp} runner decode step, "
                        f"{'custom all-reduce' if ar else 'NCCL only'}", ms, gpu_ms,
                        str(dict(ar.calls)) if ar else "-"]
+
+
+def _kernel_table(runner, batch, title: str, replays: int = 20) -> None:
+    """GPU time per kernel over ``replays`` replays of the step (torch.profiler), per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            runner.forward(batch)
+        torch.cuda.synchronize()
+    rows = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            name = e.name[:70]
+            n, us = rows.get(name, (0, 0.0))
+            dt = (getattr(e, "self_device_time_total", None) or getattr(e, "device_time", 0)
+                  or getattr(e, "cuda_time", 0))
+            rows[name] = (n + 1, us + dt)
+    total = sum(us for _, us in rows.values()) / replays
+    print(f"\n## kernels of one decode step, {title}: {total:.0f} us of GPU time per step")
+    for name, (n, us) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:22]:
+        print(f"{us / replays:8.1f} us  {n // replays:4d}x  {name}")
 
 
 def _last_batch(runner, driver, req, token):
