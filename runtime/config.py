@@ -113,6 +113,13 @@ class EngineConfig:
     # tokens per verify step fall below the threshold (tried again after a backoff).
     speculative_max_batch_size: int = 32
     speculative_min_accept_per_step: float = 0.3
+    # mm: images (vision-language models, runtime/multimodal): http(s) image URLs are fetched
+    # only when allowed (else a 400 naming the field); at most this many images per request;
+    # the scheduler keeps encoder outputs of recent images (by pixel hash) up to this many bytes,
+    # so an image split over prefill chunks, or repeated within a batch, is encoded once.
+    allow_image_urls: bool = False
+    max_images_per_request: int = 16
+    mm_embedding_cache_bytes: int = 512 << 20
 
     def __post_init__(self) -> None:
         _check_parallel(self)

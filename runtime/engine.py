@@ -48,7 +48,11 @@ class Engine:
             self._stop_loop_after(self._tm.shutdown())
             raise
         self.tokenizer = self._tm.tokenizer
-        self._builder = RequestBuilder(self.tokenizer, self._ready)
+        from .multimodal.processor import MultimodalProcessor  # mm: None for text-only models
+
+        self.mm_processor = MultimodalProcessor.for_model(self._ready.model_dir, self.tokenizer,
+                                                          config)
+        self._builder = RequestBuilder(self.tokenizer, self._ready, self.mm_processor)
         atexit.register(self.shutdown)
         if not config.disable_gc_freeze:
             freeze_startup_objects()  # NOTE: this process holds torch and the tokenizer too
@@ -77,7 +81,10 @@ class Engine:
                 "context_length": r.context_len, "vocab_size": r.vocab_size,
                 "eos_token_ids": list(r.eos_token_ids),
                 "chat_template": getattr(self.tokenizer, "chat_template", None),
-                "is_generation": True}
+                "is_generation": True,
+                # mm: how a prompt marks an image (None: a text-only model), images per request
+                "image_placeholder": mm.fmt.placeholder if (mm := self.mm_processor) else None,
+                "max_images_per_request": mm.max_images if mm else 0}
 
     def stats(self) -> dict:
         self._check_open()
@@ -91,11 +98,11 @@ class Engine:
     # -- generation -------------------------------------------------------------------------------
     def _build(self, prompt: Any, sampling_params: Any, input_ids: Any, return_logprob: Any,
                logprob_start_len: Any, top_logprobs_num: Any, return_text_in_logprobs: bool,
-               stream: bool, rid: Any) -> tuple[list[GenerateSpec], bool]:
+               stream: bool, rid: Any, image_data: Any = None) -> tuple[list[GenerateSpec], bool]:
         self._check_open()
         specs, batched = self._builder.build(prompt, sampling_params, input_ids, return_logprob,
                                              logprob_start_len, top_logprobs_num,
-                                             return_text_in_logprobs, rid)
+                                             return_text_in_logprobs, rid, image_data)
         if stream and _many(specs, batched):
             from .errors import InvalidRequestError
 
@@ -111,10 +118,13 @@ class Engine:
                  return_logprob: bool | list[bool] = False,
                  logprob_start_len: int | list[int] = -1, top_logprobs_num: int | list[int] = 0,
                  return_text_in_logprobs: bool = False, stream: bool = False,
-                 rid: str | list[str] | None = None) -> Any:
+                 rid: str | list[str] | None = None, image_data: Any = None) -> Any:
+        """``image_data`` (mm): a prompt's images (bytes, paths, data: URLs, PIL images; one
+        or a list; per prompt for a batch), each marked in the prompt by the model's image
+        placeholder (or all prepended when it has none)."""
         specs, batched = self._build(prompt, sampling_params, input_ids, return_logprob,
                                      logprob_start_len, top_logprobs_num,
-                                     return_text_in_logprobs, stream, rid)
+                                     return_text_in_logprobs, stream, rid, image_data)
         if stream:
             return self._sync_stream(specs[0])
         many = _many(specs, batched)
@@ -127,10 +137,10 @@ class Engine:
                              logprob_start_len: int | list[int] = -1,
                              top_logprobs_num: int | list[int] = 0,
                              return_text_in_logprobs: bool = False, stream: bool = False,
-                             rid: str | list[str] | None = None) -> Any:
+                             rid: str | list[str] | None = None, image_data: Any = None) -> Any:
         specs, batched = self._build(prompt, sampling_params, input_ids, return_logprob,
                                      logprob_start_len, top_logprobs_num,
-                                     return_text_in_logprobs, stream, rid)
+                                     return_text_in_logprobs, stream, rid, image_data)
         if stream:
             return self._async_stream(specs[0])
         fut = asyncio.run_coroutine_threadsafe(

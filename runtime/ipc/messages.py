@@ -24,6 +24,9 @@ class TokenizedGenerateReq:
     # NOTE: only streamed requests get per-step outputs; others get one output when they finish
     # (or are aborted), so a plain request costs the main process no wake-up per token.
     stream: bool = False
+    # mm: images (runtime/multimodal/inputs.MmData: processed pixels, token offsets, M-RoPE);
+    # the prompt's image positions hold hash-derived pad ids.
+    mm: Any = None
 
 
 @dataclass(frozen=True)

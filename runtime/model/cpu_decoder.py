@@ -134,6 +134,7 @@ class CpuDecoder:
                 and getattr(runner, "tp_size", 1) == 1
                 and pool.dtype == torch.float32 and runner.attention_backend_name == "torch_native"
                 and isinstance(model, LlamaForCausalLM)
+                and not model.config.is_multimodal  # mm: M-RoPE decode positions (model forward)
                 and all(_fits(layer) for layer in model.model.layers))
         kernels = load_kernels() if fits else None
         if kernels is None:

@@ -50,6 +50,9 @@ class ForwardBatch:
     shared_prefix: Any = None
     # spec: TARGET_VERIFY only: the draft trees' attention masks (speculative.tree_mask.TreeMask)
     spec_info: Any = None
+    # mm: extend only, optional: the batch's image rows and M-RoPE positions
+    # (runtime/multimodal/inputs.MmBatch); None: no request of the batch has images.
+    mm_inputs: Any = None
     # Filled by the attention backend's init_forward_metadata.
     attn_metadata: Any = None
 

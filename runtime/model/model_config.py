@@ -22,11 +22,15 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "MixtralForCausalLM": "mixtral",
+    # mm: vision-language models (runtime/multimodal); the fields below are the language model's
+    "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
+    "LlavaForConditionalGeneration": "llava",
 }
 _MODEL_TYPE_TO_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                        "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                        "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM"}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+MM_FAMILIES = ("qwen2_5_vl", "llava")  # mm:
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,13 @@ class ModelConfig:
     moe_layers: tuple[int, ...] = ()
     # The checkpoint's HF quantization_config (e.g. quant_method fp8), None: not quantized.
     quantization_config: dict[str, Any] | None = field(default=None, compare=False)
+    # mm: a vision-language model's whole transformers config (vision tower, image token ids);
+    # None for text-only models.
+    mm_config: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def is_multimodal(self) -> bool:  # mm:
+        return self.mm_config is not None
 
     @property
     def q_size(self) -> int:
@@ -100,10 +111,13 @@ class ModelConfig:
         """Flatten a transformers ``PretrainedConfig``."""
         arch = architecture or _architecture(hf.to_dict(), "config")
         family = SUPPORTED_ARCHITECTURES[arch]
+        mm_config = hf if family in MM_FAMILIES else None  # mm: the language model's fields
+        if mm_config is not None:
+            hf = hf.text_config
         heads = hf.num_attention_heads
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
         theta, scaling = _rope(hf)
-        if family == "qwen2":
+        if family in ("qwen2", "qwen2_5_vl") or getattr(hf, "model_type", "") == "qwen2":
             bias = True  # Qwen2 always has q/k/v bias; its config has no flag for it
         else:
             bias = bool(getattr(hf, "attention_bias", False))
@@ -114,13 +128,14 @@ class ModelConfig:
             num_kv_heads=getattr(hf, "num_key_value_heads", None) or heads, head_dim=head_dim,
             intermediate_size=hf.intermediate_size, vocab_size=hf.vocab_size,
             rms_norm_eps=float(hf.rms_norm_eps), rope_theta=theta, rope_scaling=scaling,
-            tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+            tie_word_embeddings=bool(getattr(mm_config or hf, "tie_word_embeddings", False)),
             attention_bias=bias, qk_norm=family in ("qwen3", "qwen3_moe"),
-            eos_token_ids=_eos_ids(getattr(hf, "eos_token_id", None)),
+            eos_token_ids=_eos_ids(getattr(hf, "eos_token_id", None)
+                                   or getattr(mm_config, "eos_token_id", None)),
             max_context_len=_context_len(hf),
             hidden_act=getattr(hf, "hidden_act", "silu"),
             torch_dtype=str(dtype).replace("torch.", "") if dtype is not None else None,
-            quantization_config=_quant_config(hf),
+            quantization_config=_quant_config(hf), mm_config=mm_config,
             **_moe_fields(hf, family),
         )
 

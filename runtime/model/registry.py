@@ -7,6 +7,7 @@ from ..errors import ModelLoadError
 from .llama import LlamaForCausalLM
 from .mixtral import MixtralForCausalLM
 from .qwen2 import Qwen2ForCausalLM
+from .qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from .qwen3 import Qwen3ForCausalLM
 from .qwen3_moe import Qwen3MoeForCausalLM
 
@@ -17,6 +18,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
+    "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,  # mm:
 }
 
 

@@ -73,6 +73,8 @@ class ModelRunner:
         self.model, self.model_config = load_model_from_dir(
             self.model_dir, self.device, self.dtype, config.load_format, config.seed,
             config.quantization)
+        if hasattr(self.model, "encoder_cache"):  # mm: encoder outputs kept by image hash
+            self.model.encoder_cache.max_bytes = config.mm_embedding_cache_bytes
         self.num_local_heads, self.num_local_kv_heads = local_heads(
             self.model_config.num_heads, self.model_config.num_kv_heads, self.tp_size)
         self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype)

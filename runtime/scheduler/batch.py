@@ -13,6 +13,7 @@ import torch
 
 from ..layers.upload import to_device
 from ..model.forward_batch import ForwardBatch, ForwardMode
+from ..multimodal.inputs import build_mm_batch
 from .req import Req
 
 
@@ -72,4 +73,5 @@ def build_extend(reqs: list[Req], device: torch.device) -> tuple[ForwardBatch, E
         extend_seq_lens=dev(ext), extend_start_loc=dev(start_loc),
         logits_indices=dev(torch.cat(logit_rows)),
         seq_lens_cpu=seq_lens, extend_prefix_lens_cpu=prefix_lens, extend_seq_lens_cpu=ext_lens)
+    batch.mm_inputs = build_mm_batch(reqs, device)  # mm: image rows, M-RoPE positions
     return batch, ExtendLayout(starts, counts, firsts)

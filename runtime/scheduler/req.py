@@ -92,6 +92,8 @@ class Req:
         self.spec_verify_ct: int | None = None
         self.spec_accepted_tokens = 0
         self.spec_backoff: Any = None
+        # mm: the request's images (runtime/multimodal/inputs.MmData); None: text only.
+        self.mm: Any = None
 
     # -- derived values -------------------------------------------------------------------
     @property

@@ -10,6 +10,7 @@ import torch
 
 from ..distributed.collectives import broadcast
 from ..layers.sampler import Sampler, SamplingBatchInfo
+from ..multimodal.inputs import text_ids
 from .req import Req
 
 
@@ -25,7 +26,8 @@ class BatchSampler:
         (penalty counts and seeded step numbers continue where they were)."""
         return SamplingBatchInfo.from_params(
             [r.sampling_params for r in reqs], vocab_size, self.sampler.device, self.eos,
-            prompt_ids=[r.origin_input_ids for r in reqs], output_ids=[r.output_ids for r in reqs])
+            prompt_ids=[text_ids(r) for r in reqs],  # mm: without image pad ids
+            output_ids=[r.output_ids for r in reqs])
 
     def sample_ids(self, logits: torch.Tensor, info: SamplingBatchInfo,
                    vocab_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -19,6 +19,7 @@ from ..grammar.base import bitmask_width
 from ..layers.bitmask import warm_up_fused
 from ..ipc import messages as m
 from ..model.forward_batch import ForwardMode
+from ..multimodal.embed import mm_stats
 from .finish import FinishChecker
 from .inflight import InflightStep
 from .memory import KVMemory
@@ -85,6 +86,7 @@ class Scheduler(Stepping):
             req = Req(msg.rid, msg.input_ids, msg.sampling_params, msg.return_logprob,
                       msg.logprob_start_len, msg.top_logprobs_num, self._arrivals,
                       msg.stream)
+            req.mm = msg.mm  # mm:
             self.counters["requests_total"] += 1
             if self.spec is not None:  # spec: meta_info counts its verify steps
                 req.spec_verify_ct = 0
@@ -128,7 +130,7 @@ class Scheduler(Stepping):
                 "kv_free_slots": self.memory.kv_pool.available(),
                 "kv_evictable_slots": self.memory.evictable(),
                 "cache_hit_rate": c["cache_hit_tokens"] / q if q else 0.0, **c,
-                **self._work_left(),
+                **self._work_left(), **mm_stats(self.runner),  # mm:
                 **(self.grammar.stats_dict() if self.grammar else {}),  # grammar
                 **(self.spec.stats_dict() if self.spec is not None else {})}  # spec
 

@@ -189,7 +189,8 @@ class TokenizerManager:
         """n > 1: prefill the shared prompt once so every sample reuses its cached KV."""
         first = spec.reqs[0]
         warm = m.TokenizedGenerateReq(f"{spec.rid}-prefix", first.input_ids,
-                                      first.sampling_params.replace(max_new_tokens=0, min_new_tokens=0))
+                                      first.sampling_params.replace(max_new_tokens=0, min_new_tokens=0),
+                                      mm=first.mm)  # mm: the same images
         state = self._send_req(warm, spec, stream=False)
         await state.done.wait()
 

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 from ..errors import ContextLengthError, InvalidRequestError, RequestTooLargeError
 from ..ipc.messages import Ready, TokenizedGenerateReq
 from ..sampling_params import SamplingParams
+from ..multimodal import request as mm_request
 from .encoder import ids_encoder
 
 CHECKED_MEMO_SIZE = 1024  # distinct (constraint, budget) pairs whose checks are remembered
@@ -37,8 +38,9 @@ def _per_item(value: Any, n: int, name: str, scalar_types: tuple) -> list:
 
 
 class RequestBuilder:
-    def __init__(self, tokenizer: Any, ready: Ready) -> None:
+    def __init__(self, tokenizer: Any, ready: Ready, mm: Any = None) -> None:
         self.tokenizer = tokenizer
+        self.mm = mm  # mm: the model's MultimodalProcessor (None: text-only)
         self._encode = ids_encoder(tokenizer)
         self._token_bytes: int | None = None  # grammar: the longest token, in bytes
         # grammar: (kind, text, budget) -> (json_schema to send, the limits error or None)
@@ -47,7 +49,7 @@ class RequestBuilder:
 
     def build(self, prompt: Any, sampling_params: Any, input_ids: Any, return_logprob: Any,
               logprob_start_len: Any, top_logprobs_num: Any, return_text_in_logprobs: bool,
-              rid: Any) -> tuple[list[GenerateSpec], bool]:
+              rid: Any, image_data: Any = None) -> tuple[list[GenerateSpec], bool]:
         """Validated specs, plus whether the call was a batch (list in, list out)."""
         if (prompt is None) == (input_ids is None):
             raise InvalidRequestError("give exactly one of prompt or input_ids", field="prompt")
@@ -65,12 +67,21 @@ class RequestBuilder:
         starts = _per_item(logprob_start_len, n, "logprob_start_len", ())
         tops = _per_item(top_logprobs_num, n, "top_logprobs_num", ())
         rids = _per_item(rid, n, "rid", ())
+        images = mm_request.per_prompt(image_data, n, batched)  # mm:
         specs = []
         for i, item in enumerate(items):
-            ids = self._tokenize(item) if prompt is not None else self._check_ids(item)
+            mm = None
+            if images[i]:  # mm: image tokens expanded, MmData built
+                if prompt is None:
+                    self._check_ids(item)
+                ids, mm = mm_request.with_images(self.mm, item, images[i], prompt is not None,
+                                                 self._tokenize)
+                mm_request.check_logprob_start(mm, starts[i] if lps[i] else -1)
+            else:
+                ids = self._tokenize(item) if prompt is not None else self._check_ids(item)
             sp = self._params(params[i])
             specs.append(self._spec(ids, sp, bool(lps[i]), starts[i], tops[i],
-                                    return_text_in_logprobs, rids[i]))
+                                    return_text_in_logprobs, rids[i], mm))
         return specs, batched
 
     def _tokenize(self, text: Any) -> list[int]:
@@ -155,7 +166,7 @@ class RequestBuilder:
         return drop_vacuous_bounds(text, limit, max_new_tokens * self._token_bytes)
 
     def _spec(self, ids: list[int], sp: SamplingParams, lp: bool, start: Any, top: Any,
-              text_in_lp: bool, rid: Any) -> GenerateSpec:
+              text_in_lp: bool, rid: Any, mm: Any = None) -> GenerateSpec:
         self._check_sizes(len(ids), sp)
         if not isinstance(start, int) or isinstance(start, bool) or not -1 <= start <= len(ids):
             raise InvalidRequestError(f"logprob_start_len must be -1 or in [0, {len(ids)}] "
@@ -166,10 +177,10 @@ class RequestBuilder:
                                       field="top_logprobs_num")
         rid = str(rid) if rid is not None else uuid.uuid4().hex
         if sp.n == 1:
-            reqs = (TokenizedGenerateReq(rid, ids, sp, lp, start, top),)
+            reqs = (TokenizedGenerateReq(rid, ids, sp, lp, start, top, mm=mm),)
         else:
-            reqs = tuple(TokenizedGenerateReq(f"{rid}-{k}", ids, self._child(sp, k), lp, start, top)
-                         for k in range(sp.n))
+            reqs = tuple(TokenizedGenerateReq(f"{rid}-{k}", ids, self._child(sp, k), lp, start, top,
+                                              mm=mm) for k in range(sp.n))
         return GenerateSpec(rid, reqs, text_in_lp)
 
     @staticmethod

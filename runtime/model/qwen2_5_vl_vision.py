@@ -1,0 +1,199 @@
+"""The Qwen2.5-VL vision transformer: patch embedding, 2-D rotary, window attention (full
+attention in ``fullatt_block_indexes``), and the patch merger (2x2 patches -> one LLM token).
+
+Parameter names follow the HF checkpoint under ``visual.`` (``patch_embed.proj``,
+``blocks.N.{norm1,norm2,attn.qkv,attn.proj,mlp.{gate,up,down}_proj}``, ``merger.{ln_q,mlp.0,
+mlp.2}``). Input: the image processor's flattened patches ``[patches, C*T*P*P]`` of several
+images packed together and their ``grid_thw``; output: ``[tokens, out_hidden]`` in the
+images' order. Attention runs over ragged segments (windows or whole images) padded to the
+longest one in a single SDPA call: padded keys are masked, so each segment attends only to
+itself, as HF's per-segment loop does.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class VisionRMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class VisionMLP(nn.Module):
+    def __init__(self, dim: int, hidden: int, act: str) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden)
+        self.up_proj = nn.Linear(dim, hidden)
+        self.down_proj = nn.Linear(hidden, dim)
+        self.act = {"silu": F.silu, "gelu": F.gelu, "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
+                    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}[act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """rotate-half rotary in fp32 (as HF's ``apply_rotary_pos_emb_vision``)."""
+    dtype = x.dtype
+    x = x.float()
+    x1, x2 = x.chunk(2, dim=-1)
+    return (x * cos + torch.cat((-x2, x1), dim=-1) * sin).to(dtype)
+
+
+def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      cu_seqlens: list[int], scale: float) -> torch.Tensor:
+    """Bidirectional attention within each segment ``cu_seqlens[i]:cu_seqlens[i+1]`` of
+    ``[tokens, heads, dim]`` tensors: the segments padded into one batch, padded keys masked."""
+    lens = [b - a for a, b in zip(cu_seqlens, cu_seqlens[1:])]
+    n, longest = len(lens), max(lens)
+    seg = torch.repeat_interleave(torch.arange(n), torch.tensor(lens))
+    col = torch.arange(q.shape[0]) - torch.tensor(cu_seqlens[:-1]).repeat_interleave(torch.tensor(lens))
+    seg, col = seg.to(q.device), col.to(q.device)
+
+    def pad(x: torch.Tensor) -> torch.Tensor:
+        out = x.new_zeros(n, longest, *x.shape[1:])
+        out[seg, col] = x
+        return out.transpose(1, 2)  # [segments, heads, longest, dim]
+
+    valid = torch.zeros(n, longest, dtype=torch.bool, device=q.device)
+    valid[seg, col] = True
+    mask = valid[:, None, None, :] if min(lens) < longest else None
+    out = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), attn_mask=mask, scale=scale)
+    return out.transpose(1, 2)[seg, col]
+
+
+class VisionAttention(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, cu_seqlens: list[int], rope: tuple[torch.Tensor, torch.Tensor]
+                ) -> torch.Tensor:
+        n = x.shape[0]
+        q, k, v = self.qkv(x).view(n, 3, self.heads, self.head_dim).unbind(1)
+        q, k = _rotate(q, *rope), _rotate(k, *rope)
+        out = segment_attention(q, k, v, cu_seqlens, self.head_dim ** -0.5)
+        return self.proj(out.reshape(n, -1))
+
+
+class VisionBlock(nn.Module):
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        self.norm1 = VisionRMSNorm(cfg.hidden_size)
+        self.norm2 = VisionRMSNorm(cfg.hidden_size)
+        self.attn = VisionAttention(cfg.hidden_size, cfg.num_heads)
+        self.mlp = VisionMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
+
+    def forward(self, x: torch.Tensor, cu_seqlens: list[int], rope: tuple[torch.Tensor, torch.Tensor]
+                ) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), cu_seqlens, rope)
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchMerger(nn.Module):
+    def __init__(self, out_dim: int, dim: int, merge: int) -> None:
+        super().__init__()
+        self.hidden = dim * merge * merge
+        self.ln_q = VisionRMSNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(self.hidden, self.hidden), nn.GELU(),
+                                 nn.Linear(self.hidden, out_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.ln_q(x).view(-1, self.hidden))
+
+
+class PatchEmbed(nn.Module):
+    """Conv3d with stride == kernel: one matmul over each flattened (C, T, P, P) patch."""
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        kernel = (cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
+        self.proj = nn.Conv3d(cfg.in_channels, cfg.hidden_size, kernel, stride=kernel, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.proj.weight
+        return F.linear(x.to(w.dtype), w.view(w.shape[0], -1))
+
+
+class Qwen2_5_VisionTransformer(nn.Module):
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        self.merge = cfg.spatial_merge_size
+        self.unit = self.merge ** 2
+        self.window = cfg.window_size // self.merge // cfg.patch_size  # in merged units
+        self.full_blocks = set(cfg.fullatt_block_indexes)
+        self.patch_embed = PatchEmbed(cfg)
+        head_dim = cfg.hidden_size // cfg.num_heads
+        theta = float((getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
+        quarter = torch.arange(0, head_dim // 2, 2, dtype=torch.float) / (head_dim // 2)
+        self.register_buffer("inv_freq", 1.0 / theta ** quarter, persistent=False)
+        self.blocks = nn.ModuleList(VisionBlock(cfg) for _ in range(cfg.depth))
+        self.merger = PatchMerger(cfg.out_hidden_size, cfg.hidden_size, self.merge)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.patch_embed.proj.weight.dtype
+
+    def forward(self, pixels: torch.Tensor, grids: list[tuple[int, int, int]]) -> torch.Tensor:
+        order, cu_windows = self.window_index(grids)
+        order = order.to(pixels.device)
+        x = self._by_unit(self.patch_embed(pixels), order)
+        angles = self._by_unit(self.rope_angles(grids).to(pixels.device), order)
+        emb = torch.cat((angles, angles), dim=-1)
+        rope = (emb.cos()[:, None, :], emb.sin()[:, None, :])
+        cu_full = [0]
+        for t, h, w in grids:  # full attention: each frame of each image on its own
+            for _ in range(t):
+                cu_full.append(cu_full[-1] + h * w)
+        for i, block in enumerate(self.blocks):
+            x = block(x, cu_full if i in self.full_blocks else cu_windows, rope)
+        return self.merger(x)[torch.argsort(order)]
+
+    def _by_unit(self, x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+        """Reorder rows by merge unit (2x2 patches stay together) into window order."""
+        return x.view(-1, self.unit, x.shape[-1])[order].reshape(-1, x.shape[-1])
+
+    def rope_angles(self, grids: list[tuple[int, int, int]]) -> torch.Tensor:
+        """``[patches, head_dim / 2]``: (row, column) angles of each patch, in the processor's
+        patch order (merge blocks row-major, patches row-major inside a block)."""
+        m, out = self.merge, []
+        for t, h, w in grids:
+            rows = torch.arange(h).view(h // m, m, 1, 1).expand(h // m, m, w // m, m)
+            cols = torch.arange(w).view(1, 1, w // m, m).expand(h // m, m, w // m, m)
+            rows, cols = rows.transpose(1, 2).flatten(), cols.transpose(1, 2).flatten()
+            out.append(torch.stack([rows, cols], dim=-1).repeat(t, 1))
+        pos = torch.cat(out).float()
+        inv = self.inv_freq.float().cpu()
+        return torch.cat([pos[:, :1] * inv, pos[:, 1:] * inv], dim=-1)
+
+    def window_index(self, grids: list[tuple[int, int, int]]) -> tuple[torch.Tensor, list[int]]:
+        """Merge units reordered window by window, and the windows' cumulative patch counts."""
+        size, order, cu, base = self.window, [], [0], 0
+        for t, h, w in grids:
+            gh, gw = h // self.merge, w // self.merge
+            index = torch.arange(t * gh * gw).view(t, gh, gw)
+            ph, pw = -gh % size or size, -gw % size or size  # as HF: a full pad when divisible
+            padded = F.pad(index, (0, pw, 0, ph), value=-1)
+            nh, nw = (gh + ph) // size, (gw + pw) // size
+            padded = padded.view(t, nh, size, nw, size).permute(0, 1, 3, 2, 4).reshape(t, nh * nw, -1)
+            for window in padded.reshape(-1, size * size):
+                kept = window[window >= 0]
+                if kept.numel():
+                    order.append(kept + base)
+                    cu.append(cu[-1] + kept.numel() * self.unit)
+            base += t * gh * gw
+        return torch.cat(order), cu

@@ -1,0 +1,150 @@
+"""The main-process image step: each image decoded, hashed and run through the model's own
+transformers image processor; each image token of the prompt expanded into the image's
+``num_tokens`` positions, holding the image's hash-derived pad id (``inputs.pad_value``);
+M-RoPE positions computed for Qwen2.5-VL. The result travels with the request (``MmData``).
+
+A prompt marks an image with the family's placeholder (Qwen2.5-VL:
+``<|vision_start|><|image_pad|><|vision_end|>``, LLaVA: ``<image>``); a text prompt without
+any gets the placeholders of all its images prepended.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from ..errors import InvalidRequestError
+from .image_io import decode_image, pixel_hash
+from .inputs import ImageItem, MmData
+from .mrope import prompt_positions
+
+PROCESSED_CACHE_BYTES = 256 << 20  # processed pixels of recent images, by pixel hash
+
+
+@dataclass(frozen=True)
+class ImageFormat:
+    """How a model family marks and counts an image's tokens."""
+
+    family: str  # "qwen2_5_vl" | "llava"
+    placeholder: str  # what a prompt writes for one image
+    image_token: str  # the token expanded into the image's positions
+    merge: int = 1  # Qwen2.5-VL: patches per token side
+
+
+def image_format(arch: str, hf: dict[str, Any]) -> ImageFormat | None:
+    if arch == "Qwen2_5_VLForConditionalGeneration":
+        merge = int(hf.get("vision_config", {}).get("spatial_merge_size", 2))
+        return ImageFormat("qwen2_5_vl", "<|vision_start|><|image_pad|><|vision_end|>",
+                           "<|image_pad|>", merge)
+    if arch == "LlavaForConditionalGeneration":
+        return ImageFormat("llava", "<image>", "<image>")
+    return None
+
+
+class MultimodalProcessor:
+    def __init__(self, model_dir: str | Path, tokenizer: Any, fmt: ImageFormat,
+                 allow_urls: bool = False, max_images: int = 16) -> None:
+        from transformers import AutoImageProcessor
+
+        self.fmt = fmt
+        self.image_processor = AutoImageProcessor.from_pretrained(str(model_dir))
+        self.image_token_id = int(tokenizer.convert_tokens_to_ids(fmt.image_token))
+        self.allow_urls = allow_urls
+        self.max_images = max_images
+        self._lock = threading.Lock()
+        self._processed: OrderedDict[int, tuple[torch.Tensor, tuple[int, int, int]]] = OrderedDict()
+        self._bytes = 0
+
+    @classmethod
+    def for_model(cls, model_dir: str | Path, tokenizer: Any, config: Any
+                  ) -> "MultimodalProcessor | None":
+        """The processor of a vision-language model directory; None for a text-only model."""
+        path = Path(model_dir) / "config.json"
+        raw = json.loads(path.read_text()) if path.is_file() else {}
+        fmt = next((f for a in raw.get("architectures") or [] if (f := image_format(a, raw))), None)
+        if fmt is None:
+            return None
+        return cls(model_dir, tokenizer, fmt, config.allow_image_urls, config.max_images_per_request)
+
+    def with_placeholders(self, prompt: str, count: int) -> str:
+        """``prompt`` with the images' placeholders prepended when it has none."""
+        if count and self.fmt.image_token not in prompt:
+            return self.fmt.placeholder * count + "\n" + prompt
+        return prompt
+
+    def check_count(self, images: Sequence[Any], field: str) -> None:
+        if len(images) > self.max_images:
+            raise InvalidRequestError(f"{field}: {len(images)} images in one request; this server "
+                                      f"accepts at most {self.max_images}", field=field)
+
+    def process(self, ids: list[int], images: Sequence[Any], field: str) -> tuple[list[int], MmData]:
+        """Prompt ids with each image token expanded, and the request's ``MmData``."""
+        self.check_count(images, field)
+        marks = [i for i, t in enumerate(ids) if t == self.image_token_id]
+        if len(marks) != len(images):
+            raise InvalidRequestError(
+                f"{field}: the prompt marks {len(marks)} image(s) ({self.fmt.placeholder!r}) but "
+                f"{len(images)} were given", field=field)
+        out: list[int] = []
+        items: list[ImageItem] = []
+        cursor = 0
+        for k, (mark, source) in enumerate(zip(marks, images)):
+            out += ids[cursor:mark]
+            item = self._item(source, len(out), f"{field}[{k}]")
+            out += [item.pad_value] * item.num_tokens
+            items.append(item)
+            cursor = mark + 1
+        out += ids[cursor:]
+        if self.fmt.family == "qwen2_5_vl":
+            table, delta = prompt_positions(len(out), items, self.fmt.merge)
+            return out, MmData(tuple(items), table, delta)
+        return out, MmData(tuple(items))
+
+    def _item(self, source: Any, offset: int, field: str) -> ImageItem:
+        image = decode_image(source, field, self.allow_urls)
+        key = pixel_hash(image)
+        pixels, grid = self._pixels(image, key, field)
+        t, h, w = grid
+        tokens = t * h * w // (self.fmt.merge ** 2)
+        return ImageItem(pixels, grid, key, offset, tokens)
+
+    def _pixels(self, image: Any, key: int, field: str) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        with self._lock:
+            hit = self._processed.get(key)
+            if hit is not None:
+                self._processed.move_to_end(key)
+                return hit
+        try:
+            out = self.image_processor(images=[image], return_tensors="pt")
+        except Exception as e:  # noqa: BLE001 - the processor raises many kinds for odd images
+            raise InvalidRequestError(f"{field}: the image processor rejected the image "
+                                      f"({type(e).__name__}: {e})", field=field) from None
+        pixels = out["pixel_values"]
+        if "image_grid_thw" in out:
+            grid = tuple(int(v) for v in out["image_grid_thw"][0])
+        else:  # a fixed-size tower (LLaVA): one "frame" of (rows, columns) tokens
+            grid = self._llava_grid(pixels)
+        self._remember(key, (pixels, grid))
+        return pixels, grid
+
+    def _llava_grid(self, pixels: torch.Tensor) -> tuple[int, int, int]:
+        side = getattr(self, "tokens_per_side", None)
+        if side is None:
+            raise InvalidRequestError("this model's image token count is unknown", field="image")
+        return (1, side, side)
+
+    def _remember(self, key: int, value: tuple[torch.Tensor, tuple[int, int, int]]) -> None:
+        size = value[0].numel() * value[0].element_size()
+        with self._lock:
+            if key in self._processed or size > PROCESSED_CACHE_BYTES:
+                return
+            self._processed[key] = value
+            self._bytes += size
+            while self._bytes > PROCESSED_CACHE_BYTES:
+                _, (old, _) = self._processed.popitem(last=False)
+                self._bytes -= old.numel() * old.element_size()
