@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from .anthropic_protocol import MessagesRequest
 from .context import ctx
 from .errors import APIError
+from .images import ImageCollector
 from .sse import SSEResponse, guarded, prefetch, sse_event
 from .tool_turn import (ArgsDelta, CallStart, ReasoningDelta, TextDelta, TurnEnd,
                         has_constraint, run_turn)
@@ -41,7 +42,8 @@ async def messages(req: MessagesRequest, request: Request) -> Response:
     c.check_model(req.model)
     plan = req.tool_plan(c.tool_format)
     reasoning = c.reasoning if req.wants_thinking else None
-    chat = req.chat_messages()
+    images = ImageCollector.for_engine(c.engine)  # mm: image blocks
+    chat = req.chat_messages(images)
     if req.prefilled and chat[-1]["role"] == "assistant" and not chat[-1].get("tool_calls"):
         prompt = render_prompt(c.chat_template, chat[:-1], plan) + str(chat[-1]["content"])
     else:
@@ -50,7 +52,8 @@ async def messages(req: MessagesRequest, request: Request) -> Response:
     if plan is not None and plan.active and has_constraint(sampling):
         raise APIError(400, "tools cannot be combined with another output constraint",
                        param="tools")
-    events = run_turn(c, prompt, sampling, plan, reasoning, req.stream, request)
+    events = run_turn(c, prompt, sampling, plan, reasoning, req.stream, request,
+                      images.images)  # mm:
     head = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
             "model": req.model}
     if req.stream:

@@ -52,15 +52,19 @@ class Message(BaseModel):
     role: Literal["user", "assistant"]
     content: Union[str, list[ContentBlock]]
 
-    def template_messages(self) -> list[dict[str, Any]]:
-        """Template dicts: tool results as ``tool`` turns first, calls on the assistant turn."""
+    def template_messages(self, images: Any = None, where: str = "messages"
+                          ) -> list[dict[str, Any]]:
+        """Template dicts: tool results as ``tool`` turns first, calls on the assistant turn;
+        ``images`` (mm: an ``ImageCollector``) takes ``image`` blocks."""
         if isinstance(self.content, str):
             return [{"role": self.role, "content": self.content}]
         out: list[dict[str, Any]] = [
             {"role": "tool", "content": b.result_text(), "tool_call_id": b.tool_use_id or ""}
             for b in self.content if b.type == "tool_result"]
         calls = [b.as_call() for b in self.content if b.type == "tool_use"]
-        text = "".join(b.as_text() for b in self.content
+        text = "".join(images.anthropic_block(getattr(b, "source", None), f"{where}.content[{j}]")
+                       if b.type == "image" and images is not None else b.as_text()  # mm:
+                       for j, b in enumerate(self.content)
                        if b.type not in ("tool_result", "tool_use"))
         if text or calls or not out:
             out.append({"role": self.role, "content": text, **({"tool_calls": calls} if calls
@@ -88,15 +92,15 @@ class MessagesRequest(BaseModel):
     service_tier: Optional[str] = None
     thinking: Optional[dict[str, Any]] = None  # {"type": "disabled"} turns separation off
 
-    def chat_messages(self) -> list[dict[str, Any]]:
+    def chat_messages(self, images: Any = None) -> list[dict[str, Any]]:
         """OpenAI-style role/content dicts for the chat template, system first."""
         out: list[dict[str, Any]] = []
         if self.system:
             system = self.system if isinstance(self.system, str) else "".join(
                 block.as_text() for block in self.system)
             out.append({"role": "system", "content": system})
-        for m in self.messages:
-            out.extend(m.template_messages())
+        for i, m in enumerate(self.messages):
+            out.extend(m.template_messages(images, f"messages[{i}]"))
         return out
 
     @property

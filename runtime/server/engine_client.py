@@ -34,6 +34,7 @@ class GenItem:
     input_ids: list[int] | None
     sampling: dict[str, Any]
     rid: str
+    image_data: list[Any] | None = None  # mm: this prompt's images (decoded)
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,9 @@ class GenBatch:
     @classmethod
     def fan_out(cls, prompts: Sequence[str | list[int]],
                 sampling: dict[str, Any] | Sequence[dict[str, Any]], n: int = 1,
-                rids: Sequence[str] | None = None, **logprob_kw: Any) -> "GenBatch":
+                rids: Sequence[str] | None = None,
+                image_data: Sequence[list[Any] | None] | None = None,
+                **logprob_kw: Any) -> "GenBatch":
         """One item per (prompt, sample); ``sampling`` is shared or one dict per prompt. With
         a seed and n > 1, sample i gets seed + i, so the n samples differ yet stay
         reproducible."""
@@ -63,12 +66,16 @@ class GenBatch:
                     params["seed"] = params["seed"] + i
                 rid = rids[p * n + i] if rids is not None else new_rid()
                 is_text = isinstance(prompt, str)
+                images = image_data[p] if image_data else None  # mm:
                 items.append(GenItem(prompt if is_text else None,
-                                     None if is_text else list(prompt), params, rid))
+                                     None if is_text else list(prompt), params, rid,
+                                     images or None))
         return cls(tuple(items), **logprob_kw)
 
     def engine_kwargs(self, item: GenItem, stream: bool) -> dict[str, Any]:
         kw: dict[str, Any] = {"sampling_params": item.sampling, "rid": item.rid, "stream": stream}
+        if item.image_data:  # mm:
+            kw["image_data"] = item.image_data
         if item.prompt is not None:
             kw["prompt"] = item.prompt
         else:
@@ -82,6 +89,8 @@ class GenBatch:
             return None
         kw: dict[str, Any] = {"sampling_params": [it.sampling for it in self.items],
                               "rid": [it.rid for it in self.items]}
+        if any(it.image_data for it in self.items):  # mm: one prompt's images per entry
+            kw["image_data"] = [it.image_data for it in self.items]
         if kinds == {False}:
             kw["prompt"] = [it.prompt for it in self.items]
         else:

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from .context import ServerContext, ctx
 from .engine_client import GenBatch, new_rid
 from .errors import APIError
+from .images import ImageCollector
 from .native_protocol import (AbortRequest, ConcatAppendRequest, GenerateRequest,
                               PrecompileRequest)
 from .sse import DONE, SSEResponse, guarded, prefetch, sse_data
@@ -24,8 +25,6 @@ def _prompts(req: GenerateRequest) -> tuple[list[str | list[int]], bool]:
     if (req.text is None) == (req.input_ids is None):
         raise APIError(400, "exactly one of 'text' or 'input_ids' must be given", param="text")
     req.check_refused()
-    if req.image_data is not None:
-        raise APIError(400, "image inputs are not supported by this model", param="image_data")
     if req.text is not None:
         return ([req.text], False) if isinstance(req.text, str) else (list(req.text), True)
     ids = req.input_ids
@@ -59,8 +58,10 @@ def build_batch(c: ServerContext, req: GenerateRequest) -> tuple[GenBatch, bool]
         raise APIError(400, "n must be the same for every prompt", param="n")
     sampling = [{k: v for k, v in sp.items() if k != "n"} for sp in sampling]
     rids = _rids(req.rid, len(prompts), n)
+    images = ImageCollector.for_engine(c.engine).native(req.image_data, is_batch,
+                                                        len(prompts))  # mm:
     batch = GenBatch.fan_out(
-        prompts, sampling, n=n, rids=rids,
+        prompts, sampling, n=n, rids=rids, image_data=images,
         return_logprob=bool(_uniform(req.return_logprob, "return_logprob")),
         logprob_start_len=_default(_uniform(req.logprob_start_len, "logprob_start_len"), -1),
         top_logprobs_num=_default(_uniform(req.top_logprobs_num, "top_logprobs_num"), 0),

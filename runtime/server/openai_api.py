@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from .context import ServerContext, ctx
 from .engine_client import GenBatch
+from .images import ImageCollector
 from .openai_format import (LogprobCursor, chat_logprobs, completion_logprobs, finish_reason,
                             usage)
 from .openai_protocol import ChatCompletionRequest, CompletionRequest
@@ -121,7 +122,9 @@ async def chat_completions(req: ChatCompletionRequest, request: Request) -> Resp
     c.check_model(req.model)
     plan = req.tool_plan(c.tool_format)
     reasoning = c.reasoning if req.separate_reasoning else None
-    text = render_prompt(c.chat_template, [m.as_template_message() for m in req.messages], plan)
+    images = ImageCollector.for_engine(c.engine)  # mm: image_url parts
+    text = render_prompt(c.chat_template, [m.as_template_message(images, f"messages[{i}]")
+                                           for i, m in enumerate(req.messages)], plan)
     ids = await c.encode_chat_async(text)
     limit = req.token_limit()
     if limit is None:  # OpenAI's default: whatever room the context leaves
@@ -130,9 +133,11 @@ async def chat_completions(req: ChatCompletionRequest, request: Request) -> Resp
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": c.model_name}
     if (plan is not None and plan.active) or reasoning is not None:
-        return await chat_turn(req, c, request, text, c.sampling(raw), plan, reasoning, head)
+        return await chat_turn(req, c, request, text, c.sampling(raw), plan, reasoning, head,
+                               images.images)  # mm:
     batch = GenBatch.fan_out([ids], c.sampling(raw), n=req.n, return_logprob=req.logprobs,
-                             top_logprobs_num=req.top_logprobs or 0)
+                             top_logprobs_num=req.top_logprobs or 0,
+                             image_data=[images.images])
     if req.stream:
         events = await prefetch(_chat_events(req, batch, head, c))
         return SSEResponse(guarded(events, "openai"))

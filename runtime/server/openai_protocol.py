@@ -144,12 +144,16 @@ class ChatMessage(BaseModel):
     tool_calls: Optional[list[dict[str, Any]]] = None
     tool_call_id: Optional[str] = None
 
-    def as_template_message(self) -> dict[str, Any]:
-        """role + plain string content, as chat templates expect."""
+    def as_template_message(self, images: Any = None, where: str = "messages") -> dict[str, Any]:
+        """role + plain string content, as chat templates expect; ``images`` (mm: an
+        ``ImageCollector``) takes ``image_url`` parts, leaving the model's placeholder."""
         role = "system" if self.role == "developer" else self.role
         if isinstance(self.content, list):
             texts = []
-            for part in self.content:
+            for j, part in enumerate(self.content):
+                if part.type == "image_url" and images is not None:  # mm:
+                    texts.append(images.openai_part(part, f"{where}.content[{j}].image_url"))
+                    continue
                 if part.type != "text" or part.text is None:
                     raise APIError(400, f"content part type '{part.type}' is not supported",
                                    param="messages")

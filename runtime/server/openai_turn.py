@@ -44,9 +44,10 @@ def check_turn_request(req: ChatCompletionRequest, plan: ToolPlan | None,
 
 async def chat_turn(req: ChatCompletionRequest, c: ServerContext, request: Request,
                     prompt: str, sampling: dict[str, Any], plan: ToolPlan | None,
-                    reasoning: ReasoningFormat | None, head: dict[str, Any]) -> Response:
+                    reasoning: ReasoningFormat | None, head: dict[str, Any],
+                    images: list[Any] | None = None) -> Response:
     check_turn_request(req, plan, sampling)
-    events = run_turn(c, prompt, sampling, plan, reasoning, req.stream, request)
+    events = run_turn(c, prompt, sampling, plan, reasoning, req.stream, request, images)
     if req.stream:
         return SSEResponse(guarded(await prefetch(_chunks(req, events, head, reasoning)),
                                    "openai"))

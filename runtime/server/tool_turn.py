@@ -82,6 +82,7 @@ class _Turn:
     prompt_tokens: int | None = None
     cached_tokens: int = 0
     last_meta: dict[str, Any] = field(default_factory=dict)
+    images: list[Any] | None = None  # mm:
 
     @property
     def remaining(self) -> int:
@@ -94,7 +95,8 @@ class _Turn:
         sampling = {**self.sampling, **changes, "max_new_tokens": limit}
         sampling = {k: v for k, v in sampling.items() if v is not None}
         ids = await self.c.encode_chat_async(self.prompt + text)
-        batch = GenBatch.fan_out([ids], self.c.sampling(sampling))
+        batch = GenBatch.fan_out([ids], self.c.sampling(sampling),
+                                 image_data=[self.images] if self.images else None)  # mm:
         if not (self.stream or internal_stream):
             out = (await self.c.client.run(batch, self.request))[0]
             self._account(out["meta_info"])
@@ -133,9 +135,11 @@ def has_constraint(sampling: dict[str, Any]) -> bool:
 
 async def run_turn(c: ServerContext, prompt: str, sampling: dict[str, Any],
                    plan: ToolPlan | None, reasoning: ReasoningFormat | None, stream: bool,
-                   request: Request | None = None) -> AsyncIterator[Any]:
-    """The turn's events; see the module docstring."""
-    turn = _Turn(c, prompt, dict(sampling), plan, reasoning, stream, request)
+                   request: Request | None = None, images: list[Any] | None = None
+                   ) -> AsyncIterator[Any]:
+    """The turn's events; see the module docstring. ``images`` (mm): the prompt's images,
+    sent with every phase (the phases' shared prefix is a radix hit)."""
+    turn = _Turn(c, prompt, dict(sampling), plan, reasoning, stream, request, images=images)
     so_far, thought = "", None
     if reasoning is not None:
         async for event in _reasoning_phase(turn):

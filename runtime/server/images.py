@@ -1,0 +1,83 @@
+"""Images in the three protocols (mm): OpenAI ``image_url`` content parts, Anthropic ``image``
+blocks, SGLang-native ``image_data``. Each image is decoded here, once, with its exact field
+name in any error (a 400 in the protocol's shape), and passed to the engine decoded; the
+message text gets the model's image placeholder where the image was."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InvalidRequestError
+from ..multimodal.image_io import decode_image
+from .errors import APIError
+
+
+@dataclass
+class ImageCollector:
+    """Images of one request, in prompt order."""
+
+    placeholder: str | None  # None: a text-only model
+    max_images: int
+    allow_urls: bool
+    images: list[Any] = field(default_factory=list)
+
+    @classmethod
+    def for_engine(cls, engine: Any) -> "ImageCollector":
+        proc = getattr(engine, "mm_processor", None)
+        config = getattr(engine, "config", None)
+        return cls(proc.fmt.placeholder if proc else None, proc.max_images if proc else 0,
+                   bool(getattr(config, "allow_image_urls", False)))
+
+    def add(self, source: Any, where: str) -> str:
+        """Decode one image (400 naming ``where`` on failure); the placeholder text for it."""
+        if self.placeholder is None:
+            raise APIError(400, f"{where}: this model is text-only; it does not accept images",
+                           param=where)
+        if len(self.images) >= self.max_images:
+            raise APIError(400, f"{where}: too many images; this server accepts at most "
+                                f"{self.max_images} per request", param=where)
+        try:
+            self.images.append(decode_image(source, where, self.allow_urls))
+        except InvalidRequestError as e:
+            raise APIError(400, e.message, param=where) from None
+        return self.placeholder
+
+    def openai_part(self, part: Any, where: str) -> str:
+        spec = getattr(part, "image_url", None)
+        url = spec.get("url") if isinstance(spec, dict) else spec
+        if not isinstance(url, str):
+            raise APIError(400, f"{where}: an image_url part needs image_url.url", param=where)
+        return self.add(url, where)
+
+    def anthropic_block(self, source: Any, where: str) -> str:
+        if not isinstance(source, dict):
+            raise APIError(400, f"{where}: an image block needs a source", param=where)
+        if source.get("type") == "base64":
+            data = source.get("data")
+            if not isinstance(data, str):
+                raise APIError(400, f"{where}: source.data must be base64 text", param=where)
+            return self.add(f"data:{source.get('media_type', 'image/png')};base64,{data}", where)
+        if source.get("type") == "url":
+            return self.add(str(source.get("url")), where)
+        raise APIError(400, f"{where}: image source type {source.get('type')!r} is not "
+                            "supported (base64, url)", param=where)
+
+    def native(self, image_data: Any, batched: bool, prompts: int) -> list[Any] | None:
+        """SGLang-native ``image_data`` checked per image; one entry per prompt (or None)."""
+        if image_data is None:
+            return None
+        per = list(image_data) if batched else [image_data]
+        if batched and len(per) != prompts:
+            raise APIError(400, f"image_data must have one entry per prompt ({prompts})",
+                           param="image_data")
+        out = []
+        for p, entry in enumerate(per):
+            items = entry if isinstance(entry, list) else ([] if entry is None else [entry])
+            self.images = []
+            name = f"image_data[{p}]" if batched else "image_data"
+            out.append([self._native_one(s, f"{name}[{k}]") for k, s in enumerate(items)])
+        return out
+
+    def _native_one(self, source: Any, where: str) -> Any:
+        self.add(source, where)
+        return self.images[-1]
