@@ -24,6 +24,7 @@ Call = Callable[[dict[str, Any]], Awaitable[Any]]
 def batchable(request: dict[str, Any]) -> bool:
     """Single text prompts with one completion (lists, ids, n>1, streams go straight through)."""
     return (isinstance(request.get("text"), str) and not request.get("stream")
+            and not request.get("image_data")  # a batch call takes images per prompt
             and (request.get("sampling_params") or {}).get("n", 1) == 1)
 
 

@@ -15,7 +15,7 @@ from .loop_local import LoopLocal
 from .srt import SrtBackend
 
 _ARG_KEYS = ("input_ids", "sampling_params", "return_logprob", "logprob_start_len",
-             "top_logprobs_num", "return_text_in_logprobs", "stream", "rid")
+             "top_logprobs_num", "return_text_in_logprobs", "stream", "rid", "image_data")
 
 
 class Local(SrtBackend):

@@ -12,6 +12,7 @@ choice may merge with the context's last token), and the choice is scored from t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import uuid
@@ -20,7 +21,7 @@ from typing import Any, AsyncIterator, Sequence
 
 from sgdsl.ir import Constraint, SamplingParams
 
-from ._common import finish_reason
+from ._common import data_url, finish_reason
 from .stream_logprobs import StreamLogprobs
 from .base import (Backend, Capabilities, ChoiceScores, Context, GenResult, StreamChunk,
                    UnsupportedError)
@@ -72,6 +73,13 @@ def build_request(text: str, params: SamplingParams, constraint: Constraint | No
     return request
 
 
+def with_images(request: dict[str, Any], images: list[str] | None) -> dict[str, Any]:
+    """The request with the prompt's images (``image_data``, SGLang's field), if any."""
+    if images:
+        request["image_data"] = images
+    return request
+
+
 def result_of(out: dict[str, Any]) -> GenResult:
     """A runtime output dict as a ``GenResult`` (meta_info passed through, keys guaranteed)."""
     meta = dict(out.get("meta_info") or {})
@@ -91,10 +99,13 @@ class SrtBackend(Backend):
     def _init_capabilities(self) -> None:
         info = self.server_info()
         grammar = info.get("grammar_backend", "xgrammar")
+        # images: a vision-language model says how a prompt marks an image (model_info)
+        self._image_placeholder = self.model_info.get("image_placeholder")
         self.capabilities = Capabilities(
             constraints=frozenset() if grammar == "none" else _NATIVE_CONSTRAINTS | {"tools"},
             prompt_logprobs=True, output_logprobs=True, native_n=True, partial_assistant=True,
-            stop_regex=True)
+            stop_regex=True, images=bool(self._image_placeholder),
+            max_images=self.model_info.get("max_images_per_request") or None)
         self._template: Any = None
 
     # ---- transport (subclasses) -----------------------------------------------------------
@@ -131,6 +142,9 @@ class SrtBackend(Backend):
             source = info.get("chat_template")
             self._template = (ChatTemplate.from_jinja(source, name=self.get_model_name())
                               if source else guess_chat_template(self.get_model_name()))
+            if self._image_placeholder:  # an image is written as the model's placeholder
+                self._template = dataclasses.replace(self._template,
+                                                     image_token=self._image_placeholder)
         return self._template
 
     def get_model_name(self) -> str:
@@ -139,22 +153,25 @@ class SrtBackend(Backend):
 
     async def generate(self, ctx: Context, params: SamplingParams,
                        constraint: Constraint | None = None) -> list[GenResult]:
-        self._check_images(ctx)
+        images = self._check_images(ctx)
         if constraint is not None and constraint.kind == "tools":
             from .srt_tools import generate_tools
 
+            if images:
+                raise UnsupportedError(f"{self.name}: tools in a program with images are not "
+                                       "supported yet")
             return await generate_tools(self, ctx, params, constraint.value)
-        request = build_request(ctx.text, params, constraint, self.name)
+        request = with_images(build_request(ctx.text, params, constraint, self.name), images)
         out = await self._guarded(request)
         outs = out if isinstance(out, list) else [out]
         return [result_of(o) for o in outs]
 
     async def stream(self, ctx: Context, params: SamplingParams,
                      constraint: Constraint | None = None) -> AsyncIterator[StreamChunk]:
-        self._check_images(ctx)
+        images = self._check_images(ctx)
         if (params.n or 1) > 1:
             raise UnsupportedError(f"{self.name} streams one completion at a time (n=1)")
-        request = build_request(ctx.text, params, constraint, self.name)
+        request = with_images(build_request(ctx.text, params, constraint, self.name), images)
         request["stream"] = True
         rid = request["rid"] = new_rid()
         finished, seen, logprobs = False, "", StreamLogprobs()
@@ -179,19 +196,21 @@ class SrtBackend(Backend):
 
     async def cache_prefix(self, ctx: Context) -> None:
         if ctx.text:
-            await self._guarded({"text": ctx.text, "sampling_params": {"max_new_tokens": 0}})
+            await self._guarded(with_images({"text": ctx.text, "sampling_params": {
+                "max_new_tokens": 0}}, self._check_images(ctx)))
 
     async def score_choices(self, ctx: Context, choices: Sequence[str],
                             unconditional: bool = False) -> ChoiceScores:
-        self._check_images(ctx)
+        images = self._check_images(ctx)
         prompt_len = 0
         if ctx.text:  # warm the cache with the context; its length places the scoring window
-            first = await self._guarded({"text": ctx.text, "sampling_params": {"max_new_tokens": 0}})
+            first = await self._guarded(with_images(
+                {"text": ctx.text, "sampling_params": {"max_new_tokens": 0}}, images))
             prompt_len = int(first["meta_info"]["prompt_tokens"])
         start = max(prompt_len - _TAIL, 0)
-        entries = await self._choice_entries(ctx.text, choices, start)
+        entries = await self._choice_entries(ctx.text, choices, start, images)
         if start > 0 and any(d == 0 for d, _ in entries):  # diverged before the window: rescore
-            entries = await self._choice_entries(ctx.text, choices, 0)
+            entries = await self._choice_entries(ctx.text, choices, 0, images)
         token_logprobs = tuple(tuple(lp for lp, _ in tokens[d:] if lp is not None)
                                for d, tokens in entries)
         meta: dict[str, Any] = {"prompt_tokens": prompt_len, "choice_tokens": [
@@ -204,14 +223,17 @@ class SrtBackend(Backend):
 
     # ---- helpers ------------------------------------------------------------------------------
 
-    async def _choice_entries(self, text: str, choices: Sequence[str],
-                              start: int) -> list[tuple[int, list[tuple[float | None, int]]]]:
+    async def _choice_entries(self, text: str, choices: Sequence[str], start: int,
+                              images: list[str] | None = None
+                              ) -> list[tuple[int, list[tuple[float | None, int]]]]:
         """Per choice: (index of the first token past the context's tokens, [(logprob, id)])
         over the prompt positions from ``start``."""
         texts = ([text] if text else []) + [text + c for c in choices]
-        outs = await self._guarded({
-            "text": texts, "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
-            "return_logprob": True, "logprob_start_len": start})
+        request = {"text": texts, "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
+                   "return_logprob": True, "logprob_start_len": start}
+        if images:  # every scored text holds the context's images
+            request["image_data"] = [images] * len(texts)
+        outs = await self._guarded(request)
         rows = [[(e[0], int(e[1])) for e in o["meta_info"]["input_token_logprobs"]] for o in outs]
         ctx_ids = [tid for _, tid in rows[0]] if text else []
         result = []
@@ -253,9 +275,14 @@ class SrtBackend(Backend):
                 await self._abort(r)
             raise
 
-    def _check_images(self, ctx: Context) -> None:
-        if ctx.images or any(m.images for m in ctx.messages):
+    def _check_images(self, ctx: Context) -> list[str] | None:
+        """The context's images as data: URLs, in prompt order (None: no images); a text-only
+        model refuses them."""
+        if not (ctx.images or any(m.images for m in ctx.messages)):
+            return None
+        if not self._image_placeholder:
             raise UnsupportedError(f"{self.name}: the model {self.get_model_name()!r} takes no images")
+        return [data_url(image) for image in ctx.images]
 
     def flush_cache(self) -> bool:
         raise NotImplementedError
