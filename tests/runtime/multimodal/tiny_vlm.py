@@ -12,7 +12,6 @@ from pathlib import Path
 import torch
 
 from sgdsl.runtime.multimodal.tokens import add_special_tokens
-from tests.runtime.model.tiny import save_tiny
 
 QWEN_SPECIALS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 VOCAB = 49160  # SmolLM2's 49152 + the added tokens, rounded up
@@ -28,6 +27,17 @@ QWEN_PREPROCESSOR = {"min_pixels": 28 * 28 * 4, "max_pixels": 28 * 28 * 24, "pat
                      "image_std": [0.26862954, 0.26130258, 0.27577711],
                      "image_processor_type": "Qwen2VLImageProcessor",
                      "processor_class": "Qwen2_5_VLProcessor"}
+
+
+def save_tiny(hf_model, path: Path, weight_std: float, seed: int = 0) -> None:
+    """Every parameter random (HF leaves biases at zero and norms at one), so a loader that
+    dropped one would show in the logits; saved as safetensors."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in hf_model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            p.copy_(1.0 + noise * 0.1 if "norm" in name else noise * weight_std)
+    hf_model.eval().save_pretrained(str(path))
 
 
 def _tokenizer(embedded_dir: Path, folder: Path, specials: tuple[str, ...]) -> dict[str, int]:

@@ -1,0 +1,51 @@
+"""Bad images are refused before any KV is allocated, with an error naming the field: bytes
+that are no image, too many images, placeholders that do not match the images, URLs without
+the allow flag, prompt logprobs over image tokens, and any image on a text-only model."""
+from __future__ import annotations
+
+import pytest
+
+from sgdsl.runtime.errors import InvalidRequestError
+from sgdsl.runtime.server.errors import APIError
+from sgdsl.runtime.server.images import ImageCollector
+from sgdsl.runtime.tokenizer.request_builder import RequestBuilder
+
+from .tiny_vlm import png
+
+ONE = "<|vision_start|><|image_pad|><|vision_end|> Describe."
+OK = png(56, 56, 5)
+
+
+@pytest.mark.parametrize("images, match, field", [
+    ([b"not an image at all"], "cannot decode image", "image_data[0]"),
+    (["data:image/png;base64,!!!"], "invalid base64", "image_data[0]"),
+    (["/no/such/file.png"], "no such image file", "image_data[0]"),
+    (["https://example.com/cat.png"], "not fetched", "image_data[0]"),
+    ([OK] * 17, "at most 16", "image_data"),
+    ([OK, OK], "marks 1 image", "image_data"),
+])
+def test_engine_refuses_bad_images(vl, images, match, field):
+    with pytest.raises(InvalidRequestError, match=match) as info:
+        vl.generate(ONE, {"max_new_tokens": 1}, image_data=images)
+    assert info.value.field == field
+
+
+def test_prompt_logprobs_must_start_after_the_images(vl):
+    with pytest.raises(InvalidRequestError, match="after the last image") as info:
+        vl.generate(ONE, {"max_new_tokens": 1}, image_data=[OK], return_logprob=True,
+                    logprob_start_len=0)
+    assert info.value.field == "logprob_start_len"
+    _, mm = vl.mm_processor.process(vl.tokenizer.encode(ONE), [OK], "image_data")
+    out = vl.generate(ONE, {"max_new_tokens": 1}, image_data=[OK], return_logprob=True,
+                      logprob_start_len=mm.last_image_token + 2)
+    assert out["meta_info"]["input_token_logprobs"]
+
+
+def test_a_text_only_model_refuses_images(vl):
+    builder = RequestBuilder(vl.tokenizer, vl._ready, mm=None)  # what a text-only engine has
+    with pytest.raises(InvalidRequestError, match="text-only") as info:
+        builder.build("Hi", None, None, False, -1, 0, False, None, image_data=[OK])
+    assert info.value.field == "image_data"
+    with pytest.raises(APIError, match="text-only") as api:
+        ImageCollector(None, 0, False).add(OK, "messages[0].content[1].image_url")
+    assert api.value.status == 400 and api.value.param == "messages[0].content[1].image_url"

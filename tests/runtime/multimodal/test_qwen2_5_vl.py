@@ -1,0 +1,90 @@
+"""Qwen2.5-VL on the runtime against transformers (float32): the logits of a prompt with two
+images, whole and cut inside an image (a prefill on top of a cached prefix), within 1e-4 of
+HF's forward; greedy generation through the Engine (prefill chunks cutting the images) equal
+to HF ``generate``; the radix cache hits a repeated image and misses a different one."""
+from __future__ import annotations
+
+import torch
+
+from sgdsl.runtime.multimodal.inputs import PAD_BASE, build_mm_batch
+
+from .tiny_vlm import png
+
+PROMPT = ("Look <|vision_start|><|image_pad|><|vision_end|> and then "
+          "<|vision_start|><|image_pad|><|vision_end|> now tell")
+IMAGES = [png(100, 60, 1), png(64, 120, 2)]
+GREEDY = {"temperature": 0, "max_new_tokens": 10}
+
+
+def hf_inputs(proc, ids: list[int], mm) -> dict:
+    """HF's inputs for our expanded prompt: pad ids back to the image token."""
+    hid = torch.tensor([[proc.image_token_id if t >= PAD_BASE else t for t in ids]])
+    return dict(input_ids=hid, mm_token_type_ids=(hid == proc.image_token_id).int(),
+                pixel_values=torch.cat([i.pixel_values for i in mm.images]),
+                image_grid_thw=torch.tensor([i.grid_thw for i in mm.images]))
+
+
+def _extend(runner, req, start: int, end: int):
+    """One prefill of prompt tokens ``start:end`` on top of the first ``start`` (cached)."""
+    from sgdsl.runtime.scheduler.batch import build_extend
+
+    req.kv_len, req.extend_len = start, end - start
+    req.extend_slots = runner.token_kv_pool.alloc(end - start)
+    runner.req_to_token_pool.req_to_token[req.req_pool_idx, start:end] = req.extend_slots
+    batch, _ = build_extend([req], runner.device)
+    assert batch.mm_inputs is not None
+    batch.logits_indices = torch.arange(end - start)
+    return runner.forward(batch)
+
+
+def test_logits_match_hf_whole_and_cut_inside_an_image(qwen_vl, vl):
+    from sgdsl.runtime.config import EngineConfig
+    from sgdsl.runtime.model.runner import ModelRunner
+    from sgdsl.runtime.sampling_params import SamplingParams
+    from sgdsl.runtime.scheduler.req import Req
+
+    folder, hf = qwen_vl
+    proc = vl.mm_processor
+    ids, mm = proc.process(vl.tokenizer.encode(PROMPT), IMAGES, "image_data")
+    assert [i.num_tokens for i in mm.images] == [8, 8] and mm.mrope_delta != 0
+    with torch.no_grad():
+        ref = hf(**hf_inputs(proc, ids, mm)).logits[0]
+    runner = ModelRunner(EngineConfig(model=str(folder), max_total_tokens=256, num_threads=1))
+    req = Req("r", ids, SamplingParams())
+    req.mm, req.req_pool_idx = mm, runner.req_to_token_pool.alloc()
+    whole = _extend(runner, req, 0, len(ids))
+    assert float((whole - ref).abs().max()) < 1e-4
+    cut = mm.images[1].offset + 3  # inside the second image: rows 3.. of its embedding
+    first = _extend(runner, req, 0, cut)
+    second = _extend(runner, req, cut, len(ids))
+    assert float((torch.cat([first, second]) - ref).abs().max()) < 1e-4
+    assert build_mm_batch([req], runner.device).slices[0].start == 3
+
+
+def test_greedy_equals_hf_generate_with_chunked_prefill(qwen_vl, vl):
+    _, hf = qwen_vl
+    other = [png(84, 84, 3)]
+    prompts = [PROMPT, "<|vision_start|><|image_pad|><|vision_end|> What is it?"]
+    outs = vl.generate(prompts, GREEDY, image_data=[IMAGES, other])
+    for prompt, images, out in zip(prompts, [IMAGES, other], outs):
+        ids, mm = vl.mm_processor.process(vl.tokenizer.encode(prompt), images, "image_data")
+        inputs = hf_inputs(vl.mm_processor, ids, mm)
+        with torch.no_grad():
+            ref = hf.generate(**inputs, attention_mask=torch.ones_like(inputs["input_ids"]),
+                              do_sample=False, max_new_tokens=10)
+        assert out["output_ids"] == ref[0, len(ids):].tolist()
+        assert out["meta_info"]["prompt_tokens"] == len(ids)
+
+
+def test_radix_hit_on_a_repeated_image_and_miss_on_another(vl):
+    vl.flush_cache()
+    first = vl.generate(PROMPT, GREEDY, image_data=IMAGES)
+    encoded = vl.stats()["mm_images_encoded"]
+    again = vl.generate(PROMPT.replace("now tell", "what colour"), GREEDY, image_data=IMAGES)
+    ids, mm = vl.mm_processor.process(vl.tokenizer.encode(PROMPT), IMAGES, "image_data")
+    end_of_images = mm.last_image_token + 1
+    assert first["meta_info"]["cached_tokens"] == 0
+    assert again["meta_info"]["cached_tokens"] >= end_of_images
+    assert vl.stats()["mm_images_encoded"] == encoded  # both images came from the cache
+    swapped = vl.generate(PROMPT, GREEDY, image_data=[IMAGES[0], png(100, 60, 9)])
+    assert swapped["meta_info"]["cached_tokens"] <= mm.images[1].offset
