@@ -53,8 +53,11 @@ class Qwen2_5_VLTextModel(LlamaModel):
 
     def rope(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         rows, mm = batch.req_pool_indices, batch.mm_inputs
-        if batch.mode is not ForwardMode.EXTEND:  # one text token per row: 1-D, shifted
-            return self.rotary_emb.lookup(batch.positions + self.row_delta.index_select(0, rows))
+        if batch.mode is not ForwardMode.EXTEND:  # text tokens after the prompt: 1-D, shifted
+            delta = self.row_delta.index_select(0, rows)
+            if batch.mode is not ForwardMode.DECODE:  # spec verify: several tokens per request
+                delta = delta.repeat_interleave(batch.extend_seq_lens, output_size=batch.num_tokens)
+            return self.rotary_emb.lookup(batch.positions + delta)
         if mm is None:  # text-only requests: delta 0 (the row may have served an image before)
             self.row_delta.index_fill_(0, rows, 0)
             return self.rotary_emb.lookup(batch.positions)

@@ -28,11 +28,14 @@ class ImageCollector:
         return cls(proc.fmt.placeholder if proc else None, proc.max_images if proc else 0,
                    bool(getattr(config, "allow_image_urls", False)))
 
-    def add(self, source: Any, where: str) -> str:
-        """Decode one image (400 naming ``where`` on failure); the placeholder text for it."""
+    def _check_model(self, where: str) -> None:
         if self.placeholder is None:
             raise APIError(400, f"{where}: this model is text-only; it does not accept images",
                            param=where)
+
+    def add(self, source: Any, where: str) -> str:
+        """Decode one image (400 naming ``where`` on failure); the placeholder text for it."""
+        self._check_model(where)
         if len(self.images) >= self.max_images:
             raise APIError(400, f"{where}: too many images; this server accepts at most "
                                 f"{self.max_images} per request", param=where)
@@ -43,6 +46,7 @@ class ImageCollector:
         return self.placeholder
 
     def openai_part(self, part: Any, where: str) -> str:
+        self._check_model(where)
         spec = getattr(part, "image_url", None)
         url = spec.get("url") if isinstance(spec, dict) else spec
         if not isinstance(url, str):
@@ -50,6 +54,7 @@ class ImageCollector:
         return self.add(url, where)
 
     def anthropic_block(self, source: Any, where: str) -> str:
+        self._check_model(where)
         if not isinstance(source, dict):
             raise APIError(400, f"{where}: an image block needs a source", param=where)
         if source.get("type") == "base64":
