@@ -59,8 +59,8 @@ def rank_main(rank: int, tp: int, port: int, model: str, custom: bool, steps: in
         runner.forward(batch)
     torch.cuda.synchronize()
     gpu_ms = (time.perf_counter() - t0) * 1e3 / steps
-    if rank == 0 and custom == (tp > 1):
-        _kernel_table(runner, batch, f"{model} TP={tp} custom={custom}")
+    if custom == (tp > 1):  # every rank replays (their all-reduces meet); rank 0 prints
+        _kernel_table(runner, batch, f"{model} TP={tp} custom={custom}", show=rank == 0)
     ar = custom_all_reduce.lookup(get_tp_group())
     if rank == 0:
         out[custom] = [f"{model} TP={tp} runner decode step, "
@@ -68,7 +68,7 @@ def rank_main(rank: int, tp: int, port: int, model: str, custom: bool, steps: in
                        str(dict(ar.calls)) if ar else "-"]
 
 
-def _kernel_table(runner, batch, title: str, replays: int = 20) -> None:
+def _kernel_table(runner, batch, title: str, show: bool, replays: int = 20) -> None:
     """GPU time per kernel over ``replays`` replays of the step (torch.profiler), per step."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -84,6 +84,8 @@ def _kernel_table(runner, batch, title: str, replays: int = 20) -> None:
             dt = (getattr(e, "self_device_time_total", None) or getattr(e, "device_time", 0)
                   or getattr(e, "cuda_time", 0))
             rows[name] = (n + 1, us + dt)
+    if not show:
+        return
     total = sum(us for _, us in rows.values()) / replays
     print(f"\n## kernels of one decode step, {title}: {total:.0f} us of GPU time per step")
     for name, (n, us) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:22]:
