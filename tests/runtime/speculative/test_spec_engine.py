@@ -77,6 +77,7 @@ def test_greedy_equal_mixed_batch_twice(pair):
             assert g["output_ids"] == w["output_ids"], prompt[:60]
             assert g["meta_info"]["finish_reason"] == w["meta_info"]["finish_reason"]
     json.loads(got[4]["text"])  # the constrained outputs are whole values
+    assert got[5]["meta_info"]["spec_accepted_tokens"] > 0  # the regex one speculated too
     assert got[1]["meta_info"]["cached_tokens"] > 64
     stats = spec.stats()
     assert stats["spec_verify_steps"] > 0 and stats["spec_accepted_tokens"] > 0
