@@ -120,12 +120,29 @@ class EngineConfig:
     allow_image_urls: bool = False
     max_images_per_request: int = 16
     mm_embedding_cache_bytes: int = 512 << 20
+    # hicache: hierarchical KV cache (runtime/cache/hicache, SGLang's options): radix nodes
+    # evicted from the device pool move to a host pool (hicache_ratio x the device pool's
+    # tokens, or hicache_size GB when > 0) and from there to files (hicache_storage_backend
+    # "file": hicache_storage_dir, default ~/.cache/sgdsl/hicache, at most hicache_storage_size
+    # GB, least recently used first out). write_through copies a node to the host when cached,
+    # write_through_selective on its second hit, write_back when it is evicted.
+    enable_hierarchical_cache: bool = False
+    hicache_ratio: float = 2.0
+    hicache_size: float = 0.0
+    hicache_write_policy: Literal["write_through", "write_back",
+                                  "write_through_selective"] = "write_through"
+    hicache_storage_backend: Literal["file"] | None = None
+    hicache_storage_dir: str | None = None
+    hicache_storage_size: float = 16.0
 
     def __post_init__(self) -> None:
         _check_parallel(self)
         from .speculative.options import check_speculative  # spec:
 
         check_speculative(self)
+        from .cache.hicache.options import check_options  # hicache:
+
+        check_options(self)
 
     def replace(self, **changes: Any) -> "EngineConfig":
         return dataclasses.replace(self, **changes)

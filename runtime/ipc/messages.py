@@ -114,6 +114,7 @@ class ReqOut:
     # spec: decode/verify steps so far and draft tokens accepted (None: no speculation)
     spec_verify_ct: int | None = None
     spec_accepted_tokens: int = 0
+    cached_tokens_details: dict | None = None  # hicache: cached prompt tokens per tier
 
 
 @dataclass

@@ -53,10 +53,23 @@ class KVMemory:
         return self.kv_pool.alloc(n)
 
     # -- prefix matching --------------------------------------------------------------------
-    def match(self, req: Req) -> tuple[torch.Tensor, Any]:
-        """Cached prefix of the request (KV slots, tree node), capped at ``max_prefix_len``."""
-        result = self.tree.match_prefix(req.all_ids[: req.max_prefix_len])
+    def match(self, req: Req, load: bool = False) -> tuple[torch.Tensor, Any]:
+        """Cached prefix of the request (KV slots, tree node), capped at ``max_prefix_len``.
+        ``load`` (admission): host/storage-resident parts are loaded onto the device first."""
+        key = req.all_ids[: req.max_prefix_len]
+        if load and getattr(self.tree, "tiered", False):  # hicache:
+            result, host, storage = self.tree.match_and_load(key)
+            req.hicache_loaded[0] += host
+            req.hicache_loaded[1] += storage
+            return result.slots, result.node
+        result = self.tree.match_prefix(key)
         return result.slots, result.node
+
+    def tier_details(self, req: Req, prefix: int) -> dict[str, int] | None:
+        """hicache: the cached prefix split by tier (None without the hierarchical cache)."""
+        if not getattr(self.tree, "tiered", False):
+            return None
+        return self.tree.admitted(prefix, req.hicache_loaded)
 
     # -- admission ------------------------------------------------------------------------
     def admit(self, req: Req, indices: torch.Tensor, node: Any) -> bool:
@@ -155,7 +168,7 @@ class KVMemory:
         self.req_pool.check_integrity()
         assert self.req_pool.available() == self.req_pool.size, (
             f"{self.req_pool.size - self.req_pool.available()} request rows still held")
-        self.tree.check_integrity(idle=True)
+        self.tree.check_integrity(idle=True)  # hicache: the tiered tree checks its host pool too
         total = self.kv_pool.available() + self.evictable()
         assert total == self.total_slots, (
             f"KV leak: free {self.kv_pool.available()} + evictable {self.evictable()} "

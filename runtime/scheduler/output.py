@@ -72,7 +72,8 @@ def record_output_logprobs(reqs: list[Req], logits: torch.Tensor, next_ids: list
 def make_out(req: Req) -> m.ReqOut:
     """New ids and logprob entries since the last report (prompt logprobs once, when done)."""
     out = m.ReqOut(req.rid, req.output_ids[req.sent_ids:], req.finish_reason,
-                   prompt_tokens=req.prompt_len, cached_tokens=req.cached_tokens)
+                   prompt_tokens=req.prompt_len, cached_tokens=req.cached_tokens,
+                   cached_tokens_details=req.cached_tokens_details)  # hicache
     if req.forced_positions and req.forced_positions[-1] >= req.sent_ids:
         out.forced_positions = [p for p in req.forced_positions if p >= req.sent_ids]
     req.sent_ids = len(req.output_ids)

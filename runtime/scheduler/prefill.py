@@ -52,7 +52,7 @@ class PrefillAdder:
         deferred for in-batch prefix sharing is skipped (True: keep trying others)."""
         if self.full:
             return False
-        indices, node = self.memory.match(req)
+        indices, node = self.memory.match(req, load=True)  # hicache: host/storage hits load
         prefix = int(indices.numel())
         extend = req.seq_len - prefix
         if extend > IN_BATCH_CHECK and not self.memory.tree.disable:
@@ -72,6 +72,7 @@ class PrefillAdder:
             return False
         if not req.admitted_once:
             req.cached_tokens = prefix
+            req.cached_tokens_details = self.memory.tier_details(req, prefix)  # hicache:
             req.admitted_once = True
         self._take(req, n)
         self.rem_total -= need

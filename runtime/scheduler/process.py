@@ -82,6 +82,7 @@ def run_scheduler_process(config: EngineConfig, paths: IpcPaths | None, parent_p
     finally:
         if scheduler.grammar is not None:
             scheduler.grammar.shutdown()  # grammar: kill the compile worker processes
+        getattr(scheduler.tree, "close", lambda: None)()  # hicache: drain storage writes
 
 
 def _drop(msg: Any) -> None:

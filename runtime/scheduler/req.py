@@ -94,6 +94,10 @@ class Req:
         self.spec_backoff: Any = None
         # mm: the request's images (runtime/multimodal/inputs.MmData); None: text only.
         self.mm: Any = None
+        # hicache: tokens loaded back from the host / storage tier for this request (until its
+        # first admission) and, from then, its cached prefix split by tier (meta_info).
+        self.hicache_loaded = [0, 0]
+        self.cached_tokens_details: dict[str, int] | None = None
 
     # -- derived values -------------------------------------------------------------------
     @property

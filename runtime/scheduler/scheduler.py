@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from ..cache.radix import RadixCache
+from ..cache.hicache.factory import make_tree  # hicache:
 from ..errors import InvalidRequestError, OverloadedError
 from ..grammar.base import bitmask_width
 from ..layers.bitmask import warm_up_fused
@@ -45,7 +45,7 @@ class Scheduler(Stepping):
                  grammar: Any = None) -> None:
         self.runner = runner
         self.device = runner.token_kv_pool.device
-        self.tree = RadixCache(runner.token_kv_pool, disable=config.disable_radix_cache)
+        self.tree = make_tree(runner, config)  # hicache: tiered when enable_hierarchical_cache
         self.memory = KVMemory(runner.req_to_token_pool, runner.token_kv_pool, self.tree)
         self.policy = SchedulePolicy(config.schedule_policy, self.memory)
         self.checker = FinishChecker(eos_token_ids, decode)
@@ -131,6 +131,7 @@ class Scheduler(Stepping):
                 "kv_evictable_slots": self.memory.evictable(),
                 "cache_hit_rate": c["cache_hit_tokens"] / q if q else 0.0, **c,
                 **self._work_left(), **mm_stats(self.runner),  # mm:
+                **getattr(self.tree, "hicache_stats", dict)(),  # hicache
                 **(self.grammar.stats_dict() if self.grammar else {}),  # grammar
                 **(self.spec.stats_dict() if self.spec is not None else {})}  # spec
 

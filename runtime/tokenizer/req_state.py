@@ -30,6 +30,7 @@ class ReqState:
     finish_reason: dict | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    cached_tokens_details: dict | None = None  # hicache: per tier (device, host, storage)
     input_token_logprobs: list = field(default_factory=list)
     input_top_logprobs: list = field(default_factory=list)
     output_token_logprobs: list = field(default_factory=list)
@@ -55,6 +56,8 @@ class ReqState:
         if out.spec_verify_ct is not None:  # spec
             self.spec_verify_ct, self.spec_accepted_tokens = (out.spec_verify_ct,
                                                               out.spec_accepted_tokens)
+        if out.cached_tokens_details is not None:  # hicache
+            self.cached_tokens_details = out.cached_tokens_details
         if out.input_token_logprobs is not None:
             self.input_token_logprobs = out.input_token_logprobs
             self.input_top_logprobs = out.input_top_logprobs or []
@@ -146,6 +149,8 @@ class ReqState:
             "id": self.rid, "finish_reason": self.finish_reason,
             "prompt_tokens": self.prompt_tokens, "completion_tokens": len(self.output_ids),
             "cached_tokens": self.cached_tokens}
+        if self.cached_tokens_details is not None:  # hicache
+            meta["cached_tokens_details"] = self.cached_tokens_details
         if self.e2e_latency is not None:
             meta["e2e_latency"] = self.e2e_latency
         if self.spec_verify_ct is not None:  # spec: tokens per step = completion / verify_ct

@@ -1,0 +1,166 @@
+"""Multi-turn chat through a device KV pool far smaller than the working set: the radix cache
+alone vs the hierarchical cache (host pool), in one run (issue 26's acceptance).
+
+Each of ``--conversations`` clients opens with a ``--history``-token context and then sends
+``--turns`` turns; turn t's prompt is the whole conversation so far (the previous prompt, the
+model's answer, a new ``--user-tokens`` user message), as a chat server sees it (token ids,
+greedy, ``--output-tokens`` per answer, ignore_eos). Every client starts together, so turns
+arrive in rounds: with the device pool capped (``--device-tokens``, max_total_tokens) at a
+quarter of the working set or less, an LRU device cache has evicted a conversation's prefix by
+the time its next turn comes; the host tier keeps it. Both engines get the same options except
+the hierarchical cache's. Prints per engine: wall time, requests/s, output tokens/s, TTFT
+p50/p99 (streamed: submission to the first token), cached share of prompt tokens, the
+HiCache counters; then the ratios (throughput with/without, TTFT p50/p99 without/with).
+
+    source benchmarks/gpu/device_env.sh && python3 benchmarks/gpu/bench_hicache.py
+    python3 benchmarks/gpu/bench_hicache.py --conversations 256 --hicache-size 90   # larger
+    python benchmarks/gpu/bench_hicache.py --device cpu --tiny --conversations 6 --turns 3 \\
+        --history 200 --user-tokens 16 --output-tokens 4 --device-tokens 500   # CPU smoke
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import CONFIGS, print_table, random_prompts  # noqa: E402
+
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "torch_dtype": "float32"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model-config", default=str(CONFIGS / "llama-3.1-8b"))
+    ap.add_argument("--load-format", default="dummy")
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--tiny", action="store_true", help="the config at 2 layers, hidden 64")
+    ap.add_argument("--conversations", type=int, default=128)
+    ap.add_argument("--turns", type=int, default=8)
+    ap.add_argument("--history", type=int, default=2048, help="tokens before the first turn")
+    ap.add_argument("--user-tokens", type=int, default=64)
+    ap.add_argument("--output-tokens", type=int, default=32)
+    ap.add_argument("--device-tokens", type=int, default=65536,
+                    help="max_total_tokens: the device KV pool (the working set is printed)")
+    ap.add_argument("--hicache-size", type=float, default=0.0,
+                    help="host pool GB (0: --hicache-ratio x the device pool)")
+    ap.add_argument("--hicache-ratio", type=float, default=6.0)
+    ap.add_argument("--write-policy", default="write_through",
+                    choices=["write_through", "write_back", "write_through_selective"])
+    ap.add_argument("--max-running", type=int, default=128)
+    ap.add_argument("--only", choices=["radix", "hicache"], default=None)
+    return ap.parse_args(argv)
+
+
+def model_dir(a: argparse.Namespace) -> str:
+    src = Path(a.model_config).resolve()
+    if not a.tiny:
+        return str(src)
+    dst = Path(tempfile.gettempdir()) / f"sgdsl-tiny-{src.name}"
+    dst.mkdir(exist_ok=True)
+    (dst / "config.json").write_text(json.dumps({**json.loads((src / "config.json").read_text()),
+                                                 **TINY}))
+    for f in src.iterdir():
+        if f.name != "config.json" and not (dst / f.name).exists():
+            (dst / f.name).symlink_to(f.resolve())
+    return str(dst)
+
+
+def workload(a: argparse.Namespace) -> tuple[list[list[int]], list[list[list[int]]]]:
+    """Per conversation: the opening history and each turn's user message (seeded ids)."""
+    n = a.conversations
+    histories = random_prompts(n, a.history, seed=1)
+    users = [random_prompts(a.turns, a.user_tokens, seed=100 + c) for c in range(n)]
+    return histories, users
+
+
+async def conversation(engine: Any, history: list[int], users: list[list[int]],
+                       out_tokens: int, ttfts: list[float], metas: list[dict]) -> None:
+    context = list(history)
+    params = {"max_new_tokens": out_tokens, "ignore_eos": True, "temperature": 0.0}
+    for user in users:
+        context += user
+        start = time.perf_counter()
+        first, out = None, []
+        async for chunk in await engine.async_generate(input_ids=context, sampling_params=params,
+                                                       stream=True):
+            if first is None and chunk["output_ids"]:
+                first = time.perf_counter() - start
+            out, meta = chunk["output_ids"], chunk["meta_info"]
+        ttfts.append(first if first is not None else time.perf_counter() - start)
+        metas.append(meta)
+        context += out
+
+
+def run(a: argparse.Namespace, hicache: bool) -> dict[str, Any]:
+    from sgdsl.runtime import Engine
+
+    histories, users = workload(a)
+    longest = a.history + a.turns * (a.user_tokens + a.output_tokens)
+    kw: dict[str, Any] = dict(load_format=a.load_format, device=a.device,
+                              max_total_tokens=a.device_tokens, context_length=longest + 64,
+                              max_running_requests=a.max_running, grammar_backend="none")
+    if hicache:
+        kw.update(enable_hierarchical_cache=True, hicache_ratio=a.hicache_ratio,
+                  hicache_size=a.hicache_size, hicache_write_policy=a.write_policy)
+    with Engine(model=model_dir(a), **kw) as engine:
+        engine.generate(input_ids=random_prompts(2, 64, seed=7),
+                        sampling_params={"max_new_tokens": 4})  # warm-up
+        engine.flush_cache()
+        ttfts: list[float] = []
+        metas: list[dict] = []
+
+        async def clients() -> None:
+            await asyncio.gather(*(conversation(engine, h, u, a.output_tokens, ttfts, metas)
+                                   for h, u in zip(histories, users)))
+
+        start = time.perf_counter()
+        asyncio.run(clients())
+        wall = time.perf_counter() - start
+        stats = engine.stats()
+        engine.check_idle_integrity()
+    return summarize(wall, ttfts, metas, stats)
+
+
+def summarize(wall: float, ttfts: list[float], metas: list[dict], stats: dict) -> dict[str, Any]:
+    ttfts = sorted(ttfts)
+    p99 = ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))]
+    prompt = sum(m["prompt_tokens"] for m in metas)
+    return {"wall_s": wall, "req_s": len(metas) / wall,
+            "out_tok_s": sum(m["completion_tokens"] for m in metas) / wall,
+            "ttft_p50": statistics.median(ttfts), "ttft_p99": p99,
+            "cached": sum(m["cached_tokens"] for m in metas) / prompt,
+            "host_hits": stats.get("hicache_host_hit_tokens", 0),
+            "h2d_gb": stats.get("hicache_bytes_host_to_device", 0) / 2**30,
+            "d2h_gb": stats.get("hicache_bytes_device_to_host", 0) / 2**30,
+            "load_ms": 1e3 * stats.get("hicache_load_latency_avg_s", 0.0)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
+    per_conv = a.history + a.turns * (a.user_tokens + a.output_tokens)
+    working = a.conversations * per_conv
+    print(f"working set {working} tokens = {working / a.device_tokens:.1f}x the device pool "
+          f"({a.device_tokens}); {a.conversations} conversations x {a.turns} turns", flush=True)
+    names = [n for n in ("radix", "hicache") if a.only in (None, n)]
+    results = {n: run(a, hicache=n == "hicache") for n in names}
+    keys = list(next(iter(results.values())))
+    print_table("multi-turn chat: radix cache vs hierarchical cache", ["engine", *keys],
+                [[n, *(r[k] for k in keys)] for n, r in results.items()])
+    if len(results) == 2:
+        base, hi = results["radix"], results["hicache"]
+        print(f"\nthroughput x{hi['req_s'] / base['req_s']:.2f} (hicache / radix), "
+              f"TTFT p50 x{base['ttft_p50'] / hi['ttft_p50']:.2f} lower, "
+              f"p99 x{base['ttft_p99'] / hi['ttft_p99']:.2f} lower")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""Builds a scheduler's prefix cache: the plain radix cache, or the tiered one when
+``enable_hierarchical_cache`` is on."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..host_pool import GB, HostKVPool
+from ..radix import RadixCache
+from .options import storage_dir
+
+logger = logging.getLogger(__name__)
+
+
+def make_tree(runner: Any, config: Any) -> RadixCache:
+    pool = runner.token_kv_pool
+    if not config.enable_hierarchical_cache:
+        return RadixCache(pool, disable=config.disable_radix_cache)
+    from .storage import PAGE_TOKENS, FileStorage
+    from .tree import HiRadixCache
+
+    slots = HostKVPool.num_slots(pool, config.hicache_ratio, config.hicache_size)
+    if slots < pool.size:
+        raise ValueError(f"hicache_size={config.hicache_size} GB holds {slots} tokens, fewer "
+                         f"than the device pool's {pool.size}: the host pool must be larger")
+    host = HostKVPool(slots, pool, pin_memory=pool.device.type == "cuda")
+    storage = None
+    if config.hicache_storage_backend == "file":
+        storage = FileStorage(storage_dir(config), _identity(runner, config),
+                              int(config.hicache_storage_size * GB),
+                              (pool.num_layers, 2, PAGE_TOKENS, *host.row_shape), host.raw_dtype)
+    logger.info("hicache: host pool %d tokens (%.2f GB, %s), storage %s", slots,
+                slots * host.bytes_per_token / GB, config.hicache_write_policy,
+                storage.dir if storage else "off")
+    return HiRadixCache(pool, host, config.hicache_write_policy, storage)
+
+
+def _identity(runner: Any, config: Any) -> str:
+    """What a stored page's KV depends on besides its tokens (part of its file names)."""
+    pool = runner.token_kv_pool
+    weights = f"dummy(seed={config.seed})" if config.load_format == "dummy" else "weights"
+    return (f"model={runner.model_dir}|{weights}|quant={config.quantization}|"
+            f"dtype={runner.dtype}|kv={pool.dtype}|layers={pool.num_layers}|"
+            f"kv_heads,head_dim={tuple(pool.k_buffer[0].shape[1:])}|"
+            f"tp={runner.tp_rank}/{runner.tp_size}")

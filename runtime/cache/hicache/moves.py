@@ -1,0 +1,133 @@
+"""How KV moves down the tiers (a mixin of ``HiRadixCache``; tree.py has the invariants).
+
+- ``_backup``: device -> host copy (write_through: on insert; selective: on the second hit;
+  write_back: on eviction); once it has landed, the node's pages go on to storage.
+- ``evict`` (device): LRU over device-resident nodes with no device-resident child; a node with
+  a host copy is demoted (device slots freed), one without is dropped with its host subtree.
+- ``_evict_host``: LRU; frees the host copy of a device-resident node, or removes a host-only
+  leaf after writing its pages to storage.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Any
+
+import torch
+
+from . import pages
+
+
+class TierMoves:
+    """Needs the tree's pools, counters and ``transfer``/``storage`` (see HiRadixCache)."""
+
+    def _backup(self, node: Any) -> bool:
+        """Copy a device node to the host (and its pages on to storage once there)."""
+        if node.host_value is not None or node.value is None:
+            return node.host_value is not None
+        host = self._host_alloc(len(node.key))
+        if host is None:
+            return False
+        node.host_value = host
+        self._host_held += len(node.key)
+        node.backup = self.transfer.backup(node.value, host, lambda: self._backed_up(node))
+        return True
+
+    def _backed_up(self, node: Any) -> None:
+        if self.storage is not None and node.host_value is not None:
+            pages.store(self, node)
+
+    def evict(self, num_tokens: int) -> int:
+        """Free at least ``num_tokens`` device slots: LRU device leaves go to the host (when
+        they have or get a host copy) or are dropped."""
+        if num_tokens <= 0 or self._evictable == 0:
+            return 0
+        self.transfer.poll()
+        tie = itertools.count()
+        heap = [(n.last_access, next(tie), n) for n in self._nodes() if self._device_leaf(n)]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_tokens and heap:
+            _, _, node = heapq.heappop(heap)
+            if not self._device_leaf(node):  # changed since it was queued
+                continue
+            if node.host_value is None and self.write_policy == "write_back":
+                self._backup(node)
+            freed += len(node.key)
+            parent = node.parent
+            if node.host_value is not None:
+                self._demote(node)
+            else:
+                self._drop(node)
+            if self._device_leaf(parent):
+                heapq.heappush(heap, (parent.last_access, next(tie), parent))
+        return freed
+
+    def _device_leaf(self, node: Any) -> bool:
+        return (node is not self.root and node.value is not None and node.lock_ref == 0
+                and all(c.value is None for c in node.children.values()))
+
+    def _demote(self, node: Any) -> None:
+        if self.transfer.cuda:
+            self.transfer.fence()  # the backup's gather reads these slots first
+        self.pool.free(node.value)
+        node.value = None
+        self._evictable -= len(node.key)
+        self.demoted += len(node.key)
+
+    def _drop(self, node: Any) -> None:
+        """Remove an unlocked node without a host copy, with its (host-only) subtree."""
+        del node.parent.children[node.key[0]]
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            stack.extend(n.children.values())
+            if n.value is not None:
+                self.pool.free(n.value)
+                self._evictable -= len(n.key)
+                self.dropped += len(n.key)
+            self._free_host(n)
+
+    def _free_host(self, node: Any) -> None:
+        if node.host_value is None:
+            return
+        assert node.host_ref == 0, "freeing a host copy that is being loaded"
+        if node.backup_pending:
+            self.transfer.finish()  # its copy must land before the slots are reused
+        self.host.free(node.host_value)
+        self._host_held -= len(node.key)
+        node.host_value, node.backup = None, None
+
+    def _host_alloc(self, n: int) -> torch.Tensor | None:
+        if self.host.available() < n:
+            self._evict_host(n - self.host.available())
+        return self.host.alloc(n)
+
+    def _evict_host(self, num_tokens: int) -> int:
+        """Free host slots, LRU: host copies of device nodes, host-only leaves (whose pages go
+        to the storage tier first)."""
+        self.transfer.poll()
+        tie = itertools.count()
+        heap = [(n.last_access, next(tie), n) for n in self._nodes() if self._host_victim(n)]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_tokens and heap:
+            _, _, node = heapq.heappop(heap)
+            if not self._host_victim(node):  # changed since it was queued
+                continue
+            freed += len(node.key)
+            self.host_evicted += len(node.key)
+            if node.value is not None:
+                self._free_host(node)
+                continue
+            if self.storage is not None:
+                pages.store(self, node)
+            del node.parent.children[node.key[0]]
+            self._free_host(node)
+            if node.parent.value is None and self._host_victim(node.parent):
+                heapq.heappush(heap, (node.parent.last_access, next(tie), node.parent))
+        return freed
+
+    def _host_victim(self, node: Any) -> bool:
+        return (node is not self.root and node.host_value is not None and node.host_ref == 0
+                and not node.backup_pending and (node.value is not None or not node.children))

@@ -1,0 +1,96 @@
+"""Between the tree and the storage tier: which pages a node writes, and reading pages back
+into a host-resident node.
+
+Pages are aligned to absolute positions (``PAGE_TOKENS``), nodes are not: a page is written by
+the node holding its last token, gathering its first tokens from ancestors' host copies (a page
+whose tokens are not all on the host yet is skipped; a later eviction may write it).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .storage import PAGE_TOKENS as P
+
+
+def fetch(tree: Any, key: list[int], start: int, attach: Any) -> Any:
+    """Read the stored pages covering ``key[start:]`` (full pages only, the first one may
+    begin before ``start``) into host slots; attach them as a host-only child of ``attach``
+    (the node ending at ``start``). None if nothing is stored (or readable)."""
+    storage = tree.storage
+    first, last = start // P, len(key) // P
+    if first >= last:
+        return None
+    hashes = storage.page_hashes(key, last)
+    found = []
+    for p in range(first, last):
+        if not storage.exists(hashes[p]):
+            break
+        found.append(p)
+    if not found:
+        return None
+    host = tree._host_alloc((found[-1] + 1) * P - start)
+    if host is None:
+        return None
+    filled = 0
+    for p in found:
+        rows = storage.get(hashes[p], key[p * P:(p + 1) * P])
+        if rows is None:  # corrupt (logged): the prefix ends before it
+            break
+        lo = max(start - p * P, 0)
+        tree.host.scatter(host[filled:filled + P - lo], rows[:, :, lo:])
+        filled += P - lo
+    tree.host.free(host[filled:])
+    if filled == 0:
+        return None
+    from .tree import HiTreeNode
+
+    node = HiTreeNode(key=key[start:start + filled], value=None, host_value=host[:filled].clone(),
+                      parent=attach, last_access=attach.last_access,
+                      prefix_len=attach.prefix_len + filled)
+    attach.children[key[start]] = node
+    tree._host_held += filled
+    return node
+
+
+def store(tree: Any, node: Any) -> None:
+    """Queue the pages whose last token is in ``node`` and not stored yet."""
+    end = node.prefix_len
+    begin = end - len(node.key)
+    first, last = begin // P, end // P
+    if first >= last:
+        return
+    path = _path(tree, node)
+    tokens = [t for n in path for t in n.key]
+    storage = tree.storage
+    hashes = storage.page_hashes(tokens, last)
+    for p in range(first, last):
+        if storage.exists(hashes[p]):
+            continue
+        slots = _host_slots(path, p * P, (p + 1) * P)
+        if slots is not None:
+            storage.put(hashes[p], tokens[p * P:(p + 1) * P], tree.host.gather(slots))
+
+
+def _path(tree: Any, node: Any) -> list:
+    """Root's child .. ``node``."""
+    path = []
+    while node is not tree.root:
+        path.append(node)
+        node = node.parent
+    return path[::-1]
+
+
+def _host_slots(path: list, lo: int, hi: int) -> torch.Tensor | None:
+    """Host slots of positions [lo, hi) along ``path``; None if any is not on the host (or
+    its copy may still be in flight)."""
+    parts = []
+    for n in path:
+        n_end, n_begin = n.prefix_len, n.prefix_len - len(n.key)
+        if n_end <= lo or n_begin >= hi:
+            continue
+        if n.host_value is None or n.backup_pending:
+            return None
+        parts.append(n.host_value[max(lo, n_begin) - n_begin:min(hi, n_end) - n_begin])
+    return torch.cat(parts)

@@ -1,0 +1,102 @@
+"""HostKVPool: the hierarchical cache's second tier, KV buffers in host memory.
+
+It mirrors ``TokenKVPool``'s layout per layer (one K and one V buffer ``[slots, kv_heads,
+head_dim]`` in the device pool's dtype, fp8 included) so a token's KV moves between the tiers
+as whole rows, with no conversion. On CUDA the buffers are page-locked (pinned); on the CPU
+they are plain memory. (Copies currently gather rows into pinned staging first: see transfer.py.) Slot ids run 0..size-1 (no dummy row: no
+kernel ever writes here). The allocator is an O(1) free list over an int tensor, like the
+device pool's.
+"""
+from __future__ import annotations
+
+import torch
+
+from .pool import TokenKVPool, _raw
+
+GB = 1 << 30
+
+
+class HostKVPool:
+    def __init__(self, num_slots: int, device_pool: TokenKVPool, pin_memory: bool) -> None:
+        self.size = num_slots
+        self.dtype = device_pool.dtype
+        self.num_layers = device_pool.num_layers
+        _, heads, head_dim = device_pool.k_buffer[0].shape
+        self.row_shape = (heads, head_dim)
+        # NOTE: zeros, not empty: a bug that reads an unwritten host row then gives zeros, never
+        # another request's stale KV.
+        self._store = torch.zeros((self.num_layers, 2, num_slots, heads, head_dim), dtype=self.dtype)
+        if pin_memory:
+            _pin(self._store)
+        self.k_buffer = [self._store[layer, 0] for layer in range(self.num_layers)]
+        self.v_buffer = [self._store[layer, 1] for layer in range(self.num_layers)]
+        self.bytes_per_token = TokenKVPool.bytes_per_token(self.num_layers, heads, head_dim,
+                                                           self.dtype)
+        self._free = torch.arange(num_slots, dtype=torch.int64)
+        self._num_free = num_slots
+
+    @staticmethod
+    def num_slots(device_pool: TokenKVPool, ratio: float, size_gb: float | None) -> int:
+        """Host slots for ``hicache_size`` GB (when set) or ``hicache_ratio`` x device slots."""
+        if size_gb:
+            _, heads, head_dim = device_pool.k_buffer[0].shape
+            per_token = TokenKVPool.bytes_per_token(device_pool.num_layers, heads, head_dim,
+                                                    device_pool.dtype)
+            return int(size_gb * GB) // per_token
+        return int(device_pool.size * ratio)
+
+    def available(self) -> int:
+        return self._num_free
+
+    def alloc(self, n: int) -> torch.Tensor | None:
+        if n > self._num_free:
+            return None
+        start = self._num_free - n
+        out = self._free[start:self._num_free].clone()
+        self._num_free = start
+        return out
+
+    def free(self, slots: torch.Tensor) -> None:
+        n = int(slots.numel())
+        if n == 0:
+            return
+        end = self._num_free + n
+        assert end <= self.size, "freeing more host KV slots than exist (double free?)"
+        self._free[self._num_free:end] = slots
+        self._num_free = end
+
+    # -- rows as one tensor [layers, 2, n, heads, head_dim] (storage pages, staging) ----------
+    def gather(self, slots: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The KV rows at ``slots``, every layer, as one ``[L, 2, n, H, D]`` tensor (raw bytes
+        for fp8)."""
+        n = int(slots.numel())
+        if out is None:
+            out = torch.empty((self.num_layers, 2, n, *self.row_shape), dtype=self.raw_dtype)
+        for layer in range(self.num_layers):
+            torch.index_select(_raw(self.k_buffer[layer]), 0, slots, out=out[layer, 0])
+            torch.index_select(_raw(self.v_buffer[layer]), 0, slots, out=out[layer, 1])
+        return out
+
+    def scatter(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """Write ``rows`` (``gather``'s shape) at ``slots``."""
+        for layer in range(self.num_layers):
+            _raw(self.k_buffer[layer]).index_copy_(0, slots, rows[layer, 0])
+            _raw(self.v_buffer[layer]).index_copy_(0, slots, rows[layer, 1])
+
+    @property
+    def raw_dtype(self) -> torch.dtype:
+        return _raw(torch.empty(0, dtype=self.dtype)).dtype
+
+    def check_integrity(self) -> None:
+        free = self._free[: self._num_free]
+        assert free.unique().numel() == self._num_free, "duplicate slot in host KV free list"
+        assert bool(((free >= 0) & (free < self.size)).all()), "host slot out of range"
+
+
+def _pin(t: torch.Tensor) -> None:
+    """Page-lock ``t`` in place. NOTE: not ``pin_memory=True``: torch's pinned allocator rounds
+    every block up to a power of two, up to ~2x the host memory asked for."""
+    err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+    if int(err) != 0:
+        raise RuntimeError(f"cudaHostRegister of the {t.numel() * t.element_size() / GB:.1f} GB "
+                           f"host KV pool failed ({err}); lower hicache_size/hicache_ratio")

@@ -1,0 +1,131 @@
+"""HiRadixCache in-process (no engine): every tier move keeps each token's KV, the integrity
+check holds after each step, storage pages survive a new tree and corrupt pages are skipped."""
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+import torch
+
+from sgdsl.runtime.cache.host_pool import HostKVPool
+from sgdsl.runtime.cache.hicache.storage import PAGE_TOKENS, FileStorage
+from sgdsl.runtime.cache.hicache.tree import HiRadixCache
+from sgdsl.runtime.cache.pool import TokenKVPool
+
+LAYERS, HEADS, DIM = 2, 1, 4
+
+
+def _tree(device_slots: int, host_slots: int, policy: str, storage_dir=None) -> HiRadixCache:
+    pool = TokenKVPool(device_slots, LAYERS, HEADS, DIM, torch.float32, "cpu")
+    host = HostKVPool(host_slots, pool, pin_memory=False)
+    storage = None if storage_dir is None else FileStorage(
+        storage_dir, "test-layout", 1 << 30, (LAYERS, 2, PAGE_TOKENS, HEADS, DIM), torch.float32)
+    return HiRadixCache(pool, host, policy, storage)
+
+
+def _kv(token: int, pos: int) -> float:
+    return float(token * 1000 + pos)
+
+
+def _serve(tree: HiRadixCache, seq: list[int]) -> tuple[int, int, int]:
+    """One request: match (loading lower tiers), check the prefix's KV, 'compute' the rest
+    (KV = a function of token and position), cache it. Returns (prefix, host, storage)."""
+    pool = tree.pool
+    res, host, storage = tree.match_and_load(seq[:-1])
+    tree.lock(res.node)
+    for pos, slot in enumerate(res.slots.tolist()):
+        for layer in range(LAYERS):
+            assert pool.k_buffer[layer][slot, 0, 0].item() == _kv(seq[pos], pos) + layer
+            assert pool.v_buffer[layer][slot, 0, 0].item() == -_kv(seq[pos], pos)
+    n = len(seq) - res.length
+    if pool.available() < n:
+        tree.evict(n - pool.available())
+    new = pool.alloc(n)
+    assert new is not None
+    for j, slot in enumerate(new.tolist()):
+        pos = res.length + j
+        for layer in range(LAYERS):
+            pool.k_buffer[layer][slot] = _kv(seq[pos], pos) + layer
+            pool.v_buffer[layer][slot] = -_kv(seq[pos], pos)
+    tree.cache_finished_req(seq, torch.cat([res.slots, new]), res.node)
+    tree.check_integrity(idle=True)
+    return res.length, host, storage
+
+
+def _seqs(n: int, length: int, shared: int = 0, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    head = [rng.randrange(50) for _ in range(shared)]
+    return [head + [rng.randrange(50) for _ in range(length - shared)] for _ in range(n)]
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_second_round_comes_back_from_host(policy):
+    tree = _tree(100, 400, policy)
+    seqs = _seqs(10, 30, shared=8)
+    for seq in seqs:
+        _serve(tree, seq)
+    second = [_serve(tree, seq) for seq in seqs]
+    assert all(prefix == 29 for prefix, _, _ in second)
+    assert sum(host for _, host, _ in second) > 200  # most came back from the host pool
+    assert tree.hicache_stats()["hicache_demoted_tokens"] > 0
+
+
+def test_small_host_pool_drops_and_stays_consistent():
+    tree = _tree(60, 70, "write_back")
+    for seq in _seqs(20, 25, shared=5, seed=1) * 2:
+        _serve(tree, seq)
+    stats = tree.hicache_stats()
+    assert stats["hicache_host_evicted_tokens"] > 0
+    assert tree.reset()
+    tree.check_integrity(idle=True)
+    assert tree.host.available() == tree.host.size
+
+
+def test_selective_backs_up_on_second_hit():
+    tree = _tree(200, 400, "write_through_selective")
+    seq = _seqs(1, 40)[0]
+    _serve(tree, seq)
+    assert tree.host_size() == 0
+    _serve(tree, seq)  # first hit
+    assert tree.host_size() == 0
+    _serve(tree, seq)  # second hit: copied to the host
+    assert tree.host_size() > 0
+
+
+def test_storage_pages_survive_a_new_tree_and_corrupt_ones_are_skipped(tmp_path, caplog):
+    seqs = _seqs(4, 3 * PAGE_TOKENS + 10, seed=2)
+    tree = _tree(300, 400, "write_through", tmp_path)
+    for seq in seqs:
+        _serve(tree, seq)
+    tree.close()
+    files = sorted(tmp_path.rglob("*.kv"))
+    assert len(files) == 4 * 3
+    files[0].write_bytes(files[0].read_bytes()[:-7])  # truncated
+
+    tree = _tree(300, 400, "write_through", tmp_path)
+    with caplog.at_level(logging.WARNING):
+        results = [_serve(tree, seq) for seq in seqs]
+    assert "skipping corrupt file" in caplog.text and files[0].name in caplog.text
+    assert tree.storage.corrupt == 1
+    stored = sorted(storage for _, _, storage in results)  # the bad page ends one prefix
+    assert stored[0] < 3 * PAGE_TOKENS and stored[1:] == [3 * PAGE_TOKENS] * 3
+    tree.close()
+
+
+def test_storage_budget_keeps_the_most_recent_pages(tmp_path):
+    storage = FileStorage(tmp_path, "budget", 1 << 30, (LAYERS, 2, PAGE_TOKENS, HEADS, DIM),
+                          torch.float32)
+    tokens = list(range(1000, 1000 + 5 * PAGE_TOKENS))  # same digits: same header sizes
+    hashes = storage.page_hashes(tokens, 5)
+    for p, h in enumerate(hashes):
+        storage.put(h, tokens[p * PAGE_TOKENS:(p + 1) * PAGE_TOKENS],
+                    torch.full((LAYERS, 2, PAGE_TOKENS, HEADS, DIM), float(p)))
+        storage.flush()
+        if p == 0:  # every page file has the same size: room for three
+            storage.max_bytes = 3 * next(tmp_path.rglob("*.kv")).stat().st_size
+    assert [storage.exists(h) for h in hashes] == [False, False, True, True, True]
+    rows = storage.get(hashes[4], tokens[4 * PAGE_TOKENS:])
+    assert rows is not None and bool((rows == 4.0).all())
+    assert storage.get(hashes[3], tokens[:PAGE_TOKENS]) is None  # other tokens: not served
+    storage.close()
