@@ -5,7 +5,8 @@ head_dim]`` in the device pool's dtype, fp8 included) so a token's KV moves betw
 as whole rows, with no conversion. On CUDA the buffers are page-locked (pinned); on the CPU
 they are plain memory. (Copies currently gather rows into pinned staging first: see transfer.py.) Slot ids run 0..size-1 (no dummy row: no
 kernel ever writes here). The allocator is an O(1) free list over an int tensor, like the
-device pool's.
+device pool's; allocations take the top of the list, so a node's slots are mostly a few
+contiguous runs (``defragment`` sorts the list after the tree frees many).
 """
 from __future__ import annotations
 
@@ -64,6 +65,11 @@ class HostKVPool:
         assert end <= self.size, "freeing more host KV slots than exist (double free?)"
         self._free[self._num_free:end] = slots
         self._num_free = end
+
+    def defragment(self) -> None:
+        """Sort the free list, so the next allocations are few contiguous runs of slots (each
+        run moves as one copy per layer: transfer.py)."""
+        self._free[: self._num_free] = self._free[: self._num_free].sort().values
 
     # -- rows as one tensor [layers, 2, n, heads, head_dim] (storage pages, staging) ----------
     def gather(self, slots: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

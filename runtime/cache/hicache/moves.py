@@ -126,6 +126,7 @@ class TierMoves:
             self._free_host(node)
             if node.parent.value is None and self._host_victim(node.parent):
                 heapq.heappush(heap, (node.parent.last_access, next(tie), node.parent))
+        self.host.defragment()
         return freed
 
     def _host_victim(self, node: Any) -> bool:

@@ -1,21 +1,28 @@
 """KVTransfer: moves KV rows between the device pool and the host pool.
 
-On the CPU both pools are plain memory: a copy is an indexed row copy, done at once.
+Host rows are addressed as *runs* (contiguous ranges of host slots; a node's slots are mostly a
+few runs, see ``HostKVPool.alloc``), so each layer's rows move as a few contiguous copies:
+device -> host gathers the device rows into one contiguous tensor and copies each run out;
+host -> device copies each run into one contiguous tensor and scatters it into the device
+slots. On the CPU that is all; the same code runs with plain copies.
 
-On CUDA copies run on a side stream so the compute stream is not held up:
+On CUDA (the host pool page-locked, so every run copy is asynchronous DMA) copies run on a
+side stream, never blocking the host:
 
 - device -> host (a backup): the side stream first waits for the compute stream (the rows must
-  be written), gathers the rows per layer into a pinned staging tensor and records an event. The
-  host pool is written from the staging tensor only when the event has fired (``poll`` or
-  ``finish``), so a backup is *pending* until then. The device slots may be freed as soon as the
-  gather is queued: ``fence`` makes the compute stream wait for the side stream before any later
-  kernel can overwrite them.
-- host -> device (a load): the rows are gathered on the host into pinned staging, copied and
-  scattered per layer on the side stream; the compute stream waits on its event, so the
-  request's prefill is queued behind the load without the host blocking.
+  be written). The backup is *pending* until its event fires (``poll``/``finish``); the host
+  rows are not read before. The device slots may be freed as soon as the copy is queued:
+  ``fence`` makes the compute stream wait for the side stream before a later kernel can
+  overwrite them.
+- host -> device (a load): the compute stream waits on the load's event, so the request's
+  prefill is queued behind it without the host blocking.
 
-NOTE: the whole load finishes before the prefill's first layer runs; a layer-by-layer overlap
-would need per-layer waits inside the model's layer loop, which this does not do.
+Fragmented host slots (more than ``MAX_RUNS`` runs) go through pinned staging instead (a host
+gather or scatter, then one copy per layer).
+
+NOTE: the whole load lands before the prefill's first layer runs. A layer-by-layer overlap needs
+a per-layer wait where attention reads the pool (the attention backends' ``forward``), which
+this does not hook.
 """
 from __future__ import annotations
 
@@ -28,14 +35,27 @@ import torch
 from ..host_pool import HostKVPool
 from ..pool import TokenKVPool, _raw
 
+MAX_RUNS = 128  # past this many runs, staging: one host gather beats thousands of tiny copies
+
 
 @dataclass
 class _Backup:
     event: Any  # torch.cuda.Event
-    staging: torch.Tensor
+    staging: torch.Tensor | None  # pinned rows to scatter into the host pool (fragmented case)
     host_slots: torch.Tensor
     done: Callable[[], None]
     landed: bool = False
+
+
+def runs(slots: torch.Tensor) -> list[tuple[int, int, int]]:
+    """``(offset in slots, first slot, length)`` of each contiguous ascending run."""
+    n = int(slots.numel())
+    if n == 0:
+        return []
+    cuts = (torch.nonzero(slots[1:] - slots[:-1] != 1).flatten() + 1).tolist()
+    starts, ends = [0, *cuts], [*cuts, n]
+    first = slots[starts].tolist()
+    return [(s, f, e - s) for s, e, f in zip(starts, ends, first)]
 
 
 class KVTransfer:
@@ -46,11 +66,14 @@ class KVTransfer:
         self.stream = torch.cuda.Stream(device_pool.device) if self.cuda else None
         self.pending: list[_Backup] = []
         self._unfenced = False
-        self.bytes_d2h = 0
-        self.bytes_h2d = 0
-        self.loads = 0
-        self.load_seconds = 0.0
         self._timed: list[tuple[Any, Any]] = []  # CUDA: (start, end) events of loads in flight
+        self.bytes_d2h = self.bytes_h2d = self.loads = 0
+        self.load_seconds = 0.0
+
+    def _pairs(self, layer: int) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """(device buffer, host buffer) of the layer's K and V, as raw rows."""
+        return ((_raw(self.dev.k_buffer[layer]), _raw(self.host.k_buffer[layer])),
+                (_raw(self.dev.v_buffer[layer]), _raw(self.host.v_buffer[layer])))
 
     # -- device -> host ---------------------------------------------------------------------
     def backup(self, dev_slots: torch.Tensor, host_slots: torch.Tensor,
@@ -58,30 +81,36 @@ class KVTransfer:
         """Copy device rows to host rows; ``done()`` runs once the host rows hold them.
         Returns the pending backup (its ``landed`` turns True then), or None when done."""
         self.bytes_d2h += int(dev_slots.numel()) * self.host.bytes_per_token
+        parts = runs(host_slots)
         if not self.cuda:
-            for layer in range(self.dev.num_layers):
-                for d, h in ((self.dev.k_buffer, self.host.k_buffer),
-                             (self.dev.v_buffer, self.host.v_buffer)):
-                    _raw(h[layer]).index_copy_(0, host_slots, _raw(d[layer]).index_select(0, dev_slots))
+            self._copy_out(dev_slots, parts, None)
             done()
             return None
-        staging = torch.empty((self.dev.num_layers, 2, int(dev_slots.numel()), *self.host.row_shape),
-                              dtype=self.host.raw_dtype, pin_memory=True)
-        main = torch.cuda.current_stream(self.dev.device)
+        staging = None
+        if len(parts) > MAX_RUNS:
+            staging = torch.empty((self.dev.num_layers, 2, int(dev_slots.numel()),
+                                   *self.host.row_shape), dtype=self.host.raw_dtype,
+                                  pin_memory=True)
         with torch.cuda.stream(self.stream):
-            self.stream.wait_stream(main)
-            idx = dev_slots.to(self.dev.device, non_blocking=True)
-            for layer in range(self.dev.num_layers):
-                staging[layer, 0].copy_(_raw(self.dev.k_buffer[layer]).index_select(0, idx),
-                                        non_blocking=True)
-                staging[layer, 1].copy_(_raw(self.dev.v_buffer[layer]).index_select(0, idx),
-                                        non_blocking=True)
+            self.stream.wait_stream(torch.cuda.current_stream(self.dev.device))
+            self._copy_out(dev_slots.to(self.dev.device, non_blocking=True), parts, staging)
             event = torch.cuda.Event()
             event.record(self.stream)
         backup = _Backup(event, staging, host_slots, done)
         self.pending.append(backup)
         self._unfenced = True
         return backup
+
+    def _copy_out(self, idx: torch.Tensor, parts: list, staging: torch.Tensor | None) -> None:
+        async_ = self.cuda
+        for layer in range(self.dev.num_layers):
+            for which, (dev, host) in enumerate(self._pairs(layer)):
+                rows = dev.index_select(0, idx)
+                if staging is not None:
+                    staging[layer, which].copy_(rows, non_blocking=async_)
+                    continue
+                for off, first, n in parts:
+                    host[first:first + n].copy_(rows[off:off + n], non_blocking=async_)
 
     def fence(self) -> None:
         """Before device slots of a just-queued backup are reused: the compute stream waits
@@ -99,7 +128,7 @@ class KVTransfer:
             self.load_seconds += begin.elapsed_time(end) / 1e3
 
     def finish(self) -> None:
-        """Finish every pending backup (waits for the side stream)."""
+        """Finish every pending backup and timed load (waits for the side stream)."""
         while self.pending:
             backup = self.pending.pop(0)
             backup.event.synchronize()
@@ -110,7 +139,8 @@ class KVTransfer:
         self._timed.clear()
 
     def _finish_one(self, backup: _Backup) -> None:
-        self.host.scatter(backup.host_slots, backup.staging)
+        if backup.staging is not None:
+            self.host.scatter(backup.host_slots, backup.staging)
         backup.landed = True
         backup.done()
 
@@ -118,36 +148,40 @@ class KVTransfer:
     def load(self, host_slots: torch.Tensor, dev_slots: torch.Tensor) -> None:
         """Copy host rows into device rows, ahead of anything the compute stream runs next."""
         start = time.perf_counter()
-        n = int(host_slots.numel())
-        self.bytes_h2d += n * self.host.bytes_per_token
+        self.bytes_h2d += int(host_slots.numel()) * self.host.bytes_per_token
         self.loads += 1
+        parts = runs(host_slots)
         if not self.cuda:
-            for layer in range(self.dev.num_layers):
-                for d, h in ((self.dev.k_buffer, self.host.k_buffer),
-                             (self.dev.v_buffer, self.host.v_buffer)):
-                    _raw(d[layer]).index_copy_(0, dev_slots, _raw(h[layer]).index_select(0, host_slots))
+            self._copy_in(dev_slots, parts, None)
             self.load_seconds += time.perf_counter() - start
             return
-        staging = torch.empty((self.dev.num_layers, 2, n, *self.host.row_shape),
-                              dtype=self.host.raw_dtype, pin_memory=True)
-        self.host.gather(host_slots, out=staging)
+        staging = self.host.gather(host_slots, out=torch.empty(
+            (self.dev.num_layers, 2, int(host_slots.numel()), *self.host.row_shape),
+            dtype=self.host.raw_dtype, pin_memory=True)) if len(parts) > MAX_RUNS else None
         main = torch.cuda.current_stream(self.dev.device)
         with torch.cuda.stream(self.stream):
             self.stream.wait_stream(main)
             begin = torch.cuda.Event(enable_timing=True)
             begin.record(self.stream)
-            idx = dev_slots.to(self.dev.device, non_blocking=True)
-            for layer in range(self.dev.num_layers):
-                rows = staging[layer].to(self.dev.device, non_blocking=True)
-                _raw(self.dev.k_buffer[layer]).index_copy_(0, idx, rows[0])
-                _raw(self.dev.v_buffer[layer]).index_copy_(0, idx, rows[1])
-            event = torch.cuda.Event(enable_timing=True)
-            event.record(self.stream)
-        main.wait_event(event)
-        # NOTE: load latency = the host's gather + the copy's time on the side stream (read
-        # from the events once they have fired: ``poll``).
-        self.load_seconds += time.perf_counter() - start
-        self._timed.append((begin, event))
+            self._copy_in(dev_slots.to(self.dev.device, non_blocking=True), parts, staging)
+            end = torch.cuda.Event(enable_timing=True)
+            end.record(self.stream)
+        main.wait_event(end)
+        # NOTE: latency = the copy's time on the side stream, read from the events once they
+        # have fired (``poll``); the host only queued it.
+        self._timed.append((begin, end))
+
+    def _copy_in(self, idx: torch.Tensor, parts: list, staging: torch.Tensor | None) -> None:
+        async_, n = self.cuda, int(idx.numel())
+        for layer in range(self.dev.num_layers):
+            for which, (dev, host) in enumerate(self._pairs(layer)):
+                if staging is not None:
+                    rows = staging[layer, which].to(dev.device, non_blocking=async_)
+                else:
+                    rows = torch.empty((n, *dev.shape[1:]), dtype=dev.dtype, device=dev.device)
+                    for off, first, m in parts:
+                        rows[off:off + m].copy_(host[first:first + m], non_blocking=async_)
+                dev.index_copy_(0, idx, rows)
 
     def stats(self) -> dict[str, float | int]:
         return {"hicache_bytes_device_to_host": self.bytes_d2h,

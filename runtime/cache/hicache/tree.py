@@ -100,6 +100,7 @@ class HiRadixCache(TierMoves, RadixCache):
                     self.pool.free(node.value)
                 if node.host_value is not None:
                     self.host.free(node.host_value)
+        self.host.defragment()
         self._new_root()
         self.reset_stats()
         return True

@@ -10,6 +10,7 @@ import torch
 
 from sgdsl.runtime.cache.host_pool import HostKVPool
 from sgdsl.runtime.cache.hicache.storage import PAGE_TOKENS, FileStorage
+from sgdsl.runtime.cache.hicache.transfer import runs
 from sgdsl.runtime.cache.hicache.tree import HiRadixCache
 from sgdsl.runtime.cache.pool import TokenKVPool
 
@@ -129,3 +130,16 @@ def test_storage_budget_keeps_the_most_recent_pages(tmp_path):
     assert rows is not None and bool((rows == 4.0).all())
     assert storage.get(hashes[3], tokens[:PAGE_TOKENS]) is None  # other tokens: not served
     storage.close()
+
+
+def test_host_slots_move_as_contiguous_runs():
+    assert runs(torch.tensor([4, 5, 6, 9, 10, 2])) == [(0, 4, 3), (3, 9, 2), (5, 2, 1)]
+    assert runs(torch.empty(0, dtype=torch.int64)) == []
+    pool = TokenKVPool(8, 1, 1, 1, torch.float32, "cpu")
+    host = HostKVPool(16, pool, pin_memory=False)
+    a, _, c = host.alloc(4), host.alloc(4), host.alloc(4)  # 12..15, 8..11, 4..7
+    for part in (a[:2], c[:2], a[2:], c[2:]):  # freed piecemeal: the list interleaves them
+        host.free(part)
+    host.defragment()
+    assert runs(host.alloc(4)) == [(0, 12, 4)]
+    host.check_integrity()
