@@ -17,11 +17,12 @@ import triton.language as tl
 @triton.jit
 def _extend_kernel(
     Q, K_new, V_new, O, K_Buf, V_Buf, Req_to_token, Req_idx, Prefix_lens, Extend_lens,
-    Start_loc, sm_scale, k_scale, v_scale,
+    Start_loc, Custom_mask, Mask_starts, sm_scale, k_scale, v_scale,
     stride_qt, stride_qh, stride_knt, stride_knh, stride_vnt, stride_vnh, stride_ot, stride_oh,
     stride_kbs, stride_kbh, stride_vbs, stride_vbh, stride_rt,
     KV_GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr,
+    USE_MASK: tl.constexpr,
 ):
     cur_batch = tl.program_id(0)
     cur_head = tl.program_id(1)
@@ -75,6 +76,11 @@ def _extend_kernel(
                     + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
         qk = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * sm_scale
         causal = (offs_m[:, None] >= offs_n[None, :]) & mask_n[None, :]
+        if USE_MASK:  # spec: a draft tree; its nodes see their ancestors only (parents first)
+            mask_start = tl.load(Mask_starts + cur_batch)
+            tree = tl.load(Custom_mask + mask_start + offs_m[:, None] * extend_len
+                           + offs_n[None, :], mask=mask_m[:, None] & mask_n[None, :], other=0)
+            causal = causal & (tree != 0)
         qk = tl.where(causal, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         # NOTE: every valid query row sees at least key 0 of stage 2, so m_new is finite there;
@@ -96,10 +102,15 @@ def extend_attention_fwd(
     k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
     extend_start_loc: torch.Tensor, max_extend_len: int, sm_scale: float,
-    k_scale: float = 1.0, v_scale: float = 1.0,
+    k_scale: float = 1.0, v_scale: float = 1.0, custom_mask: torch.Tensor | None = None,
+    mask_starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens q [T, H, D] (ragged, request i at
-    extend_start_loc[i]) over prefix (pool) + new k/v [T, KVH, D]. Writes and returns out."""
+    extend_start_loc[i]) over prefix (pool) + new k/v [T, KVH, D]. Writes and returns out.
+
+    spec: ``custom_mask`` (bool, flat) further restricts the new tokens among themselves:
+    request i's ``[n, n]`` row-major block starts at ``mask_starts[i]`` (a draft tree's
+    ancestor mask: nodes in topological order, so it stays within the causal bound)."""
     assert q.dim() == 3 and k.dim() == 3 and v.shape == k.shape and out.shape == q.shape
     assert k_buf.dim() == 3 and v_buf.shape == k_buf.shape and k_buf.shape[1:] == k.shape[1:]
     assert q.shape[0] == k.shape[0] and q.shape[2] == k.shape[2]
@@ -113,15 +124,21 @@ def extend_attention_fwd(
     block_m = 64 if max_extend_len >= 64 and q.is_cuda else 16
     block_n = 64 if q.is_cuda else 16
     grid = (bs, num_heads, triton.cdiv(max_extend_len, block_m))
+    use_mask = custom_mask is not None
+    if use_mask:
+        assert mask_starts is not None and mask_starts.shape[0] == bs
+        custom_mask = custom_mask.view(torch.uint8) if custom_mask.dtype == torch.bool \
+            else custom_mask
     _extend_kernel[grid](
         q, k, v, out, k_buf, v_buf, req_to_token, req_pool_indices, prefix_lens, extend_lens,
-        extend_start_loc, sm_scale, k_scale, v_scale,
+        extend_start_loc, custom_mask if use_mask else extend_lens,
+        mask_starts if use_mask else extend_lens, sm_scale, k_scale, v_scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0),
         v_buf.stride(1), req_to_token.stride(0),
         KV_GROUP=num_heads // k.shape[1], BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(head_dim), HEAD_DIM=head_dim,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_MASK=use_mask,
         num_warps=4, num_stages=2,
     )
     return out

@@ -120,7 +120,7 @@ class TritonAttnBackend(AttentionBackend):
             return
         lengths = batch.extend_seq_lens_cpu or batch.extend_seq_lens.tolist()
         single = [i for i, n in enumerate(lengths) if n == 1]
-        if not single:
+        if not single or batch.spec_info is not None:  # spec: every tree row tree-masked
             batch.attn_metadata = TritonExtendMetadata(max(lengths) if lengths else 0)
         else:
             batch.attn_metadata = self._mixed_meta(batch, lengths, single)
@@ -181,10 +181,13 @@ class TritonAttnBackend(AttentionBackend):
                 q, k_buf, v_buf, out, self.req_to_token, batch.req_pool_indices,
                 batch.seq_lens, None, meta.mid_o, meta.mid_lse, scaling, meta.max_kv_splits,
                 min_tokens_per_split=MIN_TOKENS_PER_SPLIT, **scales)
+        tree = batch.spec_info  # spec: TARGET_VERIFY's draft-tree masks
         return extend_attention_fwd(
             q, k, v, out, k_buf, v_buf, self.req_to_token, batch.req_pool_indices,
             batch.extend_prefix_lens, batch.extend_seq_lens, batch.extend_start_loc,
-            meta.max_extend_len, scaling, **scales)
+            meta.max_extend_len, scaling, **scales,
+            custom_mask=tree.flat if tree is not None else None,
+            mask_starts=tree.starts if tree is not None else None)
 
     def _cascade_decode(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
                         out: torch.Tensor, batch: ForwardBatch, meta: TritonDecodeMetadata,
