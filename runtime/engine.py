@@ -138,9 +138,14 @@ class Engine:
                              top_logprobs_num: int | list[int] = 0,
                              return_text_in_logprobs: bool = False, stream: bool = False,
                              rid: str | list[str] | None = None, image_data: Any = None) -> Any:
-        specs, batched = self._build(prompt, sampling_params, input_ids, return_logprob,
-                                     logprob_start_len, top_logprobs_num,
-                                     return_text_in_logprobs, stream, rid, image_data)
+        args = (prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
+                top_logprobs_num, return_text_in_logprobs, stream, rid, image_data)
+        if image_data is not None:  # mm: decoding/processing images must not block the loop
+            # NOTE: the default executor, not the processor's pool, which _build itself uses
+            specs, batched = await asyncio.get_running_loop().run_in_executor(
+                None, functools.partial(self._build, *args))
+        else:
+            specs, batched = self._build(*args)
         if stream:
             return self._async_stream(specs[0])
         fut = asyncio.run_coroutine_threadsafe(

@@ -140,7 +140,8 @@ class Qwen2_5_VisionTransformer(nn.Module):
         head_dim = cfg.hidden_size // cfg.num_heads
         theta = float((getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
         quarter = torch.arange(0, head_dim // 2, 2, dtype=torch.float) / (head_dim // 2)
-        self.register_buffer("inv_freq", 1.0 / theta ** quarter, persistent=False)
+        # NOTE: not a buffer: it stays fp32 on the host when the module moves to bf16
+        self.inv_freq = (1.0 / theta ** quarter).cpu()
         self.blocks = nn.ModuleList(VisionBlock(cfg) for _ in range(cfg.depth))
         self.merger = PatchMerger(cfg.out_hidden_size, cfg.hidden_size, self.merge)
 
@@ -177,7 +178,7 @@ class Qwen2_5_VisionTransformer(nn.Module):
             rows, cols = rows.transpose(1, 2).flatten(), cols.transpose(1, 2).flatten()
             out.append(torch.stack([rows, cols], dim=-1).repeat(t, 1))
         pos = torch.cat(out).float()
-        inv = self.inv_freq.float().cpu()
+        inv = self.inv_freq
         return torch.cat([pos[:, :1] * inv, pos[:, 1:] * inv], dim=-1)
 
     def window_index(self, grids: list[tuple[int, int, int]]) -> tuple[torch.Tensor, list[int]]:

@@ -10,7 +10,9 @@ any gets the placeholders of all its images prepended.
 from __future__ import annotations
 
 import json
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,15 +50,21 @@ def image_format(arch: str, hf: dict[str, Any]) -> ImageFormat | None:
 
 class MultimodalProcessor:
     def __init__(self, model_dir: str | Path, tokenizer: Any, fmt: ImageFormat,
-                 allow_urls: bool = False, max_images: int = 16) -> None:
+                 allow_urls: bool = False, max_images: int = 16,
+                 pixel_dtype: torch.dtype = torch.float32) -> None:
         from transformers import AutoImageProcessor
 
         self.fmt = fmt
+        # NOTE: pixels travel to the scheduler in the model's dtype (the encoder casts to it
+        # first thing): half the bytes through the pipe for a bf16 model, same numbers.
+        self.pixel_dtype = pixel_dtype
         self.image_processor = AutoImageProcessor.from_pretrained(str(model_dir))
         self.image_token_id = int(tokenizer.convert_tokens_to_ids(fmt.image_token))
         self.allow_urls = allow_urls
         self.max_images = max_images
         self._lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(max(2, min(16, (os.cpu_count() or 2))),
+                                       thread_name_prefix="sgdsl-images")
         self._processed: OrderedDict[int, tuple[torch.Tensor, tuple[int, int, int]]] = OrderedDict()
         self._bytes = 0
 
@@ -69,7 +77,8 @@ class MultimodalProcessor:
         fmt = next((f for a in raw.get("architectures") or [] if (f := image_format(a, raw))), None)
         if fmt is None:
             return None
-        return cls(model_dir, tokenizer, fmt, config.allow_image_urls, config.max_images_per_request)
+        return cls(model_dir, tokenizer, fmt, config.allow_image_urls, config.max_images_per_request,
+                   _pixel_dtype(config))
 
     def with_placeholders(self, prompt: str, count: int) -> str:
         """``prompt`` with the images' placeholders prepended when it has none."""
@@ -124,7 +133,7 @@ class MultimodalProcessor:
         except Exception as e:  # noqa: BLE001 - the processor raises many kinds for odd images
             raise InvalidRequestError(f"{field}: the image processor rejected the image "
                                       f"({type(e).__name__}: {e})", field=field) from None
-        pixels = out["pixel_values"]
+        pixels = out["pixel_values"].to(self.pixel_dtype)
         if "image_grid_thw" in out:
             grid = tuple(int(v) for v in out["image_grid_thw"][0])
         else:  # a fixed-size tower (LLaVA): one "frame" of (rows, columns) tokens
@@ -148,3 +157,12 @@ class MultimodalProcessor:
             while self._bytes > PROCESSED_CACHE_BYTES:
                 _, (old, _) = self._processed.popitem(last=False)
                 self._bytes -= old.numel() * old.element_size()
+
+
+def _pixel_dtype(config: Any) -> torch.dtype:
+    """The model's dtype as the runner resolves it (auto: bf16 on CUDA, fp32 on CPU)."""
+    if config.dtype != "auto":
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                "float16": torch.float16}[config.dtype]
+    cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
+    return torch.bfloat16 if cuda else torch.float32

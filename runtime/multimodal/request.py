@@ -29,17 +29,35 @@ def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def with_images(processor: Any, item: Any, images: list[Any], is_text: bool,
-                encode: Callable[[str], list[int]]) -> tuple[list[int], MmData | None]:
-    """``item`` (prompt text, or ids when ``is_text`` is False) as ids with its images."""
-    if not images:
-        return (encode(item) if is_text else list(item)), None
+def prompt_ids(processor: Any, item: Any, count: int, is_text: bool,
+               encode: Callable[[Any], list[int]]) -> list[int]:
+    """The prompt's ids before expansion (a text prompt without placeholders gets them)."""
     if processor is None:
         raise InvalidRequestError(f"{FIELD}: this model is text-only; it takes no images",
                                   field=FIELD)
-    processor.check_count(images, FIELD)
-    ids = encode(processor.with_placeholders(item, len(images))) if is_text else list(item)
-    return processor.process(ids, images, FIELD)
+    return encode(processor.with_placeholders(item, count) if is_text else item)
+
+
+def process_all(processor: Any, items: list[Any], images: list[list[Any]], is_text: bool,
+                encode: Callable[[Any], list[int]]) -> dict[int, tuple[list[int], MmData]]:
+    """Expanded ids and ``MmData`` of every prompt that has images. Prompts are encoded here
+    (the tokenizer is not shared across threads); images are decoded and processed on the
+    processor's thread pool when there are several prompts (decoding and the image processor
+    let go of the GIL for most of their time)."""
+    todo = [i for i, imgs in enumerate(images) if imgs]
+    if not todo:
+        return {}
+    for i in todo:
+        if processor is not None:
+            processor.check_count(images[i], FIELD)
+    ids = {i: prompt_ids(processor, items[i], len(images[i]), is_text, encode) for i in todo}
+
+    def one(i: int) -> tuple[list[int], MmData]:
+        return processor.process(ids[i], images[i], FIELD)
+
+    if len(todo) == 1:
+        return {todo[0]: one(todo[0])}
+    return dict(zip(todo, processor.pool.map(one, todo)))
 
 
 def check_logprob_start(mm: MmData | None, start: int) -> None:

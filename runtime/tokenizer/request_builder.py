@@ -68,14 +68,13 @@ class RequestBuilder:
         tops = _per_item(top_logprobs_num, n, "top_logprobs_num", ())
         rids = _per_item(rid, n, "rid", ())
         images = mm_request.per_prompt(image_data, n, batched)  # mm:
+        with_mm = mm_request.process_all(self.mm, items, images, prompt is not None,
+                                         self._tokenize if prompt is not None else self._check_ids)
         specs = []
         for i, item in enumerate(items):
             mm = None
             if images[i]:  # mm: image tokens expanded, MmData built
-                if prompt is None:
-                    self._check_ids(item)
-                ids, mm = mm_request.with_images(self.mm, item, images[i], prompt is not None,
-                                                 self._tokenize)
+                ids, mm = with_mm[i]
                 mm_request.check_logprob_start(mm, starts[i] if lps[i] else -1)
             else:
                 ids = self._tokenize(item) if prompt is not None else self._check_ids(item)
