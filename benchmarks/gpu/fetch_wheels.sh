@@ -17,6 +17,8 @@ python -m pip download "${args[@]}" \
   pyzmq==27.3.0 regex==2026.5.9 \
   jsonschema==4.26.0 referencing==0.37.0 rpds-py==0.30.0 attrs==26.1.0 \
   jsonschema-specifications==2025.9.1
+# images (bench_vlm.py): the transformers image processors decode and resize with PIL
+python -m pip download "${args[@]}" pillow==13.0.0
 # the server and the official clients, for benchmarks through `sgdsl serve` (the device has
 # httpx, anyio, h11, uvloop and aiohttp already); the versions the tests run here
 python -m pip download "${args[@]}" \
