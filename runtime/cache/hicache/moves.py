@@ -44,7 +44,8 @@ class TierMoves:
             return 0
         self.transfer.poll()
         tie = itertools.count()
-        heap = [(n.last_access, next(tie), n) for n in self._nodes() if self._device_leaf(n)]
+        heap = [(n.last_access, next(tie), n) for n in self._device_nodes()
+                if self._device_leaf(n)]
         heapq.heapify(heap)
         freed = 0
         while freed < num_tokens and heap:
@@ -62,6 +63,15 @@ class TierMoves:
             if self._device_leaf(parent):
                 heapq.heappush(heap, (parent.last_access, next(tie), parent))
         return freed
+
+    def _device_nodes(self):
+        """Device-resident nodes (and the root): host-only subtrees are not entered, since
+        device residency is closed upwards (a decode step's eviction walks only these)."""
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(c for c in node.children.values() if c.value is not None)
 
     def _device_leaf(self, node: Any) -> bool:
         return (node is not self.root and node.value is not None and node.lock_ref == 0
