@@ -144,6 +144,11 @@ class ModelRunner:
         from .cuda_graph_runner import CudaGraphRunner
 
         max_bs = min(self.config.cuda_graph_max_bs, self.config.max_running_requests)
+        if self.config.speculative_algorithm:  # spec: a chain verify feeds k + 1 decode rows
+            c = self.config  # per request (speculative/verify_batch.py), within the graph cap
+            rows = min(c.max_running_requests, c.speculative_max_batch_size)
+            max_bs = max(max_bs, min(c.cuda_graph_max_bs,
+                                     rows * (c.speculative_num_draft_tokens + 1)))
         if self.config.grammar_backend != "none" and not self.config.disable_jump_forward:
             # grammar: a decode step also feeds jump-forward tokens, one row each (scheduler:
             # RunningBatch.mixed_batch); graphs for as many rows again as requests let a
