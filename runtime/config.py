@@ -134,6 +134,17 @@ class EngineConfig:
     hicache_storage_backend: Literal["file"] | None = None
     hicache_storage_dir: str | None = None
     hicache_storage_size: float = 16.0
+    # pd: prefill/decode disaggregation (runtime/disaggregation; SGLang's option names). A
+    # prefill server runs prompts only and ships their KV to the decode server named in each
+    # request (bootstrap_host/port/room, set by ``sgdsl router --pd-disaggregation``); a decode
+    # server receives the KV and decodes. Requests without bootstrap fields run colocated.
+    disaggregation_mode: Literal["null", "prefill", "decode"] = "null"
+    disaggregation_bootstrap_port: int = 8998  # the prefill server's control store (TCPStore)
+    # how the KV pages travel: torch.distributed send/recv on a two-rank group per (prefill,
+    # decode) pair; auto = gloo on CPU, nccl on CUDA
+    disaggregation_transfer_backend: Literal["auto", "gloo", "nccl"] = "auto"
+    # longest wait for the other side (its registration, its KV, a send), then the request fails
+    disaggregation_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         _check_parallel(self)
@@ -173,6 +184,10 @@ def _check_parallel(config: EngineConfig) -> None:
                              "ep_size of the tp_size ranks, as in SGLang)")
     if not config.rank_hang_timeout_s > 0:
         raise bad("rank_hang_timeout_s", "must be > 0")
+    if config.disaggregation_mode != "null" and config.tp_size > 1:  # pd:
+        raise bad("disaggregation_mode", "runs with tp_size=1 only (the KV of one rank is sent)")
+    if not config.disaggregation_timeout_s > 0:  # pd:
+        raise bad("disaggregation_timeout_s", "must be > 0")
     if config.nnodes < 1:
         raise bad("nnodes", "must be >= 1")
     if config.tp_size % config.nnodes:

@@ -61,6 +61,13 @@ class GrammarQueueFullError(OverloadedError):
     kind = "grammar_queue_full"
 
 
+class KVTransferError(OverloadedError):
+    """pd: a disaggregated request's KV did not arrive (the other server died, timed out or
+    refused it); nothing is wrong with the request, so it is retryable (503)."""
+
+    kind = "kv_transfer_failed"
+
+
 class ModelLoadError(RuntimeErrorBase):
     """Unknown architecture, missing files, bad config: raised at engine start."""
 
@@ -99,4 +106,4 @@ def error_of(reason: dict | None) -> RuntimeErrorBase | None:
 
 
 _TYPED = (InvalidRequestError, RequestTooLargeError, ConstraintViolationError, EngineDeadError,
-          AbortedError, ModelLoadError, GrammarQueueFullError, OverloadedError)
+          AbortedError, ModelLoadError, GrammarQueueFullError, KVTransferError, OverloadedError)

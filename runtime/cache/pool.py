@@ -120,6 +120,17 @@ class TokenKVPool:
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         self.write(layer_id, loc, k, v)
 
+    # pd: pages as stored (fp8 as bytes), for disaggregation's KV transfer
+    def read_pages(self, layer_id: int, slots: torch.Tensor) -> torch.Tensor:
+        """Layer ``layer_id``'s K and V at ``slots``, stacked: ``[2, n, kv_heads, head_dim]``."""
+        k, v = _raw(self.k_buffer[layer_id]), _raw(self.v_buffer[layer_id])
+        return torch.stack((k.index_select(0, slots), v.index_select(0, slots)))
+
+    def write_pages(self, layer_id: int, slots: torch.Tensor, pages: torch.Tensor) -> None:
+        """The inverse of ``read_pages``: ``pages`` ``[2, n, ...]`` stored at ``slots``."""
+        _raw(self.k_buffer[layer_id]).index_copy_(0, slots, pages[0])
+        _raw(self.v_buffer[layer_id]).index_copy_(0, slots, pages[1])
+
     def check_integrity(self) -> None:
         free = self._free[: self._num_free]
         assert free.unique().numel() == self._num_free, "duplicate slot in KV free list"

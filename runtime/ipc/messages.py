@@ -27,6 +27,8 @@ class TokenizedGenerateReq:
     # mm: images (runtime/multimodal/inputs.MmData: processed pixels, token offsets, M-RoPE);
     # the prompt's image positions hold hash-derived pad ids.
     mm: Any = None
+    # pd: where this request's KV comes from or goes to (disaggregation/bootstrap.py), or None
+    bootstrap: Any = None
 
 
 @dataclass(frozen=True)

@@ -58,8 +58,11 @@ def build_state(config: RouterConfig) -> RouterState:
     key = config.worker_api_key or config.api_key  # replicas of --dp-size share the key
     poller = LoadPoller(registry, client, {"Authorization": f"Bearer {key}"} if key else {}
                         ) if policy.needs_load else None
+    proxy_cls = Proxy
+    if config.pd_disaggregation:  # pd: each request goes to a prefill and a decode worker
+        from .pd_proxy import PDProxy as proxy_cls
     return RouterState(config, registry, policy, metrics,
-                       Proxy(config, registry, policy, metrics, client),
+                       proxy_cls(config, registry, policy, metrics, client),
                        HealthChecker(registry, client), client, poller)
 
 

@@ -13,6 +13,7 @@ import typing
 from typing import Any, Callable, Sequence
 
 from ..errors import InvalidRequestError
+from . import pd_config
 from .config import POLICIES, RouterConfig
 
 
@@ -22,8 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="workers to route to (more can be added at run time: /add_worker)")
     parser.add_argument("--policy", choices=POLICIES, default=RouterConfig.policy)
     hints = typing.get_type_hints(RouterConfig)
+    pd_config.add_flags(parser)  # pd:
     for f in dataclasses.fields(RouterConfig):
-        if f.name in ("worker_urls", "policy"):
+        if f.name in ("worker_urls", "policy") or f.name in pd_config.FIELDS:
             continue
         kind = _scalar(hints[f.name])
         parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default,
@@ -40,7 +42,8 @@ def _scalar(hint: Any) -> Any:
 def parse_args(argv: Sequence[str]) -> RouterConfig:
     ns = vars(build_parser().parse_args(list(argv)))
     ns["worker_urls"] = tuple(ns["worker_urls"])
-    return RouterConfig(**ns)
+    pd = pd_config.take(ns)  # pd:
+    return RouterConfig(**ns, **pd)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

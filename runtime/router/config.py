@@ -80,8 +80,19 @@ class RouterConfig:
     breaker_cooldown_s: float = 10.0  # how long it stays open before a trial request
     max_body_bytes: int = 32 * 1024 * 1024
     log_level: str = "warning"
+    # pd: prefill/decode disaggregation (router/pd_proxy.py): each request goes to a prefill
+    # worker (chosen by ``policy``) and a decode worker (least loaded); worker_urls is then
+    # the prefill workers followed by the decode workers.
+    pd_disaggregation: bool = False
+    prefill_urls: tuple[str, ...] = ()
+    prefill_bootstrap_ports: tuple[int, ...] = ()  # one per prefill URL
+    decode_urls: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.pd_disaggregation:  # pd:
+            from .pd_config import check_pd
+
+            check_pd(self)
         urls = tuple(normalize_worker_url(u, "worker_urls") for u in self.worker_urls)
         if len(set(urls)) != len(urls):
             raise InvalidRequestError("worker_urls: duplicate worker URL", field="worker_urls")

@@ -98,6 +98,10 @@ class Req:
         # first admission) and, from then, its cached prefix split by tier (meta_info).
         self.hicache_loaded = [0, 0]
         self.cached_tokens_details: dict[str, int] | None = None
+        # pd: the request's disaggregation bootstrap (disaggregation/bootstrap.py): on a prefill
+        # server its KV goes to the decode server after the first token; on a decode server it
+        # arrives from the prefill server (None once it has, or without disaggregation).
+        self.pd_bootstrap: Any = None
 
     # -- derived values -------------------------------------------------------------------
     @property

@@ -11,6 +11,7 @@ tokens.
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Sequence
 
 from ..cache.hicache.factory import make_tree  # hicache:
@@ -30,12 +31,14 @@ from .req import Req, ReqState
 from .running import RunningBatch, needs_sync
 from .sample_step import BatchSampler
 from .stepping import Stepping
+from ..disaggregation import make_pd  # pd:
 from . import tp_sync
 
 # NOTE: share of a running request's remaining tokens that admission keeps free for its decode.
 # Starts cautious, decays as decode proceeds without trouble (stepping.py), jumps back up after
 # a retraction.
 INIT_NEW_TOKEN_RATIO = 0.7
+PD_POLL_S = 0.002  # pd: the loop's pace while only KV transfers are in flight
 
 
 class Scheduler(Stepping):
@@ -78,6 +81,7 @@ class Scheduler(Stepping):
         self.counters = dict(requests_total=0, prompt_tokens_total=0, generated_tokens_total=0,
                              cache_hit_tokens=0, cache_query_tokens=0, retractions_total=0,
                              forward_steps=0)
+        self.pd = make_pd(config, self)  # pd: prefill or decode side of disaggregation, or None
 
     # -- messages -----------------------------------------------------------------------------
     def handle(self, msg: Any) -> None:
@@ -87,6 +91,8 @@ class Scheduler(Stepping):
                       msg.logprob_start_len, msg.top_logprobs_num, self._arrivals,
                       msg.stream)
             req.mm = msg.mm  # mm:
+            if self.pd is not None and req.max_new_tokens > 0:  # pd: paired with another server
+                req.pd_bootstrap = msg.bootstrap
             self.counters["requests_total"] += 1
             if self.spec is not None:  # spec: meta_info counts its verify steps
                 req.spec_verify_ct = 0
@@ -113,6 +119,8 @@ class Scheduler(Stepping):
             self.memory.check_idle()
             problems = self.spec.check_idle() if self.spec is not None else []  # spec:
             assert not problems, "; ".join(problems)
+            if self.pd is not None:  # pd: no transfer in flight, no KV held for one
+                self.pd.check_idle()
         except AssertionError as exc:
             return m.RpcResp(call_id, ok=False, error=str(exc) or repr(exc))
         return m.RpcResp(call_id, ok=True)
@@ -120,7 +128,8 @@ class Scheduler(Stepping):
     @property
     def is_idle(self) -> bool:
         return (not self.waiting and not self.running and self.chunked is None
-                and self.pending is None and not (self.grammar and self.grammar.pending))
+                and self.pending is None and not (self.grammar and self.grammar.pending)
+                and not (self.pd and self.pd.busy))  # pd
 
     def stats(self) -> dict:
         c = self.counters
@@ -133,7 +142,8 @@ class Scheduler(Stepping):
                 **self._work_left(), **mm_stats(self.runner),  # mm:
                 **getattr(self.tree, "hicache_stats", dict)(),  # hicache
                 **(self.grammar.stats_dict() if self.grammar else {}),  # grammar
-                **(self.spec.stats_dict() if self.spec is not None else {})}  # spec
+                **(self.spec.stats_dict() if self.spec is not None else {}),  # spec
+                **(self.pd.stats() if self.pd else {})}  # pd
 
     def _work_left(self) -> dict:
         """Tokens still to compute, for a router balancing by work (``GET /load``): prompt
@@ -159,6 +169,8 @@ class Scheduler(Stepping):
             req, self.chunked = self.chunked, None
         elif (req := next((r for r in self.running.reqs if r.rid == rid), None)) is not None:
             self.running.filter([r for r in self.running.reqs if r is not req])
+        elif self.pd is not None and (req := self.pd.remove(rid, message)) is not None:
+            pass  # pd: held for (or waiting for) a KV transfer
         else:  # prefilled by the step in flight (its token is then dropped: epoch)
             live = self.pending.live() if self.pending is not None else []
             req = next((r for r in live if r.rid == rid and not r.finished), None)
@@ -181,6 +193,8 @@ class Scheduler(Stepping):
         next launch (logprobs, grammar masks) is read right away instead."""
         self._poll_grammars()
         self._poll_precompiles()
+        if self.pd is not None:  # pd: registrations, finished transfers, prebuilt requests
+            self.pd.poll()
         reqs = self._schedule_prefill()
         if self.pending is not None and self._must_sync(reqs or self.running.reqs):
             self._read(self.pending)
@@ -195,6 +209,9 @@ class Scheduler(Stepping):
         if launched is None:
             if self.grammar and (self.grammar.pending or self.grammar.precompiles.busy):
                 self.grammar.wait_pending(0.005)  # grammar: only compiles in flight; do not spin
+                return True
+            if self.pd is not None and self.pd.busy:  # pd: only transfers in flight
+                time.sleep(PD_POLL_S)
                 return True
             # NOTE: reading the last step may have sent requests back to the queue (grammar:
             # jump-forward), which the next step runs.
@@ -329,6 +346,8 @@ class Scheduler(Stepping):
     def _finish_and_send(self, reqs: list[Req]) -> None:
         outs = []
         for req in reqs:
+            if self.pd is not None and self.pd.holds(req):
+                continue  # pd: finishes when the decode server has its KV
             if req.finished:
                 req.state = ReqState.FINISHED
                 # grammar: a completed request may have dropped a token an overlapped step

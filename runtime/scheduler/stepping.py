@@ -208,8 +208,11 @@ class Stepping:
             for req in self.grammar.after_sample(reqs, self.checker, batch, prefetch):
                 self._jumped(req)
         if step.mode is ForwardMode.EXTEND:
+            if self.pd is not None:  # pd: on a prefill server the KV goes to a decode server
+                self.pd.prefilled(reqs)
             joined = [i for i in keep if not step.sampled[i].finished
-                      and not step.sampled[i].jumped]
+                      and not step.sampled[i].jumped
+                      and not (self.pd and self.pd.holds(step.sampled[i]))]  # pd
             if joined:
                 self._change_batch(lambda: self._join_running(step, joined))
         else:

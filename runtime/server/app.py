@@ -51,6 +51,11 @@ def create_app(engine: Any, args: ServerArgs | None = None,
     app.add_middleware(GuardMiddleware, api_key=args.api_key,
                        max_body_bytes=args.max_body_bytes, metrics=context.metrics,
                        known_paths=known)
+    config = getattr(engine, "config", None)
+    if getattr(config, "disaggregation_mode", "null") != "null":  # pd: the router's bootstrap
+        from ..disaggregation.http import BootstrapMiddleware
+
+        app.add_middleware(BootstrapMiddleware)
     if args.cors_origins:
         # Added last = outermost: preflight requests are answered before the API-key check.
         app.add_middleware(CORSMiddleware, allow_origins=list(args.cors_origins),

@@ -75,10 +75,12 @@ class ReqState:
                 self.error = InvalidRequestError(out.finish_reason["message"],
                                                  field=out.finish_reason.get("field"))
             elif out.finish_reason.get("status") == 503:  # grammar: compile queue too long
-                from ..errors import GrammarQueueFullError
+                from ..errors import GrammarQueueFullError, KVTransferError
 
-                self.error = GrammarQueueFullError(out.finish_reason["message"],
-                                                   out.finish_reason.get("retry_after", 1.0))
+                cls = (KVTransferError if out.finish_reason.get("kind") == KVTransferError.kind
+                       else GrammarQueueFullError)  # pd: the KV transfer failed
+                self.error = cls(out.finish_reason["message"],
+                                 out.finish_reason.get("retry_after", 1.0))
             elif self.validator is not None and self.params.json_schema is not None:
                 self._check_output()
             self.done.set()

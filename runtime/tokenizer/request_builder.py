@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..errors import ContextLengthError, InvalidRequestError, RequestTooLargeError
+from ..disaggregation.bootstrap import next_bootstrap  # pd:
 from ..ipc.messages import Ready, TokenizedGenerateReq
 from ..sampling_params import SamplingParams
 from ..multimodal import request as mm_request
@@ -176,10 +177,12 @@ class RequestBuilder:
                                       field="top_logprobs_num")
         rid = str(rid) if rid is not None else uuid.uuid4().hex
         if sp.n == 1:
-            reqs = (TokenizedGenerateReq(rid, ids, sp, lp, start, top, mm=mm),)
+            reqs = (TokenizedGenerateReq(rid, ids, sp, lp, start, top, mm=mm,
+                                         bootstrap=next_bootstrap()),)  # pd:
         else:
             reqs = tuple(TokenizedGenerateReq(f"{rid}-{k}", ids, self._child(sp, k), lp, start, top,
-                                              mm=mm) for k in range(sp.n))
+                                              mm=mm, bootstrap=next_bootstrap())  # pd:
+                         for k in range(sp.n))
         return GenerateSpec(rid, reqs, text_in_lp)
 
     @staticmethod

@@ -1,0 +1,156 @@
+"""The machinery between a prefill and a decode scheduler process, all of it torch.distributed:
+
+- the control store: a ``TCPStore`` served by the prefill process on
+  ``--disaggregation-bootstrap-port``. Decode processes announce themselves and register the
+  requests they hold slots for (``reg/<n>``, one sequence for all of them); the prefill process
+  tells each decode process, in the order it will send them, which request's pages come next
+  (``p2d/<decode id>/<k>``). Messages are small JSON values.
+- one two-rank process group per (prefill, decode) pair, made over the store (rank 0: prefill):
+  gloo for CPU tensors, NCCL for CUDA ones. The KV pages travel as point-to-point send/recv,
+  one message per layer (``[2, tokens, kv_heads, head_dim]``: K and V), a few layers in flight.
+
+Both sides post their operations in the same order (the ``p2d`` sequence), so the transfer needs
+no tags and runs unchanged on NCCL, which matches point-to-point operations by order alone.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import socket
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# NOTE: layers in flight per transfer: enough to keep the link busy while the next layer is
+# gathered, few enough that a transfer stages only a few layers' pages at a time.
+LAYER_WINDOW = 4
+# NOTE: a blocking store wait; long, because c10d logs a warning each time one times out (the
+# waiting threads are daemons, and a dead store ends a wait at once with an error).
+STORE_WAIT_S = 600.0
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What both sides' KV pools must agree on for pages to be copied as bytes."""
+
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+
+    @classmethod
+    def of(cls, pool: Any) -> "KVLayout":
+        _, heads, dim = pool.k_buffer[0].shape
+        return cls(pool.num_layers, int(heads), int(dim), str(pool.dtype))
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def serve_store(port: int, timeout_s: float) -> dist.TCPStore:
+    """The prefill side's control store (listens on every interface)."""
+    return dist.TCPStore("0.0.0.0", port, None, True, _td(timeout_s), wait_for_workers=False)
+
+
+def connect_store(host: str, port: int, timeout_s: float) -> dist.TCPStore:
+    """A client of a prefill server's store. One per thread: a blocking wait holds it."""
+    return dist.TCPStore(host, port, None, False, _td(timeout_s))
+
+
+def put(store: dist.TCPStore, key: str, value: dict) -> None:
+    store.set(key, json.dumps(value))
+
+
+def take(store: dist.TCPStore, key: str, stop: Any) -> dict | None:
+    """Wait for ``key``, read and delete it; None once ``stop()`` says so. A store error
+    (the other process died) propagates."""
+    while not stop():
+        try:
+            store.wait([key], _td(STORE_WAIT_S))
+        except RuntimeError as exc:  # NOTE: DistStoreError subclasses RuntimeError
+            if "timeout" in str(exc).lower() or "timed out" in str(exc).lower():
+                continue
+            raise
+        value = json.loads(store.get(key))
+        store.delete_key(key)
+        return value
+    return None
+
+
+def local_address(host: str, port: int) -> str:
+    """This machine's address on the route to ``host`` (what the peer can reach us at)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((socket.gethostbyname(host), port))
+        return s.getsockname()[0]
+
+
+def make_group(store: dist.TCPStore, pair_id: str, rank: int, backend: str, host: str,
+               timeout_s: float) -> Any:
+    """The pair's two-rank process group (blocks until the other side makes it too).
+    ``host``: this side's address for gloo's connections."""
+    prefixed = dist.PrefixStore(f"pg/{pair_id}/", store)
+    if backend == "gloo":
+        opts = dist.ProcessGroupGloo._Options()
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+        opts._timeout = _td(timeout_s)
+        return dist.ProcessGroupGloo(prefixed, rank, 2, opts)
+    opts = dist.ProcessGroupNCCL.Options()
+    opts._timeout = _td(timeout_s)
+    return dist.ProcessGroupNCCL(prefixed, rank, 2, opts)
+
+
+def send_pages(group: Any, pool: Any, slots: torch.Tensor, peer: int, host_staged: bool) -> None:
+    """Every layer's pages at ``slots`` to ``peer``, layer by layer, a window in flight.
+    ``host_staged``: the group carries CPU tensors (gloo) while the pool may be on a GPU."""
+    slots = slots.to(pool.device)
+    inflight: deque = deque()
+    for layer in range(pool.num_layers):
+        pages = pool.read_pages(layer, slots)
+        if host_staged and pages.device.type != "cpu":
+            pages = pages.cpu()
+        inflight.append((group.send([pages], peer, 0), pages))
+        if len(inflight) > LAYER_WINDOW:
+            inflight.popleft()[0].wait()
+    while inflight:
+        inflight.popleft()[0].wait()
+    _sync(pool.device)
+
+
+def recv_pages(group: Any, pool: Any, slots: torch.Tensor | None, count: int, peer: int,
+               host_staged: bool) -> None:
+    """``count`` tokens' pages of every layer from ``peer`` into ``slots`` (None: received and
+    dropped, to keep the pair's order when the request went away meanwhile)."""
+    layout = KVLayout.of(pool)
+    raw = torch.uint8 if pool.dtype == torch.float8_e4m3fn else pool.dtype
+    shape = (2, count, layout.kv_heads, layout.head_dim)
+    dev_slots = slots.to(pool.device) if slots is not None else None
+    inflight: deque = deque()
+
+    def land() -> None:
+        layer, work, pages = inflight.popleft()
+        work.wait()
+        if dev_slots is not None:
+            pool.write_pages(layer, dev_slots, pages.to(pool.device, non_blocking=False))
+
+    where = "cpu" if host_staged else pool.device
+    for layer in range(pool.num_layers):
+        pages = torch.empty(shape, dtype=raw, device=where)
+        inflight.append((layer, group.recv([pages], peer, 0), pages))
+        if len(inflight) > LAYER_WINDOW:
+            land()
+    while inflight:
+        land()
+    _sync(pool.device)
+
+
+def _sync(device: torch.device) -> None:
+    """On CUDA the copies and the NCCL work are queued: done before the pages are used."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
+def _td(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=seconds)

@@ -1,0 +1,139 @@
+"""ReceiverLink: one prefill server as a decode server sees it.
+
+Two threads: the link thread connects to the prefill server's control store, announces this
+process (its id, the prefill's address as seen from here, its KV layout), joins the pair's
+process group and then writes this side's registrations; the receive thread reads the prefill
+side's notices in order (``p2d/<id>/<k>``) and receives each one's pages into the slots the
+request holds (or drops them when the request went away meanwhile: the pair's order must hold).
+Everything that ends goes to the decode side through its ``done`` queue; a broken link sets
+``error`` and stops.
+"""
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .link import KVLayout, connect_store, local_address, make_group, put, recv_pages, take
+
+REGISTRATION_WAIT_S = 0.5
+
+
+@dataclass
+class Entry:
+    """A registered request's slots, shared with the receive thread (under the link's lock)."""
+
+    slots: torch.Tensor
+    started: bool = False  # its pages are being received: the slots stay until that ends
+    cancelled: bool = False
+
+
+class ReceiverLink:
+    def __init__(self, host: str, port: int, my_id: str, backend: str, timeout_s: float,
+                 pool: Any, done: queue.Queue) -> None:
+        self.host, self.port, self.my_id = host, port, my_id
+        self.error: str | None = None
+        self.entries: dict[str, Entry] = {}
+        self.lock = threading.Lock()
+        self._backend, self._timeout, self._pool, self._done = backend, timeout_s, pool, done
+        self._outbox: queue.Queue = queue.Queue()
+        self._group: Any = None
+        self._ready = threading.Event()
+        self._stop = False
+        self.receiver_exited = False  # no page will be written any more: every slot is free
+        for target, name in ((self._link, "pd-link"), (self._receive, "pd-recv")):
+            threading.Thread(target=target, name=f"{name}-{port}", daemon=True).start()
+
+    # -- the decode side's calls (scheduler thread) -------------------------------------------
+    def register(self, key: str, slots: torch.Tensor, start: int) -> None:
+        with self.lock:
+            self.entries[key] = Entry(slots)
+        self._outbox.put({"type": "room", "key": key, "peer": self.my_id, "start": start})
+
+    def cancel(self, key: str) -> bool:
+        """Forget ``key``; False while its pages are being received (free its slots later)."""
+        with self.lock:
+            entry = self.entries.get(key)
+            if entry is not None and entry.started and not self.receiver_exited:
+                entry.cancelled = True
+                return False
+            self.entries.pop(key, None)
+            return True
+
+    def close(self) -> None:
+        self._stop = True
+
+    # -- threads -----------------------------------------------------------------------------
+    def _fail(self, what: str, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = (f"prefill server {self.host}:{self.port}: {what}: "
+                          f"{type(exc).__name__}: {exc}")
+        self._ready.set()
+
+    def _link(self) -> None:
+        try:
+            store = connect_store(self.host, self.port, self._timeout)
+            me = local_address(self.host, self.port)
+            n = store.add("reg_n", 1)
+            put(store, f"reg/{n}", {"type": "peer", "peer": self.my_id,
+                                    "host": socket.gethostbyname(self.host),
+                                    "layout": KVLayout.of(self._pool).to_json()})
+            if self._pool.device.type == "cuda":
+                torch.cuda.set_device(self._pool.device)
+            self._group = make_group(store, self.my_id, 1, self._backend, me, self._timeout)
+        except Exception as exc:  # noqa: BLE001 - every request on this link fails with it
+            self._fail("cannot connect", exc)
+            return
+        self._ready.set()
+        try:
+            while not self._stop:
+                try:
+                    msg = self._outbox.get(timeout=REGISTRATION_WAIT_S)
+                except queue.Empty:
+                    continue
+                put(store, f"reg/{store.add('reg_n', 1)}", msg)
+        except Exception as exc:  # noqa: BLE001
+            self._fail("lost", exc)
+
+    def _receive(self) -> None:
+        self._ready.wait()
+        if self.error is not None:
+            self.receiver_exited = True
+            return
+        try:
+            store = connect_store(self.host, self.port, self._timeout)
+            if self._pool.device.type == "cuda":
+                torch.cuda.set_device(self._pool.device)
+            seq = 0
+            while (notice := take(store, f"p2d/{self.my_id}/{seq}", self._stopped)) is not None:
+                seq += 1
+                self._one(notice)
+        except Exception as exc:  # noqa: BLE001
+            self._fail("lost", exc)
+        finally:
+            self.receiver_exited = True
+
+    def _stopped(self) -> bool:
+        return self._stop or self.error is not None
+
+    def _one(self, notice: dict) -> None:
+        key = str(notice["key"])
+        with self.lock:
+            entry = self.entries.get(key)
+            if entry is not None:
+                entry.started = True
+        if notice.get("pages"):
+            count = int(notice["count"])
+            fits = entry is not None and int(entry.slots.numel()) == count
+            if entry is not None and not fits:
+                notice = {**notice, "error": f"page count {count} != the "
+                                             f"{int(entry.slots.numel())} slots registered"}
+            recv_pages(self._group, self._pool, entry.slots if fits else None, count, peer=0,
+                       host_staged=self._backend == "gloo")
+        with self.lock:
+            self.entries.pop(key, None)
+        self._done.put((key, notice))

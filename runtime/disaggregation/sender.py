@@ -1,0 +1,69 @@
+"""SenderLink: one decode server as the prefill side sees it: the pair's process group and a
+thread that runs the transfers to it one after another, in the order they were submitted
+(each: the ``p2d`` notice, then the pages of every layer)."""
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .link import KVLayout, connect_store, make_group, put, send_pages
+
+
+@dataclass(frozen=True)
+class SendJob:
+    key: str
+    notice: dict  # what the decode side learns: output so far, logprobs, finish, page count
+    slots: torch.Tensor | None  # the pages to send (None: a notice alone)
+
+
+class SenderLink:
+    def __init__(self, peer: dict, store_port: int, backend: str, timeout_s: float, pool: Any,
+                 done: queue.Queue) -> None:
+        self.peer_id = str(peer["peer"])
+        self.error: str | None = None
+        mine = KVLayout.of(pool).to_json()
+        if peer.get("layout") != mine:  # NOTE: the group is still made: the peer waits for it
+            self.error = f"KV layouts differ: prefill {mine}, decode {peer.get('layout')}"
+        self._host, self._port, self._backend = str(peer["host"]), store_port, backend
+        self._timeout, self._pool, self._done = timeout_s, pool, done
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name=f"pd-send-{self.peer_id[:8]}",
+                                        daemon=True)
+        self._thread.start()
+
+    def submit(self, job: SendJob) -> None:
+        self._jobs.put(job)
+
+    def close(self) -> None:
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        try:
+            store = connect_store("127.0.0.1", self._port, self._timeout)
+            group = make_group(store, self.peer_id, 0, self._backend, self._host, self._timeout)
+        except Exception as exc:  # noqa: BLE001 - every queued and later job fails with it
+            self.error = self.error or f"no link to decode peer {self.peer_id}: {exc}"
+            store = group = None
+        if self._pool.device.type == "cuda":
+            torch.cuda.set_device(self._pool.device)
+        seq = 0
+        while (job := self._jobs.get()) is not None:
+            if self.error is not None and store is None:
+                self._done.put((job.key, self.error))
+                continue
+            notice = job.notice if self.error is None else {"key": job.key, "error": self.error}
+            try:
+                put(store, f"p2d/{self.peer_id}/{seq}", notice)
+                seq += 1
+                if job.slots is not None and self.error is None:
+                    send_pages(group, self._pool, job.slots, peer=1,
+                               host_staged=self._backend == "gloo")
+                self._done.put((job.key, self.error))
+            except Exception as exc:  # noqa: BLE001 - the pair is broken: fail what follows too
+                self.error = f"decode peer {self.peer_id} failed: {type(exc).__name__}: {exc}"
+                store = None
+                self._done.put((job.key, self.error))
