@@ -1,0 +1,227 @@
+"""Prefill/decode disaggregation vs colocated replicas, behind the router, in one run.
+
+Two set-ups over the same GPUs (one each) and the same model: ``pd`` (a prefill server on
+GPU 0, a decode server on GPU 1, ``sgdsl router --pd-disaggregation``) and ``colocated`` (two
+plain servers, ``sgdsl router`` over both). The workload mixes two classes arriving at a fixed
+total rate (Poisson): long prompts (``--long-in`` tokens in, ``--long-out`` out) and chat turns
+(``--chat-in`` in, ``--chat-out`` out), random token ids, ignore_eos, streamed over native
+``/generate``. Reported per set-up and class: TTFT p50/p99 (first chunk), ITL p50/p99 (gaps
+between chunks), and the total throughput ((prompt + output tokens) / wall); then pd /
+colocated ratios (ITL, TTFT: lower is better; throughput: higher is better).
+
+    # GPU (2 GPUs), a Llama-3.1-8B shape with dummy weights:
+    python benchmarks/gpu/bench_pd.py --model benchmarks/gpu/configs/llama-3.1-8b \
+        --load-format dummy --rate 4 --duration 90
+    # CPU smoke, tiny random model:
+    python benchmarks/gpu/bench_pd.py --tiny --rate 2 --duration 10 --long-in 256 \
+        --long-out 8 --chat-in 32 --chat-out 16
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_router import _tiny_model_dir  # noqa: E402  (benchmarks/ is not a package)
+
+from sgdsl.runtime.launcher.replicas import gpu_slices, launch, stop_replicas  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_servers(argvs: list[list[str]], gpus: list[str | None]) -> list[Any]:
+    """One server per argv (its own GPU), their URLs once listening."""
+    servers = [launch(i, argv, gpu) for i, (argv, gpu) in enumerate(zip(argvs, gpus))]
+    for s in servers:
+        for line in s.proc.stdout:
+            if "listening on " in line:
+                s.url = line.split("listening on ")[1].split()[0]
+                break
+            s.lines = (s.lines + [line])[-40:]
+        if not s.url:
+            stop_replicas(servers)
+            raise RuntimeError(f"server {s.index} did not start:\n{''.join(s.lines)}")
+        threading.Thread(target=s.proc.stdout.read, daemon=True).start()
+    return servers
+
+
+def start_router(flags: list[str]) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "sgdsl.runtime.router", *flags, "--host", "127.0.0.1",
+           "--port", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:
+        if "listening on " in line:
+            threading.Thread(target=proc.stdout.read, daemon=True).start()
+            return proc, line.split("listening on ")[1].split()[0]
+    raise RuntimeError("router did not start")
+
+
+def workload(args: argparse.Namespace, vocab: int) -> list[tuple[float, str, list[int], int]]:
+    """(arrival second, class, prompt ids, output tokens), Poisson arrivals at ``rate``."""
+    rng = random.Random(args.seed)
+    out, t = [], 0.0
+    while t < args.duration:
+        long = rng.random() < args.long_share
+        n_in, n_out = (args.long_in, args.long_out) if long else (args.chat_in, args.chat_out)
+        out.append((t, "long" if long else "chat",
+                    [rng.randrange(1000, vocab - 1) for _ in range(n_in)], n_out))
+        t += rng.expovariate(args.rate)
+    return out
+
+
+async def one(client: httpx.AsyncClient, at: float, ids: list[int], n_out: int,
+              t0: float) -> dict[str, Any]:
+    await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
+    body = {"input_ids": ids, "stream": True, "sampling_params": {
+        "max_new_tokens": n_out, "temperature": 0, "ignore_eos": True}}
+    sent, stamps, tokens = time.perf_counter(), [], 0
+    async with client.stream("POST", "/generate", json=body) as r:
+        if r.status_code != 200:
+            return {"error": f"{r.status_code}: {(await r.aread())[:200]!r}"}
+        async for line in r.aiter_lines():
+            if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if "error" in chunk:
+                return {"error": str(chunk["error"])[:200]}
+            stamps.append(time.perf_counter())
+            tokens = chunk.get("meta_info", {}).get("completion_tokens", tokens)
+    if not stamps:
+        return {"error": "no chunk"}
+    return {"ttft": stamps[0] - sent, "itl": [b - a for a, b in zip(stamps, stamps[1:])],
+            "prompt": len(ids), "output": tokens}
+
+
+async def run(url: str, reqs: list, args: argparse.Namespace) -> dict[str, Any]:
+    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=1024)
+    async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as client:
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(one(client, at, ids, n, t0) for at, _, ids, n in reqs))
+        wall = time.perf_counter() - t0
+    row: dict[str, Any] = {"wall_s": wall, "failed": sum("error" in r for r in results)}
+    errors = [r["error"] for r in results if "error" in r]
+    if errors:
+        print(f"  {len(errors)} failed, the first: {errors[0]}", flush=True)
+    ok = [(c, r) for (_, c, _, _), r in zip(reqs, results) if "error" not in r]
+    tokens = sum(r["prompt"] + r["output"] for _, r in ok)
+    row["total_tok_s"] = tokens / wall
+    row["output_tok_s"] = sum(r["output"] for _, r in ok) / wall
+    for cls in ("long", "chat"):
+        mine = [r for c, r in ok if c == cls]
+        itl = [x for r in mine for x in r["itl"]]
+        row[cls] = {"n": len(mine), "ttft_p50": pct([r["ttft"] for r in mine], 50),
+                    "ttft_p99": pct([r["ttft"] for r in mine], 99),
+                    "itl_p50": pct(itl, 50), "itl_p99": pct(itl, 99)}
+    return row
+
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+
+
+def setup(mode: str, args: argparse.Namespace, model: list[str], gpus: list[str | None]):
+    base = [*model, *args.server_args.split()]
+    if mode == "pd":
+        port = free_port()
+        argvs = [base + ["--disaggregation-mode", "prefill",
+                         "--disaggregation-bootstrap-port", str(port)],
+                 base + ["--disaggregation-mode", "decode"]]
+        servers = start_servers(argvs, gpus)
+        flags = ["--pd-disaggregation", "--prefill", servers[0].url, str(port),
+                 "--decode", servers[1].url]
+    else:
+        servers = start_servers([base, base], gpus)
+        flags = ["--worker-urls", servers[0].url, servers[1].url]
+    router, url = start_router(flags + args.router_args.split())
+    return servers, router, url
+
+
+def measure(mode: str, args: argparse.Namespace, model: list[str], gpus: list) -> dict:
+    servers, router, url = setup(mode, args, model, gpus)
+    try:
+        vocab = httpx.get(f"{servers[0].url}/get_model_info", timeout=60).json().get(
+            "vocab_size") or 32000
+        warm = workload(argparse.Namespace(**{**vars(args), "duration": 2.0, "seed": 99}), vocab)
+        asyncio.run(run(url, warm[:4], args))  # first requests (graphs, allocator) unmeasured
+        row = asyncio.run(run(url, workload(args, vocab), args))
+        row["mode"] = mode
+        return row
+    finally:
+        router.send_signal(signal.SIGTERM)
+        router.wait(timeout=60)
+        stop_replicas(servers)
+
+
+def report(rows: list[dict]) -> None:
+    print(f"{'mode':<10} {'class':<5} {'n':>4} {'TTFT p50':>9} {'TTFT p99':>9} "
+          f"{'ITL p50':>8} {'ITL p99':>8}   (ms)")
+    for row in rows:
+        for cls in ("long", "chat"):
+            c = row[cls]
+            print(f"{row['mode']:<10} {cls:<5} {c['n']:>4} {c['ttft_p50'] * 1e3:>9.1f} "
+                  f"{c['ttft_p99'] * 1e3:>9.1f} {c['itl_p50'] * 1e3:>8.1f} "
+                  f"{c['itl_p99'] * 1e3:>8.1f}")
+        print(f"{row['mode']:<10} total {row['total_tok_s']:.0f} tok/s, output "
+              f"{row['output_tok_s']:.0f} tok/s, wall {row['wall_s']:.1f} s, "
+              f"failed {row['failed']}")
+    by = {r["mode"]: r for r in rows}
+    if {"pd", "colocated"} <= set(by):
+        pd, co = by["pd"], by["colocated"]
+        for cls in ("long", "chat"):
+            print(f"ratio pd/colocated {cls}: ITL p99 {pd[cls]['itl_p99'] / co[cls]['itl_p99']:.2f}x, "
+                  f"TTFT p99 {pd[cls]['ttft_p99'] / co[cls]['ttft_p99']:.2f}x")
+        print(f"ratio pd/colocated total throughput {pd['total_tok_s'] / co['total_tok_s']:.2f}x")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None)
+    p.add_argument("--load-format", default="auto")
+    p.add_argument("--tiny", action="store_true", help="tiny random model (CPU smoke)")
+    p.add_argument("--modes", default="pd,colocated")
+    p.add_argument("--rate", type=float, default=4.0, help="requests per second, both classes")
+    p.add_argument("--duration", type=float, default=90.0, help="seconds of arrivals")
+    p.add_argument("--long-share", type=float, default=0.15)
+    p.add_argument("--long-in", type=int, default=8192)
+    p.add_argument("--long-out", type=int, default=64)
+    p.add_argument("--chat-in", type=int, default=512)
+    p.add_argument("--chat-out", type=int, default=256)
+    p.add_argument("--server-args", default="", help="extra flags for every server")
+    p.add_argument("--router-args", default="", help="extra flags for the routers")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    model = (["--model", _tiny_model_dir(), "--load-format", "dummy"] if args.tiny else
+             [*(["--model", args.model] if args.model else []), "--load-format", args.load_format])
+    gpus = gpu_slices(2, 1, "auto")
+    rows = []
+    for mode in args.modes.split(","):
+        print(f"== {mode}", flush=True)
+        rows.append(measure(mode, args, model, gpus))
+    report(rows)
+
+
+if __name__ == "__main__":
+    main()
