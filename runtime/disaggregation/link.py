@@ -14,6 +14,7 @@ no tags and runs unchanged on NCCL, which matches point-to-point operations by o
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import socket
@@ -98,7 +99,8 @@ def make_group(store: dist.TCPStore, pair_id: str, rank: int, backend: str, host
         opts._timeout = _td(timeout_s)
         return dist.ProcessGroupGloo(prefixed, rank, 2, opts)
     opts = dist.ProcessGroupNCCL.Options()
-    opts._timeout = _td(timeout_s)
+    with contextlib.suppress(AttributeError):  # NOTE: not settable on every torch version
+        opts._timeout = _td(timeout_s)
     return dist.ProcessGroupNCCL(prefixed, rank, 2, opts)
 
 
@@ -144,6 +146,17 @@ def recv_pages(group: Any, pool: Any, slots: torch.Tensor | None, count: int, pe
     while inflight:
         land()
     _sync(pool.device)
+
+
+def device_stream(device: torch.device) -> Any:
+    """A transfer thread's own CUDA stream, so its copies and NCCL work overlap the scheduler's
+    forwards instead of queueing behind them (a null context on the CPU). The pages a thread
+    reads were written by a forward the scheduler has already synchronized with (it read that
+    step's tokens); the pages it writes are synchronized (``_sync``) before it reports them."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    torch.cuda.set_device(device)
+    return torch.cuda.stream(torch.cuda.Stream(device))
 
 
 def _sync(device: torch.device) -> None:

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from .link import KVLayout, connect_store, local_address, make_group, put, recv_pages, take
+from .link import (KVLayout, connect_store, device_stream, local_address, make_group, put,
+                   recv_pages, take)
 
 REGISTRATION_WAIT_S = 0.5
 
@@ -106,12 +107,12 @@ class ReceiverLink:
             return
         try:
             store = connect_store(self.host, self.port, self._timeout)
-            if self._pool.device.type == "cuda":
-                torch.cuda.set_device(self._pool.device)
-            seq = 0
-            while (notice := take(store, f"p2d/{self.my_id}/{seq}", self._stopped)) is not None:
-                seq += 1
-                self._one(notice)
+            with device_stream(self._pool.device):
+                seq = 0
+                while (notice := take(store, f"p2d/{self.my_id}/{seq}",
+                                      self._stopped)) is not None:
+                    seq += 1
+                    self._one(notice)
         except Exception as exc:  # noqa: BLE001
             self._fail("lost", exc)
         finally:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .link import KVLayout, connect_store, make_group, put, send_pages
+from .link import KVLayout, connect_store, device_stream, make_group, put, send_pages
 
 
 @dataclass(frozen=True)
@@ -42,14 +42,17 @@ class SenderLink:
         self._jobs.put(None)
 
     def _run(self) -> None:
-        try:
-            store = connect_store("127.0.0.1", self._port, self._timeout)
-            group = make_group(store, self.peer_id, 0, self._backend, self._host, self._timeout)
-        except Exception as exc:  # noqa: BLE001 - every queued and later job fails with it
-            self.error = self.error or f"no link to decode peer {self.peer_id}: {exc}"
-            store = group = None
-        if self._pool.device.type == "cuda":
-            torch.cuda.set_device(self._pool.device)
+        with device_stream(self._pool.device):
+            try:
+                store = connect_store("127.0.0.1", self._port, self._timeout)
+                group = make_group(store, self.peer_id, 0, self._backend, self._host,
+                                   self._timeout)
+            except Exception as exc:  # noqa: BLE001 - every queued and later job fails with it
+                self.error = self.error or f"no link to decode peer {self.peer_id}: {exc}"
+                store = group = None
+            self._serve(store, group)
+
+    def _serve(self, store: Any, group: Any) -> None:
         seq = 0
         while (job := self._jobs.get()) is not None:
             if self.error is not None and store is None:

@@ -2,7 +2,7 @@
 server (real ``sgdsl serve`` processes of the tiny random model) behind a PD router in this
 process. The decode server also serves requests without bootstrap fields colocated, which is
 the reference every disaggregated answer must equal token for token (same dummy weights: the
-same seed). The last test kills the decode server mid-run."""
+same seed). The last two tests kill a prefill server, then the decode server, mid-run."""
 from __future__ import annotations
 
 import json
@@ -179,6 +179,40 @@ def test_json_schema_request_is_valid(cluster):
         _idle(cluster[name].url)
 
 
+def test_anthropic_messages_stream_through_the_pair(cluster):
+    model = httpx.get(f"{cluster['d'].url}/v1/models", timeout=TIMEOUT).json()["data"][0]["id"]
+    body = {"model": model, "max_tokens": 12, "temperature": 0.0,
+            "messages": [{"role": "user", "content": "Name a river."}]}
+    with httpx.stream("POST", f"{cluster['router']}/v1/messages", json={**body, "stream": True},
+                      timeout=TIMEOUT) as r:
+        assert r.status_code == 200
+        events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:")]
+    streamed = "".join(e["delta"].get("text", "") for e in events
+                       if e.get("type") == "content_block_delta")
+    plain = httpx.post(f"{cluster['d'].url}/v1/messages", json=body, timeout=TIMEOUT).json()
+    assert streamed == "".join(b["text"] for b in plain["content"] if b["type"] == "text")
+
+
+def test_killed_prefill_server_requests_move_to_the_other_pair(cluster):
+    """Kills one prefill server while requests are on it: nothing was streamed, so the router
+    retries them on the other prefill server (the decode server frees what it held)."""
+    router, victim = cluster["router"], cluster["p1"]
+    before = _stats(victim.url)["requests_total"]
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(_gen, router, p, sampling={"max_new_tokens": 32})
+                   for p in PROMPTS]
+        deadline = time.monotonic() + 60
+        while _stats(victim.url)["requests_total"] == before and time.monotonic() < deadline:
+            time.sleep(0.02)
+        victim.proc.kill()
+        answers = [f.result() for f in futures]
+    for prompt, got in zip(PROMPTS, answers):
+        want = _gen(cluster["d"].url, prompt, sampling={"max_new_tokens": 32})
+        assert got["output_ids"] == want["output_ids"]
+    for name in ("p0", "d"):
+        _idle(cluster[name].url)
+
+
 def test_killed_decode_server_fails_requests_and_frees_the_prefill_side(cluster):
     """Last: kills the decode server. Requests in flight fail with a reason, none hangs, and
     neither prefill server keeps any KV for them."""
@@ -200,5 +234,4 @@ def test_killed_decode_server_fails_requests_and_frees_the_prefill_side(cluster)
         failed = r.status_code != 200 or '"error"' in r.text or '"abort"' in r.text
         assert failed, r.text[:300]
         assert "worker" in r.text or "decode" in r.text or "disaggregation" in r.text, r.text[:300]
-    for name in ("p0", "p1"):
-        _idle(cluster[name].url)
+    _idle(cluster["p0"].url)

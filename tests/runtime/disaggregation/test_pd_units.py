@@ -1,0 +1,109 @@
+"""Units of disaggregation without servers: the router's PD flags, the bootstrap middleware's
+body rewrite and the pairing keys, the engine options, and the KV pages round trip on a
+two-rank gloo group in two threads of this process."""
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+
+from sgdsl.runtime.config import EngineConfig
+from sgdsl.runtime.disaggregation.bootstrap import close_scope, next_bootstrap, open_scope
+from sgdsl.runtime.disaggregation.http import _split
+from sgdsl.runtime.errors import InvalidRequestError
+from sgdsl.runtime.router.cli import parse_args
+from processes import free_port
+
+
+def test_router_pd_flags_as_sglang_spells_them():
+    c = parse_args(["--pd-disaggregation", "--prefill", "http://127.0.0.1:1", "9001",
+                    "--prefill", "http://127.0.0.1:2", "--decode", "http://127.0.0.1:3",
+                    "--decode", "http://127.0.0.1:4/"])
+    assert c.prefill_urls == ("http://127.0.0.1:1", "http://127.0.0.1:2")
+    assert c.prefill_bootstrap_ports == (9001, 8998)  # SGLang's default bootstrap port
+    assert c.decode_urls == ("http://127.0.0.1:3", "http://127.0.0.1:4")
+    assert c.worker_urls == c.prefill_urls + c.decode_urls
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--pd-disaggregation", "--prefill", "http://h:1"], "prefill_urls"),
+    (["--prefill", "http://h:1", "--decode", "http://h:2"], "pd_disaggregation"),
+    (["--pd-disaggregation", "--prefill", "http://h:1", "x", "--decode", "http://h:2"],
+     "prefill_bootstrap_ports"),
+    (["--pd-disaggregation", "--prefill", "http://h:1", "--decode", "http://h:1"],
+     "decode_urls"),
+])
+def test_router_pd_flags_errors_name_the_field(argv, field):
+    with pytest.raises(InvalidRequestError) as info:
+        parse_args(argv)
+    assert info.value.field == field
+
+
+def test_engine_options_and_their_checks():
+    c = EngineConfig(disaggregation_mode="prefill", disaggregation_bootstrap_port=9000)
+    assert c.disaggregation_transfer_backend == "auto"
+    with pytest.raises(InvalidRequestError, match="tp_size"):
+        EngineConfig(disaggregation_mode="decode", tp_size=2)
+
+
+def test_middleware_takes_the_bootstrap_out_of_the_body():
+    body = json.dumps({"text": "hi", "bootstrap_host": "10.0.0.1", "bootstrap_port": 8998,
+                       "bootstrap_room": 42}).encode()
+    payload, fields = _split(body)
+    assert payload == {"text": "hi"} and fields == ("10.0.0.1", 8998, 42)
+    assert _split(b'{"text": "hi"}')[1] is None  # colocated request
+    assert _split(b"not json") == (None, None)
+
+
+def test_keys_pair_the_requests_of_one_body_in_order():
+    assert next_bootstrap() is None
+    token = open_scope("h", 1, 7)
+    try:
+        keys = [next_bootstrap().key for _ in range(3)]
+    finally:
+        close_scope(token)
+    assert keys == ["7.0", "7.1", "7.2"] and next_bootstrap() is None
+
+
+class _Pool:
+    """The page interface of TokenKVPool on small tensors."""
+
+    def __init__(self, layers: int, slots: int) -> None:
+        from sgdsl.runtime.cache.pool import TokenKVPool
+
+        self.inner = TokenKVPool(slots, layers, 2, 4, torch.float32, "cpu")
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_pages_travel_layer_by_layer_over_gloo():
+    from sgdsl.runtime.disaggregation.link import (connect_store, make_group, recv_pages,
+                                                   send_pages, serve_store)
+
+    port = free_port()
+    src, dst = _Pool(6, 32), _Pool(6, 32)  # more layers than the window in flight
+    for layer in range(6):
+        src.k_buffer[layer].normal_()
+        src.v_buffer[layer].normal_()
+    src_slots, dst_slots = torch.tensor([3, 9, 4, 17]), torch.tensor([20, 1, 2, 30])
+    master = serve_store(port, 30)
+    groups = {}
+
+    def join(rank: int) -> None:
+        store = connect_store("127.0.0.1", port, 30)
+        groups[rank] = make_group(store, "t", rank, "gloo", "127.0.0.1", 30)
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
+    [t.start() for t in threads]
+    [t.join(60) for t in threads]
+    sender = threading.Thread(target=send_pages, args=(groups[0], src, src_slots, 1, True))
+    sender.start()
+    recv_pages(groups[1], dst, dst_slots, 4, 0, True)
+    sender.join(60)
+    for layer in range(6):
+        assert torch.equal(dst.k_buffer[layer][dst_slots], src.k_buffer[layer][src_slots])
+        assert torch.equal(dst.v_buffer[layer][dst_slots], src.v_buffer[layer][src_slots])
+    del master
