@@ -105,7 +105,12 @@ class PDProxy(Proxy):
                 p_task.result()  # the prefill half failed first: raises
             resp = await d_task
             handed = True
-            if not p_task.done():
+            if resp.status_code != 200 and not p_task.done():
+                # NOTE: the decode half refused (or the client left): its KV will never be
+                # asked for; closing the prefill half frees it now, not at its timeout.
+                p_task.cancel()
+                await asyncio.gather(p_task, return_exceptions=True)
+            elif not p_task.done():
                 self._drain(p_task)
             return resp
         finally:
