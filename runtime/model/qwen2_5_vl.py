@@ -21,7 +21,7 @@ import torch
 from ..layers.attention.base import AttentionBackend
 from ..layers.quantization.base import QuantConfig
 from ..layers.weight_slices import copy_checked
-from ..multimodal.embed import EncoderCache, splice
+from ..multimodal.embed import DEFAULT_CACHE_BYTES, EncoderCache, embed_prompt
 from ..multimodal.inputs import ImageItem
 from ..multimodal.mrope import MRotaryEmbedding
 from .forward_batch import ForwardBatch, ForwardMode
@@ -32,7 +32,6 @@ from .qwen2_5_vl_vision import Qwen2_5_VisionTransformer
 # Request-table rows whose M-RoPE delta is kept (the runner's table has
 # max_running_requests + a few rows).
 MAX_ROWS = 1 << 16
-DEFAULT_CACHE_BYTES = 512 << 20
 
 
 def mrope_sections(text_config: Any) -> list[int]:
@@ -123,19 +122,4 @@ def checkpoint_name(name: str) -> str:
         return "model." + name[len("model.language_model."):]
     if name.startswith("model.visual."):
         return name[len("model."):]
-    if name.startswith("model.multi_modal_projector."):
-        return name[len("model."):]
-    if name.startswith("model.vision_tower."):
-        return name[len("model."):]
     return name
-
-
-def embed_prompt(model: Any, batch: ForwardBatch) -> torch.Tensor:
-    """Input embeddings of an extend batch: image tokens (pad ids, outside the vocabulary) get
-    their encoder rows; everything else the token embedding."""
-    ids = batch.input_ids
-    vocab = model.config.vocab_size
-    embeds = model.model.embed_tokens(torch.where(ids >= vocab, torch.zeros_like(ids), ids))
-    if batch.mm_inputs is not None:
-        splice(embeds, batch.mm_inputs, model.encode_images, model.encoder_cache)
-    return embeds

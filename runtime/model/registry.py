@@ -6,6 +6,7 @@ from torch import nn
 from ..errors import ModelLoadError
 from .llama import LlamaForCausalLM
 from .mixtral import MixtralForCausalLM
+from .llava import LlavaForConditionalGeneration
 from .qwen2 import Qwen2ForCausalLM
 from .qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from .qwen3 import Qwen3ForCausalLM
@@ -19,6 +20,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,  # mm:
+    "LlavaForConditionalGeneration": LlavaForConditionalGeneration,  # mm:
 }
 
 

@@ -4,13 +4,14 @@ whose rows the batch needs and that the ``EncoderCache`` does not hold, then eac
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from .inputs import ImageItem, MmBatch
 
 Encode = Callable[[Sequence[ImageItem]], list[torch.Tensor]]
+DEFAULT_CACHE_BYTES = 512 << 20  # EngineConfig.mm_embedding_cache_bytes replaces it at load
 
 
 class EncoderCache:
@@ -88,3 +89,15 @@ def mm_stats(runner: object) -> dict:
         return {}
     return {"mm_images_encoded": cache.misses, "mm_encoder_cache_hits": cache.hits,
             "mm_encoder_cache_bytes": cache.bytes}
+
+
+def embed_prompt(model: Any, batch: Any) -> torch.Tensor:
+    """Input embeddings of a vision-language model's extend batch: image tokens (pad ids,
+    outside the vocabulary) get their encoder rows (``model.encode_images``, cached in
+    ``model.encoder_cache``); every other token its embedding (``model.model.embed_tokens``)."""
+    ids = batch.input_ids
+    vocab = model.config.vocab_size
+    embeds = model.model.embed_tokens(torch.where(ids >= vocab, torch.zeros_like(ids), ids))
+    if batch.mm_inputs is not None:
+        splice(embeds, batch.mm_inputs, model.encode_images, model.encoder_cache)
+    return embeds

@@ -26,6 +26,7 @@ from .inputs import ImageItem, MmData
 from .mrope import prompt_positions
 
 PROCESSED_CACHE_BYTES = 256 << 20  # processed pixels of recent images, by pixel hash
+_FAMILIES = ("Qwen2_5_VLForConditionalGeneration", "LlavaForConditionalGeneration")
 
 
 @dataclass(frozen=True)
@@ -36,15 +37,19 @@ class ImageFormat:
     placeholder: str  # what a prompt writes for one image
     image_token: str  # the token expanded into the image's positions
     merge: int = 1  # Qwen2.5-VL: patches per token side
+    fixed_tokens: int = 0  # LLaVA: tokens per image whatever its size (0: from the grid)
 
 
-def image_format(arch: str, hf: dict[str, Any]) -> ImageFormat | None:
+def image_format(arch: str, hf: Any) -> ImageFormat | None:
+    """The format of a transformers config's model family; None for a text-only model."""
     if arch == "Qwen2_5_VLForConditionalGeneration":
-        merge = int(hf.get("vision_config", {}).get("spatial_merge_size", 2))
         return ImageFormat("qwen2_5_vl", "<|vision_start|><|image_pad|><|vision_end|>",
-                           "<|image_pad|>", merge)
+                           "<|image_pad|>", int(hf.vision_config.spatial_merge_size))
     if arch == "LlavaForConditionalGeneration":
-        return ImageFormat("llava", "<image>", "<image>")
+        vision = hf.vision_config
+        tokens = (vision.image_size // vision.patch_size) ** 2
+        tokens += 1 if hf.vision_feature_select_strategy == "full" else 0
+        return ImageFormat("llava", "<image>", "<image>", fixed_tokens=tokens)
     return None
 
 
@@ -74,9 +79,12 @@ class MultimodalProcessor:
         """The processor of a vision-language model directory; None for a text-only model."""
         path = Path(model_dir) / "config.json"
         raw = json.loads(path.read_text()) if path.is_file() else {}
-        fmt = next((f for a in raw.get("architectures") or [] if (f := image_format(a, raw))), None)
-        if fmt is None:
+        archs = [a for a in raw.get("architectures") or [] if a in _FAMILIES]
+        if not archs:
             return None
+        from transformers import AutoConfig
+
+        fmt = image_format(archs[0], AutoConfig.from_pretrained(str(model_dir)))
         return cls(model_dir, tokenizer, fmt, config.allow_image_urls, config.max_images_per_request,
                    _pixel_dtype(config))
 
@@ -136,16 +144,10 @@ class MultimodalProcessor:
         pixels = out["pixel_values"].to(self.pixel_dtype)
         if "image_grid_thw" in out:
             grid = tuple(int(v) for v in out["image_grid_thw"][0])
-        else:  # a fixed-size tower (LLaVA): one "frame" of (rows, columns) tokens
-            grid = self._llava_grid(pixels)
+        else:  # a fixed-size tower (LLaVA): its token count as a 1 x n x 1 grid
+            grid = (1, self.fmt.fixed_tokens, 1)
         self._remember(key, (pixels, grid))
         return pixels, grid
-
-    def _llava_grid(self, pixels: torch.Tensor) -> tuple[int, int, int]:
-        side = getattr(self, "tokens_per_side", None)
-        if side is None:
-            raise InvalidRequestError("this model's image token count is unknown", field="image")
-        return (1, side, side)
 
     def _remember(self, key: int, value: tuple[torch.Tensor, tuple[int, int, int]]) -> None:
         size = value[0].numel() * value[0].element_size()

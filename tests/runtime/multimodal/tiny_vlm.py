@@ -75,3 +75,29 @@ def png(width: int, height: int, seed: int) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(pixels.numpy()).save(buf, format="PNG")
     return buf.getvalue()
+
+
+LLAVA_VISION = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                    num_attention_heads=2, image_size=56, patch_size=14)
+LLAVA_PREPROCESSOR = {"image_processor_type": "CLIPImageProcessor", "do_resize": True,
+                      "size": {"shortest_edge": 56}, "do_center_crop": True,
+                      "crop_size": {"height": 56, "width": 56}, "do_normalize": True,
+                      "image_mean": [0.48145466, 0.4578275, 0.40821073],
+                      "image_std": [0.26862954, 0.26130258, 0.27577711], "resample": 3}
+
+
+def tiny_llava(folder: Path, embedded_dir: Path):
+    """Build, randomize and save a tiny LLaVA (CLIP tower + projector + Llama); returns the HF
+    model (float32, eval)."""
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    ids = _tokenizer(embedded_dir, folder, ("<image>",))
+    config = LlavaConfig(vision_config=CLIPVisionConfig(**LLAVA_VISION),
+                         text_config=LlamaConfig(**TEXT), image_token_index=ids["<image>"],
+                         vision_feature_layer=-2, vision_feature_select_strategy="default",
+                         tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = LlavaForConditionalGeneration(config).float()
+    save_tiny(model, folder, weight_std=0.1)
+    (folder / "preprocessor_config.json").write_text(json.dumps(LLAVA_PREPROCESSOR))
+    return model.eval()
