@@ -89,7 +89,7 @@ class EagleHead(nn.Module):
             out = self.mlp(x) + residual
             return out, out
         hidden = hidden.to(embeds.dtype)
-        if hidden.shape[-1] != embeds.shape[-1]:  # the target's layers, not our own state
+        if hidden.shape[-1] != embeds.shape[-1]:  # the target's layers (else: fc applied already)
             hidden = self.fc(hidden)
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
         x = self.self_attn(x, rope, batch, attn)

@@ -53,7 +53,10 @@ class EagleDrafter(Drafter):
         head_dir = resolve_draft_dir(config)
         self.head, self.model_config, raw = load_head(head_dir, eagle3, runner, config)
         self.embed = runner.model.model.embed_tokens  # the target's (EAGLE shares it)
-        rows = (config.max_running_requests + EXTRA_REQ_ROWS) * (1 + self.topk)
+        # a head row per request, and topk branch rows per request of a speculative step
+        # (at most speculative_max_batch_size of them: the table is context_len wide)
+        main = config.max_running_requests + EXTRA_REQ_ROWS
+        rows = main + min(main, config.speculative_max_batch_size + EXTRA_REQ_ROWS) * self.topk
         self.req_to_token_pool = ReqToTokenPool(rows, self.context_len, self.device)
         mc = self.model_config
         slots = runner.max_total_tokens + rows * self.steps
@@ -63,8 +66,11 @@ class EagleDrafter(Drafter):
             resolve_backend_name(config.attention_backend, self.device), self)
         self.kv = DraftKV(self.req_to_token_pool, self.token_kv_pool)
         points = head_capture_points(raw, eagle3, runner.model_config.num_layers)
-        self.capture = HiddenCapture(points, runner.model_config.hidden_size,
-                                     runner.max_total_tokens, runner.dtype, self.device)
+        # EAGLE3: the head's fc (3 target layers -> its hidden size) applied as states are kept
+        project = self.head.fc if eagle3 else None
+        width = mc.hidden_size if eagle3 else runner.model_config.hidden_size
+        self.capture = HiddenCapture(points, width, runner.max_total_tokens, runner.dtype,
+                                     self.device, project)
         self.capture.install(runner)
         logger.info("%s head %s: capture %s, topk %d, steps %d, %d tokens",
                     config.speculative_algorithm, head_dir, points, self.topk, self.steps,
