@@ -225,7 +225,8 @@ class LlamaModel(nn.Module):
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_context_len, cfg.rope_theta,
                                           cfg.rope_scaling, dtype=dtype, device=device)
 
-    # spec: an EAGLE drafter's capture of hidden states (speculative/hidden_capture.py); None: off
+    # spec: an EAGLE drafter's capture of hidden states (speculative/hidden_capture.py); None: off.
+    # NOTE: HiddenCapture.forward runs this same loop with captures: change both together.
     spec_capture: Any = None
 
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
