@@ -125,7 +125,11 @@ class ModelRunner:
             slots = self.config.max_total_tokens
         elif self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
-            slots = int(free * self.config.mem_fraction_static) // per_token
+            from ..speculative.draft_memory import DraftMemory  # spec: room for a draft model
+
+            draft = DraftMemory.of(self.config, self.dtype)
+            slots = (int(free * self.config.mem_fraction_static) - draft.reserve) // (
+                per_token + draft.per_slot)
         else:
             slots = self.config.kv_cache_bytes // per_token
         slots = min(slots, self.context_len * self.config.max_running_requests)

@@ -29,13 +29,13 @@ from ..model.runner import EXTRA_REQ_ROWS, ModelRunner
 from .base import EMPTY_TREE, DraftTree, Drafter
 from .draft_batch import Feed, build_batch, last_rows
 from .draft_kv import DraftEntry, DraftKV
+from .draft_memory import kv_bytes_per_token, weight_bytes
 
 logger = logging.getLogger(__name__)
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-# Share of the GPU memory left after the draft weights that its KV pool may take (the rest
-# stays for both models' activations).
-GPU_KV_SHARE = 0.5
+# Share of the GPU's memory the draft's KV pool leaves free (both models' activations, graphs).
+GPU_MARGIN = 0.05
 
 
 def resolve_draft_dir(config: EngineConfig) -> Path:
@@ -73,15 +73,13 @@ def draft_engine_config(config: EngineConfig, runner: Any, extra_per_req: int) -
 
 
 def _gpu_slot_cap(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    """KV slots the draft may take on the GPU: a share of what its weights leave free."""
+    """KV slots the draft may take on the GPU: what its weights leave free, less a margin for
+    both models' activations and graphs (the target's runner reserved room for the draft:
+    draft_memory.py)."""
     size = torch.empty((), dtype=dtype).element_size()
-    h, layer = cfg.hidden_size, cfg.hidden_size * (2 * cfg.q_size + 2 * cfg.kv_size)
-    layer += 3 * h * cfg.intermediate_size
-    heads = 1 if cfg.tie_word_embeddings else 2
-    weights = (cfg.num_layers * layer + heads * cfg.vocab_size * h) * size
-    free, _ = torch.cuda.mem_get_info()
-    per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * size
-    return max(int((free - weights) * GPU_KV_SHARE) // per_token, 0)
+    free, total = torch.cuda.mem_get_info()
+    room = free - weight_bytes(cfg, size) - int(GPU_MARGIN * total)
+    return max(room // kv_bytes_per_token(cfg, size), 0)
 
 
 class StandaloneDrafter(Drafter):

@@ -105,3 +105,24 @@ def test_no_room_means_no_draft(drafter, greedy_reference):
     long = _req("long", prompt * (drafter.context_len // len(prompt) + 1))
     assert len(drafter.propose([long], STEPS)[0]) == 0
     assert drafter.check_idle() == []
+
+
+def test_draft_memory_estimates():
+    """The target's KV sizing leaves room for the draft (runner._kv_capacity on CUDA): a
+    Llama-3.1-8B drafting for itself reserves its weights and the same KV bytes per slot."""
+    from pathlib import Path
+
+    import torch
+
+    from sgdsl.runtime.config import EngineConfig
+    from sgdsl.runtime.speculative.draft_memory import DraftMemory
+
+    llama8b = Path(__file__).parents[3] / "benchmarks" / "gpu" / "configs" / "llama-3.1-8b"
+    config = EngineConfig(model=str(llama8b), load_format="dummy",
+                          speculative_algorithm="STANDALONE",
+                          speculative_draft_model_path=str(llama8b))
+    need = DraftMemory.of(config, torch.bfloat16)
+    assert abs(need.reserve - 2 * 8.03e9) / 16.06e9 < 0.01
+    assert need.per_slot == 32 * 2 * 8 * 128 * 2  # layers x (k, v) x kv heads x head dim x bf16
+    off = config.replace(speculative_algorithm=None, speculative_draft_model_path=None)
+    assert DraftMemory.of(off, torch.bfloat16) == DraftMemory()
