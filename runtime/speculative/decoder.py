@@ -26,6 +26,7 @@ from ..layers.sampler import SamplingBatchInfo
 from ..layers.upload import to_device
 from ..model.forward_batch import ForwardMode
 from ..scheduler.inflight import InflightStep
+from ..scheduler.stepping import MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY
 from .accept import commit_kv, record_logprobs, row_of_emitted, walk
 from .base import Drafter, DraftTree, EMPTY_TREE
 from .grammar_drafts import check_draft, draft_limit
@@ -63,13 +64,14 @@ class SpecDecoder:
         trees, masks = self._drafts(sched, reqs)
         total = len(reqs) + sum(map(len, trees))
         if not any(trees) or sched.memory.available() < total:
-            self.stats.skipped_steps += 1
+            self.stats.empty_proposals += 1  # a plain step after all (read synchronously)
             return None
         batch, layout = build_verify(reqs, trees, sched.memory, sched.device)
         logits = sched.runner.forward(batch)
         ids = self._sample(sched, reqs, trees, logits, masks)
         self.stats.verify_steps += 1
         self._accept(sched, reqs, trees, layout, logits, ids)
+        sched.ratio = max(sched.ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)  # as decode
         return InflightStep.launched(ForwardMode.DECODE, [], True)
 
     def _may_draft(self, req: Any) -> bool:
@@ -85,6 +87,8 @@ class SpecDecoder:
         trees = [EMPTY_TREE] * len(reqs)
         for i, tree in zip(asking, proposed):
             trees[i] = tree.prefix(min(len(tree), limits[i]))
+            if not tree:  # NOTE: nothing to draft counts as nothing accepted: a request
+                self._observe(reqs[i], 0)  # that never drafts stops costing the overlap
         masks: list[Any] = [None] * len(reqs)
         manager = sched.grammar
         if manager is not None:
@@ -156,10 +160,13 @@ class SpecDecoder:
             req.spec_accepted_tokens += accepted
             self.stats.observe(len(tree), accepted, n)
             if len(tree):
-                req.spec_backoff = req.spec_backoff or Backoff()
-                req.spec_backoff.update(accepted, self.threshold)
+                self._observe(req, accepted)
         self._sync_running(sched, reqs, logits.shape[-1])
         self._after_tokens(sched, reqs)
+
+    def _observe(self, req: Any, accepted: int) -> None:
+        req.spec_backoff = req.spec_backoff or Backoff()
+        req.spec_backoff.update(accepted, self.threshold)
 
     @staticmethod
     def _append(sched: Any, req: Any, emitted: list[int]) -> int:

@@ -17,7 +17,8 @@ class SpecStats:
         self.draft_tokens = 0
         self.accepted_tokens = 0
         self.emitted_tokens = 0
-        self.skipped_steps = 0  # decode steps run without speculation (batch too large...)
+        self.skipped_steps = 0  # plain decode steps decided up front (batch too large...)
+        self.empty_proposals = 0  # plain steps after a proposal drafted nothing (or no KV)
 
     def observe(self, drafted: int, accepted: int, emitted: int) -> None:
         self.verify_rows += 1
@@ -43,6 +44,7 @@ class SpecStats:
                 "spec_accepted_tokens": self.accepted_tokens,
                 "spec_emitted_tokens": self.emitted_tokens,
                 "spec_skipped_steps": self.skipped_steps,
+                "spec_empty_proposals": self.empty_proposals,
                 "spec_accept_rate": self.accepted_tokens / self.draft_tokens
                 if self.draft_tokens else 0.0,
                 "spec_tokens_per_row": self.emitted_tokens / rows if rows else 0.0,

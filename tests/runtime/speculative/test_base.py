@@ -58,3 +58,22 @@ def test_serve_flags():
     assert (engine.speculative_num_steps, engine.speculative_eagle_topk,
             engine.speculative_num_draft_tokens) == (3, 2, 6)
     assert engine.speculative_draft_model_path == "/d"
+
+
+def test_stats_and_metrics_histogram():
+    from sgdsl.runtime.server.metrics import ServerMetrics
+    from sgdsl.runtime.speculative.stats import Backoff, SpecStats
+
+    stats = SpecStats(max_draft=4)
+    for drafted, accepted in ((4, 4), (4, 1), (0, 0), (3, 0)):
+        stats.observe(drafted, accepted, accepted + 1)
+    snap = stats.as_dict()
+    assert snap["spec_accept_length"]["cumulative"] == [1, 2, 2, 2, 3]
+    assert snap["spec_accept_length"]["count"] == 3 and snap["spec_accept_rate"] == 5 / 11
+    body = ServerMetrics(stats=lambda: snap).render().decode()
+    assert 'sgdsl_engine_spec_accept_length_bucket{le="1.0"} 2.0' in body
+    assert "sgdsl_engine_spec_accept_rate" in body
+    backoff = Backoff()
+    for _ in range(20):  # nothing accepted: it backs off, longer each time
+        backoff.update(0, 0.3)
+    assert backoff.wait > 0 and backoff.penalty > 2

@@ -189,3 +189,20 @@ def test_adaptive_batch_limit_and_backoff(make_harness):
     stats = h.sched.stats()
     # nothing is ever accepted: the request backs off and most of its steps are plain
     assert 0 < stats["spec_verify_steps"] < 20 and stats["spec_accepted_tokens"] == 0
+
+
+class EmptyDrafter(Drafter):
+    def propose(self, reqs, max_tokens, hidden=None):
+        return [DraftTree() for _ in reqs]
+
+
+def test_requests_that_never_draft_back_off(make_harness):
+    h = make_harness()
+    _spec(h, EmptyDrafter())
+    h.submit("free", [6, 1, 8], max_new_tokens=80, ignore_eos=True)
+    h.run()
+    assert h.outs["free"] == expected([6, 1, 8], 80)
+    stats = h.sched.stats()
+    # each empty proposal costs a synchronous read; the backoff keeps that to a few
+    assert stats["spec_verify_steps"] == 0 and stats["spec_empty_proposals"] < 25
+    assert stats["spec_skipped_steps"] > 50
