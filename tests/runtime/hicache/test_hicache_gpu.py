@@ -52,7 +52,7 @@ def _serve(tree: HiRadixCache, seq: list[int]) -> int:
 def test_rounds_through_a_cuda_pool(policy, max_runs, monkeypatch):
     monkeypatch.setattr(transfer, "MAX_RUNS", max_runs)
     pool = TokenKVPool(120, LAYERS, HEADS, DIM, torch.float32, "cuda")
-    tree = HiRadixCache(pool, HostKVPool(300, pool, pin_memory=True), policy)
+    tree = HiRadixCache(pool, HostKVPool(600, pool, pin_memory=True), policy)
     seqs = _seqs(10, 40, shared=10, seed=3)
     for seq in seqs:
         _serve(tree, seq)
