@@ -42,7 +42,7 @@ def compiler(backend, folder: Path, workers: int):
     from sgdsl.runtime.grammar import GrammarCompiler, GrammarKey
     from sgdsl.runtime.grammar.compile.cache_identity import cache_identity
     from sgdsl.runtime.grammar.compile.disk_cache import GrammarDiskCache
-    from sgdsl.runtime.grammar.compile.worker_pool import PoolLimits
+    from sgdsl.runtime.grammar.compile.pool_limits import PoolLimits
     import functools
 
     disk = GrammarDiskCache(folder, backend.name, functools.partial(cache_identity, backend.spec))

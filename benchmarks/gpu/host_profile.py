@@ -37,8 +37,8 @@ HOT = [
     ("sgdsl.runtime.grammar.forcing.shortest:CompletionSearch", "_search"),
     ("sgdsl.runtime.grammar.manager:GrammarManager", "upload_mask"),
     ("sgdsl.runtime.grammar.forcing.jump_forward:", "only_stop_allowed"),
-    ("sgdsl.runtime.grammar.backends.xgrammar:XGrammarGrammar", "fill_bitmask_batch"),
-    ("sgdsl.runtime.grammar.backends.xgrammar:XGrammarGrammar", "accept_token_batch"),
+    ("sgdsl.runtime.grammar.backends.xgrammar_matcher:XGrammarGrammar", "fill_bitmask_batch"),
+    ("sgdsl.runtime.grammar.backends.xgrammar_matcher:XGrammarGrammar", "accept_token_batch"),
     ("sgdsl.runtime.model.runner:ModelRunner", "forward"),
     ("concurrent.futures:Future", "result"),
 ]

@@ -289,10 +289,12 @@ class GrammarBackend(ABC):
         """The compiled grammar back from ``serialize``'s bytes, in the engine's process."""
         return pickle.loads(data)
 
-    def ship(self, compiled: Any) -> bytes:
+    def ship(self, compiled: Any, deadline_s: float | None = None) -> bytes:
         """What a compile worker sends its parent for ``compile``'s result (default: the
-        ``serialize``d grammar). A backend whose serialized form costs more than compiling
-        again sends what to compile instead (xgrammar: ``XGrammarBackend.ship``)."""
+        ``serialize``d grammar). A backend whose serialized form may cost more than compiling
+        again sends what to compile instead (xgrammar: ``XGrammarBackend.ship``).
+        ``deadline_s``: the compile's CPU deadline (None: unknown), which extra work here
+        must leave room in."""
         return self.serialize(compiled)
 
     def receive(self, data: bytes) -> Any:

@@ -31,7 +31,7 @@ from .compile.admission import Histogram
 from .compile.compiler import WARM_PROBE, GrammarCompiler
 from .compile.disk_cache import GrammarDiskCache, disk_cache_from_config
 from .compile.precompile import Precompiles
-from .compile.worker_pool import PoolLimits
+from .compile.pool_limits import PoolLimits
 from .forcing.completion import CompletionConfig, CompletionTracker
 from .guards.unique_keys import build_quote_tokens, guard_keys, has_open_keys, marked_schema
 from .steps import GrammarSteps

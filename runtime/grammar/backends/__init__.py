@@ -1,5 +1,7 @@
-"""The grammar backends and their lowering: xgrammar (``xgrammar.py``, the default; its
-threads in ``xgrammar_threads.py``) and outlines-core (``outlines.py``, which lowers every
+"""The grammar backends and their lowering: xgrammar (``xgrammar.py``, the default: compiles;
+its per-request matcher in ``xgrammar_matcher.py``, whose native threads are
+``xgrammar_threads.py``; what its compile workers send back, ``xgrammar_transfer.py``) and
+outlines-core (``outlines.py``, which lowers every
 constraint to a regex: ``outlines_bounds.py``, ``outlines_patterns.py``, ``number_range.py``,
 ``any_value.py``, ``schema_unroll.py``, ``ebnf_regex.py``; its shortest completions tabled at
 compile time, ``outlines_completion.py``), and where a backend's own compiler failed

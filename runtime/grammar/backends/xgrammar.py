@@ -1,162 +1,31 @@
 """xgrammar (the default grammar backend): JSON schema, any-JSON, regex, EBNF/GBNF, choices.
 
-xgrammar compiles to a pushdown automaton with precomputed token masks; its matcher fills a
-bitmask row in native code and finds jump-forward strings itself. JSON is compiled with
-``any_whitespace=False`` (fixed separators) so a model cannot stall in endless whitespace.
-Each matcher also keeps the output valid UTF-8, which xgrammar does not (``utf8_tokens.py``).
+xgrammar compiles to a pushdown automaton with precomputed token masks; its matcher
+(``xgrammar_matcher.py``) fills a bitmask row in native code and finds jump-forward strings
+itself. JSON is compiled with ``any_whitespace=False`` (fixed separators) so a model cannot
+stall in endless whitespace. What a compile worker sends back is ``xgrammar_transfer.py``'s.
 """
 from __future__ import annotations
 
 import json
-import re
+import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
-import torch
 
 from ...errors import InvalidRequestError
-from ..base import (Grammar, GrammarBackend, GrammarKey, StateKey, accept_positions,
-                   choices_regex)
+from ..base import GrammarBackend, GrammarKey, choices_regex
 from .failure_site import failure_site, site_message
 from ..schema import normalize_schema
-from ..guards.token_rows import undo_if_empty
-from ..guards.utf8_tokens import BOUNDARY, REJECT, Utf8Tokens
+from ..guards.utf8_tokens import Utf8Tokens
 from ..vocab import token_bytes
-from .xgrammar_threads import (MIN_ACCEPT_CHUNK, MIN_THREADED_ACCEPT, MIN_THREADED_TOKENS,
-                               accept_pool, and_rows, batch_accept, batch_filler,
-                               fill_threads, spans_by_weight)
+from .xgrammar_matcher import XGrammarGrammar
+from .xgrammar_transfer import XGrammarPayload, worth_serializing
 
-_STEPS = re.compile(r"There are (\d+) steps")
-_START = re.compile(r"(?<=rule_start_pos=)(\d+)")  # -1 (the root rule) stays as it is
-
-
-class XGrammarGrammar(Grammar):
-    """One request's xgrammar matcher, and the UTF-8 state after each token it accepted
-    (``utf8_tokens.py``: a token that would make the output invalid UTF-8 is refused)."""
-
-    exact_state_key = False
-    thread_safe_batch = True  # xgrammar's batch calls release the GIL
-
-    def __init__(self, matcher: Any, compiled: "XGrammarCompiled", accepted: int = 0,
-                 utf8: bytearray | None = None) -> None:
-        self._matcher = matcher
-        self._compiled = compiled
-        self._accepted = accepted
-        self._utf8 = utf8 if utf8 is not None else bytearray([BOUNDARY])
-
-    def _after(self, token_id: int) -> int:
-        return self._compiled.utf8.after(self._utf8[-1], int(token_id))
-
-    def accept_token(self, token_id: int) -> bool:
-        state = self._after(token_id)
-        if state == REJECT or not self._matcher.accept_token(int(token_id)):
-            return False
-        self._accepted += 1
-        self._utf8.append(state)
-        return True
-
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        self._matcher.fill_next_token_bitmask(bitmask, row)
-        # NOTE: numpy: a torch op on a CPU row wakes the intra-op thread pool (255 us per
-        # row on the H100 host, against a few us here; the completion search fills rows)
-        _filter_row(bitmask.numpy(), row, self._compiled.filters, self._utf8[-1])
-
-    @classmethod
-    def fill_bitmask_batch(cls, grammars: Sequence[Grammar], bitmask: torch.Tensor,
-                           rows: Sequence[int]) -> None:
-        """All rows in xgrammar's thread pool (native code, no per-row Python); the filter
-        rows (UTF-8 at a character boundary, JSON's control characters) then run once over
-        the rows of each, a row inside a character on its own."""
-        rows = list(rows)
-        batch_filler().batch_fill_next_token_bitmask([g._matcher for g in grammars], bitmask, rows)
-        words = bitmask.numpy()
-        groups: dict[int, tuple[np.ndarray, list[int]]] = {}
-        for g, r in zip(grammars, rows):
-            state, filters = g._utf8[-1], g._compiled.filters
-            if state != BOUNDARY:
-                _filter_row(words, r, filters, state)
-            else:
-                groups.setdefault(id(filters), (filters[BOUNDARY], []))[1].append(r)
-        for filt, group in groups.values():
-            and_rows(words, sorted(group), filt.view(np.int32))
-
-    @classmethod
-    def accept_token_batch(cls, grammars: Sequence[Grammar],
-                           token_ids: Sequence[int]) -> list[bool]:
-        # NOTE: at least MIN_ACCEPT_CHUNK rows per task: 50 rows are 4 tasks, not 1 (the
-        # rows measured by the completion tracker are accepted on the path to the sampling
-        # launch: ~2 ms in one call on the H100 host at 256 rows)
-        if len(grammars) < MIN_THREADED_ACCEPT or fill_threads() == 1:
-            return _accept_native(grammars, token_ids)
-        chunk = max(MIN_ACCEPT_CHUNK, -(-len(grammars) // fill_threads()))
-        spans = [(i, i + chunk) for i in range(0, len(grammars), chunk)]
-        # NOTE: xgrammar releases the GIL in native calls: chunks run in parallel
-        return [ok for part in accept_pool().map(
-            lambda s: _accept_native(grammars[s[0]:s[1]], token_ids[s[0]:s[1]]), spans)
-            for ok in part]
-
-    @classmethod
-    def accept_tokens_batch(cls, grammars: Sequence[Grammar],
-                            token_lists: Sequence[Sequence[int]]) -> list[bool]:
-        """Each task of the accept pool takes a share of the rows through all their token
-        positions (one pool round trip per task, not per position).
-
-        NOTE: jump-forward accepts ~40 requests' forced text at once at 256 decoding rows,
-        ~7 tokens each at 14-30 us per token: 4-9 ms one position at a time on the
-        scheduler thread (H100 host), which the step waited for."""
-        total = sum(len(ids) for ids in token_lists)
-        tasks = min(fill_threads(), len(grammars), total // MIN_THREADED_TOKENS)
-        if tasks < 2:
-            return accept_positions(grammars, token_lists, _accept_native)
-        spans = spans_by_weight([len(ids) for ids in token_lists], tasks)
-        return [ok for part in accept_pool().map(
-            lambda s: accept_positions(grammars[s[0]:s[1]], token_lists[s[0]:s[1]],
-                                       _accept_native), spans) for ok in part]
-
-    def jump_forward_string(self) -> str:
-        # NOTE: inside a character the rest of it is bytes, not text: sampled instead
-        if self._utf8[-1] != BOUNDARY:
-            return ""
-        return self._matcher.find_jump_forward_string()
-
-    def is_terminated(self) -> bool:
-        return self._matcher.is_terminated()
-
-    def is_completed(self) -> bool:
-        return self._matcher.is_completed()
-
-    def rollback(self, num_tokens: int) -> None:
-        if num_tokens > 0:
-            self._matcher.rollback(num_tokens)
-            self._accepted -= num_tokens
-            del self._utf8[-num_tokens:]
-
-    def state_key(self) -> StateKey:
-        # NOTE: from the parser's newest Earley state set: ``local`` drops the rules' start
-        # positions, ``full`` keeps them relative to now (repetition counts live there). The
-        # older chart is left out, so neither is exact (``exact_state_key = False``).
-        text = self._matcher._debug_print_internal_state()
-        done = self._matcher.is_completed()
-        key = _STATE_KEYS.get((text, done))
-        if key is None:  # NOTE: lockstep requests reach the same states at the same step
-            key = _STATE_KEYS[text, done] = _state_key(text, done)
-            if len(_STATE_KEYS) > 4096:  # oldest out (pop: the helper thread may too)
-                _STATE_KEYS.pop(next(iter(_STATE_KEYS), None), None)
-        state = self._utf8[-1]  # inside a character: which bytes may follow is ours to say
-        return key if state == BOUNDARY else StateKey((state, key.local), (state, key.full))
-
-    def cache_scope(self) -> Any:
-        return self._compiled
-
-    def copy(self) -> "XGrammarGrammar":
-        return XGrammarGrammar(self._matcher.fork(), self._compiled, self._accepted,
-                               bytearray(self._utf8))
-
-    @property
-    def num_accepted(self) -> int:
-        return self._accepted
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -171,6 +40,7 @@ class XGrammarCompiled:
     # the call that compiled it, (xgrammar call, its text): what a compile worker ships
     # (see ``XGrammarBackend.ship``)
     source: tuple[str, str] | None = None
+    compile_s: float = 0.0  # xgrammar's compile (not the normalizer's); 0: deserialized
 
 
 class XGrammarBackend(GrammarBackend):
@@ -196,21 +66,22 @@ class XGrammarBackend(GrammarBackend):
                          True: self._utf8.rows & _json_safe_row(tokens, vocab_size)}
 
     def compile(self, key: GrammarKey) -> XGrammarCompiled:
-        grammar, source = self._compile(key)
+        grammar, source, seconds = self._compile(key)
         # NOTE: xgrammar's JSON strings admit raw control characters (a byte-level token such as
         # "\x03"), which JSON forbids; masking those tokens out keeps every output parseable.
-        return self._wrap(grammar, key.kind in ("json_schema", "json_object"), source)
+        return self._wrap(grammar, key.kind in ("json_schema", "json_object"), source, seconds)
 
-    def _wrap(self, grammar: Any, json_kind: bool,
-              source: tuple[str, str] | None = None) -> XGrammarCompiled:
+    def _wrap(self, grammar: Any, json_kind: bool, source: tuple[str, str] | None = None,
+              compile_s: float = 0.0) -> XGrammarCompiled:
         return XGrammarCompiled(grammar, json_kind, self._utf8, self._filters[json_kind],
-                                source)
+                                source, compile_s)
 
-    def _compile(self, key: GrammarKey) -> tuple[Any, tuple[str, str]]:
-        """(xgrammar's compiled grammar, its source)."""
+    def _compile(self, key: GrammarKey) -> tuple[Any, tuple[str, str], float]:
+        """(xgrammar's compiled grammar, its source, seconds xgrammar took)."""
         try:
             source = _source(key)
-            return self._call(*source), source
+            t0 = time.perf_counter()
+            return self._call(*source), source, time.perf_counter() - t0
         except InvalidRequestError:
             raise
         except Exception as e:  # xgrammar raises RuntimeError/ValueError subclasses
@@ -247,25 +118,47 @@ class XGrammarBackend(GrammarBackend):
                 self._info, max_threads=self._threads, cache_enabled=False)
         return c
 
-    def ship(self, compiled: XGrammarCompiled) -> bytes:
-        """The compile's source, not the compiled grammar: xgrammar serializes its token-mask
-        tables as JSON text, which on the real-world schemas cost 3-30x the compile (a 1.4 MB
-        grammar became 43 MB of JSON in 7.4 s, parsed back in 2.3 s) and on some ran past
-        6 GB (benchmarks/RESULTS.md, "Compile admission"). Compiling the source again here
-        (``receive``) costs what the worker's compile did, and is safe: the worker just
-        finished the same compile within its deadline and memory budget."""
+    def ship(self, compiled: XGrammarCompiled, deadline_s: float | None = None) -> bytes:
+        """In the worker: the compile's source, and its serialized grammar where shipping
+        that is expected to cost less than compiling again here (``xgrammar_transfer.py``;
+        ``deadline_s``: the compile's CPU deadline, which serializing must leave room in).
+        A serialize that runs out of the worker's memory budget ships the source only."""
         if compiled.source is None:  # loaded from its serialized form: no source to ship
             return self.serialize(compiled)
-        kind = b"j" if compiled.json else b"-"
-        return kind + json.dumps(compiled.source).encode("utf-8")
+        text = None
+        if worth_serializing(compiled.compile_s, compiled.grammar.memory_size_bytes,
+                             deadline_s):
+            try:
+                text = compiled.grammar.serialize_json()
+            except MemoryError:
+                pass
+            except RuntimeError as e:  # C++ bad_alloc arrives as a RuntimeError
+                if "bad_alloc" not in str(e):
+                    raise
+        return XGrammarPayload(compiled.json, compiled.source, text).pack()
 
     def receive(self, data: bytes) -> XGrammarCompiled:
-        """``ship``'s bytes: a source (a JSON list) is compiled here, a serialized grammar
-        (``serialize``'s JSON object, e.g. an older disk-cache file) deserialized."""
-        if data[1:2] != b"[":
-            return self.deserialize(data)
-        call, text = json.loads(data[1:].decode("utf-8"))
-        return self._wrap(self._call(call, text), data[:1] == b"j", (call, text))
+        """``ship``'s bytes, here: the serialized grammar deserialized if it came (and is
+        intact, of this xgrammar and this tokenizer), else the source compiled again."""
+        payload = XGrammarPayload.unpack(data)
+        if payload.serialized is not None:
+            try:
+                grammar = self._xgr.CompiledGrammar.deserialize_json(payload.serialized,
+                                                                     self._info)
+                return self._wrap(grammar, payload.json_kind, payload.source)
+            except Exception as e:  # noqa: BLE001 - version, tokenizer or format mismatch
+                if payload.source is None:
+                    raise
+                logger.warning("xgrammar: a compiled grammar does not load (%s); compiling "
+                               "its source here instead", _first_line(e))
+        elif payload.damaged:
+            logger.warning("xgrammar: a compiled grammar arrived damaged (digest mismatch); "
+                           "compiling its source here instead")
+        assert payload.source is not None
+        t0 = time.perf_counter()
+        grammar = self._call(*payload.source)
+        return self._wrap(grammar, payload.json_kind, payload.source,
+                          time.perf_counter() - t0)
 
     def compiled_bytes(self, compiled: XGrammarCompiled, shipped: bytes) -> int:
         return int(compiled.grammar.memory_size_bytes)
@@ -286,9 +179,6 @@ class XGrammarBackend(GrammarBackend):
         return XGrammarGrammar(matcher, compiled)
 
 
-_STATE_KEYS: dict[tuple[str, bool], StateKey] = {}  # (debug text, completed) -> key
-
-
 def _source(key: GrammarKey) -> tuple[str, str]:
     """(xgrammar call, its text) for ``key``: a JSON schema normalized first."""
     if key.kind == "json_schema":
@@ -296,40 +186,6 @@ def _source(key: GrammarKey) -> tuple[str, str]:
     if key.kind == "choices":
         return "regex", choices_regex(json.loads(key.text))
     return key.kind, key.text
-
-
-def _state_key(text: str, done: bool) -> StateKey:
-    head, _, states = text.partition("Last step:")
-    steps = _STEPS.search(head)
-    now = int(steps.group(1)) if steps else 0
-    full = _START.sub(lambda m: str(now - int(m.group(1))), states)
-    return StateKey((done, _START.sub("", states)), (done, full))
-
-
-def _accept_native(grammars: Sequence[Grammar], token_ids: Sequence[int]) -> list[bool]:
-    """One native batch accept on the calling thread (a token that would make the output
-    invalid UTF-8 is refused before it reaches xgrammar)."""
-    states = [g._after(t) for g, t in zip(grammars, token_ids)]
-    go = [i for i, s in enumerate(states) if s != REJECT]
-    oks = [False] * len(grammars)
-    done = batch_accept([grammars[i]._matcher for i in go],
-                        [int(token_ids[i]) for i in go]) if go else []
-    for i, ok in zip(go, done):
-        if ok:
-            oks[i] = True
-            grammars[i]._accepted += 1
-            grammars[i]._utf8.append(states[i])
-    return oks
-
-
-def _filter_row(words: np.ndarray, row: int, filters: np.ndarray, state: int) -> None:
-    """``words[row] &= filters[state]``; inside a character, a row that leaves empty stays as
-    it was (``token_rows.undo_if_empty``: the sampled token is then refused by the accept)."""
-    view = words[row].view(np.uint32)
-    before = view.copy() if state != BOUNDARY else None
-    view &= filters[state]
-    if before is not None:
-        undo_if_empty(view, before)
 
 
 def _first_line(e: BaseException) -> str:

@@ -37,7 +37,9 @@ from .disk_cache import GrammarDiskCache
 from .disk_loader import DiskLoader
 from .limits import GrammarLimits
 from .worker import WorkerInit
-from .worker_pool import CompileJob, CompileTimeout, CompileWorkerPool, PoolLimits
+from .compile_job import CompileJob, CompileTimeout
+from .pool_limits import PoolLimits
+from .worker_pool import CompileWorkerPool
 
 
 # What ``warm`` compiles: a small schema that takes the normalizer's and the guards' paths.
@@ -222,7 +224,7 @@ class GrammarCompiler:
                 raise InvalidRequestError(
                     f"the {self.backend.name} grammar backend cannot run in a worker (no spec)",
                     field="grammar_backend")
-            init = WorkerInit(spec, self.pool_limits.memory_bytes)
+            init = WorkerInit(spec, self.pool_limits.memory_bytes, self.timeout_s)
             limits = PoolLimits(**{**self.pool_limits.__dict__, "timeout_s": self.timeout_s})
             self._pool = CompileWorkerPool(
                 init, self.backend.receive, limits, self.backend.compiled_bytes, self.after,

@@ -87,7 +87,7 @@ class DiskLoader:
     def submit(self, key: GrammarKey, pool: Any) -> Any:
         """A ``worker_pool.CompileJob`` for ``key`` completed from its file, or by ``pool``
         if the file fails to load."""
-        from .worker_pool import CompileJob
+        from .compile_job import CompileJob
 
         job = CompileJob(key, time.monotonic())
         self.start().submit(self._load_or_compile, job, pool)

@@ -36,11 +36,13 @@ PARENT_ENV = "SGDSL_GRAMMAR_WORKER_PARENT"  # the pid that started us (see die_w
 
 @dataclass(frozen=True)
 class WorkerInit:
-    """What a worker needs to build its backend: a picklable factory (``registry.BackendSpec``)
-    and the memory budget of one compile in bytes (0: unlimited)."""
+    """What a worker needs to build its backend: a picklable factory (``registry.BackendSpec``),
+    the memory budget of one compile in bytes (0: unlimited) and its CPU deadline in seconds
+    (the backend's ``ship`` leaves room in it; None: unknown)."""
 
     factory: Callable[[], Any]
     memory_bytes: int
+    deadline_s: float | None = None
 
 
 def write_frame(stream: BinaryIO, obj: Any) -> None:
@@ -104,21 +106,21 @@ def main() -> None:
         os.nice(WORKER_NICE)
     except OSError:
         pass
-    serve(_setup, lambda backend, job: _compile(backend, *job))
+    serve(_setup, lambda state, job: _compile(*state, *job))
 
 
-def _setup(init: WorkerInit) -> Any:
+def _setup(init: WorkerInit) -> tuple[Any, float | None]:
     backend = init.factory()
     _limit_memory(init.memory_bytes)
-    return backend
+    return backend, init.deadline_s
 
 
-def _compile(backend: Any, job_id: int, key: Any) -> tuple:
+def _compile(backend: Any, deadline_s: float | None, job_id: int, key: Any) -> tuple:
     from ...errors import InvalidRequestError
 
     t0 = time.perf_counter()
     try:
-        payload = backend.ship(backend.compile(key))
+        payload = backend.ship(backend.compile(key), deadline_s)
     except MemoryError:
         return (job_id, "memory", "")
     except InvalidRequestError as e:

@@ -26,58 +26,22 @@ the pool, in the background, and die with it (``shutdown``; or with their parent
 from __future__ import annotations
 
 import itertools
-import os
 import queue
 import threading
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ...errors import InvalidRequestError
 from ..base import GrammarKey
 from .admission import CompileAdmission
+from .compile_job import CompileJob, CompileTimeout
+from .pool_limits import PoolLimits
 from .worker import WorkerInit
 from .worker_handle import WorkerHandle, WorkerStartError
 
 
 WALL_BACKSTOP = 10  # x timeout_s: the wall-time bound of a compile (its CPU time is timeout_s)
-
-
-@dataclass(frozen=True)
-class PoolLimits:
-    """How much compiling the pool may do (``EngineConfig.grammar_compile_*``). ``workers``
-    None: from the machine's cores (``default_workers``)."""
-
-    workers: int | None = None
-    max_queued: int = 512
-    memory_bytes: int = 2 << 30  # per compile, on top of the worker's own footprint
-    timeout_s: float = 10.0  # a compile's deadline, from when its worker starts it
-    max_result_bytes: int = 256 << 20  # what a worker ships back to the parent
-    max_wait_s: float = 60.0  # expected queue wait beyond which a new compile is refused
-
-    def __post_init__(self) -> None:
-        if self.workers is None:
-            object.__setattr__(self, "workers", default_workers())
-        if not isinstance(self.max_wait_s, (int, float)) or not self.max_wait_s >= 0:
-            raise InvalidRequestError("grammar_compile_max_wait_s must be a number >= 0, not "
-                                      f"{self.max_wait_s!r}", field="grammar_compile_max_wait_s")
-        for name, value, least in (("grammar_compile_workers", self.workers, 1),
-                                   ("grammar_compile_queue", self.max_queued, 1),
-                                   ("grammar_compile_memory_bytes", self.memory_bytes, 0)):
-            if not isinstance(value, int) or value < least:
-                raise InvalidRequestError(f"{name} must be an integer >= {least}, not {value!r}",
-                                          field=name)
-
-
-def default_workers() -> int:
-    """Compile workers for this machine: one per core but one (the scheduler's), at least 2 (a
-    slow compile must not hold up every other), at most 8."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 2
-    return max(2, min(cores - 1, 8))
 
 
 @dataclass
@@ -88,21 +52,6 @@ class PoolStats:
     crashes: int = 0
     workers_started: int = 0
     compile_s: list[float] = field(default_factory=list)  # inside the worker, per compile
-
-
-@dataclass(eq=False)
-class CompileJob:
-    """One compile; ``future``'s result is (compiled grammar, its serialized bytes, compile s)
-    or an ``InvalidRequestError``."""
-
-    key: GrammarKey
-    submitted: float  # time.monotonic()
-    future: Future = field(default_factory=Future)
-    started: float | None = None  # when a worker took it; its deadline counts from here
-
-
-class CompileTimeout(InvalidRequestError):
-    """A compile stopped at its deadline (the compiler remembers its key as too slow)."""
 
 
 class CompileWorkerPool:

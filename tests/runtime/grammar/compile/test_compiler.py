@@ -9,7 +9,7 @@ import pytest
 
 from sgdsl.runtime.errors import GrammarQueueFullError, InvalidRequestError
 from sgdsl.runtime.grammar import GrammarCompiler, GrammarKey
-from sgdsl.runtime.grammar.compile.worker_pool import PoolLimits
+from sgdsl.runtime.grammar.compile.pool_limits import PoolLimits
 
 from ..scripted_backend import ScriptedBackend
 from processes import pid_alive

@@ -49,7 +49,12 @@ def _walk(grammar, steps: int = 12) -> list:
     return seen
 
 
-def test_second_compiler_compiles_nothing(backend, tmp_path):
+def test_second_compiler_compiles_nothing(backend, tmp_path, monkeypatch):
+    """Nothing in a worker, nor here: xgrammar's files hold the serialized grammar (pinned:
+    the worker otherwise ships it only where that is cheaper than compiling again)."""
+    from sgdsl.runtime.grammar.backends.xgrammar_transfer import SHIP_ENV
+
+    monkeypatch.setenv(SHIP_ENV, "compiled")
     first = GrammarCompiler(backend, timeout_s=120, disk=_disk(backend, tmp_path))
     try:
         fresh = {k: _walk(first.compile(k)) for k in KEYS}
@@ -59,6 +64,10 @@ def test_second_compiler_compiles_nothing(backend, tmp_path):
     assert first.disk.cache.stats.writes == len(KEYS)
     assert len(list((tmp_path / backend.name).glob("*.grammar"))) == len(KEYS)
     second = GrammarCompiler(backend, timeout_s=120, disk=_disk(backend, tmp_path))
+    if backend.name == "xgrammar":
+        def no_compile(*args):
+            raise AssertionError(f"compiled {args} in the engine's process")
+        monkeypatch.setattr(backend, "_call", no_compile)
     try:
         for key in KEYS:
             assert _walk(second.compile(key)) == fresh[key]
@@ -187,7 +196,7 @@ def test_estimate_worker_reads_the_disk_cache(backends, tokenizer, tmp_path):
 def test_cached_keys_do_not_wait_for_busy_workers(tmp_path):
     """A key on disk is loaded by the loader's thread, never queued behind compiles: with the
     only worker busy for a minute, it is ready at once (and the compile queue never saw it)."""
-    from sgdsl.runtime.grammar.compile.worker_pool import PoolLimits
+    from sgdsl.runtime.grammar.compile.pool_limits import PoolLimits
 
     from ..scripted_backend import ScriptedBackend
 
