@@ -65,17 +65,29 @@ class DraftKV:
             self.kv_pool.free(entry.slots[keep:])
             entry.ids, entry.slots = entry.ids[:keep], entry.slots[:keep]
 
-    def reserve(self, entry: DraftEntry, ids: list[int]) -> torch.Tensor | None:
-        """Slots for feeding ``ids`` after the entry's positions, written into its row and
-        recorded as held (the forward that fills them must follow). None: pool exhausted."""
-        slots = self.kv_pool.alloc(len(ids))
+    def reserve_many(self, wants: list[tuple[DraftEntry, list[int]]]
+                     ) -> list[torch.Tensor] | None:
+        """Per (entry, ids): slots for feeding ``ids`` after the entry's positions, written into
+        its row and recorded as held (the forward that fills them must follow). One allocation
+        and one indexed store for all of them (a pinned upload each cost ~20 us of host time
+        on the GPU). None: pool exhausted (nothing reserved)."""
+        slots = self.kv_pool.alloc(sum(len(ids) for _, ids in wants))
         if slots is None:
             return None
-        start = len(entry.ids)
-        self.req_pool.req_to_token[entry.row, start:start + len(ids)] = to_device(slots, self.device)
-        entry.ids = entry.ids + list(ids)
-        entry.slots = torch.cat([entry.slots, slots])
-        return slots
+        rows, cols, out, at = [], [], [], 0
+        for entry, ids in wants:
+            start, n = len(entry.ids), len(ids)
+            rows += [entry.row] * n
+            cols += range(start, start + n)
+            mine = slots[at:at + n]
+            at += n
+            entry.ids = entry.ids + list(ids)
+            entry.slots = torch.cat([entry.slots, mine])
+            out.append(mine)
+        index = to_device(torch.tensor(rows + cols + slots.tolist(), dtype=torch.int64),
+                          self.device).view(3, -1)
+        self.req_pool.req_to_token[index[0], index[1]] = index[2]
+        return out
 
     def release(self, rid: str) -> None:
         entry = self.entries.pop(rid, None)

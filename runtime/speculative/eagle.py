@@ -103,7 +103,9 @@ class EagleDrafter(Drafter):
     def _sync_all(self, reqs: Sequence[Any]) -> tuple[list[int], list[Feed], list[torch.Tensor]]:
         """Per request with room: its feed (positions without head KV) and the target KV
         slots of those positions (whose hidden states the feed reads)."""
-        live, feeds, target_slots = [], [], []
+        live: list[int] = []
+        wants: list[tuple[Any, list[int]]] = []
+        target_slots: list[torch.Tensor] = []
         budget = self.token_kv_pool.available()
         rows_free = self.req_to_token_pool.available()
         target_table = self.target.req_to_token_pool.req_to_token
@@ -121,10 +123,13 @@ class EagleDrafter(Drafter):
                 continue
             budget -= need
             rows_free -= self.topk
-            slots = self.kv.reserve(entry, ids[keep + 1:n])
-            feeds.append(Feed(entry.row, keep, ids[keep + 1:n], slots))
+            wants.append((entry, ids[keep + 1:n]))
             target_slots.append(target_table[req.req_pool_idx, keep:n - 1])
             live.append(i)
+        starts = [len(entry.ids) for entry, _ in wants]
+        slots = self.kv.reserve_many(wants) if wants else []
+        assert slots is not None  # within the budget just counted
+        feeds = [Feed(e.row, s, ids, sl) for (e, ids), s, sl in zip(wants, starts, slots)]
         return live, feeds, target_slots
 
     def _draft(self, feeds: list[Feed], target_slots: torch.Tensor, branch_rows: list[int],

@@ -100,21 +100,21 @@ class StandaloneDrafter(Drafter):
             return trees
         budget = self.kv.kv_pool.available()
         live: list[int] = []
-        feeds: list[Feed] = []
+        wants: list[tuple[DraftEntry, list[int]]] = []
         for i, req in enumerate(reqs):
-            feed, budget = self._sync(req, steps, budget)
-            if feed is not None:
+            want, budget = self._sync(req, steps, budget)
+            if want is not None:
                 live.append(i)
-                feeds.append(feed)
-        if not feeds:
+                wants.append(want)
+        if not wants:
             return trees
-        entries = [self.kv.entries[reqs[i].rid] for i in live]
-        for i, chain in zip(live, self._draft(feeds, entries, steps)):
+        for i, chain in zip(live, self._draft(wants, steps)):
             trees[i] = DraftTree.chain(chain)
         return trees
 
-    def _sync(self, req: Any, steps: int, budget: int) -> tuple[Feed | None, int]:
-        """The request's first feed (its tokens without draft KV), with the slots of all its
+    def _sync(self, req: Any, steps: int, budget: int
+              ) -> tuple[tuple[DraftEntry, list[int]] | None, int]:
+        """The request's entry and the tokens it lacks draft KV for, with the slots of all its
         drafts counted against ``budget``; None: no speculation for it this step."""
         ids = req.all_ids
         n = len(ids)
@@ -128,25 +128,24 @@ class StandaloneDrafter(Drafter):
         need = (n - keep) + (steps - 1)
         if need > budget:
             return None, budget
-        slots = self.kv.reserve(entry, ids[keep:])
-        assert slots is not None  # within the budget just checked
-        return Feed(entry.row, keep, ids[keep:], slots), budget - need
+        return (entry, ids[keep:]), budget - need
 
-    def _draft(self, feeds: list[Feed], entries: list[DraftEntry],
-               steps: int) -> list[list[int]]:
-        """Greedy chains of ``steps`` tokens: one forward for the feeds, then decodes."""
-        chains: list[list[int]] = [[] for _ in feeds]
-        tokens = self._greedy(feeds)
+    def _draft(self, wants: list[tuple[DraftEntry, list[int]]], steps: int) -> list[list[int]]:
+        """Greedy chains of ``steps`` tokens: one forward for the missing tokens, then decodes
+        (every slot within the budget ``_sync`` counted)."""
+        entries = [entry for entry, _ in wants]
+        chains: list[list[int]] = [[] for _ in wants]
         for step in range(1, steps + 1):
+            starts = [len(entry.ids) for entry in entries]
+            slots = self.kv.reserve_many(wants)
+            assert slots is not None
+            feeds = [Feed(e.row, s, ids, sl) for (e, ids), s, sl in zip(wants, starts, slots)]
+            tokens = self._greedy(feeds)
             for chain, tok in zip(chains, tokens):
                 chain.append(tok)
             if step == steps:
                 break
-            feeds = []
-            for entry, tok in zip(entries, tokens):
-                start = len(entry.ids)
-                feeds.append(Feed(entry.row, start, [tok], self.kv.reserve(entry, [tok])))
-            tokens = self._greedy(feeds)
+            wants = [(entry, [tok]) for entry, tok in zip(entries, tokens)]
         return [self._in_vocab(c) for c in chains]
 
     def _greedy(self, feeds: list[Feed]) -> list[int]:
