@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import inspect
 import json
 import shutil
 import tempfile
@@ -127,6 +128,7 @@ def run_hf(work: Path, ids: dict[str, int], imgs: list, qs: list[list[int]], out
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(work), dtype=dtype).to(device).eval()
     proc = AutoImageProcessor.from_pretrained(str(work))
     merge = model.config.vision_config.spatial_merge_size
+    takes_types = "mm_token_type_ids" in inspect.signature(model.model.forward).parameters
 
     def one_batch(bi: list, bq: list[list[int]]) -> int:
         pix = proc(images=bi, return_tensors="pt")
@@ -134,11 +136,13 @@ def run_hf(work: Path, ids: dict[str, int], imgs: list, qs: list[list[int]], out
         rows = [[ids["<|vision_start|>"]] + [ids["<|image_pad|>"]] * int(g.prod() // merge ** 2)
                 + [ids["<|vision_end|>"]] + q for g, q in zip(grid, bq)]
         input_ids = torch.tensor(rows, device=device)  # equal lengths: same image size, question
+        extra = {}
+        if takes_types:  # transformers >= 5.2x places M-RoPE by token type
+            extra["mm_token_type_ids"] = (input_ids == ids["<|image_pad|>"]).int()
         out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
                              pixel_values=pix["pixel_values"].to(device, dtype),
-                             image_grid_thw=grid.to(device),
-                             mm_token_type_ids=(input_ids == ids["<|image_pad|>"]).int(),
-                             max_new_tokens=out_len, min_new_tokens=out_len, do_sample=False)
+                             image_grid_thw=grid.to(device), max_new_tokens=out_len,
+                             min_new_tokens=out_len, do_sample=False, **extra)
         return int(out.shape[0] * (out.shape[1] - input_ids.shape[1]))
 
     with torch.inference_mode():

@@ -187,6 +187,8 @@ def _rope(hf: Any) -> tuple[float, RopeScaling]:
         params = dict(legacy)
     theta = float(params.get("rope_theta") or getattr(hf, "rope_theta", None) or 10000.0)
     rope_type = params.get("rope_type") or params.get("type") or "default"
+    if rope_type == "mrope":  # mm: Qwen2.5-VL's 3-D rotary (model/qwen2_5_vl.py reads the sections)
+        rope_type = "default"
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ModelLoadError(f"unsupported rope scaling type {rope_type!r}; "
                              f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}")

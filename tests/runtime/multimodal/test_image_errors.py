@@ -49,3 +49,28 @@ def test_a_text_only_model_refuses_images(vl):
     with pytest.raises(APIError, match="text-only") as api:
         ImageCollector(None, 0, False).add(OK, "messages[0].content[1].image_url")
     assert api.value.status == 400 and api.value.param == "messages[0].content[1].image_url"
+
+
+def test_image_urls_are_fetched_only_when_allowed(tmp_path, monkeypatch):
+    """A loopback HTTP server stands in for the web: refused without the flag, decoded with it."""
+    import functools
+    import http.server
+    import threading
+
+    from sgdsl.runtime.multimodal.image_io import decode_image
+
+    for var in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)  # loopback, never through a proxy
+    (tmp_path / "cat.png").write_bytes(OK)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/cat.png"
+    try:
+        with pytest.raises(InvalidRequestError, match="not fetched"):
+            decode_image(url, "image_data[0]")
+        assert decode_image(url, "image_data[0]", allow_urls=True).size == (56, 56)
+        with pytest.raises(InvalidRequestError, match="cannot fetch"):
+            decode_image(url + ".missing", "image_data[0]", allow_urls=True)
+    finally:
+        server.shutdown()
