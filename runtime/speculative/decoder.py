@@ -70,6 +70,7 @@ class SpecDecoder:
         logits = sched.runner.forward(batch)
         ids = self._sample(sched, reqs, trees, logits, masks)
         self.stats.verify_steps += 1
+        self.stats.tree_steps += batch.mode is ForwardMode.TARGET_VERIFY
         self._accept(sched, reqs, trees, layout, logits, ids)
         sched.ratio = max(sched.ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)  # as decode
         return InflightStep.launched(ForwardMode.DECODE, [], True)

@@ -13,6 +13,7 @@ class SpecStats:
         self.bounds = list(range(max_draft + 1))
         self.counts = [0] * (max_draft + 2)  # per accepted length, the last: above max
         self.verify_steps = 0  # verify forwards
+        self.tree_steps = 0  # of those, tree-masked extends (some draft branched)
         self.verify_rows = 0  # request rows verified (with or without a draft)
         self.draft_tokens = 0
         self.accepted_tokens = 0
@@ -39,7 +40,8 @@ class SpecStats:
 
     def as_dict(self) -> dict:
         rows = self.verify_rows
-        return {"spec_verify_steps": self.verify_steps, "spec_verify_rows": rows,
+        return {"spec_verify_steps": self.verify_steps, "spec_tree_steps": self.tree_steps,
+                "spec_verify_rows": rows,
                 "spec_draft_tokens": self.draft_tokens,
                 "spec_accepted_tokens": self.accepted_tokens,
                 "spec_emitted_tokens": self.emitted_tokens,

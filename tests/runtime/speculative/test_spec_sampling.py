@@ -1,9 +1,11 @@
 """Sampled outputs under speculation have the target's distribution exactly.
 
 A tiny random model with a 16-token vocabulary (a distribution with mass everywhere, so drafts
-are accepted and rejected often); its prompt holds every token twice, so NGRAM always drafts.
+are accepted and rejected often); its prompt holds every token twice, followed once by the next
+token and once by the previous one, so NGRAM always drafts, mostly a tree of two siblings.
 Many unseeded requests at temperature 1: the histograms of the tokens a verify step emits
-(the second and third output token: the first comes from the prefill) match the
+(the second and third output token: the first comes from the prefill; the draft after it is
+one token and a sibling) match the
 non-speculative engine's (two-sample chi-square). Seeded requests draw their noise per output
 step, so speculative and plain outputs are even the same tokens."""
 from __future__ import annotations
@@ -14,7 +16,7 @@ import shutil
 import pytest
 
 VOCAB = 16
-PROMPT = list(range(VOCAB)) * 2
+PROMPT = list(range(VOCAB)) + list(range(VOCAB - 1, -1, -1))
 N = 600
 
 
@@ -38,7 +40,8 @@ def engines(tiny16):
                   max_running_requests=N, max_total_tokens=N * 40)
     plain = Engine(str(tiny16), **common)
     spec = Engine(str(tiny16), speculative_algorithm="ngram", speculative_num_draft_tokens=2,
-                  speculative_max_batch_size=N, speculative_min_accept_per_step=0.0, **common)
+                  speculative_ngram_max_bfs_breadth=2, speculative_max_batch_size=N,
+                  speculative_min_accept_per_step=0.0, **common)
     yield plain, spec
     for engine in (plain, spec):
         engine.check_idle_integrity()
@@ -57,11 +60,13 @@ def test_emitted_tokens_have_the_target_distribution(engines):
     from scipy.stats import chi2_contingency
 
     plain, spec = engines
-    params = {"temperature": 1.0, "max_new_tokens": 3, "ignore_eos": True}
+    # 4 tokens: the first from the prefill, then a verify step with up to 2 draft nodes
+    params = {"temperature": 1.0, "max_new_tokens": 4, "ignore_eos": True}
     want = _histograms(plain.generate(input_ids=[PROMPT] * N, sampling_params=params))
     got = _histograms(spec.generate(input_ids=[PROMPT] * N, sampling_params=params))
     stats = spec.stats()
     assert stats["spec_verify_rows"] >= N and stats["spec_accepted_tokens"] > 20
+    assert stats["spec_tree_steps"] > 0
     assert stats["spec_accepted_tokens"] < stats["spec_draft_tokens"]  # rejections too
     for pos in range(2):
         cols = [i for i in range(VOCAB) if want[pos][i] + got[pos][i] > 0]
