@@ -155,8 +155,13 @@ def device_stream(device: torch.device) -> Any:
     step's tokens); the pages it writes are synchronized (``_sync``) before it reports them."""
     if device.type != "cuda":
         return contextlib.nullcontext()
-    torch.cuda.set_device(device)
+    set_cuda_device(device)
     return torch.cuda.stream(torch.cuda.Stream(device))
+
+
+def set_cuda_device(device: torch.device) -> None:
+    """This thread's current device (a new thread starts on device 0 of the visible ones)."""
+    torch.cuda.set_device(device.index if device.index is not None else 0)
 
 
 def _sync(device: torch.device) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .link import (KVLayout, connect_store, device_stream, local_address, make_group, put,
-                   recv_pages, take)
+                   recv_pages, set_cuda_device, take)
 
 REGISTRATION_WAIT_S = 0.5
 
@@ -84,7 +84,7 @@ class ReceiverLink:
                                     "host": socket.gethostbyname(self.host),
                                     "layout": KVLayout.of(self._pool).to_json()})
             if self._pool.device.type == "cuda":
-                torch.cuda.set_device(self._pool.device)
+                set_cuda_device(self._pool.device)
             self._group = make_group(store, self.my_id, 1, self._backend, me, self._timeout)
         except Exception as exc:  # noqa: BLE001 - every request on this link fails with it
             self._fail("cannot connect", exc)

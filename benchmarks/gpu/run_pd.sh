@@ -1,0 +1,17 @@
+#!/bin/bash
+# Issue 27's GPU benchmark (nvidia-h100-x2): prefill/decode disaggregation (prefill server on
+# GPU 0, decode server on GPU 1, `sgdsl router --pd-disaggregation`) vs two colocated replicas
+# behind `sgdsl router`, a dummy Llama-3.1-8B, a mixed workload at a fixed request rate:
+# long prompts (8192 in, 64 out) and chat turns (512 in, 256 out), 15% long. Prints TTFT/ITL
+# p50/p99 per class, total throughput and the pd/colocated ratios. Usage (device tool, carry
+# [".whl"]):
+#   bash benchmarks/gpu/run_pd.sh            # rate 4 req/s, 60 s of arrivals
+#   bash benchmarks/gpu/run_pd.sh --rate 8   # extra arguments go to bench_pd.py
+# If NCCL between the two server processes misbehaves, the host-staged gloo path:
+#   bash benchmarks/gpu/run_pd.sh --server-args "--disaggregation-transfer-backend gloo"
+set -o pipefail
+source benchmarks/gpu/device_env.sh
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+echo "commit $COMMIT"
+timeout 570 python3 benchmarks/gpu/bench_pd.py --model benchmarks/gpu/configs/llama-3.1-8b \
+  --load-format dummy --rate 4 --duration 60 "$@" 2>&1 | tee $OUT/pd.log | grep -v '^\[dp' | tail -30
