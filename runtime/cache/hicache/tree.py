@@ -174,7 +174,8 @@ class HiRadixCache(TierMoves, RadixCache):
             for node in host_nodes:
                 node.host_ref -= 1
             self.unlock(first.node)
-        result = self._match(key)
+        # NOTE: nothing loaded: the first match stands (the common case; no second walk).
+        result = self._match(key) if from_host or from_storage else first
         self.query_tokens += len(key)
         self.hit_tokens += result.length
         if self.write_policy == "write_through_selective":
