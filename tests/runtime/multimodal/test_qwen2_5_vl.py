@@ -88,3 +88,21 @@ def test_radix_hit_on_a_repeated_image_and_miss_on_another(vl):
     assert vl.stats()["mm_images_encoded"] == encoded  # both images came from the cache
     swapped = vl.generate(PROMPT, GREEDY, image_data=[IMAGES[0], png(100, 60, 9)])
     assert swapped["meta_info"]["cached_tokens"] <= mm.images[1].offset
+
+
+def test_retraction_and_resume_with_images_give_the_same_tokens(qwen_vl, vl):
+    """A 96-slot KV pool: decoding six image requests retracts some; resumed, they prefill
+    prompt + output again (M-RoPE positions of the output: index + delta) and finish with the
+    tokens of an unconstrained engine."""
+    from sgdsl.runtime import Engine
+
+    ph = "<|vision_start|><|image_pad|><|vision_end|>"
+    prompts = [f"{ph} question {i} about it" for i in range(6)]
+    images = [[png(100, 60, 20 + i)] for i in range(6)]
+    params = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
+    ref = [o["output_ids"] for o in vl.generate(prompts, params, image_data=images)]
+    with Engine(str(qwen_vl[0]), max_total_tokens=96, num_threads=1, chunked_prefill_size=16) as small:
+        out = [o["output_ids"] for o in small.generate(prompts, params, image_data=images)]
+        assert small.stats()["retractions_total"] > 0
+        small.check_idle_integrity()
+    assert out == ref
