@@ -75,6 +75,9 @@ class EngineConfig:
     # skip the ~350k objects of torch, transformers and the model (a full pass over them takes
     # ~150 ms, a stall in whatever step or program triggers it).
     disable_gc_freeze: bool = False
+    # Single async_generate calls of one caller loop turn (a server's burst of HTTP requests)
+    # go to the scheduler in one message (runtime/submitter.py); off: one message per call.
+    disable_request_coalescing: bool = False
     # Tensor parallelism (runtime/distributed): tp_size worker processes, one device each, in
     # one torch.distributed group spread evenly over nnodes machines; node 0 serves, every node
     # reaches the group's rendezvous at dist_init_addr ("HOST:PORT"; default: a free local port).

@@ -13,6 +13,7 @@ import functools
 import os
 import queue
 import threading
+import weakref
 from typing import Any, AsyncIterator, Iterator
 
 from .config import EngineConfig
@@ -21,6 +22,7 @@ from .ipc import messages as m
 from .mailbox import Mailboxes
 from .quiet_tqdm import import_tqdm_auto_quietly
 from .scheduler.process import freeze_startup_objects
+from .submitter import Submitter
 from .tokenizer.manager import TokenizerManager
 from .tokenizer.request_builder import GenerateSpec, RequestBuilder
 
@@ -38,6 +40,7 @@ class Engine:
         self._closed = False
         self._loop = asyncio.new_event_loop()
         self._mailboxes = Mailboxes(self._loop)
+        self._submitters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # per loop
         self._thread = threading.Thread(target=self._loop.run_forever, name="sgdsl-engine",
                                         daemon=True)
         self._thread.start()
@@ -88,7 +91,11 @@ class Engine:
 
     def stats(self) -> dict:
         self._check_open()
-        return self._call(self._tm.rpc(m.StatsReq)).value
+        stats = dict(self._call(self._tm.rpc(m.StatsReq)).value)
+        subs = list(self._submitters.values())  # single requests coalesced per caller loop turn
+        stats["submit_handoffs"] = sum(s.handoffs for s in subs)
+        stats["submit_requests"] = sum(s.requests for s in subs)
+        return stats
 
     def server_info(self) -> dict:
         import dataclasses
@@ -148,9 +155,23 @@ class Engine:
             specs, batched = self._build(*args)
         if stream:
             return self._async_stream(specs[0])
-        fut = asyncio.run_coroutine_threadsafe(
-            self._tm.generate(specs, not _many(specs, batched)), self._loop)
+        many = _many(specs, batched)
+        if not many and not self.config.disable_request_coalescing:
+            return await self._submit_one(specs[0])  # travels with this loop turn's others
+        fut = asyncio.run_coroutine_threadsafe(self._tm.generate(specs, not many), self._loop)
         return self._shape(await asyncio.wrap_future(fut), specs, batched)
+
+    async def _submit_one(self, spec: GenerateSpec) -> dict:
+        loop = asyncio.get_running_loop()
+        submitter = self._submitters.get(loop)
+        if submitter is None:
+            submitter = self._submitters.setdefault(loop, Submitter(
+                loop, self._loop, self._tm.submit, self._mailboxes.of(loop)))
+        try:
+            return await submitter.submit(spec)
+        except asyncio.CancelledError:  # the caller went away: free the scheduler's work
+            self.abort(spec.rid)
+            raise
 
     def _sync_stream(self, spec: GenerateSpec) -> Iterator[dict]:
         q: queue.Queue = queue.Queue()

@@ -114,8 +114,9 @@ def language_run(backend: Any, w: Workload) -> Run:
 class Server:
     """``python -m sgdsl.runtime.server`` on a free loopback port, until ``stop()``."""
 
-    def __init__(self, flags: list[str], start_timeout_s: float = 600.0) -> None:
-        cmd = [sys.executable, "-m", "sgdsl.runtime.server", "--host", "127.0.0.1",
+    def __init__(self, flags: list[str], start_timeout_s: float = 600.0,
+                 python: str = sys.executable) -> None:
+        cmd = [python, "-m", "sgdsl.runtime.server", "--host", "127.0.0.1",
                "--port", "0", *flags]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         found: list[str] = []

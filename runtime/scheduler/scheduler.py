@@ -80,7 +80,7 @@ class Scheduler(Stepping):
             self.spec = SpecDecoder(config, runner)
         self.counters = dict(requests_total=0, prompt_tokens_total=0, generated_tokens_total=0,
                              cache_hit_tokens=0, cache_query_tokens=0, retractions_total=0,
-                             forward_steps=0)
+                             forward_steps=0, extend_steps=0)
         self.pd = make_pd(config, self)  # pd: prefill or decode side of disaggregation, or None
 
     # -- messages -----------------------------------------------------------------------------
@@ -217,6 +217,8 @@ class Scheduler(Stepping):
             # jump-forward), which the next step runs.
             return bool(self.waiting)
         self.counters["forward_steps"] += 1
+        if reqs:  # prefill waves: a burst admitted in one wave is one extend forward
+            self.counters["extend_steps"] += 1
         if launched.sync:
             self._read(launched)
         elif launched.any_live():

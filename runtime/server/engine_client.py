@@ -186,6 +186,8 @@ class EngineClient:
         return list(outs)
 
     async def _gather(self, batch: GenBatch) -> list[dict[str, Any]]:
+        if len(batch.items) == 1:  # no task of its own: the caller's task is the call's
+            return [await self._call(batch, batch.items[0])]
         calls = [asyncio.ensure_future(self._call(batch, it)) for it in batch.items]
         try:
             return list(await asyncio.gather(*calls))

@@ -8,11 +8,12 @@ integrity) and turns a dead scheduler process into ``EngineDeadError`` for every
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import dataclasses
 import itertools
 import multiprocessing as mp
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from ..config import EngineConfig
 from ..distributed import watch
@@ -231,6 +232,24 @@ class TokenizerManager:
             raise dead or failed[0]
         return [st.result() for st in states]
 
+    def submit(self, specs: list[GenerateSpec], settle: Callable[[int, Any], None]) -> None:
+        """Single requests (one prompt, n = 1 each; runtime/submitter.py gathers them) in one
+        message; ``settle(i, outcome)`` runs on this loop as soon as request i finishes, with
+        its result dict or its error (each on its own: a failed request fails only itself)."""
+        states = []
+        for i, spec in enumerate(specs):
+            state = self._track(spec.reqs[0], spec, False)
+            state.on_done = functools.partial(_settle, settle, i)
+            states.append(state)
+        try:
+            self._check_alive()
+            reqs = [s.reqs[0] for s in specs]
+            self.chan.send_nowait(reqs if len(reqs) > 1 else reqs[0])
+        except BaseException as exc:  # noqa: BLE001 - a dead engine fails these, not the loop
+            for state in states:
+                self.states.pop(state.rid, None)
+                state.fail(exc)
+
     async def stream(self, spec: GenerateSpec) -> AsyncIterator[dict]:
         self._check_alive()
         req = dataclasses.replace(spec.reqs[0], stream=True)
@@ -265,6 +284,16 @@ class TokenizerManager:
         self.rpcs[call_id] = fut
         self.chan.send_nowait(kind(call_id, **fields))
         return await fut
+
+
+def _settle(settle: Callable[[int, Any], None], index: int, state: ReqState) -> None:
+    # NOTE: runs inside the receive loop (ReqState.apply): whatever goes wrong building this
+    # one result is this request's error, never the loop's.
+    try:
+        outcome = state.error if state.error is not None else state.result()
+    except Exception as exc:  # noqa: BLE001 - delivered to the waiting caller
+        outcome = exc
+    settle(index, outcome)
 
 
 def _start_without_main(proc: Any) -> None:

@@ -49,6 +49,7 @@ class ReqState:
     _final: str | None = None
     created: float = field(default_factory=time.perf_counter)
     e2e_latency: float | None = None  # seconds from arrival to the finish (SGLang's meta field)
+    on_done: Any = None  # called with this state once finished or failed (submitter.py)
 
     def apply(self, out: ReqOut) -> None:
         self.output_ids.extend(out.new_ids)
@@ -83,8 +84,13 @@ class ReqState:
                                  out.finish_reason.get("retry_after", 1.0))
             elif self.validator is not None and self.params.json_schema is not None:
                 self._check_output()
-            self.done.set()
+            self._set_done()
         self.updated.set()
+
+    def _set_done(self) -> None:
+        self.done.set()
+        if self.on_done is not None:
+            self.on_done(self)
 
     def _check_output(self) -> None:
         """The backstop: a json_schema output the grammar ended (stop token) must validate
@@ -104,7 +110,7 @@ class ReqState:
 
     def fail(self, error: BaseException) -> None:
         self.error = error
-        self.done.set()
+        self._set_done()
         self.updated.set()
 
     # -- text ---------------------------------------------------------------------------------------

@@ -1,0 +1,92 @@
+"""Concurrent HTTP requests on the real server (tiny random model, the session's Engine behind
+an app served on loopback): the requests of a burst reach the Engine through its submitter
+(runtime/submitter.py) and still each get their own answer, error and disconnect handling;
+streams in the same burst are unaffected. Outputs are told apart by their lengths."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+from sgdsl.runtime.server.app import create_app
+from sgdsl.runtime.server.thread_server import ThreadServer
+
+PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
+LONG = 400  # ignore_eos tokens: hundreds of steps, while a short request takes a few
+
+
+@pytest.fixture(scope="module")
+def served(tiny_engine) -> Iterator[tuple[str, Any]]:
+    server = ThreadServer(create_app(tiny_engine))
+    url = server.start()
+    yield url, tiny_engine
+    server.stop()
+
+
+def _native(n: int, **extra: Any) -> dict[str, Any]:
+    return {"input_ids": PROMPT, "sampling_params": {
+        "max_new_tokens": n, "temperature": 0.0, "ignore_eos": True, **extra}}
+
+
+def _chat(n: int) -> dict[str, Any]:
+    return {"model": "default", "messages": [{"role": "user", "content": "hello there"}],
+            "max_tokens": n, "temperature": 0.0, "ignore_eos": True}
+
+
+def _wait_idle(engine: Any, timeout_s: float = 120.0) -> dict[str, Any]:
+    """The engine's stats once nothing runs (an abort reaches the scheduler asynchronously)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = engine.stats()
+        if stats["num_running_reqs"] == 0 and stats["num_waiting_reqs"] == 0:
+            return stats
+        assert time.monotonic() < deadline, f"still busy: {stats}"
+        time.sleep(0.05)
+
+
+def test_a_burst_gets_each_answer_error_and_stream_its_own(served):
+    url, engine = served
+    before = engine.stats()["submit_requests"]
+
+    async def go() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+            posts = [client.post("/generate", json=_native(1 + i)) for i in range(8)]
+            posts += [client.post("/v1/chat/completions", json=_chat(2 + i)) for i in range(4)]
+            posts.append(client.post("/generate", json=_native(3, regex="(ab")))
+            posts.append(client.post("/generate", json={**_native(5), "stream": True}))
+            return await asyncio.gather(*posts)
+    resps = asyncio.run(go())
+    native, chat, (bad, stream) = resps[:8], resps[8:12], resps[12:]
+    assert [len(r.json()["output_ids"]) for r in native] == list(range(1, 9))
+    assert [r.json()["usage"]["completion_tokens"] for r in chat] == [2, 3, 4, 5]
+    assert bad.status_code == 400, bad.text
+    events = [line[6:] for line in stream.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and len(json.loads(events[-2])["output_ids"]) == 5
+    # every single non-streamed request went through the submitter (streams do not)
+    assert engine.stats()["submit_requests"] - before == 13
+    engine.check_idle_integrity()
+
+
+def test_a_client_that_goes_away_aborts_only_its_request(served):
+    url, engine = served
+    before = engine.stats()["generated_tokens_total"]
+
+    async def go() -> tuple[list[int], bool]:
+        async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+            gone = asyncio.ensure_future(client.post("/generate", json=_native(LONG)))
+            shorts = await asyncio.gather(*(client.post("/generate", json=_native(n))
+                                            for n in (3, 4)))
+            running = not gone.done()
+            gone.cancel()  # closes its connection: the server aborts that request
+            await asyncio.gather(gone, return_exceptions=True)
+            return [len(r.json()["output_ids"]) for r in shorts], running
+    lengths, running = asyncio.run(go())
+    assert lengths == [3, 4] and running
+    stats = _wait_idle(engine)
+    # the long request was aborted, not run to its end: only the short ones' tokens count
+    assert stats["generated_tokens_total"] - before == 7
+    engine.check_idle_integrity()
