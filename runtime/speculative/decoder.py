@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from ..grammar.base import allocate_bitmask
-from ..layers.sampler import SamplingBatchInfo
+from ..distributed.collectives import broadcast
+from ..layers.sampler import SamplingBatchInfo, apply_vocab_mask, greedy_argmax
 from ..layers.upload import to_device
 from ..model.forward_batch import ForwardMode
 from ..scheduler.inflight import InflightStep
@@ -116,6 +117,16 @@ class SpecDecoder:
         """One sample per fed row with the request's own sampling state at that node: its
         output step (seeds), the draft path as output so far (penalties, min_new_tokens) and
         the grammar mask of the state there."""
+        mask = self._mask(sched, trees, masks)
+        if mask is not None:
+            mask = to_device(mask, logits.device)
+        info = sched.running.info
+        if info.all_greedy and info.penalties.is_empty:
+            # NOTE: greedy rows need no per-row sampling state: the (masked) argmax, as the
+            # sampler's all-greedy path, without building and uploading a verify-row info
+            if mask is not None:
+                logits = apply_vocab_mask(logits, mask)
+            return broadcast(greedy_argmax(logits), src=0).tolist()
         params, outputs, prompts = [], [], []
         for req, tree in zip(reqs, trees):
             penal = req.sampling_params.has_penalties
@@ -128,9 +139,6 @@ class SpecDecoder:
                 outputs.append(req.output_ids + path if penal else range(n))
         info = SamplingBatchInfo.from_params(params, logits.shape[-1], logits.device,
                                              sched.sampler.eos, prompts, outputs)
-        mask = self._mask(sched, trees, masks)
-        if mask is not None:
-            mask = to_device(mask, logits.device)
         return sched.sampler.sample_ids(logits, info, mask).tolist()
 
     @staticmethod

@@ -206,3 +206,37 @@ def test_requests_that_never_draft_back_off(make_harness):
     # each empty proposal costs a synchronous read; the backoff keeps that to a few
     assert stats["spec_verify_steps"] == 0 and stats["spec_empty_proposals"] < 25
     assert stats["spec_skipped_steps"] > 50
+
+
+class OracleDrafter(Drafter):
+    """Proposes the recorded plain output's next tokens (all accepted when the verify step
+    samples what plain decoding sampled)."""
+
+    def __init__(self, outputs: dict[str, list[int]]) -> None:
+        self.outputs = outputs
+
+    def propose(self, reqs, max_tokens, hidden=None):
+        return [DraftTree.chain(self.outputs[r.rid][len(r.output_ids):][:max_tokens])
+                for r in reqs]
+
+
+def test_penalties_and_min_new_tokens_match_plain_decoding(make_harness):
+    """Rows with penalties sample with the draft path as output so far (the general sampling
+    path, not the greedy shortcut): the same tokens as plain decoding, every draft accepted.
+    The stop token becomes allowed (min_new_tokens) exactly at the deepest draft row."""
+    prompt = [1, 2, 3, 4]
+    ref = expected(prompt, 8)
+    params = dict(max_new_tokens=20, stop_token_ids=[ref[5]], min_new_tokens=5,
+                  frequency_penalty=0.5, presence_penalty=0.2, ignore_eos=True)
+    h = make_harness()
+    h.submit("pen", prompt, **params)
+    h.run()
+    plain = h.outs["pen"]
+    assert len(plain) == 6 and plain[-1] == ref[5]
+    h = make_harness()
+    _spec(h, OracleDrafter({"pen": plain}), k=4)
+    h.submit("pen", prompt, **params)
+    h.run()
+    stats = h.sched.stats()
+    assert h.outs["pen"] == plain
+    assert stats["spec_verify_steps"] == 1 and stats["spec_accepted_tokens"] == 4
