@@ -1,70 +1,84 @@
 """NGRAM drafter: draft tokens copied from the request's own prompt and output.
 
 The last ``n`` tokens of a request (``n`` from the max match window down to the min) are looked
-up among the earlier n-grams of the same request; the tokens that followed the most recent
-earlier occurrence are the draft. Copy-heavy work (code edits, quoting, extraction, JSON that
-repeats its input's keys) drafts many accepted tokens; free text drafts little, and the
-scheduler's per-request backoff then stops asking.
+up among the earlier positions of the same request; the tokens that followed the most recent
+earlier occurrence of the longest matching suffix are the draft. Copy-heavy work (code edits,
+quoting, extraction, JSON that repeats its input's keys) drafts many accepted tokens; free text
+drafts little, and the scheduler's per-request backoff then stops asking.
 
-Per request an index maps each n-gram to the end positions of its latest occurrences; it is
-updated incrementally from ``req.all_ids`` (only the tokens appended since the last call), and
-rebuilt when the ids changed under it (a jump-forward respelled the last token). With
-``speculative_ngram_max_bfs_breadth`` > 1, further occurrences whose continuations start with
-other tokens become sibling branches at the first draft position (a tree).
-Works on any device: no model, no kernels.
+Per request the ids are kept in a numpy buffer, extended incrementally from ``req.all_ids`` and
+rebuilt when its tail changed (a jump-forward respelled the last tokens). A lookup is vectorized
+over the sequence: the positions holding the last token, then, for at most ``max`` offsets, which
+of them still match further back (O(n) compares per step, no per-n-gram index to build: a 4k-token
+prompt costs no stall at its first step). With ``speculative_ngram_max_bfs_breadth`` > 1, further
+occurrences whose continuations start with other tokens become sibling branches at the first
+draft position (a tree). Works on any device: no model, no kernels.
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
+
 from .base import Drafter, DraftTree, EMPTY_TREE, ROOT
 
-# Latest occurrences kept per n-gram (branches come from distinct continuations among them).
-_ENDS_KEPT = 4
+# Tokens compared to decide that the ids held still prefix the request's ids.
+_TAIL_CHECK = 32
 
 
 class _Index:
-    """The n-gram index of one request's ids."""
+    """One request's ids and its suffix lookups."""
 
     def __init__(self, lo: int, hi: int) -> None:
         self.lo, self.hi = lo, hi
-        self.ids: list[int] = []
-        self.ends: dict[tuple[int, ...], list[int]] = {}
-        self.indexed = 0  # n-grams ending before this position are in ``ends``
+        self.buf = np.empty(256, dtype=np.int64)
+        self.n = 0
 
     def sync(self, all_ids: Sequence[int]) -> None:
         """Follow ``all_ids``: extend, or start over where it diverged from what we hold."""
-        n = len(self.ids)
-        if len(all_ids) < n or list(all_ids[:n]) != self.ids:
-            self.ids, self.ends, self.indexed = [], {}, 0
-        self.ids.extend(all_ids[len(self.ids):])
-        # NOTE: the n-grams ending at the last token are left out, so a lookup of the suffix
-        # finds only earlier occurrences (whose continuation is known).
-        for end in range(self.indexed + 1, len(self.ids)):
-            for size in range(self.lo, min(self.hi, end) + 1):
-                ends = self.ends.setdefault(tuple(self.ids[end - size:end]), [])
-                ends.append(end)
-                if len(ends) > _ENDS_KEPT:
-                    del ends[0]
-        self.indexed = max(self.indexed, len(self.ids) - 1)
+        n = self.n
+        tail = max(n - _TAIL_CHECK, 0)
+        if len(all_ids) < n or list(all_ids[tail:n]) != self.buf[tail:n].tolist():
+            n = 0
+        new = all_ids[n:]
+        if n + len(new) > self.buf.shape[0]:
+            grown = np.empty(max(2 * self.buf.shape[0], n + len(new)), dtype=np.int64)
+            grown[:n] = self.buf[:n]
+            self.buf = grown
+        self.buf[n:n + len(new)] = new
+        self.n = n + len(new)
 
     def continuations(self, length: int, breadth: int) -> list[list[int]]:
-        """Up to ``breadth`` continuations (distinct first tokens) of the longest matching
-        suffix, the most recent occurrence first, each at most ``length`` tokens."""
-        ids = self.ids
-        for size in range(min(self.hi, len(ids)), self.lo - 1, -1):
-            ends = self.ends.get(tuple(ids[len(ids) - size:]))
-            if not ends:
-                continue
-            out: list[list[int]] = []
-            for end in reversed(ends):
-                cont = ids[end:end + length]
-                if cont and all(c[0] != cont[0] for c in out):
-                    out.append(cont)
-                if len(out) == breadth:
-                    break
-            return out
-        return []
+        """Up to ``breadth`` continuations (distinct first tokens) of the longest suffix (at
+        least ``lo`` tokens) that occurred before, the most recent occurrence first, each at
+        most ``length`` tokens."""
+        ids, n = self.buf, self.n
+        if n < 2:
+            return []
+        cand = np.flatnonzero(ids[:n - 1] == ids[n - 1])  # earlier ends of a 1-token match
+        size = np.ones(cand.shape[0], dtype=np.int64)
+        alive = cand.copy()
+        for d in range(1, min(self.hi, n - 1)):
+            ok = (alive >= d) & (ids[np.maximum(alive - d, 0)] == ids[n - 1 - d])
+            if not ok.any():
+                break
+            size[ok & (size == d)] += 1
+            alive = np.where(ok, alive, -1 - n)  # dropped: never matches again
+        best = int(size.max()) if size.size else 0
+        if best < self.lo:
+            return []
+        ends = cand[size == best][::-1] + 1  # the most recent occurrence first
+        out: list[list[int]] = []
+        for end in ends.tolist():
+            cont = ids[end:min(end + length, n)].tolist()
+            # NOTE: an occurrence ending less than ``length`` before the end (a loop of
+            # period ``n - end``) continues by copying the copy: its tokens repeat
+            cont = [cont[j % len(cont)] for j in range(length)] if cont else cont
+            if cont and all(c[0] != cont[0] for c in out):
+                out.append(cont)
+            if len(out) == breadth:
+                break
+        return out
 
 
 class NgramDrafter(Drafter):
