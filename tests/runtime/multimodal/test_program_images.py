@@ -32,3 +32,4 @@ def test_program_with_images_on_local(vl, tmp_path):
     assert state["answer"] and state["colours"] and state["pet"] in ("cat", "dog")
     assert state.text().count("<|image_pad|>") == 2
     assert state.get_meta_info("colours")["cached_tokens"] > 16  # both images were cached
+    assert state._repr_html_().count('class="sgdsl-image"') == 2  # the notebook view shows them
