@@ -11,6 +11,7 @@ itself, as HF's per-segment loop does.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -52,26 +53,42 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return (x * cos + torch.cat((-x2, x1), dim=-1) * sin).to(dtype)
 
 
-def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      cu_seqlens: list[int], scale: float) -> torch.Tensor:
-    """Bidirectional attention within each segment ``cu_seqlens[i]:cu_seqlens[i+1]`` of
-    ``[tokens, heads, dim]`` tensors: the segments padded into one batch, padded keys masked."""
-    lens = [b - a for a, b in zip(cu_seqlens, cu_seqlens[1:])]
-    n, longest = len(lens), max(lens)
-    seg = torch.repeat_interleave(torch.arange(n), torch.tensor(lens))
-    col = torch.arange(q.shape[0]) - torch.tensor(cu_seqlens[:-1]).repeat_interleave(torch.tensor(lens))
-    seg, col = seg.to(q.device), col.to(q.device)
+@dataclass(frozen=True)
+class Segments:
+    """Ragged segments (windows or images) of a packed sequence, as a padded batch: token i
+    sits at ``[seg[i], col[i]]``; ``mask`` hides the padded keys (None: all equally long).
+    Built once per forward and shared by the blocks of that kind."""
 
-    def pad(x: torch.Tensor) -> torch.Tensor:
-        out = x.new_zeros(n, longest, *x.shape[1:])
-        out[seg, col] = x
-        return out.transpose(1, 2)  # [segments, heads, longest, dim]
+    seg: torch.Tensor
+    col: torch.Tensor
+    count: int
+    longest: int
+    mask: torch.Tensor | None
 
-    valid = torch.zeros(n, longest, dtype=torch.bool, device=q.device)
-    valid[seg, col] = True
-    mask = valid[:, None, None, :] if min(lens) < longest else None
-    out = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), attn_mask=mask, scale=scale)
-    return out.transpose(1, 2)[seg, col]
+    @classmethod
+    def of(cls, cu_seqlens: list[int], device: torch.device) -> "Segments":
+        lens = torch.tensor([b - a for a, b in zip(cu_seqlens, cu_seqlens[1:])])
+        n, longest = len(lens), int(lens.max())
+        seg = torch.repeat_interleave(torch.arange(n), lens)
+        col = torch.arange(cu_seqlens[-1]) - torch.tensor(cu_seqlens[:-1]).repeat_interleave(lens)
+        mask = None
+        if int(lens.min()) < longest:
+            mask = (torch.arange(longest) < lens[:, None])[:, None, None, :].to(device)
+        return cls(seg.to(device), col.to(device), n, longest, mask)
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """``[tokens, heads, dim]`` -> ``[segments, heads, longest, dim]``."""
+        out = x.new_zeros(self.count, self.longest, *x.shape[1:])
+        out[self.seg, self.col] = x
+        return out.transpose(1, 2)
+
+
+def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segs: Segments,
+                      scale: float) -> torch.Tensor:
+    """Bidirectional attention within each segment of ``[tokens, heads, dim]`` tensors."""
+    out = F.scaled_dot_product_attention(segs.pad(q), segs.pad(k), segs.pad(v),
+                                         attn_mask=segs.mask, scale=scale)
+    return out.transpose(1, 2)[segs.seg, segs.col]
 
 
 class VisionAttention(nn.Module):
@@ -81,12 +98,12 @@ class VisionAttention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor, cu_seqlens: list[int], rope: tuple[torch.Tensor, torch.Tensor]
+    def forward(self, x: torch.Tensor, segs: Segments, rope: tuple[torch.Tensor, torch.Tensor]
                 ) -> torch.Tensor:
         n = x.shape[0]
         q, k, v = self.qkv(x).view(n, 3, self.heads, self.head_dim).unbind(1)
         q, k = _rotate(q, *rope), _rotate(k, *rope)
-        out = segment_attention(q, k, v, cu_seqlens, self.head_dim ** -0.5)
+        out = segment_attention(q, k, v, segs, self.head_dim ** -0.5)
         return self.proj(out.reshape(n, -1))
 
 
@@ -98,9 +115,9 @@ class VisionBlock(nn.Module):
         self.attn = VisionAttention(cfg.hidden_size, cfg.num_heads)
         self.mlp = VisionMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
 
-    def forward(self, x: torch.Tensor, cu_seqlens: list[int], rope: tuple[torch.Tensor, torch.Tensor]
+    def forward(self, x: torch.Tensor, segs: Segments, rope: tuple[torch.Tensor, torch.Tensor]
                 ) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), cu_seqlens, rope)
+        x = x + self.attn(self.norm1(x), segs, rope)
         return x + self.mlp(self.norm2(x))
 
 
@@ -160,8 +177,9 @@ class Qwen2_5_VisionTransformer(nn.Module):
         for t, h, w in grids:  # full attention: each frame of each image on its own
             for _ in range(t):
                 cu_full.append(cu_full[-1] + h * w)
+        full, windows = Segments.of(cu_full, x.device), Segments.of(cu_windows, x.device)
         for i, block in enumerate(self.blocks):
-            x = block(x, cu_full if i in self.full_blocks else cu_windows, rope)
+            x = block(x, full if i in self.full_blocks else windows, rope)
         return self.merger(x)[torch.argsort(order)]
 
     def _by_unit(self, x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
