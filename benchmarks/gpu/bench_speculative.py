@@ -94,7 +94,8 @@ def json_batch1(engine, ids: list[int], out_len: int) -> tuple[float, float | No
 
 def run_side(side: str, a: argparse.Namespace, work: dict) -> dict:
     """Every requested row's measurement on one engine (``side``: plain, ngram, standalone)."""
-    rows = set(a.rows.split(",")) if side != "standalone" else {"a"}
+    rows = {"plain": set(a.rows.split(",")), "standalone": {"a"},
+            "ngram": set(a.rows.split(",")) - {"a"}}[side]
     grammar = "d" in rows and importlib.util.find_spec("xgrammar") is not None
     res: dict = {}
     with open_engine(side, a, grammar) as engine:
