@@ -44,6 +44,7 @@ async def messages(req: MessagesRequest, request: Request) -> Response:
     reasoning = c.reasoning if req.wants_thinking else None
     images = ImageCollector.for_engine(c.engine)  # mm: image blocks
     chat = req.chat_messages(images)
+    await images.resolve()  # mm: decoded off the loop (400 naming the block)
     if req.prefilled and chat[-1]["role"] == "assistant" and not chat[-1].get("tool_calls"):
         prompt = render_prompt(c.chat_template, chat[:-1], plan) + str(chat[-1]["content"])
     else:

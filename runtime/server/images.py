@@ -1,9 +1,12 @@
 """Images in the three protocols (mm): OpenAI ``image_url`` content parts, Anthropic ``image``
-blocks, SGLang-native ``image_data``. Each image is decoded here, once, with its exact field
-name in any error (a 400 in the protocol's shape), and passed to the engine decoded; the
-message text gets the model's image placeholder where the image was."""
+blocks, SGLang-native ``image_data``. Chat images are collected while the messages are turned
+into template text (which gets the model's placeholder where each image was), then decoded
+off the event loop (``resolve``), once, with the exact field name in any error (a 400 in the
+protocol's shape), and passed to the engine decoded. Native ``image_data`` goes to the engine as
+sent (it decodes off the loop too, naming ``image_data[k]``)."""
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +23,7 @@ class ImageCollector:
     max_images: int
     allow_urls: bool
     images: list[Any] = field(default_factory=list)
+    fields: list[str] = field(default_factory=list)
 
     @classmethod
     def for_engine(cls, engine: Any) -> "ImageCollector":
@@ -34,16 +38,31 @@ class ImageCollector:
                            param=where)
 
     def add(self, source: Any, where: str) -> str:
-        """Decode one image (400 naming ``where`` on failure); the placeholder text for it."""
+        """Take one image (decoded by ``resolve``); the placeholder text for it."""
         self._check_model(where)
         if len(self.images) >= self.max_images:
             raise APIError(400, f"{where}: too many images; this server accepts at most "
                                 f"{self.max_images} per request", param=where)
-        try:
-            self.images.append(decode_image(source, where, self.allow_urls))
-        except InvalidRequestError as e:
-            raise APIError(400, e.message, param=where) from None
+        self.images.append(source)
+        self.fields.append(where)
         return self.placeholder
+
+    async def resolve(self) -> list[Any]:
+        """Decode every image on a worker thread (a URL fetch or a large decode must not stall
+        the event loop); a 400 naming the first bad one."""
+        if not self.images:
+            return []
+        self.images = await asyncio.get_running_loop().run_in_executor(None, self._decode_all)
+        return self.images
+
+    def _decode_all(self) -> list[Any]:
+        out = []
+        for source, where in zip(self.images, self.fields):
+            try:
+                out.append(decode_image(source, where, self.allow_urls))
+            except InvalidRequestError as e:
+                raise APIError(400, e.message, param=where) from None
+        return out
 
     def openai_part(self, part: Any, where: str) -> str:
         self._check_model(where)
@@ -67,22 +86,24 @@ class ImageCollector:
         raise APIError(400, f"{where}: image source type {source.get('type')!r} is not "
                             "supported (base64, url)", param=where)
 
-    def native(self, image_data: Any, batched: bool, prompts: int) -> list[Any] | None:
-        """SGLang-native ``image_data`` checked per image; one entry per prompt (or None)."""
+    def native(self, image_data: Any, prompts: int) -> list[Any] | None:
+        """SGLang-native ``image_data`` (one entry per prompt for a batch), checked against
+        the model and the limit; the engine decodes it."""
         if image_data is None:
             return None
+        batched = prompts > 1 or (isinstance(image_data, list) and image_data
+                                  and isinstance(image_data[0], list))
         per = list(image_data) if batched else [image_data]
-        if batched and len(per) != prompts:
+        if len(per) != prompts:
             raise APIError(400, f"image_data must have one entry per prompt ({prompts})",
                            param="image_data")
         out = []
-        for p, entry in enumerate(per):
-            items = entry if isinstance(entry, list) else ([] if entry is None else [entry])
-            self.images = []
-            name = f"image_data[{p}]" if batched else "image_data"
-            out.append([self._native_one(s, f"{name}[{k}]") for k, s in enumerate(items)])
+        for entry in per:
+            items = list(entry) if isinstance(entry, list) else ([] if entry is None else [entry])
+            if items:
+                self._check_model("image_data")
+            if len(items) > self.max_images:
+                raise APIError(400, f"image_data: {len(items)} images; this server accepts at "
+                                    f"most {self.max_images} per request", param="image_data")
+            out.append(items)
         return out
-
-    def _native_one(self, source: Any, where: str) -> Any:
-        self.add(source, where)
-        return self.images[-1]

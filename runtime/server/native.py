@@ -58,8 +58,7 @@ def build_batch(c: ServerContext, req: GenerateRequest) -> tuple[GenBatch, bool]
         raise APIError(400, "n must be the same for every prompt", param="n")
     sampling = [{k: v for k, v in sp.items() if k != "n"} for sp in sampling]
     rids = _rids(req.rid, len(prompts), n)
-    images = ImageCollector.for_engine(c.engine).native(req.image_data, is_batch,
-                                                        len(prompts))  # mm:
+    images = ImageCollector.for_engine(c.engine).native(req.image_data, len(prompts))  # mm:
     batch = GenBatch.fan_out(
         prompts, sampling, n=n, rids=rids, image_data=images,
         return_logprob=bool(_uniform(req.return_logprob, "return_logprob")),

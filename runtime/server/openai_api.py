@@ -125,6 +125,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request) -> Resp
     images = ImageCollector.for_engine(c.engine)  # mm: image_url parts
     text = render_prompt(c.chat_template, [m.as_template_message(images, f"messages[{i}]")
                                            for i, m in enumerate(req.messages)], plan)
+    await images.resolve()  # mm: decoded off the loop (400 naming the part)
     ids = await c.encode_chat_async(text)
     limit = req.token_limit()
     if limit is None:  # OpenAI's default: whatever room the context leaves
