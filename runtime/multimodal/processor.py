@@ -85,8 +85,14 @@ class MultimodalProcessor:
         from transformers import AutoConfig
 
         fmt = image_format(archs[0], AutoConfig.from_pretrained(str(model_dir)))
-        return cls(model_dir, tokenizer, fmt, config.allow_image_urls, config.max_images_per_request,
-                   _pixel_dtype(config))
+        proc = cls(model_dir, tokenizer, fmt, config.allow_image_urls,
+                   config.max_images_per_request, _pixel_dtype(config))
+        # NOTE: drafters read req.all_ids, whose image positions hold pad ids outside the
+        # vocabulary (a draft model would embed them): refused until drafters skip them.
+        proc.refuse_reason = ("speculative decoding is on; requests with images are not "
+                              "supported with it yet"
+                              if getattr(config, "speculative_algorithm", None) else None)
+        return proc
 
     def with_placeholders(self, prompt: str, count: int) -> str:
         """``prompt`` with the images' placeholders prepended when it has none."""
@@ -94,7 +100,11 @@ class MultimodalProcessor:
             return self.fmt.placeholder * count + "\n" + prompt
         return prompt
 
+    refuse_reason: str | None = None
+
     def check_count(self, images: Sequence[Any], field: str) -> None:
+        if images and self.refuse_reason:
+            raise InvalidRequestError(f"{field}: {self.refuse_reason}", field=field)
         if len(images) > self.max_images:
             raise InvalidRequestError(f"{field}: {len(images)} images in one request; this server "
                                       f"accepts at most {self.max_images}", field=field)

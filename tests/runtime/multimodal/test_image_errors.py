@@ -74,3 +74,16 @@ def test_image_urls_are_fetched_only_when_allowed(tmp_path, monkeypatch):
             decode_image(url + ".missing", "image_data[0]", allow_urls=True)
     finally:
         server.shutdown()
+
+
+def test_images_refused_while_speculative_decoding_is_on(vl, monkeypatch):
+    """Drafters read the prompt's pad ids (outside the vocabulary): a clear error, no crash."""
+    from sgdsl.runtime.config import EngineConfig
+    from sgdsl.runtime.multimodal.processor import MultimodalProcessor
+
+    spec = EngineConfig(model=vl.config.model, speculative_algorithm="NGRAM")
+    proc = MultimodalProcessor.for_model(vl._ready.model_dir, vl.tokenizer, spec)
+    monkeypatch.setattr(vl.mm_processor, "refuse_reason", proc.refuse_reason)
+    with pytest.raises(InvalidRequestError, match="speculative decoding") as info:
+        vl.generate(ONE, {"max_new_tokens": 1}, image_data=[OK])
+    assert info.value.field == "image_data"
