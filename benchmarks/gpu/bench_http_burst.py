@@ -68,7 +68,7 @@ def parse_args() -> argparse.Namespace:
                          "default one at a time (a GPU holds one model's KV pool at a time)")
     a = ap.parse_args()
     a.batches, a.grammar_backend, a.chat_matched = [a.requests], "xgrammar", True
-    a.disable_jump_forward, a.jump_max_batch = False, None
+    a.disable_jump_forward, a.jump_max_batch, a.disable_request_coalescing = False, None, False
     return a
 
 
@@ -127,15 +127,22 @@ def burst(server: sp.Server, path: str, payloads: list[dict[str, Any]]) -> dict[
             **{k: c1[k] - c0[k] for k in c1}}
 
 
-def lone(server: sp.Server, path: str, body: dict[str, Any], n: int) -> float:
-    """Median latency of one request at a time (ms)."""
-    times = []
-    with httpx.Client(base_url=server.url, timeout=600) as client:
+def lone(servers: dict[str, sp.Server], path: str, body: dict[str, Any],
+         n: int) -> dict[str, float]:
+    """Median latency (ms) of one request at a time per server, the servers taking turns
+    request by request (side by side, they see the same load)."""
+    times: dict[str, list[float]] = {name: [] for name in servers}
+    clients = {name: httpx.Client(base_url=s.url, timeout=600) for name, s in servers.items()}
+    try:
         for _ in range(n):
-            t0 = time.perf_counter()
-            client.post(path, json=body).raise_for_status()
-            times.append(1000 * (time.perf_counter() - t0))
-    return statistics.median(times)
+            for name, client in clients.items():
+                t0 = time.perf_counter()
+                client.post(path, json=body).raise_for_status()
+                times[name].append(1000 * (time.perf_counter() - t0))
+    finally:
+        for client in clients.values():
+            client.close()
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def _children(pid: int) -> list[int]:
@@ -196,10 +203,9 @@ def run_group(a: argparse.Namespace, servers: dict[str, sp.Server], texts: list[
                 path, payloads = bodies(route, texts, ids, users, a.max_new)
                 rows.setdefault((name, route), []).append(m := burst(server, path, payloads))
                 print(f"round {r} {name} {route}: {json.dumps(m)}", flush=True)
-    for name, server in servers.items():
-        for route in ("native", "chat"):
-            path, payloads = bodies(route, texts[:1], ids[:1], users[:1], 1)
-            ms = lone(server, path, payloads[0], a.lone)
+    for route in ("native", "chat"):
+        path, payloads = bodies(route, texts[:1], ids[:1], users[:1], 1)
+        for name, ms in lone(servers, path, payloads[0], a.lone).items():
             print(f"lone {name} {route}: median {ms:.1f} ms over {a.lone}", flush=True)
 
 

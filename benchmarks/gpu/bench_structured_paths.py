@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="grammar_jump_max_batch: jump forward only while at most N requests "
                          "decode (default: always)")
     ap.add_argument("--repeat", type=int, default=1, help="timed rounds per row (median)")
+    ap.add_argument("--disable-request-coalescing", action="store_true",
+                    help="each single request to the scheduler on its own (runtime/submitter.py "
+                         "off): the HTTP paths as before coalescing, for an A/B")
     ap.add_argument("--warmup-tokens", type=int, default=16)
     ap.add_argument("--chat-matched", action="store_true",
                     help="every non-chat path gets the chat-rendered prompt (the model's template "
@@ -98,7 +101,8 @@ def engine_kwargs(a: argparse.Namespace) -> dict[str, Any]:
                               max_running_requests=max_bs, chunked_prefill_size=8192,
                               grammar_backend=a.grammar_backend,
                               disable_jump_forward=a.disable_jump_forward,
-                              grammar_jump_max_batch=a.jump_max_batch)
+                              grammar_jump_max_batch=a.jump_max_batch,
+                              disable_request_coalescing=a.disable_request_coalescing)
     if a.device != "cpu":
         kw["cuda_graph_max_bs"] = max_bs
     return kw

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -22,8 +23,16 @@ from .errors import ClientDisconnected
 from .metrics import ServerMetrics
 
 
+# NOTE: a random prefix per process and a counter, not a uuid4 per request: uuid4 reads
+# os.urandom, a system call on the event loop for every request that also lets go of the GIL
+# (the engine's thread may then hold the loop up for a switch interval). Same 32 hex digits.
+_RID_PREFIX = uuid.uuid4().hex[:16]
+_rid_counter = itertools.count()
+
+
 def new_rid() -> str:
-    return uuid.uuid4().hex
+    """A request id unique to this server process (and, by its random prefix, across them)."""
+    return f"{_RID_PREFIX}{next(_rid_counter) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
 
 
 @dataclass(frozen=True)

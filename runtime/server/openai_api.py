@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from .context import ServerContext, ctx
-from .engine_client import GenBatch
+from .engine_client import GenBatch, new_rid
 from .images import ImageCollector
 from .openai_format import (LogprobCursor, chat_logprobs, completion_logprobs, finish_reason,
                             usage)
@@ -52,7 +51,7 @@ async def completions(req: CompletionRequest, request: Request) -> Response:
                              top_logprobs_num=req.logprobs or 0,
                              logprob_start_len=0 if (want_lp and req.echo) else -1)
     echoes = [_echo_text(c, p) if req.echo else "" for p in prompts]
-    head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": c.model_name}
+    head = {"id": f"cmpl-{new_rid()}", "created": int(time.time()), "model": c.model_name}
     if req.stream:
         events = await prefetch(_completion_events(req, batch, echoes, head, c))
         return SSEResponse(guarded(events, "openai"))
@@ -131,7 +130,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request) -> Resp
     if limit is None:  # OpenAI's default: whatever room the context leaves
         limit = max(c.context_length - len(ids), 1) if c.context_length else 256
     raw = req.sampling(limit)
-    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
+    head = {"id": f"chatcmpl-{new_rid()}", "created": int(time.time()),
             "model": c.model_name}
     if (plan is not None and plan.active) or reasoning is not None:
         return await chat_turn(req, c, request, text, c.sampling(raw), plan, reasoning, head,
