@@ -30,8 +30,9 @@ def dirs(tmp_path_factory, tiny_model_dir):
 def _config(dirs, algo: str, **kw):
     from sgdsl.runtime.config import EngineConfig
 
-    return EngineConfig(model=str(dirs["target"]), num_threads=1, max_running_requests=4,
-                        max_total_tokens=1024, speculative_algorithm=algo,
+    # NOTE: on the CPU wherever it runs (the capture check compares fp32 logits exactly)
+    return EngineConfig(model=str(dirs["target"]), device="cpu", num_threads=1,
+                        max_running_requests=4, max_total_tokens=1024, speculative_algorithm=algo,
                         speculative_draft_model_path=str(dirs[algo]), speculative_num_steps=STEPS,
                         speculative_eagle_topk=TOPK, speculative_num_draft_tokens=TOKENS, **kw)
 
