@@ -50,7 +50,7 @@ class SpecDecoder:
         """Run one speculative step (forward, accept, append, outputs); None: the scheduler
         runs its plain decode step instead (a step in flight may have been read)."""
         running = sched.running
-        if len(running) > self.max_batch or running.forced() or not any(
+        if len(running) > self.max_batch or not any(
                 self._may_draft(r) for r in running.reqs):
             self.stats.skipped_steps += 1
             for req in running.reqs:  # a plain step counts toward each backoff's wait
@@ -59,17 +59,23 @@ class SpecDecoder:
             return None
         if sched.pending is not None:
             sched._read(sched.pending)
-        if not running or running.forced():
+        if not running:
             return None
         reqs = list(running.reqs)
         trees, masks = self._drafts(sched, reqs)
-        total = len(reqs) + sum(map(len, trees))
+        # jump-forward tokens without KV (``pending_forced``) are fed ahead of the root
+        total = sum(r.seq_len - r.kv_len for r in reqs) + sum(map(len, trees))
         if not any(trees) or sched.memory.available() < total:
             self.stats.empty_proposals += 1  # a plain step after all (read synchronously)
             return None
-        batch, layout = build_verify(reqs, trees, sched.memory, sched.device)
+        built = build_verify(reqs, trees, sched.memory, sched.device)
+        if built is None:  # NOTE: cannot happen after the check above; a plain step if it does
+            return None
+        batch, layout = built
         logits = sched.runner.forward(batch)
-        ids = self._sample(sched, reqs, trees, logits, masks)
+        verify = logits if not layout.fed_extra else logits.index_select(
+            0, to_device(torch.tensor(layout.verify_rows), logits.device))
+        ids = self._sample(sched, reqs, trees, verify, masks)
         self.stats.verify_steps += 1
         self.stats.tree_steps += batch.mode is ForwardMode.TARGET_VERIFY
         self._accept(sched, reqs, trees, layout, logits, ids)
@@ -78,8 +84,7 @@ class SpecDecoder:
 
     def _may_draft(self, req: Any) -> bool:
         backoff = req.spec_backoff
-        return (not req.pending_forced and req.remaining_tokens > 1
-                and (backoff is None or backoff.wait == 0))
+        return req.remaining_tokens > 1 and (backoff is None or backoff.wait == 0)
 
     def _drafts(self, sched: Any, reqs: list[Any]) -> tuple[list[DraftTree], list[Any]]:
         """A (possibly empty) tree per request and, for constrained ones, its mask rows."""
@@ -109,7 +114,7 @@ class SpecDecoder:
         if backoff is not None and backoff.skip():
             return 0
         room = min(req.remaining_tokens - 1, self.context_len - req.seq_len - 1)
-        return max(min(self.k, room), 0) if not req.pending_forced else 0
+        return max(min(self.k, room), 0)
 
     # -- sampling every node ------------------------------------------------------------------
     def _sample(self, sched: Any, reqs: list[Any], trees: list[DraftTree],
@@ -157,8 +162,8 @@ class SpecDecoder:
     def _accept(self, sched: Any, reqs: list[Any], trees: list[DraftTree],
                 layout: VerifyLayout, logits: torch.Tensor, ids: list[int]) -> None:
         for i, (req, tree) in enumerate(zip(reqs, trees)):
-            first = layout.first[i]
-            path, emitted = walk(tree, ids[first:first + len(tree) + 1])
+            first, at = layout.first[i], layout.compact[i]
+            path, emitted = walk(tree, ids[at:at + len(tree) + 1])
             commit_kv(sched.memory, req, layout.kv_lens[i], len(tree), path,
                       layout.slots[first:first + len(tree) + 1])
             n = self._append(sched, req, emitted)
@@ -197,6 +202,8 @@ class SpecDecoder:
     def _sync_running(sched: Any, reqs: list[Any], vocab: int) -> None:
         """The running batch's positions, last tokens and sampling rows follow the appends."""
         running = sched.running
+        for req in reqs:  # jump-forward tokens fed: a plain row again
+            req.pending_forced = False
         running.after_verify(reqs)  # spec: running.py
         info = running.info
         if info.penalties.is_empty:

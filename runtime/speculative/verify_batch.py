@@ -27,25 +27,30 @@ from .base import DraftTree
 
 @dataclass
 class TreeMask:
-    """Per request, ``[n + 1, n + 1]`` bool (root first): query row may attend to key column
-    among the request's new tokens; every new token also attends to the whole prefix.
-    ``flat``/``starts``: the same masks concatenated (row-major), for kernels."""
+    """Per request, ``[f + n, f + n]`` bool over its new tokens (``f`` fed tokens, causal, the
+    last one the tree's root, then the ``n`` nodes, each seeing the fed tokens and its
+    ancestors); every new token also attends to the whole prefix. ``flat``/``starts``: the
+    same masks concatenated (row-major), for kernels."""
 
     masks: list[torch.Tensor]
     flat: torch.Tensor
     starts: torch.Tensor
 
     @classmethod
-    def build(cls, trees: Sequence[DraftTree], device: torch.device) -> "TreeMask":
+    def build(cls, trees: Sequence[DraftTree], device: torch.device,
+              fed: Sequence[int] | None = None) -> "TreeMask":
         masks, starts, at = [], [], 0
-        for tree in trees:
-            anc = tree.ancestor_mask()
-            n = len(tree) + 1
-            rows = [[True] + [False] * (n - 1)]
-            rows += [[True] + r for r in anc]
-            masks.append(torch.tensor(rows, dtype=torch.bool))
+        for i, tree in enumerate(trees):
+            f = fed[i] if fed is not None else 1
+            size = f + len(tree)
+            mask = torch.zeros(size, size, dtype=torch.bool)
+            mask[:f, :f] = torch.ones(f, f, dtype=torch.bool).tril()
+            mask[f:, :f] = True
+            if len(tree):
+                mask[f:, f:] = torch.tensor(tree.ancestor_mask(), dtype=torch.bool)
+            masks.append(mask)
             starts.append(at)
-            at += n * n
+            at += size * size
         flat = torch.cat([m.view(-1) for m in masks]) if masks else torch.empty(0, dtype=torch.bool)
         return cls([to_device(m, device) for m in masks], to_device(flat, device),
                    to_device(torch.tensor(starts, dtype=torch.int64), device))
@@ -53,31 +58,42 @@ class TreeMask:
 
 @dataclass
 class VerifyLayout:
-    """Where each request's rows landed: ``first[i]`` is its root row; ``kv_lens[i]`` the
-    KV column of its root; ``slots`` the KV slot of every row (host)."""
+    """Where each request's rows landed: ``first[i]`` is its root row (after any other fed
+    tokens: jump-forward tokens without KV); ``kv_lens[i]`` the KV column of its root; ``slots``
+    the KV slot of every row (host); ``verify_rows`` the rows of every root and node, in
+    order (the rows sampled), and ``compact[i]`` where request i's root is among them."""
 
     first: list[int]
     kv_lens: list[int]
     slots: torch.Tensor
+    verify_rows: list[int]
+    compact: list[int]
 
-    def rows(self, i: int, tree: DraftTree) -> range:
-        return range(self.first[i], self.first[i] + len(tree) + 1)
+    @property
+    def fed_extra(self) -> bool:
+        return len(self.verify_rows) != int(self.slots.numel())
 
 
 def build_verify(reqs: Sequence[Any], trees: Sequence[DraftTree], memory: Any,
                  device: torch.device) -> tuple[ForwardBatch, VerifyLayout] | None:
     """Reserve KV slots for every fed token and build the forward; None if KV ran short
-    (nothing reserved then)."""
-    rows, cols, ids, pos, first = [], [], [], [], []
+    (nothing reserved then). Each request feeds ``all_ids[kv_len:]`` (its last token, or
+    jump-forward tokens and the last) and then its draft nodes."""
+    rows, cols, ids, pos, first, fed, verify_rows, compact = [], [], [], [], [], [], [], []
     for req, tree in zip(reqs, trees):
-        p = req.kv_len
-        first.append(len(cols))
-        rows.extend([req.req_pool_idx] * (len(tree) + 1))
-        cols.extend(range(p, p + len(tree) + 1))
-        ids.append(req.all_ids[-1])
+        p, feed = req.kv_len, req.all_ids[req.kv_len:]
+        f, n = len(feed), len(tree)
+        root = p + f - 1
+        first.append(len(cols) + f - 1)
+        compact.append(len(verify_rows))
+        verify_rows.extend(range(first[-1], first[-1] + n + 1))
+        fed.append(f)
+        rows.extend([req.req_pool_idx] * (f + n))
+        cols.extend(range(p, p + f + n))
+        ids.extend(feed)
         ids.extend(tree.tokens)
-        pos.append(p)
-        pos.extend(p + d for d in tree.depths)
+        pos.extend(range(p, p + f))
+        pos.extend(root + d for d in tree.depths)
     slots = memory.reserve_at(torch.tensor(rows), torch.tensor(cols))
     if slots is None:
         return None
@@ -85,11 +101,12 @@ def build_verify(reqs: Sequence[Any], trees: Sequence[DraftTree], memory: Any,
     index = torch.tensor(rows + cols + slots.tolist() + ids + pos)
     rows_d, cols_d, slots_d, ids_d, pos_d = to_device(index, device).split([total] * 5)
     memory.write_table(rows_d, cols_d, slots_d)
-    layout = VerifyLayout(first, [r.kv_len for r in reqs], slots)
+    kv_lens = [r.kv_len + f - 1 for r, f in zip(reqs, fed)]
+    layout = VerifyLayout(first, kv_lens, slots, verify_rows, compact)
     if all(t.is_chain for t in trees):
         batch = _rows_batch(rows_d, cols_d, slots_d, ids_d, cols, device)
     else:
-        batch = _tree_batch(reqs, trees, rows_d, slots_d, ids_d, pos_d, device)
+        batch = _tree_batch(reqs, trees, fed, rows_d, slots_d, ids_d, pos_d, device)
     return batch, layout
 
 
@@ -107,12 +124,12 @@ def _rows_batch(rows: torch.Tensor, cols: torch.Tensor, slots: torch.Tensor,
         extend_seq_lens_cpu=[1] * total)
 
 
-def _tree_batch(reqs: Sequence[Any], trees: Sequence[DraftTree], rows: torch.Tensor,
-                slots: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor,
+def _tree_batch(reqs: Sequence[Any], trees: Sequence[DraftTree], fed: list[int],
+                rows: torch.Tensor, slots: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor,
                 device: torch.device) -> ForwardBatch:
-    """Trees: an extend of ``n + 1`` tokens per request on top of its KV, tree-masked."""
+    """Trees: an extend of ``f + n`` tokens per request on top of its KV, tree-masked."""
     prefix = [r.kv_len for r in reqs]
-    lens = [len(t) + 1 for t in trees]
+    lens = [f + len(t) for f, t in zip(fed, trees)]
     starts = [sum(lens[:i]) for i in range(len(lens))]
     dev = lambda v: to_device(torch.tensor(v, dtype=torch.int64), device)  # noqa: E731
     total = sum(lens)
@@ -123,4 +140,4 @@ def _tree_batch(reqs: Sequence[Any], trees: Sequence[DraftTree], rows: torch.Ten
         extend_prefix_lens=dev(prefix), extend_seq_lens=dev(lens), extend_start_loc=dev(starts),
         logits_indices=torch.arange(total, dtype=torch.int64, device=device),
         seq_lens_cpu=[p + n for p, n in zip(prefix, lens)], extend_prefix_lens_cpu=prefix,
-        extend_seq_lens_cpu=lens, spec_info=TreeMask.build(trees, device))
+        extend_seq_lens_cpu=lens, spec_info=TreeMask.build(trees, device, fed))

@@ -64,3 +64,22 @@ def test_tree_rows_equal_path_chains(setup):
     assert row[len(PROMPT):len(PROMPT) + 4].tolist() == slots[[0, 1, 3, 5]].tolist()
     assert req.kv_len == len(PROMPT) + 4
     assert memory.kv_pool.available() == free_before + 2  # nodes 22 and 24 freed
+
+
+@pytest.mark.parametrize("tree", [DraftTree.chain([21, 22]), DraftTree((21, 22, 23), (-1, -1, 0))])
+def test_jump_forward_tokens_fed_ahead_of_the_root(setup, tree):
+    """A request with tokens that have no KV (jump-forward: ``pending_forced``) feeds them
+    before its root; its root and node rows equal a request that had them in its KV."""
+    runner, memory = setup
+    forced = [11, 12, 13]
+    req = _request(runner, memory)
+    req.all_ids = PROMPT + forced  # kv_len stays len(PROMPT): 3 tokens to feed
+    batch, layout = build_verify([req], [tree], memory, runner.device)
+    assert layout.first == [2] and layout.kv_lens == [len(PROMPT) + 2] and layout.fed_extra
+    logits = runner.forward(batch)[layout.verify_rows]
+    ref = _request(runner, memory)
+    ref_batch, _ = build_verify([ref], [DraftTree.chain(forced[1:])], memory, runner.device)
+    runner.forward(ref_batch)
+    ref.kv_len, ref.all_ids = len(PROMPT) + 2, PROMPT + forced
+    ref_batch, _ = build_verify([ref], [tree], memory, runner.device)
+    assert torch.allclose(logits, runner.forward(ref_batch), atol=1e-4)
