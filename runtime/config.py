@@ -93,6 +93,10 @@ class EngineConfig:
     # TP all-reduces of decode-sized messages go one-/two-shot over NVLink peer-to-peer
     # (distributed/custom_all_reduce.py) where every GPU pair has P2P; NCCL otherwise.
     disable_custom_all_reduce: bool = False
+    # pp: pipeline parallelism (SGLang's --pp-size): the layers split over pp_size stages, each
+    # a TP group of tp_size ranks (pp_size x tp_size processes in all); hidden states go stage
+    # to stage, the sampled ids back to every rank (runtime/distributed/pipeline*.py)
+    pp_size: int = 1
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: str | None = None
@@ -157,6 +161,15 @@ class EngineConfig:
         from .cache.hicache.options import check_options  # hicache:
 
         check_options(self)
+        if self.pp_size > 1 and self.speculative_algorithm is not None:  # pp:
+            raise InvalidRequestError(
+                f"pp_size={self.pp_size}: speculative decoding does not run over pipeline "
+                "stages yet; use pp_size=1 or no speculative_algorithm", field="pp_size")
+
+    @property
+    def world_size(self) -> int:
+        """Worker processes of one engine: a TP group per pipeline stage."""
+        return self.tp_size * self.pp_size  # pp:
 
     def replace(self, **changes: Any) -> "EngineConfig":
         return dataclasses.replace(self, **changes)
@@ -185,6 +198,11 @@ def _check_parallel(config: EngineConfig) -> None:
     if config.tp_size % config.ep_size:
         raise bad("ep_size", f"must divide tp_size={config.tp_size} (the experts are split over "
                              "ep_size of the tp_size ranks, as in SGLang)")
+    if config.pp_size < 1:  # pp:
+        raise bad("pp_size", "must be >= 1")
+    if config.pp_size > 1 and config.disaggregation_mode != "null":  # pp:
+        raise bad("pp_size", "does not run with disaggregation_mode yet (the KV of one rank is "
+                             "sent)")
     if not config.rank_hang_timeout_s > 0:
         raise bad("rank_hang_timeout_s", "must be > 0")
     if config.disaggregation_mode != "null" and config.tp_size > 1:  # pd:
@@ -193,9 +211,9 @@ def _check_parallel(config: EngineConfig) -> None:
         raise bad("disaggregation_timeout_s", "must be > 0")
     if config.nnodes < 1:
         raise bad("nnodes", "must be >= 1")
-    if config.tp_size % config.nnodes:
-        raise bad("tp_size", f"must be a multiple of nnodes={config.nnodes} (ranks are spread "
-                             "evenly over the nodes)")
+    if config.world_size % config.nnodes:  # pp: the ranks of every stage
+        raise bad("tp_size", f"tp_size x pp_size must be a multiple of nnodes={config.nnodes} "
+                             "(ranks are spread evenly over the nodes)")
     if not 0 <= config.node_rank < config.nnodes:
         raise bad("node_rank", f"must be in [0, {config.nnodes - 1}]")
     if config.nnodes > 1 and not config.dist_init_addr:

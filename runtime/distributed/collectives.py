@@ -5,6 +5,10 @@ All are no-ops at size 1, and with no process group (a shape-level test that bui
 shard in one process: it combines the partial results itself). The tensor collectives take an
 optional ``group`` (a ``state.TPGroup``: the expert-parallel subgroups, ``get_ep_group`` /
 ``get_moe_tp_group``); default: the TP group.
+
+pp: the scheduler's collectives (``broadcast`` of the sampled ids, the object broadcasts,
+``gather_object``, ``barrier``, ``min_over_ranks``) span every rank of every pipeline stage
+(``state.get_world_group``; the TP group at pp_size 1), so all schedulers stay in lockstep.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from typing import Any
 import torch
 
 from . import custom_all_reduce
-from .state import TPGroup, get_tp_group
+from .state import TPGroup, get_tp_group, get_world_group
 
 
 def all_reduce(x: torch.Tensor, group: TPGroup | None = None) -> torch.Tensor:
@@ -77,7 +81,7 @@ def exchange_counts(counts: torch.Tensor, group: TPGroup | None = None) -> torch
 
 def broadcast(x: torch.Tensor, src: int = 0) -> torch.Tensor:
     """Overwrite ``x`` on every rank with rank ``src``'s ``x`` (in place, on the device)."""
-    g = get_tp_group()
+    g = get_world_group()  # pp: every stage
     if g.size == 1 or g.group is None:
         return x
     import torch.distributed as dist
@@ -88,7 +92,7 @@ def broadcast(x: torch.Tensor, src: int = 0) -> torch.Tensor:
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """Rank ``src``'s picklable ``obj`` on every rank (over the host-side gloo group)."""
-    g = get_tp_group()
+    g = get_world_group()  # pp: every stage
     if g.size == 1 or g.cpu_group is None:
         return obj
     import torch.distributed as dist
@@ -101,7 +105,7 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
 def broadcast_list(items: list[Any] | None, src: int = 0) -> list[Any]:
     """Rank ``src``'s list of picklable items on every rank. An empty list costs one small
     broadcast (the common case: the scheduler's loop broadcasts its new messages every step)."""
-    g = get_tp_group()
+    g = get_world_group()  # pp: every stage
     if g.size == 1 or g.cpu_group is None:
         return list(items or [])
     import pickle
@@ -121,7 +125,7 @@ def broadcast_list(items: list[Any] | None, src: int = 0) -> list[Any]:
 
 def gather_object(obj: Any, dst: int = 0) -> list[Any] | None:
     """Every rank's ``obj`` in rank order on ``dst``; None on the other ranks."""
-    g = get_tp_group()
+    g = get_world_group()  # pp: every stage
     if g.size == 1 or g.cpu_group is None:
         return [obj]
     import torch.distributed as dist
@@ -134,7 +138,7 @@ def gather_object(obj: Any, dst: int = 0) -> list[Any] | None:
 def barrier(timeout_s: float | None = None) -> None:
     """Wait until every rank got here (host side). With ``timeout_s``, rank 0 raises after that
     long naming the ranks that did not arrive (gloo's monitored barrier)."""
-    g = get_tp_group()
+    g = get_world_group()  # pp: every stage
     if g.size == 1 or g.cpu_group is None:
         return
     import torch.distributed as dist
@@ -149,7 +153,7 @@ def barrier(timeout_s: float | None = None) -> None:
 def min_over_ranks(value: int) -> int:
     """The smallest of every rank's ``value`` (host side), e.g. KV slots sized from each
     device's free memory: every rank must size its pools the same to schedule the same."""
-    g = get_tp_group()
+    g = get_world_group()  # pp: every stage
     if g.size == 1 or g.cpu_group is None:
         return value
     import torch.distributed as dist

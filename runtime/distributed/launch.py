@@ -49,17 +49,19 @@ def init_method(config: EngineConfig) -> str:
 
 def node_ranks(config: EngineConfig, method: str) -> list[RankSpec]:
     """The ranks this node (``config.node_rank``) runs."""
-    per_node = config.tp_size // config.nnodes
+    world = config.world_size  # pp: every stage's TP group
+    per_node = world // config.nnodes
     first = config.node_rank * per_node
-    return [RankSpec(first + i, config.tp_size, i, method) for i in range(per_node)]
+    return [RankSpec(first + i, world, i, method) for i in range(per_node)]
 
 
 def check_devices(config: EngineConfig) -> None:
     """A node needs one device per local rank; say so before starting anything."""
-    per_node = config.tp_size // config.nnodes
+    per_node = config.world_size // config.nnodes  # pp: tp_size x pp_size ranks
     wants_cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
     if wants_cuda and per_node > torch.cuda.device_count():
-        raise ModelLoadError(f"tp_size={config.tp_size} over nnodes={config.nnodes} needs "
+        raise ModelLoadError(f"tp_size={config.tp_size} x pp_size={config.pp_size} over "
+                             f"nnodes={config.nnodes} needs "
                              f"{per_node} GPUs on this node, found {torch.cuda.device_count()}")
 
 
@@ -70,10 +72,12 @@ def check_model(config: EngineConfig) -> None:
     from ..layers.moe.layer import check_expert_split
     from ..model.loader import resolve_model_dir
     from ..model.model_config import ModelConfig
+    from .pipeline import check_layers
 
     mc = ModelConfig.from_dir(resolve_model_dir(config))
     check_heads(mc.num_heads, mc.num_kv_heads, config.tp_size)
     check_expert_split(mc.num_experts, config.ep_size)
+    check_layers(mc.num_layers, config.pp_size)  # pp:
 
 
 def start_ranks(config: EngineConfig, specs: list[RankSpec], paths: Any,

@@ -37,7 +37,8 @@ def serve_dp(argv: Sequence[str], engine_config: Any, server_args: Any, dp_size:
     if problem:
         print(f"sgdsl serve: error: {problem}", file=sys.stderr)
         return 2
-    gpus = gpu_slices(dp_size, getattr(engine_config, "tp_size", 1), engine_config.device)
+    # pp: a replica's GPUs are those of all its pipeline stages
+    gpus = gpu_slices(dp_size, getattr(engine_config, "world_size", 1), engine_config.device)
     replicas = start_replicas(dp_size, argv, gpus)
     try:
         config = RouterConfig(worker_urls=tuple(r.url for r in replicas), policy=policy,

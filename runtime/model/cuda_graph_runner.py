@@ -64,6 +64,9 @@ class CudaGraphRunner:
             torch.zeros(max_tiles(max_bs), **i64),
             torch.full((max_tiles(max_bs), members), -1, **i64))
         self._shared_src: Any = None  # the SharedPrefix last copied in (None: empty tiles)
+        # pp: a later pipeline stage's input, the previous stage's output (None: first stage)
+        pipe = getattr(runner, "pipeline", None)
+        self.pp_proxy = pipe.static_proxy(max_bs) if pipe is not None else None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, Any] = {}
         self.pool = None
@@ -75,7 +78,8 @@ class CudaGraphRunner:
             seq_lens=self.seq_lens[:bs], out_cache_loc=self.out_cache_loc[:bs],
             # positions == seq_len - 1 == prefix length for a decode token
             extend_prefix_lens=self.positions[:bs], extend_seq_lens=self.ones[:bs],
-            extend_start_loc=self.arange[:bs], shared_prefix=self._shared_view(bs))
+            extend_start_loc=self.arange[:bs], shared_prefix=self._shared_view(bs),
+            pp_proxy=None if self.pp_proxy is None else self.pp_proxy[:bs])  # pp:
 
     def _shared_view(self, bs: int) -> SharedPrefix | None:
         s, t = self.shared, max_tiles(bs)
@@ -149,6 +153,8 @@ class CudaGraphRunner:
         self.seq_lens[:bs].copy_(batch.seq_lens, non_blocking=True)
         self.out_cache_loc[:bs].copy_(batch.out_cache_loc, non_blocking=True)
         self._copy_shared(batch.shared_prefix, bs, padded)
+        if self.pp_proxy is not None:  # pp: (padded rows keep stale values; dropped)
+            self.pp_proxy[:bs].copy_(batch.pp_proxy, non_blocking=True)
         self.graphs[padded].replay()
         out = self.outputs[padded]
         return _slice(out, bs)

@@ -55,6 +55,9 @@ class ForwardBatch:
     mm_inputs: Any = None
     # Filled by the attention backend's init_forward_metadata.
     attn_metadata: Any = None
+    # pp: the previous pipeline stage's output [num_tokens, 2, hidden] (hidden states and the
+    # residual, distributed/pipeline.py); None on the first stage and without PP.
+    pp_proxy: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -10,6 +10,7 @@ sees only its heads. At tp_size 1 all of it is the plain single-device computati
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -18,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..distributed import pipeline, pipeline_model
+from ..distributed.pipeline import current_stage
 from ..errors import ModelLoadError
 from ..kernels.dispatch import use_triton
 from ..layers import cpu_kernels
@@ -217,11 +220,18 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: str,
                  quant: QuantConfig | None = None) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype,
-                                                   device=device)
-        self.layers = nn.ModuleList(self.layer_cls(cfg, i, dtype, device, quant)
+        # pp: this rank's pipeline stage; other stages' modules are built on meta and then
+        # dropped (distributed/pipeline_model.py)
+        self.stage = stage = current_stage(cfg.num_layers)
+        at = functools.partial(pipeline_model.device_of, stage, device=device)
+        self.embed_tokens = VocabParallelEmbedding(
+            cfg.vocab_size, cfg.hidden_size, dtype=dtype,
+            device=at(stage.needs_embedding(cfg.tie_word_embeddings)))
+        self.layers = nn.ModuleList(self.layer_cls(cfg, i, dtype, at(stage.owns_layer(i)), quant)
                                     for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device)
+        self.stage_layers = list(self.layers)  # pp: the layers this stage runs
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype,
+                            device=at(stage.is_last))
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_context_len, cfg.rope_theta,
                                           cfg.rope_scaling, dtype=dtype, device=device)
 
@@ -230,13 +240,19 @@ class LlamaModel(nn.Module):
     spec_capture: Any = None
 
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        """The final hidden states; pp: a stage before the last returns its output for the
+        next (``pipeline.pack``), a stage after the first starts from ``batch.pp_proxy``."""
         if self.spec_capture is not None:  # spec:
             return self.spec_capture.forward(self, batch, attn)
-        h = self.embed_tokens(batch.input_ids)
         rope = self.rotary_emb.lookup(batch.positions)  # once per forward, shared by all layers
-        residual = None
-        for layer in self.layers:
+        if batch.pp_proxy is None:
+            h, residual = self.embed_tokens(batch.input_ids), None
+        else:  # pp:
+            h, residual = pipeline.unpack(batch.pp_proxy)
+        for layer in self.stage_layers:
             h, residual = layer(h, residual, rope, batch, attn)
+        if not self.stage.is_last:  # pp:
+            return pipeline.pack(h, residual)
         return self.norm(h) if residual is None else self.norm(h, residual)[0]
 
 
@@ -250,8 +266,9 @@ class LlamaForCausalLM(nn.Module):
         self.quant = quant
         self.model = self.model_cls(cfg, dtype, str(device), quant)
         # NOTE: the embedding and the head stay in the model dtype (fp8 checkpoints keep them).
+        head_at = pipeline_model.device_of(self.model.stage, self.model.stage.is_last, device)
         self.lm_head = (None if cfg.tie_word_embeddings else
-                        ParallelLMHead(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device))
+                        ParallelLMHead(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=head_at))
         self.attn_backend: AttentionBackend | None = None  # set by the runner
         # layer -> (k_scale, v_scale) of an fp8 KV cache, when the checkpoint carries them
         self.kv_cache_scales: dict[int, tuple[float, float]] = {}
@@ -290,6 +307,8 @@ class LlamaForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, LinearBase) and _unquantized(module):  # incl. an untied lm_head
                 module.use_cpu_layout(splits)
+        if not self.model.stage.is_last:
+            return  # pp: no logits on this stage
         if self.lm_head is None:
             self._logits_weight = cpu_layout(self.model.embed_tokens.weight.data, splits)
         else:
@@ -304,9 +323,12 @@ class LlamaForCausalLM(nn.Module):
         arrive, see ``missing_weights``)."""
         params = dict(self.named_parameters())
         loaded: set[str] = set()
+        tied = self.config.tie_word_embeddings
         for name, tensor in weights:
             if "rotary_emb." in name or (self.lm_head is None and name.startswith("lm_head.")):
                 continue  # derived buffers; a tied head shares the embedding
+            if not pipeline_model.owns_weight(self.model.stage, name, tied):
+                continue  # pp: another stage's (never read)
             loaded |= self.load_one(name, tensor, params)
         return loaded
 

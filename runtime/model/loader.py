@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..config import EngineConfig
+from ..distributed.pipeline_model import draw_skipped, drop_other_stages
 from ..distributed.state import get_tp_group
 from ..layers.linear import LinearBase
 from ..errors import ModelLoadError
@@ -137,7 +138,8 @@ def load_model_from_dir(model_dir: Path, device: torch.device | str, dtype: torc
     model = cls(model_config, dtype=dtype, device=device, quant=quant)
     if load_format == "dummy":
         fill_dummy_weights(model, seed)
-    else:
+    drop_other_stages(model)  # pp: other stages' modules were built on meta; now gone
+    if load_format != "dummy":
         # NOTE: tensors are read on the CPU and copied in; reading straight to the GPU would
         # double peak memory for packed projections.
         loaded = model.load_weights(iter_safetensors(files, "cpu"))
@@ -163,13 +165,17 @@ def fill_dummy_weights(model: nn.Module, seed: int = 0) -> None:
     the same seeded stream, in the same order, and keeps its slice through the parameter's
     ``weight_loader``: the ranks together hold exactly the model tp_size 1 would draw (one
     full parameter at a time is materialized)."""
-    if next(model.parameters()).device.type == "meta":
+    # pp: other stages' parameters are on meta (a model all on meta stays unfilled)
+    real = [p for p in model.parameters() if p.device.type != "meta"]
+    if not real:
         return
-    gen_device = next(model.parameters()).device
+    gen_device = real[0].device
     generator = torch.Generator(device=gen_device).manual_seed(seed)
     sharded = get_tp_group().size > 1
     for name, param in model.named_parameters():
-        if name.endswith("norm.weight"):
+        if param.device.type == "meta":  # pp: the stream advances as at pp_size 1
+            draw_skipped(name, param, generator, gen_device, sharded, DUMMY_STD, _fill_fp8)
+        elif name.endswith("norm.weight"):
             param.fill_(1.0)
         elif "_scale" in name.rsplit(".", 1)[-1]:
             param.fill_(DUMMY_STD)

@@ -15,6 +15,8 @@ from ..cache.pool import ReqToTokenPool, TokenKVPool
 from ..config import EngineConfig
 from ..distributed import custom_all_reduce
 from ..distributed.collectives import all_reduce, min_over_ranks
+from ..distributed.pipeline import current_stage
+from ..distributed.pipeline_runner import StageForward
 from ..distributed.state import get_ep_group, get_moe_tp_group, get_tp_group
 from ..errors import ModelLoadError
 from ..layers.linear import local_heads
@@ -75,6 +77,9 @@ class ModelRunner:
             config.quantization)
         if hasattr(self.model, "encoder_cache"):  # mm: encoder outputs kept by image hash
             self.model.encoder_cache.max_bytes = config.mm_embedding_cache_bytes
+        # pp: this rank's pipeline stage (its layers' KV only); None without pipeline parallelism
+        self.pp_stage = current_stage(self.model_config.num_layers)
+        self.pipeline = StageForward(self, self.pp_stage) if self.pp_stage.size > 1 else None
         self.num_local_heads, self.num_local_kv_heads = local_heads(
             self.model_config.num_heads, self.model_config.num_kv_heads, self.tp_size)
         self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype)
@@ -84,7 +89,7 @@ class ModelRunner:
                                                 self.context_len, self.device)
         mc = self.model_config
         # each rank's KV pool holds only its kv heads
-        self.token_kv_pool = TokenKVPool(self.max_total_tokens, mc.num_layers,
+        self.token_kv_pool = TokenKVPool(self.max_total_tokens, self.pp_stage.num_stage_layers,
                                          self.num_local_kv_heads, mc.head_dim, self.kv_dtype,
                                          self.device)
         if self.token_kv_pool.quantized:
@@ -94,7 +99,8 @@ class ModelRunner:
         self.model.attn_backend = self.attn_backend
         # CPU path: decode batches run as flat matmuls + C kernels (cpu_decoder.py); None when
         # the kernels cannot be built or the model/dtype/backend does not fit.
-        self.cpu_decoder = CpuDecoder.create(self) if self.device.type == "cpu" else None
+        self.cpu_decoder = (CpuDecoder.create(self) if self.device.type == "cpu"
+                            and self.pipeline is None else None)  # pp: the module path
         # TP on GPUs: small all-reduces over NVLink P2P; its buffer must predate graph capture
         self.custom_all_reduce = (self.tp_size > 1 and self.device.type == "cuda"
                                   and not config.disable_custom_all_reduce
@@ -119,7 +125,8 @@ class ModelRunner:
         """KV slots: explicit, or from the memory budget; never more than the running
         requests could fill with full contexts."""
         mc = self.model_config
-        per_token = TokenKVPool.bytes_per_token(mc.num_layers, self.num_local_kv_heads,
+        per_token = TokenKVPool.bytes_per_token(self.pp_stage.num_stage_layers,  # pp:
+                                                self.num_local_kv_heads,
                                                 mc.head_dim, self.kv_dtype)
         if self.config.max_total_tokens is not None:
             slots = self.config.max_total_tokens
@@ -133,7 +140,7 @@ class ModelRunner:
         else:
             slots = self.config.kv_cache_bytes // per_token
         slots = min(slots, self.context_len * self.config.max_running_requests)
-        # every TP rank schedules the same batches over the same slot numbers
+        # every TP rank (pp: of every stage) schedules the same batches over the same slots
         slots = min_over_ranks(slots)
         if slots < MIN_KV_TOKENS:
             raise ModelLoadError(f"KV cache too small: {slots} token slots ({per_token} bytes "
@@ -179,6 +186,8 @@ class ModelRunner:
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """fp32 logits ``[rows, vocab]`` for ``batch.logits_indices`` (default: the last new
         token of each request). Decode batches replay a CUDA graph when one is captured."""
+        if self.pipeline is not None:  # pp: receive, run this stage, send on
+            return self.pipeline.forward(batch)
         if self.cuda_graph_runner is not None and self.cuda_graph_runner.can_run(batch):
             return self.cuda_graph_runner.replay(batch)
         return self.forward_eager(batch)
@@ -191,6 +200,8 @@ class ModelRunner:
         else:
             self.attn_backend.init_forward_metadata(batch)
             hidden = self.model(batch)
+            if not self.pp_stage.is_last:
+                return hidden  # pp: every token's hidden states go to the next stage
         if batch.logits_indices is not None:
             hidden = hidden[batch.logits_indices]
         elif not (batch.mode.is_decode or batch.num_tokens == batch.batch_size):

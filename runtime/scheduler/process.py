@@ -50,7 +50,7 @@ def run_scheduler_process(config: EngineConfig, paths: IpcPaths | None, parent_p
             from ..distributed.state import init_tp_group
 
             init_tp_group(rank, size, spec.device(config), spec.init_method,
-                          ep_size=config.ep_size)
+                          ep_size=config.ep_size, pp_size=config.pp_size)  # pp: size = world
         scheduler, ready = _build(config, chan.send if leader else _drop)
         if size > 1:
             from ..distributed.collectives import barrier

@@ -9,6 +9,7 @@ from typing import Sequence
 import torch
 
 from ..distributed.collectives import broadcast
+from ..distributed.state import pp_place
 from ..layers.sampler import Sampler, SamplingBatchInfo
 from ..multimodal.inputs import text_ids
 from .req import Req
@@ -33,7 +34,10 @@ class BatchSampler:
                    vocab_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Next ids on the logits' device (no host sync); ``info`` advances one step.
         ``vocab_mask``: the grammar's packed int32 bitmask, rows aligned with the batch."""
-        ids = self.sampler.sample(logits, info, vocab_mask)
+        if pp_place()[0] == pp_place()[1] - 1:
+            ids = self.sampler.sample(logits, info, vocab_mask)
+        else:  # pp: no logits on this stage; rank 0 (last stage) sends its ids just below
+            ids = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
         # NOTE: under tensor parallelism every rank samples the same all-gathered logits with
         # the same seeds; rank 0's ids are then broadcast (on the device, no host sync), so no
         # rounding or kernel nondeterminism can ever make the ranks' batches drift apart.

@@ -12,14 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 from ..distributed.collectives import broadcast_object, gather_object
-from ..distributed.state import get_tp_group
+from ..distributed.state import get_world_group
 from ..errors import InvalidRequestError
 from ..ipc import messages as m
 
 
 def poll_grammars(grammar: Any) -> tuple[list[Any], list[tuple[Any, InvalidRequestError]]]:
     """``grammar.poll()`` on rank 0, the same outcome on every rank."""
-    tp = get_tp_group()
+    tp = get_world_group()  # pp: every rank of every stage
     if tp.size == 1:
         return grammar.poll()
     if tp.is_first:

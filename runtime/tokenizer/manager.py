@@ -51,7 +51,7 @@ class TokenizerManager:
     async def start(self) -> m.Ready:
         from ..distributed import launch
 
-        if self.config.tp_size == 1:
+        if self.config.world_size == 1:  # pp: else one process per rank of every stage
             from ..scheduler.process import run_scheduler_process
 
             ctx = mp.get_context("spawn")

@@ -1,0 +1,122 @@
+"""Pipeline parallelism at the model level on CPU (gloo, 4 rank processes): tiny random Llama
+(5 layers: uneven stages 2 + 1 + 1 + 1; untied head, vocab 250) at PP=4 (middle stages receive
+and send) and Qwen3-MoE (q/k norms, experts in 3 of 4 layers) at PP=2 x TP=2 x EP=2 (an EP
+group inside each stage) decode greedily token for token as PP=1 does, rank 0's logits within
+1e-4; each stage's KV pool holds its layers only. Bad layouts fail with clear errors.
+(PP=2, PP=2 x TP=2 over the scheduler, the tied embedding: test_pp_engine.py.)"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+
+import pytest
+import torch
+
+from sgdsl.runtime.config import EngineConfig
+from sgdsl.runtime.distributed.pipeline import layer_range
+from sgdsl.runtime.errors import InvalidRequestError, ModelLoadError
+from sgdsl.runtime.model.runner import ModelRunner
+
+from .ep_worker import greedy, runner_config
+from .pp_worker import run_rank
+from .tp_worker import model_test_module
+from processes import free_port
+
+RANKS = 4
+# (pp_size, tp_size, ep_size)
+LAYOUTS = [(4, 1, 1), (2, 2, 2)]
+PROMPTS = [[5, 17, 200, 3, 99, 42, 7], [11, 12], [249, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]]
+CASES = {  # the MoE model last (ep_size > 1 runs on it only)
+    "llama": ("llama", dict(vocab_size=250, tie_word_embeddings=False, num_hidden_layers=5)),
+    "qwen3_moe": ("qwen3_moe", dict(head_dim=32, num_experts=4, num_experts_per_tok=2,
+                                    moe_intermediate_size=48, norm_topk_prob=True,
+                                    decoder_sparse_step=1, mlp_only_layers=[1],
+                                    num_hidden_layers=4)),
+}
+LAYERS = {"llama": 5, "qwen3_moe": 4}
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory) -> dict[str, str]:
+    dirs = {}
+    for name, (kind, overrides) in CASES.items():
+        path = tmp_path_factory.mktemp(name)
+        model_test_module("tiny").tiny_model(kind, path, **dict(overrides))
+        dirs[name] = str(path)
+    return dirs
+
+
+def _run_ranks(dirs: list[str], device: str) -> list[tuple]:
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    layouts = [(*layout, f"tcp://127.0.0.1:{free_port()}") for layout in LAYOUTS]
+    procs = [ctx.Process(target=run_rank, args=(r, layouts, dirs, PROMPTS, results, device),
+                         daemon=True) for r in range(RANKS)]
+    for p in procs:
+        p.start()
+    want = sum(pp * tp * (len(dirs) - 1 if ep == 1 else 1) for pp, tp, ep in LAYOUTS)
+    got: list[tuple] = []
+    try:
+        while len(got) < want:
+            try:
+                got.append(results.get(timeout=1))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if not p.is_alive() and p.exitcode]
+                assert not dead, f"rank(s) {dead} died (see their stderr)"
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    assert all(p.exitcode == 0 for p in procs)
+    return got
+
+
+def test_pp_equals_pp1_token_for_token(model_dirs):
+    check_against_pp1(model_dirs, "cpu", atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < RANKS, reason=f"needs {RANKS} CUDA devices")
+def test_pp_on_gpus_equals_pp1(model_dirs):
+    """The same on 4 GPUs: NCCL send/recv between stages, the decode CUDA graphs of each stage
+    (the received hidden states in their static input), fp32 with tf32 GEMMs."""
+    check_against_pp1(model_dirs, "cuda", atol=5e-2)
+
+
+def check_against_pp1(model_dirs: dict[str, str], device: str, atol: float) -> None:
+    got = _run_ranks(list(model_dirs.values()), device)
+    for name, model_dir in model_dirs.items():
+        ref_tokens, ref_logits = greedy(ModelRunner(runner_config(model_dir, device)), PROMPTS)
+        for pp, tp, ep in LAYOUTS:
+            rows = [g[3:] for g in got if g[:3] == (pp, tp, ep) and g[4] == model_dir]
+            if (ep > 1) != (name == "qwen3_moe"):
+                continue  # the dense model at PP=4, the MoE model with EP
+            assert sorted(r[0] for r in rows) == list(range(pp * tp)), (name, pp, tp, ep)
+            for rank, _, stage, kv_layers, tokens, _ in rows:
+                start, end = layer_range(LAYERS[name], pp, stage)
+                assert kv_layers == end - start  # each stage: its layers' KV only
+                assert stage == pp - 1 - rank // tp  # rank 0 on the last stage
+                assert tokens == ref_tokens, (name, (pp, tp, ep), rank)
+            logits = next(r[5] for r in rows if r[0] == 0)
+            for a, b in zip(logits, ref_logits):
+                torch.testing.assert_close(torch.from_numpy(a), b, rtol=0, atol=atol)
+
+
+def test_layer_split():
+    assert [layer_range(5, 2, s) for s in range(2)] == [(0, 3), (3, 5)]
+    assert [layer_range(80, 2, s) for s in range(2)] == [(0, 40), (40, 80)]
+    assert [layer_range(5, 4, s) for s in range(4)] == [(0, 2), (2, 3), (3, 4), (4, 5)]
+
+
+def test_bad_layouts_fail_clearly(model_dirs):
+    from sgdsl.runtime.distributed.launch import check_model
+
+    with pytest.raises(InvalidRequestError, match="pp_size=0: must be >= 1"):
+        EngineConfig(model="x", pp_size=0)
+    with pytest.raises(InvalidRequestError, match="tp_size x pp_size must be a multiple of "
+                                                  "nnodes=2"):
+        EngineConfig(model="x", tp_size=1, pp_size=3, nnodes=2, dist_init_addr="h:1")
+    check_model(EngineConfig(model=model_dirs["llama"], pp_size=5))  # one layer a stage: fine
+    with pytest.raises(ModelLoadError, match="pp_size=6 exceeds the model's 5 layers"):
+        check_model(EngineConfig(model=model_dirs["llama"], pp_size=6))
