@@ -97,6 +97,12 @@ class EngineConfig:
     # a TP group of tp_size ranks (pp_size x tp_size processes in all); hidden states go stage
     # to stage, the sampled ids back to every rank (runtime/distributed/pipeline*.py)
     pp_size: int = 1
+    # pp: a batch of at least 2 x pp_micro_batch_tokens tokens runs as up to pp_micro_batches
+    # micro-batches (None: pp_size) of at least that many tokens each, in flight at once so
+    # the stages work concurrently (distributed/pipeline_micro.py); each part re-reads the
+    # weights, so small decode batches stay whole
+    pp_micro_batches: int | None = None
+    pp_micro_batch_tokens: int = 256
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: str | None = None
@@ -198,11 +204,7 @@ def _check_parallel(config: EngineConfig) -> None:
     if config.tp_size % config.ep_size:
         raise bad("ep_size", f"must divide tp_size={config.tp_size} (the experts are split over "
                              "ep_size of the tp_size ranks, as in SGLang)")
-    if config.pp_size < 1:  # pp:
-        raise bad("pp_size", "must be >= 1")
-    if config.pp_size > 1 and config.disaggregation_mode != "null":  # pp:
-        raise bad("pp_size", "does not run with disaggregation_mode yet (the KV of one rank is "
-                             "sent)")
+    _check_pipeline(config, bad)  # pp:
     if not config.rank_hang_timeout_s > 0:
         raise bad("rank_hang_timeout_s", "must be > 0")
     if config.disaggregation_mode != "null" and config.tp_size > 1:  # pd:
@@ -222,3 +224,17 @@ def _check_parallel(config: EngineConfig) -> None:
         host, _, port = config.dist_init_addr.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise bad("dist_init_addr", "must be HOST:PORT")
+
+
+def _check_pipeline(config: EngineConfig, bad: Any) -> None:
+    """pp: the pipeline options (the layer count is checked when the model config is known,
+    in ``distributed.pipeline.check_layers``)."""
+    if config.pp_size < 1:
+        raise bad("pp_size", "must be >= 1")
+    if config.pp_size > 1 and config.disaggregation_mode != "null":
+        raise bad("pp_size", "does not run with disaggregation_mode yet (the KV of one rank is "
+                             "sent)")
+    if config.pp_micro_batches is not None and config.pp_micro_batches < 1:
+        raise bad("pp_micro_batches", "must be >= 1 (1: no micro-batches) or None (pp_size)")
+    if config.pp_micro_batch_tokens < 1:
+        raise bad("pp_micro_batch_tokens", "must be >= 1")

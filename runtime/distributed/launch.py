@@ -60,8 +60,8 @@ def check_devices(config: EngineConfig) -> None:
     per_node = config.world_size // config.nnodes  # pp: tp_size x pp_size ranks
     wants_cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
     if wants_cuda and per_node > torch.cuda.device_count():
-        raise ModelLoadError(f"tp_size={config.tp_size} x pp_size={config.pp_size} over "
-                             f"nnodes={config.nnodes} needs "
+        pp = f" x pp_size={config.pp_size}" if config.pp_size > 1 else ""  # pp:
+        raise ModelLoadError(f"tp_size={config.tp_size}{pp} over nnodes={config.nnodes} needs "
                              f"{per_node} GPUs on this node, found {torch.cuda.device_count()}")
 
 

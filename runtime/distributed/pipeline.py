@@ -18,6 +18,7 @@ to the whole world (``collectives.broadcast``); rank 0 sits on the last stage
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -84,21 +85,23 @@ def _peer(offset: int) -> int:
     return get_world_group().rank - offset * get_tp_group().size
 
 
-def send_next(x: torch.Tensor) -> None:
-    """Send this stage's output to the next stage (blocking on CPU; queued on the GPU)."""
+def send_next(x: torch.Tensor) -> Any:
+    """Start sending this stage's output to the next stage; returns the request (``wait()``
+    it before ``x`` may change; on the GPU the send runs on NCCL's stream)."""
     import torch.distributed as dist
 
-    dist.send(x.contiguous(), dst=_peer(1), group=get_world_group().group)
+    return dist.isend(x.contiguous(), dst=_peer(1), group=get_world_group().group)
 
 
-def recv_prev(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The previous stage's output for this batch (every stage knows its shape: the same
-    scheduler built the same batch on every rank)."""
+def recv_prev(shape: tuple[int, ...], dtype: torch.dtype,
+              device: torch.device) -> tuple[torch.Tensor, Any]:
+    """Start receiving the previous stage's output for a batch of ``shape`` (every stage knows
+    it: the same scheduler built the same batch on every rank): (buffer, request to
+    ``wait()`` on before reading the buffer)."""
     import torch.distributed as dist
 
     buf = torch.empty(shape, dtype=dtype, device=device)
-    dist.recv(buf, src=_peer(-1), group=get_world_group().group)
-    return buf
+    return buf, dist.irecv(buf, src=_peer(-1), group=get_world_group().group)
 
 
 def pack(h: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:

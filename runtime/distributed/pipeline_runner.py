@@ -3,7 +3,8 @@
 ``ModelRunner.forward`` hands every batch here when pp_size > 1: a stage after the first
 receives the previous stage's output for the batch, runs its layers (a decode batch replays the
 stage's CUDA graph, whose static input holds the received tensor, as SGLang's PP graphs take
-their "proxy tensors"), and a stage before the last sends its output on. The last stage
+their "proxy tensors"), and a stage before the last sends its output on. A large batch goes
+through as micro-batches, several in flight at once (``pipeline_micro.py``). The last stage
 returns real logits; the others return ``placeholder_logits``, which the scheduler never
 samples (``scheduler/sample_step.py`` takes rank 0's ids) and whose logprobs it never reports
 (only rank 0, on the last stage, answers the main process).
@@ -17,6 +18,7 @@ import torch
 from ..model.forward_batch import ForwardBatch
 from . import pipeline
 from .pipeline import PipelineStage
+from .pipeline_micro import plan_parts, split
 
 
 class StageForward:
@@ -27,22 +29,43 @@ class StageForward:
         self.stage = stage
         self.hidden = runner.model_config.hidden_size
         self.vocab = runner.model_config.vocab_size
+        config = runner.config
+        self.micro_batches = config.pp_micro_batches or stage.size
+        self.micro_tokens = config.pp_micro_batch_tokens
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """The last stage's logits (or placeholders elsewhere) for ``batch``."""
-        runner, stage = self.runner, self.stage
-        if not stage.is_first:
-            batch.pp_proxy = pipeline.recv_prev((batch.num_tokens, 2, self.hidden),
-                                                runner.dtype, runner.device)
-        graphs = runner.cuda_graph_runner
-        if graphs is not None and graphs.can_run(batch):
-            out = graphs.replay(batch)
-        else:
-            out = runner.forward_eager(batch)
-        if stage.is_last:
-            return out
-        pipeline.send_next(out)
-        return self.placeholder_logits(batch)
+        """The last stage's logits (or placeholders elsewhere) for ``batch``, run as
+        micro-batches where it is large enough (``pipeline_micro.py``)."""
+        ranges = plan_parts(batch, self.micro_batches, self.micro_tokens)
+        parts = [batch] if len(ranges) == 1 else split(batch, ranges)
+        stage = self.stage
+        inbox = [] if stage.is_first else [
+            pipeline.recv_prev((p.num_tokens, 2, self.hidden), self.runner.dtype,
+                               self.runner.device) for p in parts]
+        outs, sends = [], []
+        for i, part in enumerate(parts):
+            if inbox:
+                part.pp_proxy, request = inbox[i]
+                request.wait()
+            out = self._run(part, copy=len(parts) > 1)
+            if stage.is_last:
+                outs.append(out)
+            else:
+                sends.append((pipeline.send_next(out), out))
+        for request, _ in sends:  # NOTE: the outputs stay referenced until sent
+            request.wait()
+        if not stage.is_last:
+            return self.placeholder_logits(batch)
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def _run(self, part: ForwardBatch, copy: bool) -> torch.Tensor:
+        """One (micro-)batch through this stage. ``copy``: a graph's output buffer is reused by
+        the next replay, so a part's output is copied before the next part runs."""
+        graphs = self.runner.cuda_graph_runner
+        if graphs is not None and graphs.can_run(part):
+            out = graphs.replay(part)
+            return out.clone() if copy else out
+        return self.runner.forward_eager(part)
 
     def placeholder_logits(self, batch: ForwardBatch) -> torch.Tensor:
         """Zeros of the logits' shape without their memory (one row, expanded)."""

@@ -14,6 +14,8 @@ import torch
 
 from sgdsl.runtime.config import EngineConfig
 from sgdsl.runtime.distributed.pipeline import layer_range
+from sgdsl.runtime.distributed.pipeline_micro import plan_parts, split
+from sgdsl.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sgdsl.runtime.errors import InvalidRequestError, ModelLoadError
 from sgdsl.runtime.model.runner import ModelRunner
 
@@ -109,6 +111,24 @@ def test_layer_split():
     assert [layer_range(5, 4, s) for s in range(4)] == [(0, 2), (2, 3), (3, 4), (4, 5)]
 
 
+def test_micro_batch_split():
+    """Requests of 5, 1 and 7 new tokens (prompt logprobs on the first: rows 1-4), 2 parts."""
+    ids = torch.arange(13)
+    b = ForwardBatch(ForwardMode.EXTEND, 3, ids, ids, torch.tensor([7, 8, 9]),
+                     torch.tensor([5, 3, 9]), ids + 100, torch.tensor([0, 2, 2]),
+                     torch.tensor([5, 1, 7]), torch.tensor([0, 5, 6]),
+                     logits_indices=torch.tensor([1, 2, 3, 4, 5, 12]), seq_lens_cpu=[5, 3, 9],
+                     extend_prefix_lens_cpu=[0, 2, 2], extend_seq_lens_cpu=[5, 1, 7])
+    assert plan_parts(b, 2, 7) == [(0, 3)]  # 13 tokens: no two parts of 7
+    ranges = plan_parts(b, 2, 4)
+    assert ranges == [(0, 2), (2, 3)]
+    first, second = split(b, ranges)
+    assert first.input_ids.tolist() == list(range(6)) and second.input_ids.tolist() == list(range(6, 13))
+    assert first.logits_indices.tolist() == [1, 2, 3, 4, 5] and second.logits_indices.tolist() == [6]
+    assert second.extend_start_loc.tolist() == [0] and second.out_cache_loc[0] == 106
+    assert second.req_pool_indices.tolist() == [9] and second.seq_lens_cpu == [9]
+
+
 def test_bad_layouts_fail_clearly(model_dirs):
     from sgdsl.runtime.distributed.launch import check_model
 
@@ -117,6 +137,10 @@ def test_bad_layouts_fail_clearly(model_dirs):
     with pytest.raises(InvalidRequestError, match="tp_size x pp_size must be a multiple of "
                                                   "nnodes=2"):
         EngineConfig(model="x", tp_size=1, pp_size=3, nnodes=2, dist_init_addr="h:1")
+    with pytest.raises(InvalidRequestError, match="pp_micro_batches=0: must be >= 1"):
+        EngineConfig(model="x", pp_size=2, pp_micro_batches=0)
+    with pytest.raises(InvalidRequestError, match="pp_size=2: speculative decoding does not run"):
+        EngineConfig(model="x", pp_size=2, speculative_algorithm="ngram")
     check_model(EngineConfig(model=model_dirs["llama"], pp_size=5))  # one layer a stage: fine
     with pytest.raises(ModelLoadError, match="pp_size=6 exceeds the model's 5 layers"):
         check_model(EngineConfig(model=model_dirs["llama"], pp_size=6))
