@@ -72,12 +72,13 @@ def check_model(config: EngineConfig) -> None:
     from ..layers.moe.layer import check_expert_split
     from ..model.loader import resolve_model_dir
     from ..model.model_config import ModelConfig
-    from .pipeline import check_layers
+    from .pipeline import check_architecture, check_layers
 
     mc = ModelConfig.from_dir(resolve_model_dir(config))
     check_heads(mc.num_heads, mc.num_kv_heads, config.tp_size)
     check_expert_split(mc.num_experts, config.ep_size)
     check_layers(mc.num_layers, config.pp_size)  # pp:
+    check_architecture(mc.architecture, config.pp_size)  # pp:
 
 
 def start_ranks(config: EngineConfig, specs: list[RankSpec], paths: Any,

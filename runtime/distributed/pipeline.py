@@ -71,6 +71,18 @@ def check_layers(num_layers: int, pp_size: int) -> None:
                              "pipeline stage needs at least one layer")
 
 
+# Architectures whose model runs its layers through ``LlamaModel.forward`` (the stage loop);
+# the multimodal models replace that loop (image embeddings) and run at pp_size 1 only.
+PP_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                    "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM")
+
+
+def check_architecture(architecture: str, pp_size: int) -> None:
+    if pp_size > 1 and architecture not in PP_ARCHITECTURES:
+        raise ModelLoadError(f"pp_size={pp_size}: {architecture} does not run over pipeline "
+                             f"stages yet (supported: {', '.join(PP_ARCHITECTURES)})")
+
+
 def current_stage(num_layers: int) -> PipelineStage:
     """This process's stage for a model of ``num_layers`` layers (all of them at pp_size 1)."""
     stage, size = pp_place()

@@ -35,10 +35,10 @@ def device_of(stage: PipelineStage, owned: bool, device: Any) -> Any:
 
 def drop_other_stages(model: nn.Module) -> None:
     """Replace the meta modules of a model built for a stage (see the module docstring)."""
-    inner = model.model
-    stage: PipelineStage = inner.stage
-    if stage.size == 1:
-        return
+    inner = getattr(model, "model", None)
+    stage: PipelineStage | None = getattr(inner, "stage", None)
+    if stage is None or stage.size == 1:
+        return  # not a stage of a pipeline (or a model without the Llama layout)
     for i in range(stage.num_layers):
         if not stage.owns_layer(i):
             inner.layers[i] = MissingLayer()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from sgdsl.runtime.config import EngineConfig
-from sgdsl.runtime.distributed.pipeline import layer_range
+from sgdsl.runtime.distributed.pipeline import check_architecture, layer_range
 from sgdsl.runtime.distributed.pipeline_micro import plan_parts, split
 from sgdsl.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sgdsl.runtime.errors import InvalidRequestError, ModelLoadError
@@ -141,6 +141,9 @@ def test_bad_layouts_fail_clearly(model_dirs):
         EngineConfig(model="x", pp_size=2, pp_micro_batches=0)
     with pytest.raises(InvalidRequestError, match="pp_size=2: speculative decoding does not run"):
         EngineConfig(model="x", pp_size=2, speculative_algorithm="ngram")
+    with pytest.raises(ModelLoadError, match="pp_size=2: LlavaForConditionalGeneration does "
+                                             "not run over pipeline stages"):
+        check_architecture("LlavaForConditionalGeneration", 2)
     check_model(EngineConfig(model=model_dirs["llama"], pp_size=5))  # one layer a stage: fine
     with pytest.raises(ModelLoadError, match="pp_size=6 exceeds the model's 5 layers"):
         check_model(EngineConfig(model=model_dirs["llama"], pp_size=6))
