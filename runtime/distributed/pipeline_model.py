@@ -44,7 +44,7 @@ def drop_other_stages(model: nn.Module) -> None:
             inner.layers[i] = MissingLayer()
         else:  # NOTE: the stage's KV pool holds its layers only, indexed from 0
             inner.layers[i].self_attn.layer_id = i - stage.start
-    inner.stage_layers = [inner.layers[i] for i in range(stage.start, stage.end)]
+    inner.stage_layers = tuple(inner.layers[i] for i in range(stage.start, stage.end))
     if not stage.needs_embedding(model.config.tie_word_embeddings):
         inner.embed_tokens = MissingLayer()
     if not stage.is_last:

@@ -229,7 +229,8 @@ class LlamaModel(nn.Module):
             device=at(stage.needs_embedding(cfg.tie_word_embeddings)))
         self.layers = nn.ModuleList(self.layer_cls(cfg, i, dtype, at(stage.owns_layer(i)), quant)
                                     for i in range(cfg.num_layers))
-        self.stage_layers = list(self.layers)  # pp: the layers this stage runs
+        # pp: the layers this stage runs (set by pipeline_model.drop_other_stages; None: all)
+        self.stage_layers: tuple[nn.Module, ...] | None = None
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype,
                             device=at(stage.is_last))
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_context_len, cfg.rope_theta,
@@ -249,7 +250,7 @@ class LlamaModel(nn.Module):
             h, residual = self.embed_tokens(batch.input_ids), None
         else:  # pp:
             h, residual = pipeline.unpack(batch.pp_proxy)
-        for layer in self.stage_layers:
+        for layer in self.stage_layers or self.layers:
             h, residual = layer(h, residual, rope, batch, attn)
         if not self.stage.is_last:  # pp:
             return pipeline.pack(h, residual)
