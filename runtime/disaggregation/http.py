@@ -4,6 +4,7 @@
 field of their own. Installed only on servers in a disaggregation mode."""
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -30,9 +31,51 @@ class BootstrapMiddleware:
             return
         token = open_scope(*fields)
         try:
-            await self.app(scope, _replay(json.dumps(payload).encode(), receive), send)
+            sender = _Send(send)
+            await _watched(self.app(scope, _replay(json.dumps(payload).encode(), receive), sender),
+                           receive, sender)
         finally:
             close_scope(token)
+
+
+class _Send:
+    """``send`` that notes whether the response has started."""
+
+    def __init__(self, send: Send) -> None:
+        self.send, self.started = send, False
+
+    async def __call__(self, message: Message) -> None:
+        self.started = self.started or message["type"] == "http.response.start"
+        await self.send(message)
+
+
+async def _watched(app_call: Any, receive: Receive, send: _Send) -> None:
+    """Run the route; a client that leaves before the answer started cancels it.
+
+    NOTE: a streamed route waits for its first chunk before it answers, without watching its
+    client; a paired request waits there for its KV (decode side), so a router that gave up
+    on the pair would leave it holding slots until the transfer timeout. Cancelling the route
+    aborts the request (its stream's cleanup does)."""
+    task = asyncio.ensure_future(app_call)
+    watcher = asyncio.ensure_future(_disconnected(receive))
+    gone = False
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and not send.started:
+            gone = True
+            task.cancel()
+        await task
+    except asyncio.CancelledError:
+        if not gone:  # we were cancelled (shutdown): so is the route
+            task.cancel()
+            raise
+    finally:
+        watcher.cancel()
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _read_body(receive: Receive) -> bytes:

@@ -3,7 +3,7 @@ SGLang's Model Gateway sends it: the same body, plus ``bootstrap_host``/``bootst
 prefill worker's control store) and a random ``bootstrap_room`` pairing the two halves, to a
 prefill worker (chosen by the configured policy: cache-aware, cost-aware...) and to a decode
 worker (the least loaded). The client gets the decode worker's answer (streamed or not, through
-the plain proxy's relay); the prefill worker's answer (its first token) is read and dropped.
+the plain proxy's relay); the prefill worker's answer (its first token; never streamed) is read and dropped.
 
 Faults: while the client has received nothing, a failure of either half (unreachable, a 5xx,
 the transfer failed: the decode worker's 503) abandons both halves (closing a connection makes
@@ -92,12 +92,16 @@ class PDProxy(Proxy):
         """One attempt on a (prefill, decode) pair; AttemptFailed when either half failed
         before the client got a byte (both are then abandoned)."""
         host = prefill.worker.url.split("://", 1)[1].rsplit(":", 1)[0].strip("[]")
-        body = json.dumps({**payload, "bootstrap_host": host,
-                           "bootstrap_port": self.ports[prefill.worker.url],
-                           "bootstrap_room": random.getrandbits(63)}).encode()
-        paired = dataclasses.replace(up, body=body)
-        p_task = asyncio.ensure_future(self._prefill_leg(prefill, paired))
-        d_task = asyncio.ensure_future(self._attempt(decode, request, paired))
+        boot = {"bootstrap_host": host, "bootstrap_port": self.ports[prefill.worker.url],
+                "bootstrap_room": random.getrandbits(63)}
+        # NOTE: the prefill half never streams: a server waiting for a stream's first chunk
+        # does not watch its client, so a prefill half abandoned then would keep its KV until
+        # its timeout; a plain request is aborted as soon as the router closes it.
+        plain = {k: v for k, v in payload.items() if k != "stream_options"}
+        p_up = dataclasses.replace(up, body=json.dumps({**plain, **boot, "stream": False}).encode())
+        d_up = dataclasses.replace(up, body=json.dumps({**payload, **boot}).encode())
+        p_task = asyncio.ensure_future(self._prefill_leg(prefill, p_up))
+        d_task = asyncio.ensure_future(self._attempt(decode, request, d_up))
         handed = False
         try:
             await asyncio.wait({p_task, d_task}, return_when=asyncio.FIRST_COMPLETED)
