@@ -78,7 +78,7 @@ def cluster(tiny_model_dir) -> Iterator[dict]:
                               prefill_urls=(servers["p0"].url, servers["p1"].url),
                               prefill_bootstrap_ports=tuple(ports),
                               decode_urls=(servers["d"].url,), health_interval_s=0.5,
-                              max_retries=1)
+                              health_timeout_s=30.0, max_retries=1)  # a slow box is not down
         router = ThreadServer(create_app(config))
         yield {**servers, "router": router.start()}
         router.stop()
