@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextvars
 import functools
 import os
 import queue
@@ -149,8 +150,9 @@ class Engine:
                 top_logprobs_num, return_text_in_logprobs, stream, rid, image_data)
         if image_data is not None:  # mm: decoding/processing images must not block the loop
             # NOTE: the default executor, not the processor's pool, which _build itself uses
+            # pd: in this context (its bootstrap scope, disaggregation/bootstrap.py)
             specs, batched = await asyncio.get_running_loop().run_in_executor(
-                None, functools.partial(self._build, *args))
+                None, functools.partial(contextvars.copy_context().run, self._build, *args))
         else:
             specs, batched = self._build(*args)
         if stream:
