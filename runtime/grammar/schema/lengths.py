@@ -8,7 +8,8 @@ A plain string whose bound exceeds ``GRAMMAR_MAX`` (see there why 128) therefore
 ``minLength``/``maxLength`` and carries ``LENGTH_MARK: [lo, hi]`` (``hi`` None: no upper
 bound) instead; ``grammar/guards/string_chars.py`` counts the characters of the open string and masks
 the tokens that would break the bound. So does a ``pattern`` whose length bounds cannot be
-folded into it (``strings.py`` leaves those bounds beside it, ``UNFOLDED``).
+folded into it (``strings.py`` leaves those bounds beside it, ``UNFOLDED``), and, while the
+bounds a schema keeps in the grammar sum past ``GRAMMAR_BUDGET``, its largest ones.
 
 The runtime finds a string's bound from the schema candidates of its position
 (``json_track.py``: the ``anyOf`` branches and ``$ref`` targets it may be an instance of) and
@@ -19,9 +20,10 @@ and never at the root of a definition (a ``$ref`` may use it anywhere) nor under
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Iterable
 
-from .pattern_length import fold_lengths
+from .pattern_length import fold_lengths, largest_count
 from .patterns import Unfoldable
 from .rejection import reject
 
@@ -31,6 +33,14 @@ from .rejection import reject
 # 5-field schema: 6 -> 14-21 ms of grammar work per step with 16 here). Above it xgrammar either
 # compiles for ~2 s or, as a pattern, fills a row in ~11 ms (a 256-bound pattern, measured).
 GRAMMAR_MAX = 128
+# Bounded counts one schema keeps in the grammar at most, summed over its distinct bounds: past
+# it the largest markable ones are counted at runtime too. xgrammar builds mask tables per
+# counted position, so compile time grows with the sum: a schema with two 100-character
+# strings (Github_easy__o1327) compiled for 5.6 s where its raw form took 0.02 s (raw xgrammar
+# enforces neither: they sit under allOf/not; benchmarks/RESULTS.md, "Compile once"). One
+# string up to GRAMMAR_MAX stays in the grammar as before (raw xgrammar's own maxLength costs
+# as much), and so does the 5-field person schema (24 + 20).
+GRAMMAR_BUDGET = GRAMMAR_MAX
 # Marks a string whose length bounds the runtime enforces (backends ignore x- keys).
 LENGTH_MARK = "x-sgdsl-length"
 # Set by ``strings.py`` on a pattern whose length bounds it could not fold (True), or could
@@ -40,18 +50,50 @@ UNFOLDED = "x-sgdsl-unfolded"
 _BOUNDS = ("minLength", "maxLength")
 
 
+@dataclass
+class _Plan:
+    """Which bounds ``_marked`` must mark beyond the large ones (``force``: paths), and, on a
+    dry run, the bounds it kept in the grammar: (count, path, may be marked, how the grammar
+    spells them)."""
+
+    force: frozenset = frozenset()
+    kept: list | None = None
+
+
 def mark_lengths(root: Any) -> Any:
-    """``root`` (a normal form) with large string length bounds marked for the runtime."""
+    """``root`` (a normal form) with large string length bounds marked for the runtime, and
+    the largest others too while the bounds left in the grammar exceed ``GRAMMAR_BUDGET``."""
     if not isinstance(root, dict):
         return root
-    out = _mark(root, "#", True)
+    dry = _Plan(kept=[])
+    _mark_all(root, dry)
+    # NOTE: equal bounds compile once (``sharing.py`` makes them one definition): a group
+    # counts once, and is counted at runtime whole or not at all
+    groups: dict = {}
+    for count, path, markable, spelled in dry.kept:
+        group = groups.setdefault(spelled, [count, [], True])
+        group[1].append(path)
+        group[2] = group[2] and markable
+    total = sum(g[0] for g in groups.values())
+    force: set[str] = set()
+    for count, paths, markable in sorted(groups.values(), key=lambda g: -g[0]):
+        if total <= GRAMMAR_BUDGET:
+            break
+        if markable:
+            force.update(paths)
+            total -= count
+    return _mark_all(root, _Plan(frozenset(force)))
+
+
+def _mark_all(root: dict, plan: _Plan) -> dict:
+    out = _mark(root, "#", True, plan)
     if isinstance(root.get("$defs"), dict):
-        out["$defs"] = {name: _mark(d, f"#/$defs/{name}", False)
+        out["$defs"] = {name: _mark(d, f"#/$defs/{name}", False, plan)
                         for name, d in root["$defs"].items()}
     return out
 
 
-def _mark(node: Any, path: str, alone: bool) -> Any:
+def _mark(node: Any, path: str, alone: bool, plan: _Plan) -> Any:
     """``node`` marked where it may be; ``alone``: no other candidate of its position admits
     strings (see the module doc)."""
     if not isinstance(node, dict):
@@ -59,34 +101,41 @@ def _mark(node: Any, path: str, alone: bool) -> Any:
     out = dict(node)
     if isinstance(node.get("anyOf"), list):
         solo = alone and sum(map(admits_string, node["anyOf"])) <= 1
-        out["anyOf"] = [_mark(b, f"{path}/anyOf/{i}", solo) for i, b in enumerate(node["anyOf"])]
+        out["anyOf"] = [_mark(b, f"{path}/anyOf/{i}", solo, plan)
+                        for i, b in enumerate(node["anyOf"])]
     for key in ("properties", "patternProperties"):
         if isinstance(node.get(key), dict):
             # NOTE: every pattern a key matches applies (an intersection), the runtime would
             # take the loosest: one pattern only
             one = key == "properties" or len(node[key]) == 1
-            out[key] = {k: _mark(s, f"{path}/{key}/{k}", one) for k, s in node[key].items()}
+            out[key] = {k: _mark(s, f"{path}/{key}/{k}", one, plan)
+                        for k, s in node[key].items()}
     for key in ("additionalProperties", "items"):
         if key in node:
-            out[key] = _mark(node[key], f"{path}/{key}", True)
+            out[key] = _mark(node[key], f"{path}/{key}", True, plan)
     if isinstance(node.get("prefixItems"), list):
-        out["prefixItems"] = [_mark(s, f"{path}/prefixItems/{i}", True)
+        out["prefixItems"] = [_mark(s, f"{path}/prefixItems/{i}", True, plan)
                               for i, s in enumerate(node["prefixItems"])]
-    return _marked(out, path, alone)
+    return _marked(out, path, alone, plan)
 
 
-def _marked(node: dict, path: str, alone: bool) -> dict:
+def _marked(node: dict, path: str, alone: bool, plan: _Plan) -> dict:
     """One node: its bounds as ``LENGTH_MARK`` where that is allowed and worth it."""
     unfolded = node.pop(UNFOLDED, None)
     if not any(k in node for k in _BOUNDS) or "string" not in _types(node):
         return node
     lo, hi = node.get("minLength", 0), node.get("maxLength")
-    big = max(lo, hi or 0) > GRAMMAR_MAX
     plain = not any(k in node for k in ("pattern", "format", "enum", "const"))
-    if alone and (unfolded or (plain and big)):
+    # the largest count the grammar would unroll for these bounds
+    count = largest_count(unfolded) if isinstance(unfolded, str) else \
+        (hi if hi is not None else lo) if plain else 0
+    if alone and (unfolded is True or count > GRAMMAR_MAX or path in plan.force):
         out = {k: v for k, v in node.items() if k not in _BOUNDS}
         out[LENGTH_MARK] = [lo, hi]
         return out
+    if plan.kept is not None and count:
+        spelled = unfolded if isinstance(unfolded, str) else (lo, hi)
+        plan.kept.append((count, path, alone, spelled))
     if isinstance(unfolded, str):  # the fold, slow to compile but exact (strings.py)
         out = {k: v for k, v in node.items() if k not in _BOUNDS}
         out["pattern"] = unfolded

@@ -15,11 +15,19 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from dataclasses import dataclass
+from typing import Any
 
 from .patterns import Node, Unfoldable, parse_pattern
 
+try:  # the parser behind ``re``: counts a pattern's bounded repeats
+    import re._parser as _sre_parse  # type: ignore[import-not-found]
+except ImportError:  # Python < 3.11
+    import sre_parse as _sre_parse  # type: ignore[no-redef]
+
 MAX_SHAPES = 32  # alternatives one folded pattern may spell out
+_REPEATS = (_sre_parse.MAX_REPEAT, _sre_parse.MIN_REPEAT)
 
 
 @dataclass(frozen=True)
@@ -136,3 +144,22 @@ def _count_range(p: Piece, used: int, lo: int, hi: int | None) -> tuple[int, int
     if k_hi is not None and k_lo > k_hi:
         return None
     return k_lo, k_hi
+
+
+def largest_count(pattern: str) -> int:
+    """The largest bounded repeat count in ``pattern`` (0: none; unparsable: 0, the
+    folded patterns and the ones that reach here parse)."""
+    try:
+        tree = _sre_parse.parse(pattern)
+    except (re.error, OverflowError, RecursionError):
+        return 0
+    return _counts(tree)
+
+
+def _counts(x: Any) -> int:
+    if isinstance(x, tuple) and len(x) == 2 and x[0] in _REPEATS:
+        lo, hi, sub = x[1]
+        return max(hi if hi != _sre_parse.MAXREPEAT else lo, _counts(sub))
+    if isinstance(x, (_sre_parse.SubPattern, list, tuple)):
+        return max((_counts(y) for y in x), default=0)
+    return 0

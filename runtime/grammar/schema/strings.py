@@ -14,7 +14,7 @@ from typing import Any
 
 from .lengths import GRAMMAR_MAX, UNFOLDED
 from .lookaround import without_lookaround
-from .pattern_length import fold_lengths
+from .pattern_length import fold_lengths, largest_count
 from .pattern_meet import meet_pattern_keywords
 from .patterns import Unfoldable
 from .rejection import Impossible, reject
@@ -24,7 +24,6 @@ try:  # the parser behind ``re``: finds assertions in a pattern
 except ImportError:  # Python < 3.11
     import sre_parse as _sre_parse  # type: ignore[no-redef]
 _ASSERT, _ASSERT_NOT = _sre_parse.ASSERT, _sre_parse.ASSERT_NOT
-_REPEATS = (_sre_parse.MAX_REPEAT, _sre_parse.MIN_REPEAT)
 
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _H16 = r"[0-9a-fA-F]{1,4}"
@@ -80,32 +79,14 @@ def _fold_lengths(node: dict, path: str) -> dict:
     if folded is None:
         raise Impossible(path, "the pattern's lengths and minLength/maxLength do not meet",
                          "pattern")
-    if _largest_count(folded) > max(GRAMMAR_MAX, _largest_count(node["pattern"])):
-        # NOTE: a fold that counts past GRAMMAR_MAX (a URL pattern's ``.+`` under maxLength
-        # 2000 became ``.{1,1993}``, seven of them in one schema: past the compile deadline)
-        # is kept only where the runtime cannot count (lengths.py): the bounds stay beside it
+    if largest_count(folded) > largest_count(node["pattern"]):
+        # NOTE: a fold that adds counts (a URL pattern's ``.+`` under maxLength 2000 became
+        # ``.{1,1993}``, seven of them in one schema: past the compile deadline) is lengths.py's
+        # to choose: kept, or the bounds counted at runtime where it is large or the schema's
+        # counts are over budget; the bounds stay beside the pattern until then
         return {**node, UNFOLDED: folded}
     out["pattern"] = folded
     return out
-
-
-def _largest_count(pattern: str) -> int:
-    """The largest bounded repeat count in ``pattern`` (0: none; unparsable: 0, the
-    folded patterns and the ones that reach here parse)."""
-    try:
-        tree = _sre_parse.parse(pattern)
-    except (re.error, OverflowError, RecursionError):
-        return 0
-    return _counts(tree)
-
-
-def _counts(x: Any) -> int:
-    if isinstance(x, tuple) and len(x) == 2 and x[0] in _REPEATS:
-        lo, hi, sub = x[1]
-        return max(hi if hi != _sre_parse.MAXREPEAT else lo, _counts(sub))
-    if isinstance(x, (_sre_parse.SubPattern, list, tuple)):
-        return max((_counts(y) for y in x), default=0)
-    return 0
 
 
 def spell_assertions(pattern: Any, path: str) -> Any:

@@ -144,6 +144,22 @@ def test_where_bounds_are_marked(schema, marked):
     assert (LENGTH_MARK in json.dumps(normalize_schema(schema))) is marked
 
 
+def test_bounds_past_the_schema_budget_are_counted_at_runtime():
+    """One bound up to GRAMMAR_MAX stays in the grammar, but their sum over a schema is
+    bounded too (compile time grows with it): the largest go to the runtime first; equal
+    bounds compile once, so they count once."""
+    string = {"type": "string"}
+    out = normalize_schema({"type": "object", "properties": {
+        "a": {**string, "maxLength": 100}, "b": {**string, "maxLength": 90},
+        "c": {**string, "maxLength": 20}, "d": {**string, "pattern": "^[a-z]*$", "maxLength": 90}}})
+    props = out["properties"]
+    assert [LENGTH_MARK in props[k] for k in "abcd"] == [True, True, False, False]
+    assert props["d"]["pattern"] == "^[a-z]{0,90}$"
+    shared = normalize_schema({"type": "object", "properties": {
+        k: {**string, "maxLength": 100} for k in "abc"}})
+    assert LENGTH_MARK not in json.dumps(shared)
+
+
 def test_unfoldable_pattern_bound_counted_at_runtime():
     out = normalize_schema({"type": "string", "pattern": "^[a-z]+(-[a-z]+)*$", "maxLength": 20})
     assert out[LENGTH_MARK] == [0, 20] and "maxLength" not in out
