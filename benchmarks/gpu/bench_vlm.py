@@ -223,10 +223,16 @@ def main() -> None:
                  "A": (a_imgs, qs), "B": ([b_pool[i % args.distinct] for i in range(args.num)], qs)}
     ours = run_ours(work, ids, workloads, args.out, args.tiny)
     hf = None
-    if not args.skip_hf:
-        hf = run_hf(work, ids, a_imgs[:args.hf_num], qs[:args.hf_num], args.out, args.hf_batch,
-                    device, args.tiny)
-        print(f"HF: {hf}", flush=True)
+    while not args.skip_hf and hf is None and args.hf_batch >= 1:
+        try:
+            hf = run_hf(work, ids, a_imgs[:args.hf_num], qs[:args.hf_num], args.out,
+                        args.hf_batch, device, args.tiny)
+        except torch.OutOfMemoryError:  # report at the largest batch that fits
+            gc.collect()
+            torch.cuda.empty_cache()
+            print(f"HF out of memory at batch {args.hf_batch}; halving", flush=True)
+            args.hf_batch //= 2
+    print(f"HF: {hf}", flush=True)
     report(ours, hf, args)
 
 
