@@ -224,10 +224,13 @@ def main() -> None:
     ours = run_ours(work, ids, workloads, args.out, args.tiny)
     hf = None
     while not args.skip_hf and hf is None and args.hf_batch >= 1:
+        oom = False
         try:
             hf = run_hf(work, ids, a_imgs[:args.hf_num], qs[:args.hf_num], args.out,
                         args.hf_batch, device, args.tiny)
         except torch.OutOfMemoryError:  # report at the largest batch that fits
+            oom = True
+        if oom:  # outside the handler: its traceback no longer holds the model
             gc.collect()
             torch.cuda.empty_cache()
             print(f"HF out of memory at batch {args.hf_batch}; halving", flush=True)
