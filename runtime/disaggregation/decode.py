@@ -21,6 +21,7 @@ import torch
 
 from ..errors import KVTransferError
 from ..layers.upload import to_device
+from ..multimodal.mrope import set_row_deltas
 from ..scheduler.prefill import PrefillAdder
 from ..scheduler.req import Req, ReqState
 from .receiver import ReceiverLink
@@ -201,6 +202,7 @@ def join_prebuilt(s: Any, reqs: list[Req]) -> None:
     vocab = int(s.runner.model_config.vocab_size)
     info = s.sampler.new_info(reqs, vocab)
     rows = to_device(torch.tensor([r.req_pool_idx for r in reqs]), s.device)
+    set_row_deltas(s.runner.model, reqs, rows)  # mm: M-RoPE decode positions (no prefill here)
     last = to_device(torch.tensor([r.output_ids[-1] for r in reqs]), s.device)
     s.running.record_tokens(rows, last)
     s.running.merge(reqs, info)

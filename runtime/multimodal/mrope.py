@@ -63,3 +63,14 @@ class MRotaryEmbedding(nn.Module):
         half = freqs.shape[-1]
         sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
         return cos.to(self.dtype).unsqueeze(1), sin.to(self.dtype).unsqueeze(1)
+
+
+def set_row_deltas(model: nn.Module, reqs: Sequence, rows: torch.Tensor) -> None:
+    """Write the requests' M-RoPE deltas into the model's per-row table (Qwen2.5-VL; a no-op
+    for other models). A prefill writes them itself; a request that joins decoding without a
+    prefill on this server (PD's prebuilt requests) needs this first."""
+    table = getattr(getattr(model, "model", None), "row_delta", None)
+    if table is None:
+        return
+    deltas = [r.mm.mrope_delta if getattr(r, "mm", None) is not None else 0 for r in reqs]
+    table.index_copy_(0, rows.to(table.device), torch.tensor(deltas, device=table.device))

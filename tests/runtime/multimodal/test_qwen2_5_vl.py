@@ -59,6 +59,12 @@ def test_logits_match_hf_whole_and_cut_inside_an_image(qwen_vl, vl):
     second = _extend(runner, req, cut, len(ids))
     assert float((torch.cat([first, second]) - ref).abs().max()) < 1e-4
     assert build_mm_batch([req], runner.device).slices[0].start == 3
+    from sgdsl.runtime.multimodal.mrope import set_row_deltas
+
+    rows = torch.tensor([req.req_pool_idx])
+    runner.model.model.row_delta.zero_()
+    set_row_deltas(runner.model, [req], rows)  # PD: a prebuilt request joins decoding
+    assert int(runner.model.model.row_delta[req.req_pool_idx]) == mm.mrope_delta
 
 
 def test_greedy_equals_hf_generate_with_chunked_prefill(qwen_vl, vl):
