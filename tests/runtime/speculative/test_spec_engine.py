@@ -106,3 +106,20 @@ def test_logprobs_of_accepted_tokens_match(pair):
     assert [e[1] for e in g] == [e[1] for e in w]
     for a, b in zip(w, g):
         assert math.isclose(a[0], b[0], abs_tol=2e-3)
+
+
+def test_abort_mid_stream(pair):
+    import time
+
+    _, spec = pair
+    prompt, params = BATCH[1]
+    chunks = []
+    for chunk in spec.generate(prompt, {"temperature": 0, **params, "max_new_tokens": 200},
+                               stream=True):
+        chunks.append(chunk)
+        if len(chunks) == 3:
+            break  # the stream's generator aborts the request
+    deadline = time.monotonic() + 60
+    while spec.stats()["num_running_reqs"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert spec.stats()["num_running_reqs"] == 0  # the teardown checks the idle invariant
