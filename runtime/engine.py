@@ -42,6 +42,7 @@ class Engine:
         self._loop = asyncio.new_event_loop()
         self._mailboxes = Mailboxes(self._loop)
         self._submitters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # per loop
+        self._submitters_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sgdsl-engine",
                                         daemon=True)
         self._thread.start()
@@ -93,7 +94,8 @@ class Engine:
     def stats(self) -> dict:
         self._check_open()
         stats = dict(self._call(self._tm.rpc(m.StatsReq)).value)
-        subs = list(self._submitters.values())  # single requests coalesced per caller loop turn
+        with self._submitters_lock:  # single requests coalesced per caller loop turn
+            subs = list(self._submitters.values())
         stats["submit_handoffs"] = sum(s.handoffs for s in subs)
         stats["submit_requests"] = sum(s.requests for s in subs)
         return stats
@@ -166,9 +168,10 @@ class Engine:
     async def _submit_one(self, spec: GenerateSpec) -> dict:
         loop = asyncio.get_running_loop()
         submitter = self._submitters.get(loop)
-        if submitter is None:
-            submitter = self._submitters.setdefault(loop, Submitter(
-                loop, self._loop, self._tm.submit, self._mailboxes.of(loop)))
+        if submitter is None:  # once per caller loop
+            with self._submitters_lock:  # stats() may be listing them from another thread
+                submitter = self._submitters.setdefault(loop, Submitter(
+                    loop, self._loop, self._tm.submit, self._mailboxes.of(loop)))
         try:
             return await submitter.submit(spec)
         except asyncio.CancelledError:  # the caller went away: free the scheduler's work

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
@@ -43,7 +44,7 @@ from common import device_line  # noqa: E402
 
 ROUTES = ("native", "list", "chat", "native-json", "list-json", "chat-json")
 VARIANTS = {"coalesced": [], "per-call": ["--disable-request-coalescing"]}
-TICK = 100.0  # /proc stat clock ticks per second (os.sysconf("SC_CLK_TCK") on Linux)
+TICK = os.sysconf("SC_CLK_TCK")  # /proc stat clock ticks per second
 
 
 def parse_args() -> argparse.Namespace:
@@ -147,8 +148,6 @@ def lone(servers: dict[str, sp.Server], path: str, body: dict[str, Any],
 
 def _children(pid: int) -> list[int]:
     """Every descendant of ``pid`` (the scheduler process and its grammar workers)."""
-    import os
-
     parents: dict[int, int] = {}
     for d in filter(str.isdigit, os.listdir("/proc")):
         try:

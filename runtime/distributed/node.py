@@ -21,9 +21,9 @@ def run_node(config: EngineConfig) -> int:
     """Exit status: 0 when every rank exited cleanly."""
     launch.check_devices(config)
     specs = launch.node_ranks(config, launch.init_method(config))
-    from ..tokenizer.manager import _start_without_main
+    from ..tokenizer.child_process import start_without_main
 
-    procs = launch.start_ranks(config, specs, None, os.getpid(), _start_without_main)
+    procs = launch.start_ranks(config, specs, None, os.getpid(), start_without_main)
     stop = _on_signals()
     try:
         while not stop and all(p.is_alive() for p in procs):

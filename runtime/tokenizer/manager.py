@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 import dataclasses
 import itertools
 import multiprocessing as mp
@@ -22,6 +21,7 @@ from ..errors import EngineDeadError, ModelLoadError
 from ..grammar.schema.validator import OutputValidator
 from ..ipc import messages as m
 from ..ipc.channel import AsyncChannel, IpcPaths
+from .child_process import pid, start_without_main, wait_exit
 from .req_state import ReqState
 from .request_builder import GenerateSpec
 
@@ -56,16 +56,16 @@ class TokenizerManager:
 
             ctx = mp.get_context("spawn")
             self.proc = ctx.Process(target=run_scheduler_process, name="sgdsl-scheduler",
-                                    daemon=True, args=(self.config, self.paths, _pid()))
-            _start_without_main(self.proc)
+                                    daemon=True, args=(self.config, self.paths, pid()))
+            start_without_main(self.proc)
             self.procs = [self.proc]
         else:  # one process per tensor-parallel rank of this node
             launch.check_devices(self.config)
             await asyncio.to_thread(launch.check_model, self.config)
             specs = launch.node_ranks(self.config, launch.init_method(self.config))
             beats = Heartbeats(launch.SPAWN, len(specs))
-            self.procs = launch.start_ranks(self.config, specs, self.paths, _pid(),
-                                            _start_without_main, beats.counts)
+            self.procs = launch.start_ranks(self.config, specs, self.paths, pid(),
+                                            start_without_main, beats.counts)
             self.hang = HangMonitor(beats.counts, self.config.rank_hang_timeout_s)
             self.proc = self.procs[0]
         try:
@@ -106,11 +106,11 @@ class TokenizerManager:
             except Exception:  # noqa: BLE001 - the socket may already be gone
                 pass
             for proc in self.procs:
-                await _wait_exit(proc, 10.0)
+                await wait_exit(proc, 10.0)
             for proc in self.procs:
                 if proc.is_alive():
                     proc.kill()
-                    await _wait_exit(proc, 5.0)
+                    await wait_exit(proc, 5.0)
         self._fail_all(EngineDeadError("engine shut down"))
         self.chan.close()
         self.paths.cleanup()
@@ -149,7 +149,7 @@ class TokenizerManager:
             self._die(f"{dead[0]} exited unexpectedly (exit code {dead[1]})")
         watch.kill_all(self.procs)
         for proc in self.procs:
-            await _wait_exit(proc, 5.0)
+            await wait_exit(proc, 5.0)
 
     async def _crash_text(self, msg: m.StartupError) -> str:
         if len(self.procs) > 1:
@@ -294,43 +294,3 @@ def _settle(settle: Callable[[int, Any], None], index: int, state: ReqState) -> 
     except Exception as exc:  # noqa: BLE001 - delivered to the waiting caller
         outcome = exc
     settle(index, outcome)
-
-
-def _start_without_main(proc: Any) -> None:
-    """Start a spawn child without re-running the parent's ``__main__`` in it.
-
-    NOTE: spawn normally re-imports the main script in the child, which makes every script that
-    creates an Engine at top level (no ``if __name__ == "__main__"`` guard) start itself again.
-    The child only needs ``run_scheduler_process`` (an importable module), so the main module's
-    path is hidden while the child's preparation data is taken."""
-    import sys
-
-    main = sys.modules.get("__main__")
-    saved = {k: getattr(main, k) for k in ("__file__", "__spec__") if hasattr(main, k)}
-    try:
-        if "__file__" in saved:
-            delattr(main, "__file__")
-        if "__spec__" in saved:
-            main.__spec__ = None
-        proc.start()
-    finally:
-        for key, value in saved.items():
-            setattr(main, key, value)
-
-
-def _pid() -> int:
-    import os
-
-    return os.getpid()
-
-
-async def _wait_exit(proc, timeout: float) -> None:
-    """Wait for a child process without a worker thread.
-
-    NOTE: shutdown also runs from atexit, after the interpreter has closed the default thread
-    pool, so ``asyncio.to_thread`` would raise there; polling keeps the loop free instead.
-    """
-    deadline = time.monotonic() + timeout
-    while proc.is_alive() and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
-    proc.join(0)
