@@ -289,13 +289,20 @@ class GrammarBackend(ABC):
         """The compiled grammar back from ``serialize``'s bytes, in the engine's process."""
         return pickle.loads(data)
 
-    def ship(self, compiled: Any, deadline_s: float | None = None) -> bytes:
+    # True if ``ship_again`` may send a payload cheaper to load than ``ship``'s
+    ships_again: bool = False
+
+    def ship(self, compiled: Any) -> bytes:
         """What a compile worker sends its parent for ``compile``'s result (default: the
         ``serialize``d grammar). A backend whose serialized form may cost more than compiling
-        again sends what to compile instead (xgrammar: ``XGrammarBackend.ship``).
-        ``deadline_s``: the compile's CPU deadline (None: unknown), which extra work here
-        must leave room in."""
+        again sends what to compile instead (xgrammar: ``XGrammarBackend.ship``)."""
         return self.serialize(compiled)
+
+    def ship_again(self, compiled: Any) -> bytes | None:
+        """In the worker, after ``ship``'s payload went out (``ships_again``): one that loads
+        faster in the parent, or None. Runs under a deadline of its own; the compile has
+        succeeded whatever happens here."""
+        return None
 
     def receive(self, data: bytes) -> Any:
         """The compiled grammar, in the engine's process, from ``ship``'s bytes (default:

@@ -118,24 +118,23 @@ class XGrammarBackend(GrammarBackend):
                 self._info, max_threads=self._threads, cache_enabled=False)
         return c
 
-    def ship(self, compiled: XGrammarCompiled, deadline_s: float | None = None) -> bytes:
-        """In the worker: the compile's source, and its serialized grammar where shipping
-        that is expected to cost less than compiling again here (``xgrammar_transfer.py``;
-        ``deadline_s``: the compile's CPU deadline, which serializing must leave room in).
-        A serialize that runs out of the worker's memory budget ships the source only."""
+    ships_again = True
+
+    def ship(self, compiled: XGrammarCompiled) -> bytes:
+        """In the worker: the compile's source (the parent may compile it again: the worker
+        has just shown it fits the deadline and memory budget)."""
         if compiled.source is None:  # loaded from its serialized form: no source to ship
             return self.serialize(compiled)
-        text = None
-        if worth_serializing(compiled.compile_s, compiled.grammar.memory_size_bytes,
-                             deadline_s):
-            try:
-                text = compiled.grammar.serialize_json()
-            except MemoryError:
-                pass
-            except RuntimeError as e:  # C++ bad_alloc arrives as a RuntimeError
-                if "bad_alloc" not in str(e):
-                    raise
-        return XGrammarPayload(compiled.json, compiled.source, text).pack()
+        return XGrammarPayload(compiled.json, compiled.source).pack()
+
+    def ship_again(self, compiled: XGrammarCompiled) -> bytes | None:
+        """Then the serialized grammar with its source, where loading that is expected to
+        cost less than compiling again (``xgrammar_transfer.py``); None otherwise."""
+        if compiled.source is None or not worth_serializing(
+                compiled.compile_s, compiled.grammar.memory_size_bytes):
+            return None
+        return XGrammarPayload(compiled.json, compiled.source,
+                               compiled.grammar.serialize_json()).pack()
 
     def receive(self, data: bytes) -> XGrammarCompiled:
         """``ship``'s bytes, here: the serialized grammar deserialized if it came (and is

@@ -2,14 +2,15 @@
 keeps), and the rule deciding whether it carries the compiled grammar or only its source.
 
 xgrammar 0.2.8 serializes a compiled grammar one way, ``CompiledGrammar.serialize_json``: its
-token-mask tables as JSON text (no pickling: its handle has no reflection). On the real-world
-schemas that text is 2-3x the grammar's memory, and writing it costs about what compiling it
-did (more on some, far more on a few: a 1.4 MB grammar once took 7.4 s, another 18 GB), while
-``deserialize_json`` costs a fraction of the compile. So the worker decides per grammar, after
-its compile (``worth_serializing``): when the expected serialize + deserialize is cheaper than
-compiling again in the parent, it ships both the serialized grammar and the source; else the
-source only, and the parent compiles it again (the worker has just shown that compile fits the
-deadline and memory budget). Measured in benchmarks/RESULTS.md ("Compile once").
+token-mask tables as JSON text (no pickling: its handle has no reflection), 1.3-28x the
+grammar's memory on the real-world schemas. Writing it cost 2.6x the compile at the median
+(far more on a few: a 1.4 MB grammar once took 7.4 s, another 18 GB), reading it back about a
+compile (less on the slow ones). So the worker first sends the source (its compile fit the
+deadline), then, where the expected serialize + deserialize is cheaper than compiling again in
+the parent (``worth_serializing``), the serialized grammar with its source, under a deadline
+of its own (``worker_pool.py``: a serialize that runs out of time or memory leaves the source
+standing, and the parent compiles it again). Measured in benchmarks/RESULTS.md ("Compile
+once").
 
 The bytes (the first byte: ``j`` for a JSON kind, ``-`` otherwise)::
 
@@ -37,9 +38,6 @@ from dataclasses import dataclass
 # serialized (bounded repetitions: 5.6 s to compile, 2.1 s to transfer); typical ones, whose
 # transfer costs ~2.4x their compile, ship their source.
 TRANSFER_S_PER_BYTE = 3.0e-6
-# Serializing is extra work in the worker under the compile's CPU deadline: done only while
-# the compile plus the expected transfer use at most this share of the deadline.
-DEADLINE_SHARE = 0.5
 # "auto" (the rule below), "source" (never serialize) or "compiled" (always, memory allowing):
 # read by the worker at each compile, for tests and benchmarks that pin one transfer
 SHIP_ENV = "SGDSL_XGRAMMAR_SHIP"
@@ -88,15 +86,10 @@ class XGrammarPayload:
         return cls(json_kind, (call, text), body.decode("utf-8"))
 
 
-def worth_serializing(compile_s: float, grammar_bytes: int,
-                      deadline_s: float | None) -> bool:
+def worth_serializing(compile_s: float, grammar_bytes: int) -> bool:
     """Ship the compiled grammar (not only its source) if the expected transfer is cheaper
-    than the parent's second compile, and the worker's deadline leaves room for it
-    (``SHIP_ENV`` may pin the answer)."""
+    than the parent's second compile (``SHIP_ENV`` may pin the answer)."""
     policy = os.environ.get(SHIP_ENV, "auto")
     if policy in ("source", "compiled"):
         return policy == "compiled"
-    transfer_s = TRANSFER_S_PER_BYTE * grammar_bytes
-    if transfer_s >= compile_s:
-        return False
-    return deadline_s is None or compile_s + transfer_s <= DEADLINE_SHARE * deadline_s
+    return TRANSFER_S_PER_BYTE * grammar_bytes < compile_s

@@ -224,7 +224,7 @@ class GrammarCompiler:
                 raise InvalidRequestError(
                     f"the {self.backend.name} grammar backend cannot run in a worker (no spec)",
                     field="grammar_backend")
-            init = WorkerInit(spec, self.pool_limits.memory_bytes, self.timeout_s)
+            init = WorkerInit(spec, self.pool_limits.memory_bytes)
             limits = PoolLimits(**{**self.pool_limits.__dict__, "timeout_s": self.timeout_s})
             self._pool = CompileWorkerPool(
                 init, self.backend.receive, limits, self.backend.compiled_bytes, self.after,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ...errors import InvalidRequestError
 
+WALL_BACKSTOP = 10  # x timeout_s: the wall-time bound of a compile (its CPU time is timeout_s)
 
 @dataclass(frozen=True)
 class PoolLimits:
@@ -33,6 +34,18 @@ class PoolLimits:
             if not isinstance(value, int) or value < least:
                 raise InvalidRequestError(f"{name} must be an integer >= {least}, not {value!r}",
                                           field=name)
+
+
+    def deadline(self, started: float, cpu: float | None) -> tuple[float, float | None]:
+        """When a compile that started at ``started`` (monotonic) on a worker that had then
+        used ``cpu`` seconds of CPU (None: unknown) is stopped: (monotonic time, the worker's
+        CPU time or None). The deadline counts compile work: ``timeout_s`` of the worker's CPU
+        time (a loaded machine stretches a compile's wall time, not its work), with
+        ``WALL_BACKSTOP`` times that of wall time for a compile that hangs without using CPU;
+        where CPU time is unknown, ``timeout_s`` of wall time."""
+        if cpu is None:
+            return started + self.timeout_s, None
+        return started + WALL_BACKSTOP * self.timeout_s, cpu + self.timeout_s
 
 
 def default_workers() -> int:

@@ -9,7 +9,10 @@ length-prefixed pickle frames:
   worker -> parent: ``("ready", None)`` or ``("startup_error", message)``.
 - parent -> worker, per job: ``(job_id, key)``; worker -> parent: ``(job_id, "ok", payload,
   compile_s, data_bytes)`` with the backend's ``ship``ped result, or ``(job_id, "error" |
-  "memory", message)``. Exceptions travel as text, so nothing unpicklable crosses the pipe.
+  "memory", message)``. A backend that ``ships_again`` sends that result as ``(job_id,
+  "compiled", ...)`` and then ``(job_id, "ok", payload or None, ...)`` with ``ship_again``'s
+  payload (None: the first stands). Exceptions travel as text, so nothing unpicklable crosses
+  the pipe.
 
 The budget is applied with ``RLIMIT_DATA`` (heap and private mappings, not shared libraries) on
 top of what the worker holds once its backend is built, so it means "memory one compile may
@@ -25,6 +28,7 @@ import signal
 import struct
 import sys
 import time
+import types
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable
 
@@ -36,13 +40,11 @@ PARENT_ENV = "SGDSL_GRAMMAR_WORKER_PARENT"  # the pid that started us (see die_w
 
 @dataclass(frozen=True)
 class WorkerInit:
-    """What a worker needs to build its backend: a picklable factory (``registry.BackendSpec``),
-    the memory budget of one compile in bytes (0: unlimited) and its CPU deadline in seconds
-    (the backend's ``ship`` leaves room in it; None: unknown)."""
+    """What a worker needs to build its backend: a picklable factory (``registry.BackendSpec``)
+    and the memory budget of one compile in bytes (0: unlimited)."""
 
     factory: Callable[[], Any]
     memory_bytes: int
-    deadline_s: float | None = None
 
 
 def write_frame(stream: BinaryIO, obj: Any) -> None:
@@ -97,8 +99,10 @@ def serve(setup: Callable[[Any], Any], handle: Callable[[Any, Any], Any]) -> Non
         except EOFError:
             return
         reply = handle(state, message)
-        if reply is not None:
-            write_frame(stdout, reply)
+        # NOTE: a generator's frames go out as it makes them (a result, then a better one)
+        for frame in reply if isinstance(reply, types.GeneratorType) else [reply]:
+            if frame is not None:
+                write_frame(stdout, frame)
 
 
 def main() -> None:
@@ -106,21 +110,22 @@ def main() -> None:
         os.nice(WORKER_NICE)
     except OSError:
         pass
-    serve(_setup, lambda state, job: _compile(*state, *job))
+    serve(_setup, lambda backend, job: _compile(backend, *job))
 
 
-def _setup(init: WorkerInit) -> tuple[Any, float | None]:
+def _setup(init: WorkerInit) -> Any:
     backend = init.factory()
     _limit_memory(init.memory_bytes)
-    return backend, init.deadline_s
+    return backend
 
 
-def _compile(backend: Any, deadline_s: float | None, job_id: int, key: Any) -> tuple:
+def _compile(backend: Any, job_id: int, key: Any) -> Any:
     from ...errors import InvalidRequestError
 
     t0 = time.perf_counter()
     try:
-        payload = backend.ship(backend.compile(key), deadline_s)
+        compiled = backend.compile(key)
+        payload = backend.ship(compiled)
     except MemoryError:
         return (job_id, "memory", "")
     except InvalidRequestError as e:
@@ -129,7 +134,21 @@ def _compile(backend: Any, deadline_s: float | None, job_id: int, key: Any) -> t
         if "bad_alloc" in str(e):  # C++ out of memory, rethrown as a RuntimeError
             return (job_id, "memory", "")
         return (job_id, "error", f"{key.field} failed to compile: {type(e).__name__}: {e}")
-    return (job_id, "ok", payload, time.perf_counter() - t0, data_bytes())
+    done = (job_id, "ok", payload, time.perf_counter() - t0, data_bytes())
+    if not backend.ships_again:
+        return done
+    return _and_again(backend, compiled, done)
+
+
+def _and_again(backend: Any, compiled: Any, done: tuple) -> Any:
+    """The compile's frame as "compiled" (it fit the deadline), then ``ship_again``'s payload
+    (None: the first stands; the parent gives this step a deadline of its own)."""
+    yield (done[0], "compiled", *done[2:])
+    try:
+        again = backend.ship_again(compiled)
+    except Exception:  # noqa: BLE001 - out of memory (C++ bad_alloc too): the first stands
+        again = None
+    yield (done[0], "ok", again, *done[3:])
 
 
 def _limit_memory(budget: int) -> None:

@@ -14,7 +14,9 @@ it. So every compile runs in a worker process with a memory budget, and:
 - the deadline counts from when a worker starts the compile: it bounds compile work, never the
   wait in the queue (a busy server must not fail valid requests as too slow to compile);
 - the worker ships its result (``backend.ship``) and the slot's thread makes it usable here
-  (``backend.receive``; never on the scheduler loop).
+  (``backend.receive``; never on the scheduler loop); a backend may then send a payload that
+  loads faster (``backend.ship_again``, under a deadline of its own: the compile has
+  succeeded, so nothing that goes wrong there fails it).
 - what a worker compiles is handed to ``on_compiled(key, payload)`` (the on-disk cache's
   writer, ``disk_loader.py``), once it loaded here.
 
@@ -39,9 +41,6 @@ from .compile_job import CompileJob, CompileTimeout
 from .pool_limits import PoolLimits
 from .worker import WorkerInit
 from .worker_handle import WorkerHandle, WorkerStartError
-
-
-WALL_BACKSTOP = 10  # x timeout_s: the wall-time bound of a compile (its CPU time is timeout_s)
 
 
 @dataclass
@@ -86,18 +85,6 @@ class CompileWorkerPool:
                          for slot in range(self.limits.workers)]
         for t in self._threads:
             t.start()
-
-    def deadline(self, job: CompileJob, worker: WorkerHandle) -> tuple[float, float | None]:
-        """When ``job``'s compile, just started on ``worker``, is stopped: (monotonic time,
-        the worker's CPU time or None). The deadline counts compile work: ``timeout_s`` of
-        the worker's CPU time (a loaded machine stretches a compile's wall time, not its
-        work), with ``WALL_BACKSTOP`` times that of wall time for a compile that hangs without
-        using CPU; where CPU time is unknown, ``timeout_s`` of wall time."""
-        assert job.started is not None
-        cpu = worker.cpu_seconds()
-        if cpu is None:
-            return job.started + self.limits.timeout_s, None
-        return job.started + WALL_BACKSTOP * self.limits.timeout_s, cpu + self.limits.timeout_s
 
     def submit(self, key: GrammarKey) -> CompileJob:
         """Queue a compile; raises ``GrammarQueueFullError`` (retryable) when it would wait
@@ -211,11 +198,17 @@ class CompileWorkerPool:
         the seconds of the compile (in the worker) and of its load here."""
         field_name = job.key.field
         try:
-            bounds = self.deadline(job, worker)
+            bounds = self.limits.deadline(job.started, worker.cpu_seconds())
             worker.send((next(self._ids), job.key))
             reply = worker.recv(*bounds)
         except (EOFError, OSError):
             return self._lost(slot, worker, job, worker.exit_text())
+        if reply is not None and reply[1] == "compiled":
+            reply, kept = self._upgraded(worker, reply)
+            if not kept:
+                self._retire(slot, worker)
+                self._deliver(slot, worker, job, *reply[2:], times=times)
+                return None
         if reply is None:
             self.stats.timeouts += 1
             self._retire(slot, worker)
@@ -230,6 +223,20 @@ class CompileWorkerPool:
             return worker
         times[0] = reply[3]
         return self._deliver(slot, worker, job, *reply[2:], times=times)
+
+    def _upgraded(self, worker: WorkerHandle, compiled: tuple) -> tuple[tuple, bool]:
+        """After a "compiled" frame (the compile fit its deadline; the worker now makes a
+        payload that is cheaper to load here, ``backend.ship_again``): that frame's result
+        with the better payload, or with its own if the worker fails to send one within a
+        deadline of its own; then also False: the worker must be retired. Either way the
+        compile succeeded: its requests never fail for the extra work."""
+        try:
+            reply = worker.recv(*self.limits.deadline(time.monotonic(), worker.cpu_seconds()))
+        except (EOFError, OSError):
+            reply = None
+        if reply is None or reply[1] != "ok":
+            return (compiled[0], "ok", *compiled[2:]), False
+        return (compiled[0], "ok", reply[2] or compiled[2], *compiled[3:]), True
 
     def _deliver(self, slot: int, worker: WorkerHandle, job: CompileJob, payload: bytes,
                  compile_s: float, used: int, times: list[float | None]) -> WorkerHandle | None:

@@ -50,3 +50,22 @@ class ScriptedBackend(GrammarBackend):
 
     def new_grammar(self, compiled):
         return compiled
+
+
+class ScriptedAgainBackend(ScriptedBackend):
+    """Also ships a second payload (``ship_again``) as ``again:<what>`` keys say: ``ok`` (the
+    compiled text + ``+again``), ``spin:S`` (S s of CPU first), ``hog`` (out of memory)."""
+
+    ships_again = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spec = ScriptedAgainBackend
+
+    def ship_again(self, compiled):
+        what = compiled.split("again:", 1)[1] if "again:" in compiled else ""
+        if what.startswith("spin:"):
+            self.compile(GrammarKey("regex", what))
+        elif what == "hog":
+            self.compile(GrammarKey("regex", "hog"))
+        return self.serialize(compiled + "+again") if what else None

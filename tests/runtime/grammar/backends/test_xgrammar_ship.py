@@ -1,6 +1,6 @@
-"""What an xgrammar compile worker ships to the scheduler process (``XGrammarBackend.ship`` /
-``receive``, ``xgrammar_transfer.py``): the compiled grammar (serialized) with its source, or
-the source alone. Either way the grammar there gives the masks of an in-process compile, in
+"""What an xgrammar compile worker ships to the scheduler process (``XGrammarBackend.ship``,
+``ship_again`` / ``receive``, ``xgrammar_transfer.py``): the source, then, where that loads
+faster, the compiled grammar (serialized) with its source. Either way the grammar there gives the masks of an in-process compile, in
 this process and through a real worker; a serialized part that is damaged, of another xgrammar
 version or another tokenizer is never used (the source is compiled instead, with a log line);
 the older formats still load."""
@@ -63,7 +63,8 @@ def test_serialized_transfer_gives_the_masks_of_a_compile(backends, monkeypatch)
     monkeypatch.setenv(SHIP_ENV, "compiled")
     for i, key in enumerate(KEYS):
         compiled = backend.compile(key)
-        shipped = backend.ship(compiled, 10.0)
+        assert XGrammarPayload.unpack(backend.ship(compiled)).serialized is None
+        shipped = backend.ship_again(compiled)
         assert XGrammarPayload.unpack(shipped).serialized is not None
         received = backend.receive(shipped)
         assert received.compile_s == 0 and received.source == compiled.source  # not compiled
@@ -75,7 +76,8 @@ def test_source_transfer_compiles_again(backends, monkeypatch):
     backend = backends["xgrammar"]
     monkeypatch.setenv(SHIP_ENV, "source")
     compiled = backend.compile(KEYS[0])
-    shipped = backend.ship(compiled, 10.0)
+    assert backend.ship_again(compiled) is None
+    shipped = backend.ship(compiled)
     assert shipped[1:2] == b"[" and len(shipped) < 1000
     received = backend.receive(shipped)
     assert received.compile_s > 0
@@ -133,8 +135,11 @@ def test_older_formats_still_load(backends):
     assert backend.receive(backend.ship(loaded)).json
 
 
-def test_serialize_out_of_memory_ships_the_source(backends, monkeypatch):
-    """A serialize past the worker's memory budget must not fail a compile that fit it."""
+def test_serialize_out_of_memory_leaves_the_source(backends, monkeypatch):
+    """A serialize past the worker's memory budget must not fail a compile that fit it: the
+    worker's second frame then carries nothing and the source stands."""
+    from sgdsl.runtime.grammar.compile.worker import _and_again
+
     backend = backends["xgrammar"]
     monkeypatch.setenv(SHIP_ENV, "compiled")
     compiled = backend.compile(KEYS[0])
@@ -145,14 +150,15 @@ def test_serialize_out_of_memory_ships_the_source(backends, monkeypatch):
         def serialize_json(self):
             raise MemoryError
 
-    shipped = backend.ship(dataclasses.replace(compiled, grammar=Huge()), 10.0)
-    assert XGrammarPayload.unpack(shipped).serialized is None
-    assert backend.receive(shipped).source == compiled.source
+    huge = dataclasses.replace(compiled, grammar=Huge())
+    first = (7, "ok", backend.ship(huge), 0.5, 1)
+    assert list(_and_again(backend, huge, first)) == [(7, "compiled", first[2], 0.5, 1),
+                                                      (7, "ok", None, 0.5, 1)]
 
 
 def test_rule_serializes_where_the_transfer_is_cheaper(monkeypatch):
     monkeypatch.delenv(SHIP_ENV, raising=False)
-    assert not worth_serializing(0.05, 1 << 20, 10.0)  # a fast compile of a big grammar
-    assert worth_serializing(4.0, 1 << 20, 20.0)  # a slow compile of a small one
-    assert not worth_serializing(4.0, 1 << 20, 10.0)  # no room left in the deadline
-    assert worth_serializing(4.0, 1 << 20, None)
+    assert not worth_serializing(0.05, 1 << 20)  # a fast compile of a big grammar
+    assert worth_serializing(4.0, 1 << 20)  # a slow compile of a small one
+    monkeypatch.setenv(SHIP_ENV, "source")
+    assert not worth_serializing(4.0, 1 << 20)

@@ -77,6 +77,24 @@ def test_deadline_kills_the_compile_others_keep_going():
         c.shutdown()
 
 
+def test_a_second_payload_never_fails_its_compile():
+    """``ship_again`` (xgrammar's serialized grammar) runs after the compile fit its deadline:
+    past a deadline of its own, or out of memory, the first payload stands and the request is
+    served; a worker stopped for it is replaced."""
+    from ..scripted_backend import ScriptedAgainBackend
+
+    c = GrammarCompiler(ScriptedAgainBackend(), timeout_s=1,
+                        pool=PoolLimits(workers=1, memory_bytes=256 << 20))
+    try:
+        assert c.compile(GrammarKey("regex", "again:ok")) == "compiled:again:ok+again"
+        assert c.compile(GrammarKey("regex", "again:spin:60")) == "compiled:again:spin:60"
+        assert c.compile(GrammarKey("regex", "again:hog")) == "compiled:again:hog"
+        assert c.compile(GrammarKey("regex", "after")) == "compiled:after"
+        assert c.pool.stats.timeouts == 0 and c.pool.stats.compiles == 4
+    finally:
+        c.shutdown()
+
+
 def test_memory_budget_and_crashes_fail_clearly_and_replace_the_worker():
     c = _compiler(memory_bytes=256 << 20)
     try:
