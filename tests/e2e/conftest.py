@@ -1,6 +1,7 @@
-"""End-to-end fixtures: ONE Engine with the embedded model per session, used in-process by
-``Local`` and served over loopback (uvicorn in a thread, same engine) to ``RuntimeEndpoint``,
-``OpenAI`` and ``Anthropic`` (official clients). One model load for the whole e2e suite."""
+"""End-to-end fixtures: ONE Engine with the embedded model per session (the suite-wide
+``embedded_engine`` of tests/conftest.py), used in-process by ``Local`` and served over loopback
+(uvicorn in a thread, same engine) to ``RuntimeEndpoint``, ``OpenAI`` and ``Anthropic`` (official
+clients). One model load for the whole suite's default-engine tests."""
 from __future__ import annotations
 
 from typing import Any, Iterator
@@ -13,12 +14,12 @@ BACKENDS = ("local", "endpoint", "openai", "anthropic")
 
 
 @pytest.fixture(scope="session")
-def engine() -> Iterator[Any]:
-    from sgdsl.runtime import Engine
-
-    eng = Engine()  # the embedded SmolLM2-135M-Instruct
-    yield eng
-    eng.shutdown()
+def engine(embedded_engine: Any) -> Any:
+    """The embedded SmolLM2-135M-Instruct: the suite's one default ``Engine()``
+    (tests/conftest.py), shared with the runtime tests that need one, so the suite loads it
+    once (a default engine's start is seconds of CPU on the 2-core CI box, with its compile
+    workers)."""
+    return embedded_engine
 
 
 @pytest.fixture(scope="session")

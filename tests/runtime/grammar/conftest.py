@@ -52,10 +52,12 @@ def quotes(tokenizer):
     return build_quote_tokens(tokenizer, VOCAB)
 
 
-@pytest.fixture(scope="module", params=["xgrammar", "outlines"])
+@pytest.fixture(scope="session", params=["xgrammar", "outlines"])
 def json_engine(request):
     """The embedded model behind each grammar backend, as served (jump-forward, forced
-    completions and the mask prefetch on), for a module's end-to-end tests."""
+    completions and the mask prefetch on), for the end-to-end tests of every module that
+    needs one. Session scope: pytest groups those tests by backend, so each engine starts
+    once for the suite (not once per module) and only one of the two is alive at a time."""
     from sgdsl.runtime import Engine
 
     with Engine(grammar_backend=request.param, grammar_compile_timeout_s=120.0) as eng:

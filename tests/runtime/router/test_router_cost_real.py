@@ -1,6 +1,10 @@
-"""cost_aware over two real servers on loopback (two Engines of the embedded model in this
-process): the workers' GET /load, the router polling it, requests spread over both workers,
-a shared prefix kept on the worker that caches it, the characters-per-token ratio learned."""
+"""cost_aware over two real servers on loopback (two Engines in this process): the workers'
+GET /load, the router polling it, requests spread over both workers, a shared prefix kept on
+the worker that caches it, the characters-per-token ratio learned.
+
+The engines run the tiny random model with the embedded model's tokenizer (tests/conftest.py):
+routing, /load and the prefix cache need token counts, not meaningful text, and two loads of
+the embedded model plus its 256-token decode cost the 2-core CI box tens of seconds."""
 from __future__ import annotations
 
 import time
@@ -22,10 +26,11 @@ LOAD_KEYS = {"num_waiting_reqs", "num_running_reqs", "queued_prefill_tokens",
 
 
 @pytest.fixture(scope="module")
-def workers() -> Iterator[list[str]]:
+def workers(tiny_model_dir) -> Iterator[list[str]]:
     from sgdsl.runtime import Engine
 
-    engines = [Engine(num_threads=1, max_total_tokens=8192) for _ in range(2)]
+    engines = [Engine(str(tiny_model_dir), load_format="dummy", num_threads=1,
+                      max_total_tokens=8192) for _ in range(2)]
     servers = [ThreadServer(create_app(e)) for e in engines]
     try:
         yield [s.start() for s in servers]
