@@ -11,9 +11,10 @@ from fastapi import Request
 
 from ..function_call import ToolCallFormat, detect_format, get_format, template_supports_tools
 from ..sampling_params import SamplingParams
-from ..tokenizer.encoder import ids_encoder
+from ..tokenizer.encoder import ids_batch_encoder, ids_encoder
 from .args import ServerArgs
 from .chat import ChatTemplate
+from .encode_batcher import EncodeBatcher
 from .engine_client import EngineClient
 from .errors import APIError
 from .metrics import ServerMetrics
@@ -43,10 +44,12 @@ class ServerContext:
     tool_format: ToolCallFormat
     reasoning: ReasoningFormat | None = None
     encode: Callable[[str], list[int]] | None = None  # text -> ids, no special tokens added
+    batcher: EncodeBatcher | None = None  # long prompts of one loop turn, encoded together
 
     @classmethod
     def build(cls, engine: Any, args: ServerArgs) -> "ServerContext":
         info = engine.model_info
+        tok = getattr(engine, "tokenizer", None)
         path = str(info.get("model_path") or "")
         name = info.get("served_model_name") or os.path.basename(path.rstrip("/")) or "default"
         metrics = ServerMetrics(engine.stats)
@@ -58,7 +61,8 @@ class ServerContext:
                    vocab_size=info.get("vocab_size"), created=int(time.time()),
                    tool_format=_tool_format(args, template.source),
                    reasoning=get_reasoning_format(args.reasoning_parser),
-                   encode=ids_encoder(getattr(engine, "tokenizer", None)))
+                   encode=ids_encoder(tok),
+                   batcher=None if tok is None else EncodeBatcher(ids_batch_encoder(tok)))
 
     def check_model(self, model: str | None) -> None:
         """Unknown model names are a 404, as with the hosted APIs. ``default`` (SGLang's
@@ -89,7 +93,9 @@ class ServerContext:
         """``encode_chat``, on a worker thread for a long prompt (see OFFLOAD_ENCODE_CHARS)."""
         if len(text) < OFFLOAD_ENCODE_CHARS:
             return self.encode_chat(text)
-        return await asyncio.get_running_loop().run_in_executor(None, self.encode_chat, text)
+        if self.batcher is None:  # an engine without a tokenizer of its own
+            return await asyncio.get_running_loop().run_in_executor(None, self.encode_chat, text)
+        return await self.batcher.encode(text)
 
 
 def _tool_format(args: ServerArgs, template_source: str) -> ToolCallFormat:

@@ -14,15 +14,30 @@ from __future__ import annotations
 from typing import Any, Callable
 
 
-def ids_encoder(tokenizer: Any) -> Callable[[str], list[int]]:
-    """``tokenizer.encode(text, add_special_tokens=False)`` as a function of ``text``.
-
-    The direct backend call is taken only where the wrapper adds nothing to it: a fast
+def _direct(tokenizer: Any) -> Any:
+    """The Rust backend where calling it directly gives the wrapper's ids, else None: a fast
     tokenizer whose ``split_special_tokens`` is off (the wrapper would otherwise switch the
     backend's ``encode_special_tokens`` per call) and the backend already set that way."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if (backend is not None and getattr(tokenizer, "is_fast", False)
             and not getattr(tokenizer, "split_special_tokens", False)
             and not getattr(backend, "encode_special_tokens", True)):
+        return backend
+    return None
+
+
+def ids_encoder(tokenizer: Any) -> Callable[[str], list[int]]:
+    """``tokenizer.encode(text, add_special_tokens=False)`` as a function of ``text``."""
+    backend = _direct(tokenizer)
+    if backend is not None:
         return lambda text: backend.encode_batch([text], add_special_tokens=False)[0].ids
     return lambda text: list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def ids_batch_encoder(tokenizer: Any) -> Callable[[list[str]], list[list[int]]]:
+    """``ids_encoder`` over a list of texts in one call (the backend's ``encode_batch`` where
+    ``ids_encoder`` takes the backend: it tokenizes them in parallel without the GIL)."""
+    backend = _direct(tokenizer)
+    if backend is not None:
+        return lambda texts: [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+    return lambda texts: [list(tokenizer.encode(t, add_special_tokens=False)) for t in texts]

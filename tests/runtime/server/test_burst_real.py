@@ -90,3 +90,23 @@ def test_a_client_that_goes_away_aborts_only_its_request(served):
     # the long request was aborted, not run to its end: only the short ones' tokens count
     assert stats["generated_tokens_total"] - before == 7
     engine.check_idle_integrity()
+
+
+def test_long_chat_prompts_of_a_burst_are_encoded_together_each_its_own(served):
+    """Prompts over OFFLOAD_ENCODE_CHARS are encoded in one batch per loop turn
+    (server/encode_batcher.py): each request still gets its own ids (its prompt_tokens equal
+    those of the same request sent alone; the messages differ in length)."""
+    url, _ = served
+    bodies = [{**_chat(2), "messages": [{"role": "user", "content": "word " * (210 + 15 * i)}]}
+              for i in range(5)]
+
+    async def go() -> list[int]:
+        async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+            resps = await asyncio.gather(*(client.post("/v1/chat/completions", json=b)
+                                           for b in bodies))
+        return [r.json()["usage"]["prompt_tokens"] for r in resps]
+    together = asyncio.run(go())
+    with httpx.Client(base_url=url, timeout=300) as client:
+        alone = [client.post("/v1/chat/completions", json=b).json()["usage"]["prompt_tokens"]
+                 for b in bodies]
+    assert together == alone and len(set(alone)) == 5

@@ -163,6 +163,7 @@ def test_chat_encode_short_on_the_loop_long_on_a_thread_same_ids() -> None:
 
     from sgdsl.runtime.model.embedded import embedded_model_path
     from sgdsl.runtime.server import context
+    from sgdsl.runtime.server.encode_batcher import EncodeBatcher
 
     tok = AutoTokenizer.from_pretrained(str(embedded_model_path()))
     engine = SimpleNamespace(tokenizer=tok, model_info={"model_path": "/m"}, stats=lambda: {})
@@ -170,10 +171,16 @@ def test_chat_encode_short_on_the_loop_long_on_a_thread_same_ids() -> None:
     threads = []
     real = c.encode
 
+    real_many = c.batcher.encode_many  # long prompts: a batch encode per loop turn
+
     def spy(text: str) -> list[int]:
         threads.append(threading.current_thread() is threading.main_thread())
         return real(text)
-    c = dataclasses.replace(c, encode=spy)
+
+    def spy_many(texts: list[str]) -> list[list[int]]:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return real_many(texts)
+    c = dataclasses.replace(c, encode=spy, batcher=EncodeBatcher(spy_many))
     short = "<|im_start|>user\nhello there<|im_end|>\n"
     long = short + "héllo wörld 🙂 " * (context.OFFLOAD_ENCODE_CHARS // 10)
     for text in (short, long):
