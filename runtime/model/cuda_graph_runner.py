@@ -5,7 +5,9 @@ launch with no Python per layer.
 
 Inputs live in static buffers the graphs were captured on; ``replay`` copies the batch into
 them. Padded rows decode a dummy token into KV slot 0 (the pool's reserved dummy row) with
-sequence length 1, and their outputs are dropped.
+sequence length 1, and their outputs are dropped. NOTE: they name request row 0, which a live
+request may own: anything a model gathers by request row (Qwen2.5-VL's M-RoPE ``row_delta``)
+must stay in range for position 0 with that row's values.
 
 With a backend that reads shared prefixes once per group (``prefix_members``, triton), the
 graphs are captured on the cascade path with static ``SharedPrefix`` buffers; a batch without
@@ -140,6 +142,18 @@ class CudaGraphRunner:
     def replay(self, batch: ForwardBatch) -> Any:
         """Logits ``[bs, vocab]`` (or ``(logits, sample_fn output)``) for a decode batch; the
         outputs are views into static buffers, valid until the next replay."""
+        padded = self.load(batch)
+        self.graphs[padded].replay()
+        return _slice(self.outputs[padded], batch.batch_size)
+
+    def static_batch(self, padded: int) -> ForwardBatch:
+        """The batch the graph of size ``padded`` was captured on (its static buffers)."""
+        return self._static_batch(padded)
+
+    def load(self, batch: ForwardBatch) -> int:
+        """Copy ``batch`` into the static buffers, padding rows up to the next captured size;
+        returns that size. (Works on any device: the CPU tests run ``forward_eager`` on
+        ``static_batch(load(batch))``, the computation a replay performs.)"""
         bs = batch.batch_size
         padded = self.padded_size(bs)
         if padded != bs:
@@ -155,9 +169,7 @@ class CudaGraphRunner:
         self._copy_shared(batch.shared_prefix, bs, padded)
         if self.pp_proxy is not None:  # pp: (padded rows keep stale values; dropped)
             self.pp_proxy[:bs].copy_(batch.pp_proxy, non_blocking=True)
-        self.graphs[padded].replay()
-        out = self.outputs[padded]
-        return _slice(out, bs)
+        return padded
 
 
 def _slice(out: Any, bs: int) -> Any:

@@ -56,7 +56,11 @@ class Qwen2_5_VLTextModel(LlamaModel):
             delta = self.row_delta.index_select(0, rows)
             if batch.mode is not ForwardMode.DECODE:  # spec verify: several tokens per request
                 delta = delta.repeat_interleave(batch.extend_seq_lens, output_size=batch.num_tokens)
-            return self.rotary_emb.lookup(batch.positions + delta)
+            # NOTE: a CUDA graph's padded rows decode position 0 on request row 0, a live (or
+            # stale) row whose delta is negative after an image (max position + 1 < prompt
+            # length): unclamped, the rotary lookup gathers a negative index (device-side
+            # assert). A real row's position + delta is >= its prompt's max position + 1.
+            return self.rotary_emb.lookup((batch.positions + delta).clamp_(min=0))
         if mm is None:  # text-only requests: delta 0 (the row may have served an image before)
             self.row_delta.index_fill_(0, rows, 0)
             return self.rotary_emb.lookup(batch.positions)
