@@ -21,14 +21,16 @@ N = 600
 
 
 @pytest.fixture(scope="module")
-def tiny16(tmp_path_factory, embedded_dir):
-    from conftest import TINY_CONFIG, TOKENIZER_FILES  # tests/conftest.py
-
+def tiny16(tmp_path_factory, tiny_model_dir):
+    """tests/conftest.py's tiny Llama at a 16-token vocabulary (its tokenizer files kept).
+    NOTE: not ``from conftest import ...``: in the whole suite that name is whichever
+    conftest.py was imported first (tests/sgdsl/conftest.py, say)."""
     folder = tmp_path_factory.mktemp("tiny16")
-    (folder / "config.json").write_text(json.dumps(dict(TINY_CONFIG, vocab_size=VOCAB)))
-    for name in TOKENIZER_FILES:
-        if (embedded_dir / name).exists():
-            shutil.copy(embedded_dir / name, folder / name)
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, vocab_size=VOCAB)))
+    for path in tiny_model_dir.iterdir():
+        if path.is_file() and path.name != "config.json":
+            shutil.copy(path, folder / path.name)
     return folder
 
 
