@@ -42,3 +42,39 @@ def descendants(pid: int) -> list[int]:
         found += kids
         frontier = kids
     return found
+
+
+def run_ranks(target, args_of, ranks: int, want: int) -> list:
+    """Start ``ranks`` spawned processes ``target(*args_of(rank, results))`` and collect the
+    ``want`` items they put on ``results``; a rank that dies with an error fails the test at
+    once (no wait for the rest), and every rank must exit cleanly."""
+    import multiprocessing as mp
+    import queue
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=target, args=args_of(r, results), daemon=True)
+             for r in range(ranks)]
+    for p in procs:
+        p.start()
+    got: list = []
+    try:
+        while len(got) < want:
+            try:
+                got.append(results.get(timeout=1))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if not p.is_alive() and p.exitcode]
+                assert not dead, f"rank(s) {dead} died (see their stderr)"
+                if not any(p.is_alive() for p in procs):  # what they sent last may be in flight
+                    try:
+                        got.append(results.get(timeout=5))
+                    except queue.Empty:
+                        raise AssertionError(f"every rank exited after sending {len(got)} "
+                                             f"of {want} results") from None
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    assert all(p.exitcode == 0 for p in procs)
+    return got

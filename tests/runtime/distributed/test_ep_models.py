@@ -8,8 +8,6 @@ One FusedMoE layer's padded dispatch (the CUDA-graph layout), variable dispatch 
 all_reduce mode equal the single-process product. Bad layouts fail with clear errors."""
 from __future__ import annotations
 
-import multiprocessing as mp
-import queue
 
 import pytest
 import torch
@@ -21,7 +19,7 @@ from sgdsl.runtime.model.runner import ModelRunner
 
 from .ep_worker import greedy, run_rank, runner_config
 from .tp_worker import model_test_module
-from processes import free_port
+from processes import free_port, run_ranks
 
 RANKS = 4
 EXPERTS = 8
@@ -48,29 +46,10 @@ def model_dirs(tmp_path_factory) -> list[str]:
 
 
 def _run_ranks(model_dirs: list[str], device: str) -> list[tuple]:
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
     layouts = [(*layout, f"tcp://127.0.0.1:{free_port()}") for layout in LAYOUTS]
-    procs = [ctx.Process(target=run_rank, args=(r, layouts, model_dirs, PROMPTS, results,
-                                                device), daemon=True) for r in range(RANKS)]
-    for p in procs:
-        p.start()
     want = sum(tp * (len(model_dirs) + 1) for tp, _, _ in LAYOUTS)
-    got: list[tuple] = []
-    try:
-        while len(got) < want:
-            try:
-                got.append(results.get(timeout=1))
-            except queue.Empty:
-                dead = [r for r, p in enumerate(procs) if not p.is_alive() and p.exitcode]
-                assert not dead, f"rank(s) {dead} died (see their stderr)"
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-    assert all(p.exitcode == 0 for p in procs)
-    return got
+    return run_ranks(run_rank, lambda r, results: (r, layouts, model_dirs, PROMPTS, results,
+                                                   device), RANKS, want)
 
 
 def test_ep_equals_tp1_token_for_token(model_dirs):

@@ -6,8 +6,6 @@ group inside each stage) decode greedily token for token as PP=1 does, rank 0's 
 (PP=2, PP=2 x TP=2 over the scheduler, the tied embedding: test_pp_engine.py.)"""
 from __future__ import annotations
 
-import multiprocessing as mp
-import queue
 
 import pytest
 import torch
@@ -22,7 +20,7 @@ from sgdsl.runtime.model.runner import ModelRunner
 from .ep_worker import greedy, runner_config
 from .pp_worker import run_rank
 from .tp_worker import model_test_module
-from processes import free_port
+from processes import free_port, run_ranks
 
 RANKS = 4
 # (pp_size, tp_size, ep_size)
@@ -49,29 +47,10 @@ def model_dirs(tmp_path_factory) -> dict[str, str]:
 
 
 def _run_ranks(dirs: list[str], device: str) -> list[tuple]:
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
     layouts = [(*layout, f"tcp://127.0.0.1:{free_port()}") for layout in LAYOUTS]
-    procs = [ctx.Process(target=run_rank, args=(r, layouts, dirs, PROMPTS, results, device),
-                         daemon=True) for r in range(RANKS)]
-    for p in procs:
-        p.start()
     want = sum(pp * tp * (len(dirs) - 1 if ep == 1 else 1) for pp, tp, ep in LAYOUTS)
-    got: list[tuple] = []
-    try:
-        while len(got) < want:
-            try:
-                got.append(results.get(timeout=1))
-            except queue.Empty:
-                dead = [r for r, p in enumerate(procs) if not p.is_alive() and p.exitcode]
-                assert not dead, f"rank(s) {dead} died (see their stderr)"
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-    assert all(p.exitcode == 0 for p in procs)
-    return got
+    return run_ranks(run_rank, lambda r, results: (r, layouts, dirs, PROMPTS, results, device),
+                     RANKS, want)
 
 
 def test_pp_equals_pp1_token_for_token(model_dirs):

@@ -5,8 +5,6 @@ loaded from safetensors slice by slice: logits equal TP=1 within 1e-4 over an ex
 decode steps, and each rank's KV pool holds one kv head."""
 from __future__ import annotations
 
-import multiprocessing as mp
-import queue
 
 import pytest
 import torch
@@ -15,7 +13,7 @@ from sgdsl.runtime.config import EngineConfig
 from sgdsl.runtime.model.runner import ModelRunner
 
 from .tp_worker import logits_of, model_test_module, run_rank
-from processes import free_port
+from processes import free_port, run_ranks
 
 TP = 4
 PROMPTS = [[5, 17, 200, 3, 99, 42, 7], [11, 12], [249, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]]
@@ -44,27 +42,9 @@ def model_dirs(tmp_path_factory) -> list[str]:
 
 
 def test_every_architecture_at_tp4_equals_tp1(model_dirs):
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
     method = f"tcp://127.0.0.1:{free_port()}"
-    procs = [ctx.Process(target=run_rank, args=(r, TP, method, model_dirs, PROMPTS, results),
-                         daemon=True) for r in range(TP)]
-    for p in procs:
-        p.start()
-    got = []
-    try:
-        while len(got) < TP * len(model_dirs):
-            try:
-                got.append(results.get(timeout=1))
-            except queue.Empty:
-                dead = [r for r, p in enumerate(procs) if not p.is_alive()]
-                assert not dead, f"rank(s) {dead} died (see their stderr)"
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-    assert all(p.exitcode == 0 for p in procs)
+    got = run_ranks(run_rank, lambda r, results: (r, TP, method, model_dirs, PROMPTS, results),
+                    TP, TP * len(model_dirs))
     for model_dir in model_dirs:
         rows = [g for g in got if g[1] == model_dir]
         assert sorted(r[0] for r in rows) == list(range(TP))
