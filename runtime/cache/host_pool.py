@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from .free_list import SlotFreeList
 from .pool import TokenKVPool, _raw
 
 GB = 1 << 30
@@ -33,8 +34,7 @@ class HostKVPool:
         self.v_buffer = [self._store[layer, 1] for layer in range(self.num_layers)]
         self.bytes_per_token = TokenKVPool.bytes_per_token(self.num_layers, heads, head_dim,
                                                            self.dtype)
-        self._free = torch.arange(num_slots, dtype=torch.int64)
-        self._num_free = num_slots
+        self.free_list = SlotFreeList(0, num_slots)
 
     @staticmethod
     def num_slots(device_pool: TokenKVPool, ratio: float, size_gb: float | None) -> int:
@@ -47,29 +47,18 @@ class HostKVPool:
         return int(device_pool.size * ratio)
 
     def available(self) -> int:
-        return self._num_free
+        return self.free_list.available()
 
     def alloc(self, n: int) -> torch.Tensor | None:
-        if n > self._num_free:
-            return None
-        start = self._num_free - n
-        out = self._free[start:self._num_free].clone()
-        self._num_free = start
-        return out
+        return self.free_list.alloc(n)
 
     def free(self, slots: torch.Tensor) -> None:
-        n = int(slots.numel())
-        if n == 0:
-            return
-        end = self._num_free + n
-        assert end <= self.size, "freeing more host KV slots than exist (double free?)"
-        self._free[self._num_free:end] = slots
-        self._num_free = end
+        self.free_list.free(slots, "host KV slots")
 
     def defragment(self) -> None:
         """Sort the free list, so the next allocations are few contiguous runs of slots (each
         run moves as one copy per layer: transfer.py)."""
-        self._free[: self._num_free] = self._free[: self._num_free].sort().values
+        self.free_list.sort()
 
     # -- rows as one tensor [layers, 2, n, heads, head_dim] (storage pages, staging) ----------
     def gather(self, slots: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -94,9 +83,7 @@ class HostKVPool:
         return _raw(torch.empty(0, dtype=self.dtype)).dtype
 
     def check_integrity(self) -> None:
-        free = self._free[: self._num_free]
-        assert free.unique().numel() == self._num_free, "duplicate slot in host KV free list"
-        assert bool(((free >= 0) & (free < self.size)).all()), "host slot out of range"
+        self.free_list.check("host KV")
 
 
 def _pin(t: torch.Tensor) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from .free_list import SlotFreeList
+
 FP8_MAX = 448.0  # largest finite float8_e4m3fn (it has no inf: overflow would be NaN)
 
 
@@ -54,33 +56,21 @@ class TokenKVPool:
         self.quantized = dtype == torch.float8_e4m3fn
         self.k_scale = [1.0] * num_layers
         self.v_scale = [1.0] * num_layers
-        self._free = torch.arange(1, num_slots + 1, dtype=torch.int64)
-        self._num_free = num_slots
+        self.free_list = SlotFreeList(1, num_slots)  # slot 0: the dummy row
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
     def available(self) -> int:
-        return self._num_free
+        return self.free_list.available()
 
     def alloc(self, n: int) -> torch.Tensor | None:
         """n free slots as an int64 CPU tensor, or None if fewer than n are free."""
-        if n > self._num_free:
-            return None
-        start = self._num_free - n
-        out = self._free[start:self._num_free].clone()
-        self._num_free = start
-        return out
+        return self.free_list.alloc(n)
 
     def free(self, slots: torch.Tensor) -> None:
-        n = int(slots.numel())
-        if n == 0:
-            return
-        end = self._num_free + n
-        assert end <= self.size, "freeing more KV slots than exist (double free?)"
-        self._free[self._num_free:end] = slots.to("cpu", torch.int64)
-        self._num_free = end
+        self.free_list.free(slots, "KV slots")
 
     def set_scales(self, scales: dict[int, tuple[float, float]]) -> None:
         """Per-layer (k_scale, v_scale) of an fp8 cache (e.g. from the checkpoint); a cache in
@@ -132,9 +122,7 @@ class TokenKVPool:
         _raw(self.v_buffer[layer_id]).index_copy_(0, slots, pages[1])
 
     def check_integrity(self) -> None:
-        free = self._free[: self._num_free]
-        assert free.unique().numel() == self._num_free, "duplicate slot in KV free list"
-        assert bool(((free >= 1) & (free <= self.size)).all()), "slot out of range in free list"
+        self.free_list.check("KV")
 
 
 def _raw(t: torch.Tensor) -> torch.Tensor:

@@ -285,7 +285,7 @@ class RadixCache:
             seen.append(node.value)
         assert (evictable, protected) == (self._evictable, self._protected), "size counters drift"
         held = torch.cat(seen) if seen else _EMPTY
-        free = self.pool._free[: self.pool.available()]
+        free = self.pool.free_list.free_ids()
         assert held.unique().numel() == held.numel(), "a slot is held twice by the tree"
         assert not bool(torch.isin(held, free).any()), "a tree slot is also in the free list"
         assert self.pool.available() + self.total_size() <= self.pool.size, "slot accounting"

@@ -45,8 +45,8 @@ def check_tree(tree: Any, idle: bool) -> None:
             assert not node.backup_pending, "a backup in flight while idle"
     assert (evictable, protected) == (tree._evictable, tree._protected), "size counters drift"
     assert host_held == tree._host_held, "host size counter drift"
-    _check_slots(dev_seen, tree.pool._free[: tree.pool.available()], "device")
-    _check_slots(host_seen, tree.host._free[: tree.host.available()], "host")
+    _check_slots(dev_seen, tree.pool.free_list.free_ids(), "device")
+    _check_slots(host_seen, tree.host.free_list.free_ids(), "host")
     assert tree.pool.available() + tree.total_size() <= tree.pool.size, "slot accounting"
     assert tree.host.available() + host_held == tree.host.size, (
         f"host leak: free {tree.host.available()} + held {host_held} != total {tree.host.size}")
