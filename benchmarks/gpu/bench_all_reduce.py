@@ -90,6 +90,7 @@ def worker(rank: int, world: int, port: int, out: dict) -> None:
     ar = SymmMemAllReduce.create(g, torch.bfloat16, max_bytes=max(SIZES_KB) << 10)
     assert ar is not None, "custom all-reduce unavailable on this machine"
     rows = []
+    lamport_max = ar.lamport.slot * 2 if ar.lamport is not None else 0
     for kb in SIZES_KB:
         numel = (kb << 10) // 2
         gen = torch.Generator(device="cuda").manual_seed(rank)
@@ -97,17 +98,52 @@ def worker(rank: int, world: int, port: int, out: dict) -> None:
         ref = _nccl(x.float().clone(), g.group)
         row = [f"{kb} KB"]
         times = {"nccl": _time_graph(lambda t: _nccl(t, g.group), x.clone())}
-        for algo in ("one_shot", "two_shot"):
+        for algo in ("lamport", "one_shot", "two_shot"):
+            if algo == "lamport" and (kb << 10) > lamport_max:
+                times[algo] = float("nan")
+                row.append("-")
+                continue
             err = (ar.all_reduce(x, algo).float() - ref).abs().max().item()
             ok = err <= 0.05 * world and _chain_check(ar, algo, numel, rank, world,
                                                        300 if kb <= 1024 else 20)
             times[algo] = _time_graph(lambda t, a=algo: ar.all_reduce(t, a), x)
             row.append("ok" if ok else f"WRONG (err {err:.3g})")
-        best = min(times["one_shot"], times["two_shot"])
-        rows.append(row + [times["nccl"], times["one_shot"], times["two_shot"],
+        best = min(t for t in (times["lamport"], times["one_shot"], times["two_shot"])
+                   if t == t)
+        rows.append(row + [times["nccl"], times["lamport"], times["one_shot"], times["two_shot"],
                            times["nccl"] / best, ar.choose(x)])
+    fused = _fused_rows(ar, g.group) if ar.lamport is not None else []
     if rank == 0:
-        out["rows"] = rows
+        out["rows"], out["fused"] = rows, fused
+
+
+def _fused_rows(ar, group) -> list[list]:
+    """All-reduce + residual add + RMSNorm of ``[rows, hidden]`` (a decoder layer's o_proj or
+    down output): one fused kernel vs the all-reduce then ``fused_add_rmsnorm``."""
+    from sgdsl.runtime.kernels.rmsnorm import fused_add_rmsnorm
+
+    out = []
+    for hidden in (4096, 8192):
+        w = torch.ones(hidden, device="cuda", dtype=torch.bfloat16)
+        for rows in (1, 8, 32):
+            x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+            res = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+            if not ar.lamport.fits(x):
+                continue
+            ref = fused_add_rmsnorm(_nccl(x.float().clone(), group).to(x.dtype), res, w, 1e-5,
+                                    inplace=False)[0]
+            got = ar.all_reduce_add_rmsnorm(x, res, w, 1e-5)[0]
+            err = (got.float() - ref.float()).abs().max().item()
+            t = {"fused": _time_graph(lambda t: ar.all_reduce_add_rmsnorm(t, res, w, 1e-5), x)}
+            for algo in ("one_shot", "lamport"):
+                t[algo] = _time_graph(lambda t, a=algo: fused_add_rmsnorm(
+                    ar.all_reduce(t, a), res, w, 1e-5, inplace=False), x)
+            t["nccl"] = _time_graph(lambda t: fused_add_rmsnorm(
+                _nccl(t, group), res, w, 1e-5, inplace=False), x.clone())
+            out.append([f"{rows}x{hidden}", "ok" if err < 0.1 else f"WRONG ({err:.3g})",
+                        t["nccl"], t["one_shot"], t["lamport"], t["fused"],
+                        t["one_shot"] / t["fused"]])
+    return out
 
 
 def main() -> None:
@@ -121,8 +157,12 @@ def main() -> None:
     mp.spawn(worker, args=(a.world, _port(), out), nprocs=a.world, join=True)
     print(device_line())
     print_table(f"custom all-reduce vs NCCL, {a.world} GPUs, bf16, us per op in a CUDA graph",
-                ["size", "one-shot", "two-shot", "NCCL us", "one-shot us", "two-shot us",
-                 "NCCL / best custom", "plan picks"], out["rows"])
+                ["size", "lamport", "one-shot", "two-shot", "NCCL us", "lamport us",
+                 "one-shot us", "two-shot us", "NCCL / best custom", "plan picks"], out["rows"])
+    if out["fused"]:
+        print_table(f"all-reduce + add + RMSNorm, {a.world} GPUs, bf16, us per op in a CUDA graph",
+                    ["rows x hidden", "fused", "NCCL + norm", "one-shot + norm",
+                     "lamport + norm", "fused", "one-shot+norm / fused"], out["fused"])
 
 
 if __name__ == "__main__":

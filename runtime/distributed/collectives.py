@@ -36,6 +36,19 @@ def all_reduce(x: torch.Tensor, group: TPGroup | None = None) -> torch.Tensor:
     return x
 
 
+def all_reduce_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                           eps: float, group: TPGroup | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``s = sum(x) + residual``; ``(rmsnorm(s) * weight, s)`` in one kernel where the custom
+    all-reduce fuses it (decode-sized ``x [rows, hidden]`` on NVLink); None elsewhere (the
+    caller all-reduces, then norms)."""
+    g = group or get_tp_group()
+    if g.size == 1 or g.group is None or not x.is_cuda:
+        return None
+    fast = custom_all_reduce.lookup(g)
+    return None if fast is None else fast.all_reduce_add_rmsnorm(x, residual, weight, eps)
+
+
 def all_gather(x: torch.Tensor, dim: int = -1, group: TPGroup | None = None) -> torch.Tensor:
     """Concatenate every rank's ``x`` along ``dim`` (rank order)."""
     g = group or get_tp_group()

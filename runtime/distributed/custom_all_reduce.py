@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .lamport import DTYPES as LAMPORT_DTYPES
+from .lamport import LamportAllReduce
 from .state import TPGroup
 
 logger = logging.getLogger(__name__)
@@ -59,11 +61,14 @@ class SymmMemAllReduce:
     """The custom all-reduce of one process group; ``create`` returns None where it cannot
     work (no CUDA, no symmetric memory in this torch, no P2P between every pair of ranks)."""
 
-    def __init__(self, group: TPGroup, buffer: torch.Tensor, plan: AllReducePlan) -> None:
+    def __init__(self, group: TPGroup, buffer: torch.Tensor, plan: AllReducePlan,
+                 lamport: LamportAllReduce | None = None) -> None:
         self.group, self.buffer, self.plan = group, buffer, plan
         self.group_name = group.group.group_name
         self.dtype = buffer.dtype
-        self.calls = {"one_shot": 0, "two_shot": 0, "nccl": 0}  # eager calls (not replays)
+        self.lamport = lamport  # the barrier-free kernel for the smallest messages, if mapped
+        # eager calls (not replays)
+        self.calls = {"lamport": 0, "one_shot": 0, "two_shot": 0, "nccl": 0}
 
     @classmethod
     def create(cls, group: TPGroup, dtype: torch.dtype,
@@ -92,13 +97,16 @@ class SymmMemAllReduce:
         one_shot = min(ONE_SHOT_MAX_BYTES.get(group.size, 256 << 10), max_bytes)
         logger.info("custom all-reduce on: %d ranks, one-shot <= %d B, two-shot <= %d B",
                     group.size, one_shot, max_bytes)
-        return cls(group, buffer, AllReducePlan(one_shot, max_bytes))
+        lamport = LamportAllReduce.create(group) if dtype in LAMPORT_DTYPES else None
+        return cls(group, buffer, AllReducePlan(one_shot, max_bytes), lamport)
 
     def can_run(self, x: torch.Tensor) -> bool:
         return (x.dtype == self.dtype and x.is_cuda and x.is_contiguous()
                 and self.choose(x) != "nccl")
 
     def choose(self, x: torch.Tensor) -> str:
+        if self.lamport is not None and self.lamport.prefers(x):
+            return "lamport"
         nbytes = x.numel() * x.element_size()
         if nbytes % 16:  # NOTE: the kernels move 16-byte vectors
             return "nccl"
@@ -109,11 +117,13 @@ class SymmMemAllReduce:
 
     def all_reduce(self, x: torch.Tensor, algo: str | None = None) -> torch.Tensor:
         """The sum of ``x`` over the ranks, as a new tensor (``x`` is left as it was);
-        ``algo`` forces 'one_shot' or 'two_shot' (benchmarks) instead of the plan's."""
+        ``algo`` forces 'lamport', 'one_shot' or 'two_shot' (benchmarks) instead of the plan's."""
         n = x.numel()
         algo = algo or self.choose(x)
         if not torch.cuda.is_current_stream_capturing():
             self.calls[algo] += 1
+        if algo == "lamport":
+            return self.lamport.all_reduce(x)
         flat, out = x.view(-1), torch.empty_like(x)
         if algo == "one_shot":
             torch.ops.symm_mem.one_shot_all_reduce_copy_out(
@@ -123,6 +133,19 @@ class SymmMemAllReduce:
         torch.ops.symm_mem.two_shot_all_reduce_(self.buffer[:n], "sum", self.group_name)
         out.view(-1).copy_(self.buffer[:n])
         return out
+
+
+    def all_reduce_add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor,
+                               weight: torch.Tensor, eps: float
+                               ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(rmsnorm(sum(x) + residual) * weight, sum(x) + residual)`` in one kernel, or None
+        where that kernel cannot take ``x`` (the caller reduces, then norms)."""
+        if (self.lamport is None or x.dim() != 2 or not self.lamport.fits(x)
+                or residual.dtype != x.dtype or not residual.is_contiguous()):
+            return None
+        if not torch.cuda.is_current_stream_capturing():
+            self.calls["lamport"] += 1
+        return self.lamport.all_reduce_add_rmsnorm(x, residual, weight, eps)
 
 
 def _unsupported(group: TPGroup) -> str:

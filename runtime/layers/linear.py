@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..distributed.collectives import all_gather, all_reduce
+from ..distributed.collectives import all_gather, all_reduce, all_reduce_add_rmsnorm
 from ..distributed.state import get_tp_group
 from ..errors import ModelLoadError
 from .quantization.base import QuantConfig, linear_method
@@ -233,6 +233,18 @@ class RowParallelLinear(LinearBase):
         if self.reduce_results:
             out = all_reduce(out)
         return out if self.bias is None else out + self.bias  # added once, after the sum
+
+    def forward_add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, norm: Any
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``norm(self(x), residual)`` (an RMSNorm with its residual add): under TP, the
+        all-reduce, the add and the norm run as one kernel where the custom all-reduce can."""
+        if self.tp_size > 1 and self.reduce_results and self.bias is None and x.is_cuda:
+            partial = self._matmul(x, None)
+            fused = all_reduce_add_rmsnorm(partial, residual, norm.weight, norm.eps)
+            if fused is not None:
+                return fused
+            return norm(all_reduce(partial), residual)
+        return norm(self(x), residual)
 
 
 def check_heads(num_heads: int, num_kv_heads: int, tp_size: int) -> None:

@@ -177,8 +177,10 @@ class LlamaDecoderLayer(nn.Module):
             residual, h = h, self.input_layernorm(h)
         else:
             h, residual = self.input_layernorm(h, residual)
-        h = self.self_attn(h, rope, batch, attn)
-        h, residual = self.post_attention_layernorm(h, residual)
+        out = self.self_attn.project_attend(h, rope, batch, attn)
+        # o_proj's all-reduce, the residual add and the norm: one kernel under TP on NVLink
+        h, residual = self.self_attn.o_proj.forward_add_rmsnorm(
+            out, residual, self.post_attention_layernorm)
         return self.mlp(h), residual
 
     def make_mlp(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: str,

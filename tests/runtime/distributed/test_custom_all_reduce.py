@@ -83,10 +83,57 @@ def _rank(rank: int, world: int, port: int, errors) -> None:
         for step in range(50):
             vals = [(sum(vals) + r + 1) % 16 for r in range(world)]
         assert (y == vals[rank]).all().item()
+        _check_lamport(ar, rank, world)
         destroy_tp_group()
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         errors.put(f"rank {rank}: {e!r}")
         raise
+
+
+def _fused_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    from sgdsl.runtime.kernels.rmsnorm import fused_add_rmsnorm
+
+    total = x.float().clone()
+    collectives.all_reduce(total)  # fp32: NCCL
+    return fused_add_rmsnorm(total.to(x.dtype), residual, weight, eps, inplace=False)
+
+
+def _check_lamport(ar, rank: int, world: int) -> None:
+    """The barrier-free kernel, plain and fused with add + RMSNorm, eager and replayed from a
+    CUDA graph, interleaved with each other and with torch's one-shot kernel."""
+    assert ar.lamport is not None, "the barrier-free all-reduce did not map its buffer"
+    gen = torch.Generator("cuda").manual_seed(100 + rank)
+    x = torch.randn(3, 4096, device="cuda", dtype=torch.bfloat16, generator=gen)
+    residual = torch.randn(3, 4096, device="cuda", dtype=torch.bfloat16,
+                           generator=torch.Generator("cuda").manual_seed(7))
+    weight = torch.rand(4096, device="cuda", dtype=torch.bfloat16,
+                        generator=torch.Generator("cuda").manual_seed(8)) + 0.5
+    want_out, want_res = _fused_reference(x, residual, weight, 1e-5)
+    assert ar.choose(x) == "lamport"
+    for _ in range(3):  # eager, repeated: the phases alternate
+        out, res = collectives.all_reduce_add_rmsnorm(x, residual, weight, 1e-5)
+        assert (res.float() - want_res.float()).abs().max().item() < 0.05
+        assert (out.float() - want_out.float()).abs().max().item() < 0.1
+    y0 = torch.full((4096 * 5,), float(rank), device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = y0
+        for step in range(100):
+            y = torch.remainder(collectives.all_reduce(y) + rank + 1, 16)
+            out, res = collectives.all_reduce_add_rmsnorm(x, residual, weight, 1e-5)
+            if step % 10 == 0:  # a mid-size message on torch's kernel in between
+                ar.all_reduce(torch.ones(1 << 19, device="cuda", dtype=torch.bfloat16),
+                              "one_shot")
+    vals = [float(r) for r in range(world)]
+    for replay in range(3):
+        graph.replay()
+        for _ in range(100):
+            vals = [(sum(vals) + r + 1) % 16 for r in range(world)]
+        y0.copy_(y)  # the next replay continues the chain
+    torch.cuda.synchronize()
+    assert (y == vals[rank]).all().item(), "a stale or early read in the graph"
+    assert (out.float() - want_out.float()).abs().max().item() < 0.1
 
 
 @pytest.mark.gpu
@@ -95,3 +142,18 @@ def test_sums_like_nccl_on_two_gpus():
     errors = mp.get_context("spawn").Queue()
     mp.spawn(_rank, args=(2, _port(), errors), nprocs=2, join=True)
     assert errors.empty()
+
+
+def test_barrier_free_kernel_takes_the_smallest_messages():
+    from sgdsl.runtime.distributed.lamport import LamportAllReduce
+
+    ar = _fake(size=4)
+    ar.lamport = LamportAllReduce(ar.group, torch.empty(0, dtype=torch.int16), 0,
+                                  slot=(512 << 10) // 2)
+    bf16 = torch.bfloat16
+    assert ar.choose(torch.empty(4096, dtype=bf16)) == "lamport"  # batch-1 decode, 8B
+    assert ar.choose(torch.empty(128 << 10, dtype=bf16)) == "lamport"  # 256 KB
+    assert ar.choose(torch.empty((128 << 10) + 8, dtype=bf16)) == "one_shot"
+    assert ar.lamport.fits(torch.empty(32, 8192, dtype=bf16))  # 512 KB: fused with the norm
+    assert not ar.lamport.fits(torch.empty(64, 8192, dtype=bf16))
+    assert not ar.lamport.fits(torch.empty(4096, dtype=torch.float32))

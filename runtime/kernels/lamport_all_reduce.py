@@ -1,0 +1,96 @@
+"""One-shot all-reduce without a barrier (Lamport-style), optionally fused with the residual add
+and the RMSNorm that follow it in a decoder layer.
+
+Every rank *pushes* its input into a slot of every peer's buffer (peer-to-peer stores over NVLink)
+and then reads only its own buffer, spinning until every slot holds data: a slot's "empty" mark is
+the bit pattern of -0.0 (0x8000), which no pushed element carries (-0.0 is sent as +0.0; the sum
+is the same), so each element says by itself whether it has arrived and no signal-pad barrier is
+needed. That barrier is where torch's one-shot kernel spends most of its ~10 us at decode sizes.
+
+After reading, a rank marks its slots empty again. The buffer has two phases used alternately,
+which is what makes the reset safe without a barrier: a peer can push into this rank's phase-p
+slots again only in the call after next, and it reaches that call only after reading this rank's
+push of the next call, which this rank makes after its own reads and resets (stream order).
+
+Every call launches the same GRID programs; program ``i`` keeps its own call counter (so the
+counters advance inside replayed CUDA graphs with no host value), and all programs of all ranks
+agree on the phase because they advance together. Chunks of the message are dealt to programs
+round robin; with the norm, a chunk is one row (the norm needs the whole row).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+EMPTY = -32768  # int16 view of bf16/fp16 -0.0
+_EMPTY = tl.constexpr(EMPTY)
+GRID = 32
+PLAIN_CHUNK = 1024
+
+
+@triton.jit
+def _lamport_kernel(X, Res, W, Out, ResOut, peer_ptrs, counters, n, slot, eps,
+                    RANK: tl.constexpr, WORLD: tl.constexpr, CHUNK: tl.constexpr,
+                    BLOCK: tl.constexpr, NORM: tl.constexpr, GRID_SIZE: tl.constexpr):
+    pid = tl.program_id(0)
+    count = tl.load(counters + pid)
+    phase = count % 2
+    ptrs = peer_ptrs.to(tl.pointer_type(tl.uint64))
+    mine = tl.load(ptrs + RANK).to(tl.pointer_type(tl.int16))
+    offs = tl.arange(0, BLOCK)
+    n_chunks = tl.cdiv(n, CHUNK)
+    for c in range(pid, n_chunks, GRID_SIZE):
+        idx = c.to(tl.int64) * CHUNK + offs
+        mask = (offs < CHUNK) & (idx < n)
+        bits = tl.load(X + idx, mask=mask, other=0.0).to(tl.int16, bitcast=True)
+        bits = tl.where(bits == _EMPTY, tl.zeros_like(bits), bits)
+        for p in tl.static_range(WORLD):  # push: my part into slot RANK of every buffer
+            peer = tl.load(ptrs + p).to(tl.pointer_type(tl.int16))
+            tl.store(peer + (phase * WORLD + RANK) * slot + idx, bits, mask=mask)
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for p in tl.static_range(WORLD):  # the same order on every rank: identical sums
+            src = mine + (phase * WORLD + p) * slot + idx
+            v = tl.load(src, mask=mask, other=0, volatile=True)
+            while tl.sum((v == _EMPTY).to(tl.int32), 0) > 0:
+                v = tl.load(src, mask=mask, other=0, volatile=True)
+            acc += v.to(X.dtype.element_ty, bitcast=True).to(tl.float32)
+            tl.store(src, tl.full([BLOCK], _EMPTY, tl.int16), mask=mask)
+        s = acc.to(X.dtype.element_ty)
+        if NORM:  # rounded like all_reduce + fused_add_rmsnorm (kernels/rmsnorm.py)
+            r = tl.load(Res + idx, mask=mask, other=0.0)
+            s = (s.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
+            tl.store(ResOut + idx, s, mask=mask)
+            sf = s.to(tl.float32)
+            var = tl.sum(sf * sf, 0) / CHUNK
+            normed = (sf * (1.0 / tl.sqrt(var + eps))).to(X.dtype.element_ty)
+            w = tl.load(W + offs, mask=offs < CHUNK, other=0.0)
+            tl.store(Out + idx, (w.to(tl.float32) * normed.to(tl.float32))
+                     .to(Out.dtype.element_ty), mask=mask)
+        else:
+            tl.store(Out + idx, s, mask=mask)
+    tl.store(counters + pid, count + 1)
+
+
+def lamport_all_reduce(x: torch.Tensor, out: torch.Tensor, peer_ptrs_dev: int,
+                       counters: torch.Tensor, slot: int, rank: int, world: int,
+                       residual: torch.Tensor | None = None, weight: torch.Tensor | None = None,
+                       res_out: torch.Tensor | None = None, eps: float = 0.0) -> None:
+    """``out = sum over ranks of x``; with ``residual``/``weight``: ``res_out = sum + residual``
+    and ``out = rmsnorm(res_out) * weight`` (rows of ``x [rows, hidden]``). ``slot``: elements per
+    rank slot of the peers' buffers (``x.numel() <= slot``); ``counters``: int32 [GRID]."""
+    n = x.numel()
+    assert n <= slot and x.is_contiguous() and out.is_contiguous() and x.element_size() == 2
+    norm = weight is not None
+    if norm:
+        assert residual is not None and res_out is not None and x.dim() == 2
+        chunk = x.shape[1]
+        block = triton.next_power_of_2(chunk)
+        warps = min(max(block // 256, 1), 16)
+    else:
+        chunk = block = PLAIN_CHUNK
+        warps = 4
+    _lamport_kernel[(GRID,)](
+        x, residual if norm else x, weight if norm else x, out, res_out if norm else out,
+        peer_ptrs_dev, counters, n, slot, eps, RANK=rank, WORLD=world, CHUNK=chunk,
+        BLOCK=block, NORM=norm, GRID_SIZE=GRID, num_warps=warps)
