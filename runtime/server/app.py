@@ -15,10 +15,14 @@ from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
 from . import anthropic_api, load, native, openai_api
+from .anthropic_protocol import MessagesRequest
 from .args import ServerArgs
 from .context import ServerContext, ctx
 from .errors import ClientDisconnected, install_error_handlers
+from .hot_routes import HotRoute, HotRoutes
 from .middleware import GuardMiddleware
+from .native_protocol import GenerateRequest
+from .openai_protocol import ChatCompletionRequest, CompletionRequest
 
 # NOTE: not a standard status; nginx's "client closed request", logged for aborted requests.
 CLIENT_CLOSED = 499
@@ -48,6 +52,8 @@ def create_app(engine: Any, args: ServerArgs | None = None,
               for r in router.routes]
     known = frozenset({"/metrics"} | {r.path for r in routes
                                       if isinstance(r, APIRoute) and "{" not in r.path})
+    # Added first = innermost: behind the guard (API key, body size, metrics), before FastAPI.
+    app.add_middleware(HotRoutes, routes=hot_routes())
     app.add_middleware(GuardMiddleware, api_key=args.api_key,
                        max_body_bytes=args.max_body_bytes, metrics=context.metrics,
                        known_paths=known)
@@ -61,6 +67,14 @@ def create_app(engine: Any, args: ServerArgs | None = None,
         app.add_middleware(CORSMiddleware, allow_origins=list(args.cors_origins),
                            allow_methods=["*"], allow_headers=["*"])
     return app
+
+
+def hot_routes() -> dict[str, HotRoute]:
+    """The POST routes a burst of clients hits, served by ``HotRoutes`` (same handlers)."""
+    return {"/generate": HotRoute(GenerateRequest, native.generate),
+            "/v1/completions": HotRoute(CompletionRequest, openai_api.completions),
+            "/v1/chat/completions": HotRoute(ChatCompletionRequest, openai_api.chat_completions),
+            "/v1/messages": HotRoute(MessagesRequest, anthropic_api.messages)}
 
 
 async def _metrics(request: Request) -> Response:
