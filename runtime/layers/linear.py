@@ -234,17 +234,31 @@ class RowParallelLinear(LinearBase):
             out = all_reduce(out)
         return out if self.bias is None else out + self.bias  # added once, after the sum
 
+    def defers(self, x: torch.Tensor) -> bool:
+        """Whether ``partial`` + ``reduce_add_rmsnorm`` may stand in for ``norm(self(x), r)``:
+        TP, no bias to add after the sum. (On the CPU both compute the same thing: the sum,
+        then the norm; CPU TP tests run this path.)"""
+        return self.tp_size > 1 and self.reduce_results and self.bias is None
+
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the product, not yet summed over the ranks."""
+        return self._matmul(x, None)
+
     def forward_add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, norm: Any
                             ) -> tuple[torch.Tensor, torch.Tensor]:
         """``norm(self(x), residual)`` (an RMSNorm with its residual add): under TP, the
         all-reduce, the add and the norm run as one kernel where the custom all-reduce can."""
-        if self.tp_size > 1 and self.reduce_results and self.bias is None and x.is_cuda:
-            partial = self._matmul(x, None)
-            fused = all_reduce_add_rmsnorm(partial, residual, norm.weight, norm.eps)
-            if fused is not None:
-                return fused
-            return norm(all_reduce(partial), residual)
+        if self.defers(x):
+            return reduce_add_rmsnorm(self.partial(x), residual, norm)
         return norm(self(x), residual)
+
+
+def reduce_add_rmsnorm(partial: torch.Tensor, residual: torch.Tensor, norm: Any
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``norm(all_reduce(partial), residual)``: one kernel where the custom all-reduce fuses
+    it, else the all-reduce and then the norm."""
+    fused = all_reduce_add_rmsnorm(partial, residual, norm.weight, norm.eps)
+    return fused if fused is not None else norm(all_reduce(partial), residual)
 
 
 def check_heads(num_heads: int, num_kv_heads: int, tp_size: int) -> None:

@@ -28,7 +28,8 @@ from ..layers import gemv_epilogue, gemv_fusion
 from ..layers.activation import SiluAndMul
 from ..layers.attention.base import AttentionBackend
 from ..layers.linear import (LinearBase, MergedColumnParallelLinear, QKVParallelLinear,
-                             RowParallelLinear, cpu_layout, split_matmul, split_matvec)
+                             RowParallelLinear, cpu_layout, reduce_add_rmsnorm, split_matmul,
+                             split_matvec)
 from ..layers.quantization.base import DECODE_ROWS, QuantConfig, UnquantizedLinearMethod
 from ..layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding, gather_logits
 from ..layers.weight_slices import copy_checked, materialize
@@ -166,21 +167,30 @@ class LlamaDecoderLayer(nn.Module):
                                                 device=device)
 
     def forward(self, h: torch.Tensor, residual: torch.Tensor | None, rope: Rope,
-                batch: ForwardBatch, attn: AttentionBackend
+                batch: ForwardBatch, attn: AttentionBackend,
+                chained: tuple[bool, bool] = (False, False)
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(out, residual)``: the next layer's input is ``out + residual``; residual None:
-        ``out`` is the whole residual stream (the first layer's input, a fused layer's output)."""
-        fused = self.gemv_fusion(h)
+        ``out`` is the whole residual stream (the first layer's input, a fused layer's output).
+        ``chained`` (TP, ``LlamaModel.chains``): (``h`` is the last layer's down product not yet
+        summed over the ranks, ``out`` is to be left so): the sum runs in this layer's (the next
+        layer's) input norm, as one kernel with the residual add."""
+        partial_in, partial_out = chained
+        fused = None if partial_in or partial_out else self.gemv_fusion(h)
         if fused is not None:
             return self.forward_fused(h, residual, rope, batch, attn, fused), None
         if residual is None:
             residual, h = h, self.input_layernorm(h)
+        elif partial_in:
+            h, residual = reduce_add_rmsnorm(h, residual, self.input_layernorm)
         else:
             h, residual = self.input_layernorm(h, residual)
         out = self.self_attn.project_attend(h, rope, batch, attn)
         # o_proj's all-reduce, the residual add and the norm: one kernel under TP on NVLink
         h, residual = self.self_attn.o_proj.forward_add_rmsnorm(
             out, residual, self.post_attention_layernorm)
+        if partial_out:
+            return self.mlp.down_proj.partial(self.mlp.activated(h)), residual
         return self.mlp(h), residual
 
     def make_mlp(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: str,
@@ -252,11 +262,32 @@ class LlamaModel(nn.Module):
             h, residual = self.embed_tokens(batch.input_ids), None
         else:  # pp:
             h, residual = pipeline.unpack(batch.pp_proxy)
-        for layer in self.stage_layers or self.layers:
-            h, residual = layer(h, residual, rope, batch, attn)
+        layers = self.stage_layers or self.layers
+        if not self.chains(h, layers):
+            for layer in layers:
+                h, residual = layer(h, residual, rope, batch, attn)
+        else:  # TP: each down product's sum runs in the next norm (one kernel with the add)
+            last = len(layers) - 1
+            for i, layer in enumerate(layers):
+                chained = (i > 0, i < last or self.stage.is_last)
+                h, residual = layer(h, residual, rope, batch, attn, chained)
+            if self.stage.is_last:
+                return reduce_add_rmsnorm(h, residual, self.norm)[0]
         if not self.stage.is_last:  # pp:
             return pipeline.pack(h, residual)
         return self.norm(h) if residual is None else self.norm(h, residual)[0]
+
+    def chains(self, h: torch.Tensor, layers: Any) -> bool:
+        """Whether this forward leaves each dense layer's down product unsummed for the next
+        norm to sum (TP, every layer a plain ``LlamaDecoderLayer`` forward with a dense MLP;
+        on the CPU the sum then runs before the norm as it would unchained); memoized."""
+        if "_chains" not in self.__dict__:
+            self._chains = all(
+                type(layer).forward is LlamaDecoderLayer.forward
+                and type(layer.mlp) is LlamaMLP and layer.mlp.down_proj.tp_size > 1
+                and layer.mlp.down_proj.reduce_results and layer.mlp.down_proj.bias is None
+                for layer in layers) and len(layers) > 0
+        return self._chains
 
 
 class LlamaForCausalLM(nn.Module):

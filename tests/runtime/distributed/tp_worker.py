@@ -75,3 +75,30 @@ def barrier_probe(rank: int, size: int, init_method: str, results) -> None:
         results.put("no error")
     except Exception as e:  # noqa: BLE001 - the message is the result
         results.put(str(e))
+
+
+def run_rank_custom_ar(rank: int, size: int, init_method: str, model_dir: str,
+                       prompts: list[list[int]], results) -> None:
+    """On GPU ``rank``, bf16: rank 0's logits with NCCL only, then with the custom all-reduce
+    (the barrier-free kernel, its fused add + norm and the chained down sums)."""
+    from sgdsl.runtime.config import EngineConfig
+    from sgdsl.runtime.distributed import custom_all_reduce
+    from sgdsl.runtime.distributed.collectives import barrier
+    from sgdsl.runtime.distributed.state import destroy_tp_group, get_tp_group, init_tp_group
+    from sgdsl.runtime.model.runner import ModelRunner
+
+    init_tp_group(rank, size, torch.device(f"cuda:{rank}"), init_method, timeout_s=120)
+    try:
+        for custom in (False, True):
+            runner = ModelRunner(EngineConfig(
+                model=model_dir, device="cuda", dtype="bfloat16", max_total_tokens=256,
+                max_running_requests=4, tp_size=size, disable_custom_all_reduce=not custom))
+            logits = logits_of(runner, prompts)
+            used = custom_all_reduce.lookup(get_tp_group()) if custom else None
+            calls = dict(used.calls) if used is not None else {}
+            results.put((rank, custom, calls,
+                         [t.float().cpu().numpy() for t in logits] if rank == 0 else None))
+            del runner
+        barrier(timeout_s=120)
+    finally:
+        destroy_tp_group()
