@@ -7,7 +7,11 @@ total rate (Poisson): long prompts (``--long-in`` tokens in, ``--long-out`` out)
 (``--chat-in`` in, ``--chat-out`` out), random token ids, ignore_eos, streamed over native
 ``/generate``. Reported per set-up and class: TTFT p50/p99 (first chunk), ITL p50/p99 (gaps
 between chunks), and the total throughput ((prompt + output tokens) / wall); then pd /
-colocated ratios (ITL, TTFT: lower is better; throughput: higher is better).
+colocated ratios (ITL, TTFT: lower is better; throughput: higher is better). ``pd-gloo``
+(in ``--modes``) is ``pd`` over the host-staged gloo transfer, which puts no NCCL kernel on
+either GPU: comparing the two isolates what the NCCL transfer does to the decode loop.
+``--trace DIR`` records every server's scheduler steps ($SGDSL_STEP_TRACE) and prints, per
+server, the launch-to-launch gaps and the slowest iterations with where their time went.
 
     # GPU (2 GPUs), a Llama-3.1-8B shape with dummy weights:
     python benchmarks/gpu/bench_pd.py --model benchmarks/gpu/configs/llama-3.1-8b \
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import signal
 import socket
@@ -35,6 +40,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_router import _tiny_model_dir  # noqa: E402  (benchmarks/ is not a package)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import step_trace_report  # noqa: E402
 
 from sgdsl.runtime.launcher.replicas import gpu_slices, launch, stop_replicas  # noqa: E402
 
@@ -45,9 +52,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_servers(argvs: list[list[str]], gpus: list[str | None]) -> list[Any]:
-    """One server per argv (its own GPU), their URLs once listening."""
-    servers = [launch(i, argv, gpu) for i, (argv, gpu) in enumerate(zip(argvs, gpus))]
+def start_servers(argvs: list[list[str]], gpus: list[str | None],
+                  traces: list[str | None] | None = None) -> list[Any]:
+    """One server per argv (its own GPU), their URLs once listening. ``traces``: each
+    server's $SGDSL_STEP_TRACE folder (or None)."""
+    servers = []
+    for i, (argv, gpu) in enumerate(zip(argvs, gpus)):
+        trace = traces[i] if traces else None
+        os.environ.pop("SGDSL_STEP_TRACE", None)
+        if trace:
+            os.environ["SGDSL_STEP_TRACE"] = trace
+        servers.append(launch(i, argv, gpu))
+    os.environ.pop("SGDSL_STEP_TRACE", None)
     for s in servers:
         for line in s.proc.stdout:
             if "listening on " in line:
@@ -138,18 +154,26 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
 
 
+def trace_dirs(mode: str, args: argparse.Namespace) -> list[str | None]:
+    names = ["prefill", "decode"] if mode.startswith("pd") else ["replica0", "replica1"]
+    return [os.path.join(args.trace, f"{mode}-{n}") if args.trace else None for n in names]
+
+
 def setup(mode: str, args: argparse.Namespace, model: list[str], gpus: list[str | None]):
     base = [*model, *args.server_args.split()]
-    if mode == "pd":
+    traces = trace_dirs(mode, args)
+    if mode.startswith("pd"):
+        if mode == "pd-gloo":  # the host-staged transfer: no NCCL kernel on either GPU
+            base += ["--disaggregation-transfer-backend", "gloo"]
         port = free_port()
         argvs = [base + ["--disaggregation-mode", "prefill",
                          "--disaggregation-bootstrap-port", str(port)],
                  base + ["--disaggregation-mode", "decode"]]
-        servers = start_servers(argvs, gpus)
+        servers = start_servers(argvs, gpus, traces)
         flags = ["--pd-disaggregation", "--prefill", servers[0].url, str(port),
                  "--decode", servers[1].url]
     else:
-        servers = start_servers([base, base], gpus)
+        servers = start_servers([base, base], gpus, traces)
         flags = ["--worker-urls", servers[0].url, servers[1].url]
     router, url = start_router(flags + args.router_args.split())
     return servers, router, url
@@ -163,12 +187,27 @@ def measure(mode: str, args: argparse.Namespace, model: list[str], gpus: list) -
         warm = workload(argparse.Namespace(**{**vars(args), "duration": 2.0, "seed": 99}), vocab)
         asyncio.run(run(url, warm[:4], args))  # first requests (graphs, allocator) unmeasured
         row = asyncio.run(run(url, workload(args, vocab), args))
+        row["stats"] = [server_stats(s.url) for s in servers]
         row["mode"] = mode
         return row
     finally:
         router.send_signal(signal.SIGTERM)
         router.wait(timeout=60)
         stop_replicas(servers)
+        for folder in trace_dirs(mode, args):
+            path = os.path.join(folder or "", "steps-rank0.jsonl")
+            if folder and os.path.exists(path):
+                print(step_trace_report.summarize(path), flush=True)
+
+
+def server_stats(url: str) -> dict:
+    """What each server did (did the decode server prefill anything? transfers, retractions)."""
+    try:
+        stats = httpx.get(f"{url}/get_server_info", timeout=30).json()
+    except (httpx.HTTPError, ValueError) as exc:
+        return {"error": str(exc)}
+    keys = ("forward_steps", "extend_steps", "retractions_total", "cache_hit_rate")
+    return {k: v for k, v in stats.items() if k in keys or k.startswith("pd_")}
 
 
 def report(rows: list[dict]) -> None:
@@ -180,16 +219,22 @@ def report(rows: list[dict]) -> None:
             print(f"{row['mode']:<10} {cls:<5} {c['n']:>4} {c['ttft_p50'] * 1e3:>9.1f} "
                   f"{c['ttft_p99'] * 1e3:>9.1f} {c['itl_p50'] * 1e3:>8.1f} "
                   f"{c['itl_p99'] * 1e3:>8.1f}")
+        print(f"{row['mode']:<10} servers: {row.get('stats')}")
         print(f"{row['mode']:<10} total {row['total_tok_s']:.0f} tok/s, output "
               f"{row['output_tok_s']:.0f} tok/s, wall {row['wall_s']:.1f} s, "
               f"failed {row['failed']}")
     by = {r["mode"]: r for r in rows}
-    if {"pd", "colocated"} <= set(by):
-        pd, co = by["pd"], by["colocated"]
+    co = by.get("colocated")
+    for name in ("pd", "pd-gloo"):
+        pd = by.get(name)
+        if pd is None or co is None:
+            continue
         for cls in ("long", "chat"):
-            print(f"ratio pd/colocated {cls}: ITL p99 {pd[cls]['itl_p99'] / co[cls]['itl_p99']:.2f}x, "
+            print(f"ratio {name}/colocated {cls}: ITL p99 "
+                  f"{pd[cls]['itl_p99'] / co[cls]['itl_p99']:.2f}x, "
                   f"TTFT p99 {pd[cls]['ttft_p99'] / co[cls]['ttft_p99']:.2f}x")
-        print(f"ratio pd/colocated total throughput {pd['total_tok_s'] / co['total_tok_s']:.2f}x")
+        print(f"ratio {name}/colocated total throughput "
+              f"{pd['total_tok_s'] / co['total_tok_s']:.2f}x")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -197,7 +242,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=None)
     p.add_argument("--load-format", default="auto")
     p.add_argument("--tiny", action="store_true", help="tiny random model (CPU smoke)")
-    p.add_argument("--modes", default="pd,colocated")
+    p.add_argument("--modes", default="pd,colocated",
+                   help="comma-separated: pd (NCCL on GPUs), pd-gloo (host-staged), colocated")
     p.add_argument("--rate", type=float, default=4.0, help="requests per second, both classes")
     p.add_argument("--duration", type=float, default=90.0, help="seconds of arrivals")
     p.add_argument("--long-share", type=float, default=0.15)
@@ -208,6 +254,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--server-args", default="", help="extra flags for every server")
     p.add_argument("--router-args", default="", help="extra flags for the routers")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace", default="", help="folder: each server's step trace "
+                   "($SGDSL_STEP_TRACE), summarized after its run")
     return p.parse_args(argv)
 
 

@@ -7,6 +7,9 @@
 # [".whl"]):
 #   bash benchmarks/gpu/run_pd.sh            # rate 4 req/s, 60 s of arrivals
 #   bash benchmarks/gpu/run_pd.sh --rate 8   # extra arguments go to bench_pd.py
+#   bash benchmarks/gpu/run_pd.sh --modes pd,pd-gloo,colocated   # + PD over the gloo transfer
+# Every server's scheduler steps are traced ($OUT/trace, summarized in the output: the decode
+# server's launch-to-launch gaps and its slowest iterations).
 # If NCCL between the two server processes misbehaves, the host-staged gloo path:
 #   bash benchmarks/gpu/run_pd.sh --server-args "--disaggregation-transfer-backend gloo"
 set -o pipefail
@@ -14,4 +17,5 @@ source benchmarks/gpu/device_env.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 echo "commit $COMMIT"
 timeout 570 python3 benchmarks/gpu/bench_pd.py --model benchmarks/gpu/configs/llama-3.1-8b \
-  --load-format dummy --rate 4 --duration 60 "$@" 2>&1 | tee $OUT/pd.log | grep -v '^\[dp' | tail -30
+  --load-format dummy --rate 4 --duration 60 --trace $OUT/trace "$@" 2>&1 | tee $OUT/pd.log \
+  | grep -v '^\[dp' | tail -80

@@ -60,8 +60,13 @@ class PrefillSide:
         return (held is not None and held[0] is req) or self.sending.get(boot.key) is req
 
     def prefilled(self, reqs: list[Req]) -> None:
-        """Sampled their first token: held until their decode server registers."""
+        """Sampled their first token: sent now if their decode server has registered (the
+        usual case: it registers while the prompt runs), else held until it does.
+
+        NOTE: starting here, not at the next ``poll``, saves the TTFT of a loop iteration:
+        on a prefill server the next iteration may first wait for a long prefill's chunk."""
         now = time.monotonic()
+        held = []
         for req in reqs:
             if req.pd_bootstrap is None:
                 continue
@@ -69,6 +74,13 @@ class PrefillSide:
             # feeds them (it has no KV for them either)
             req.jumped = req.pending_forced = False
             self.held[req.pd_bootstrap.key] = (req, now)
+            held.append(req.pd_bootstrap.key)
+        if held:
+            self._drain_inbox()
+            for key in held:
+                if key in self.registered:
+                    req, _ = self.held.pop(key)
+                    self._start(req, self.registered.pop(key)[0])
 
     def remove(self, rid: str, message: str) -> Req | None:
         """Abort: a held request is returned for the scheduler to free; a sending one finishes

@@ -29,6 +29,7 @@ from ..config import EngineConfig
 from ..distributed.heartbeat import Heartbeats
 from ..ipc import messages as m
 from ..ipc.channel import IpcPaths, SyncChannel
+from .step_trace import make_trace
 
 PARENT_CHECK_S = 1.0
 IDLE_WAIT_MS = 500
@@ -71,7 +72,8 @@ def run_scheduler_process(config: EngineConfig, paths: IpcPaths | None, parent_p
         beat = (lambda: None) if beats is None else functools.partial(
             Heartbeats.beat, beats, spec.local_rank)
         with _profiled(spec.rank if spec is not None else 0):
-            _loop(scheduler, chan if leader else None, parent_pid, size > 1, beat)
+            _loop(scheduler, chan if leader else None, parent_pid, size > 1, beat,
+                  make_trace(scheduler, rank))
     except BaseException as exc:  # noqa: BLE001
         _report(chan, m.StartupError(f"{where}scheduler crashed: {type(exc).__name__}: {exc}",
                                      traceback.format_exc(), "engine_dead"))
@@ -193,14 +195,25 @@ def _profiled(rank: int) -> Iterator[None]:
 
 
 def _loop(scheduler: Any, chan: SyncChannel | None, parent_pid: int, parallel: bool,
-          beat: Any = lambda: None) -> None:
+          beat: Any = lambda: None, trace: Any = None) -> None:
     """``chan`` None: a follower rank, which takes rank 0's messages (and waits in that
-    broadcast while rank 0 idles)."""
+    broadcast while rank 0 idles). ``trace``: a ``StepTrace`` ($SGDSL_STEP_TRACE) or None."""
+    try:
+        _iterate(scheduler, chan, parent_pid, parallel, beat, trace)
+    finally:
+        if trace is not None:
+            trace.close()
+
+
+def _iterate(scheduler: Any, chan: SyncChannel | None, parent_pid: int, parallel: bool,
+             beat: Any, trace: Any) -> None:
     from ..distributed.collectives import broadcast_list
 
     next_check = time.monotonic() + PARENT_CHECK_S
     while True:
         beat()
+        if trace is not None:
+            trace.begin()
         msgs = chan.recv_all() if chan is not None else None
         if parallel:
             msgs = broadcast_list(msgs)
@@ -212,7 +225,11 @@ def _loop(scheduler: Any, chan: SyncChannel | None, parent_pid: int, parallel: b
             if isinstance(msg, m.Shutdown):
                 return
             scheduler.handle(msg)
+        if trace is not None:
+            trace.handled(len(msgs))
         busy = scheduler.step()
+        if trace is not None:
+            trace.end()
         if not busy and chan is not None:
             chan.wait(IDLE_WAIT_MS)
         now = time.monotonic()
