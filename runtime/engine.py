@@ -98,6 +98,8 @@ class Engine:
             subs = list(self._submitters.values())
         stats["submit_handoffs"] = sum(s.handoffs for s in subs)
         stats["submit_requests"] = sum(s.requests for s in subs)
+        if self.mm_processor is not None:  # mm: image preprocessing in this process
+            stats.update(self.mm_processor.stats())
         return stats
 
     def server_info(self) -> dict:

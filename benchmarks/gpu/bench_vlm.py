@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+import vlm_profile
+
 CONFIG = Path(__file__).resolve().parent / "configs" / "qwen2.5-vl-7b"
 SPECIALS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 TINY_TEXT = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -88,15 +90,25 @@ def questions(n: int, length: int, seed: int) -> list[list[int]]:
     return [torch.randint(200, 40000, (length,), generator=gen).tolist() for _ in range(n)]
 
 
-async def submit_all(engine, prompts: list[list[int]], imgs: list, params: dict) -> list[dict]:
+async def submit_all(engine, prompts: list[list[int]], imgs: list | None, params: dict) -> list[dict]:
     """One request per (prompt, image), all in flight at once, as a server would get them:
-    each is decoded and preprocessed on a worker thread and enters the scheduler when ready."""
+    each is decoded and preprocessed on a worker thread and enters the scheduler when ready
+    (``imgs`` None: text-only prompts)."""
+    if imgs is None:
+        return await asyncio.gather(*(engine.async_generate(input_ids=p, sampling_params=params)
+                                      for p in prompts))
     return await asyncio.gather(*(engine.async_generate(input_ids=p, image_data=[i],
                                                         sampling_params=params)
                                   for p, i in zip(prompts, imgs)))
 
 
-def run_ours(work: Path, ids: dict[str, int], workloads: dict, out_len: int, tiny: bool) -> dict:
+STAT_KEYS = ("cache_hit_tokens", "cache_query_tokens", "mm_images_encoded", "prompt_tokens_total",
+             "mm_encode_ms", "mm_patches_encoded", "mm_preprocess_s")
+
+
+def run_ours(work: Path, ids: dict[str, int], workloads: dict, out_len: int, tiny: bool,
+             prof: dict) -> dict:
+    """Workloads A and B (and, profiling, the preprocess alone and the text-only C)."""
     from sgdsl.runtime import Engine
 
     head = [ids["<|vision_start|>"], ids["<|image_pad|>"], ids["<|vision_end|>"]]
@@ -109,19 +121,22 @@ def run_ours(work: Path, ids: dict[str, int], workloads: dict, out_len: int, tin
         warm_imgs, warm_qs = workloads["warm"]
         engine.generate(input_ids=[head + q for q in warm_qs], sampling_params=params,
                         image_data=[[i] for i in warm_imgs])
-        for name in ("A", "B"):
+        if "pre" in workloads:
+            prof["preprocess"] = vlm_profile.preprocess(engine, head, *workloads["pre"])
+        for name in [n for n in ("A", "B", "C") if n in workloads]:
             imgs, qs = workloads[name]
+            prompts = qs if imgs is None else [head + q for q in qs]
             engine.flush_cache()
             before = engine.stats()
             sync()
             t0 = time.perf_counter()
-            outs = asyncio.run(submit_all(engine, [head + q for q in qs], imgs, params))
+            outs = asyncio.run(submit_all(engine, prompts, imgs, params))
             sync()
             wall = time.perf_counter() - t0
+            time.sleep(0.2)  # the last encoder events complete before the stats read them
             after = engine.stats()
             assert sum(len(o["output_ids"]) for o in outs) == out_len * len(qs)
-            delta = {k: after[k] - before[k] for k in ("cache_hit_tokens", "cache_query_tokens",
-                                                      "mm_images_encoded", "prompt_tokens_total")}
+            delta = {k: after[k] - before[k] for k in STAT_KEYS}
             results[name] = {"wall_s": wall, "requests": len(qs), "out_tokens": out_len * len(qs),
                              **delta}
             print(f"ours {name}: {results[name]}", flush=True)
@@ -198,8 +213,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--num", type=int, default=256)
     ap.add_argument("--distinct", type=int, default=16)
-    ap.add_argument("--width", type=int, default=1280)
-    ap.add_argument("--height", type=int, default=720)
+    ap.add_argument("--width", type=int, default=None, help="default 1280 (--tiny: 112)")
+    ap.add_argument("--height", type=int, default=None, help="default 720 (--tiny: 84)")
     ap.add_argument("--question", type=int, default=64)
     ap.add_argument("--out", type=int, default=128)
     ap.add_argument("--hf-num", type=int, default=64, help="HF runs the first N requests of A")
@@ -207,10 +222,15 @@ def main() -> None:
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke: tiny config, small run")
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--profile", action="store_true",
+                    help="per-phase times (vlm_profile.py): preprocess alone, pipe, encoder "
+                         "device time, and a text-only run at A's prompt lengths")
     args = ap.parse_args()
     if args.tiny:
         args.num, args.distinct, args.out = min(args.num, 8), min(args.distinct, 2), min(args.out, 8)
-        args.width, args.height, args.hf_num, args.hf_batch = 112, 84, 4, 2
+        args.hf_num, args.hf_batch = 4, 2
+    small = args.tiny and args.width is None and args.height is None
+    args.width, args.height = args.width or (112 if small else 1280), args.height or (84 if small else 720)
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-vlm-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -221,7 +241,15 @@ def main() -> None:
     b_pool = make_images(args.distinct, size, seed=3)
     workloads = {"warm": (make_images(4, size, seed=4), questions(4, args.question, seed=5)),
                  "A": (a_imgs, qs), "B": ([b_pool[i % args.distinct] for i in range(args.num)], qs)}
-    ours = run_ours(work, ids, workloads, args.out, args.tiny)
+    if args.profile:  # fresh images for the preprocess alone; C: A's lengths, no images
+        from sgdsl.runtime.multimodal.pixels import smart_resize
+
+        h, w = smart_resize(args.height, args.width, 28, 3136, 12845056)
+        tokens = 3 + args.question + h * w // 784
+        workloads["pre"] = (make_images(args.num, size, seed=6), qs)
+        workloads["C"] = (None, questions(args.num, tokens, seed=7))
+    prof: dict = {}
+    ours = run_ours(work, ids, workloads, args.out, args.tiny, prof)
     hf = None
     while not args.skip_hf and hf is None and args.hf_batch >= 1:
         oom = False
@@ -237,6 +265,10 @@ def main() -> None:
             args.hf_batch //= 2
     print(f"HF: {hf}", flush=True)
     report(ours, hf, args)
+    if args.profile:
+        from transformers import AutoConfig
+
+        vlm_profile.report(prof, ours, AutoConfig.from_pretrained(str(work)).vision_config)
 
 
 if __name__ == "__main__":

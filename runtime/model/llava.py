@@ -80,7 +80,7 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
 
     def encode_images(self, items: Sequence[ImageItem]) -> list[torch.Tensor]:
         weight = self.multi_modal_projector.linear_1.weight
-        pixels = torch.cat([i.pixel_values for i in items]).to(weight.device, weight.dtype)
+        pixels = torch.cat([i.encoder_input(weight.device, weight.dtype) for i in items])
         feats = self.vision_tower(pixels)
         return list(self.multi_modal_projector(feats if self.keep_cls else feats[:, 1:]))
 

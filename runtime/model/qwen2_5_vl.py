@@ -100,7 +100,7 @@ class Qwen2_5_VLForConditionalGeneration(LlamaForCausalLM):
     def encode_images(self, items: Sequence[ImageItem]) -> list[torch.Tensor]:
         """Encoder rows ``[num_tokens, hidden]`` per image, all images in one pass."""
         device = self.visual.patch_embed.proj.weight.device
-        pixels = torch.cat([i.pixel_values for i in items]).to(device, self.visual.dtype)
+        pixels = torch.cat([i.encoder_input(device, self.visual.dtype) for i in items])
         out = self.visual(pixels, [i.grid_thw for i in items])
         return list(out.split([i.num_tokens for i in items]))
 

@@ -5,9 +5,9 @@ Parameter names follow the HF checkpoint under ``visual.`` (``patch_embed.proj``
 ``blocks.N.{norm1,norm2,attn.qkv,attn.proj,mlp.{gate,up,down}_proj}``, ``merger.{ln_q,mlp.0,
 mlp.2}``). Input: the image processor's flattened patches ``[patches, C*T*P*P]`` of several
 images packed together and their ``grid_thw``; output: ``[tokens, out_hidden]`` in the
-images' order. Attention runs over ragged segments (windows or whole images) padded to the
-longest one in a single SDPA call: padded keys are masked, so each segment attends only to
-itself, as HF's per-segment loop does.
+images' order. Attention runs over ragged segments (windows or whole images), one SDPA call
+per segment length (``Segments``), so each segment attends only to itself, as HF's
+per-segment loop does, without a mask.
 """
 from __future__ import annotations
 
@@ -18,18 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.dispatch import use_triton
+from ..layers.norm import RMSNorm  # HF's Qwen2RMSNorm; one fused kernel on the GPU
 
-class VisionRMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+EPS = 1e-6
 
 
 class VisionMLP(nn.Module):
@@ -46,7 +38,12 @@ class VisionMLP(nn.Module):
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """rotate-half rotary in fp32 (as HF's ``apply_rotary_pos_emb_vision``)."""
+    """rotate-half rotary in fp32 (as HF's ``apply_rotary_pos_emb_vision``); on the GPU one
+    kernel (fp32 inside) instead of ~8 passes over the activations."""
+    if use_triton(x):
+        from ..kernels.rotary import rotary_apply_gathered
+
+        return rotary_apply_gathered(x, cos, sin)  # reads sin's second half: +sin, as here
     dtype = x.dtype
     x = x.float()
     x1, x2 = x.chunk(2, dim=-1)
@@ -55,40 +52,44 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 @dataclass(frozen=True)
 class Segments:
-    """Ragged segments (windows or images) of a packed sequence, as a padded batch: token i
-    sits at ``[seg[i], col[i]]``; ``mask`` hides the padded keys (None: all equally long).
-    Built once per forward and shared by the blocks of that kind."""
+    """Ragged segments (windows or images) of a packed sequence, grouped by length: each
+    group's tokens (``index``, segment after segment) form an equal-length batch, so every
+    group is one unmasked SDPA call (flash on the GPU; a padded batch needs a mask, which
+    rules flash out). Built once per forward and shared by the blocks of that kind."""
 
-    seg: torch.Tensor
-    col: torch.Tensor
-    count: int
-    longest: int
-    mask: torch.Tensor | None
+    groups: tuple[tuple[torch.Tensor | None, int], ...]  # (token index or None: all, length)
 
     @classmethod
-    def of(cls, cu_seqlens: list[int], device: torch.device) -> "Segments":
-        lens = torch.tensor([b - a for a, b in zip(cu_seqlens, cu_seqlens[1:])])
-        n, longest = len(lens), int(lens.max())
-        seg = torch.repeat_interleave(torch.arange(n), lens)
-        col = torch.arange(cu_seqlens[-1]) - torch.tensor(cu_seqlens[:-1]).repeat_interleave(lens)
-        mask = None
-        if int(lens.min()) < longest:
-            mask = (torch.arange(longest) < lens[:, None])[:, None, None, :].to(device)
-        return cls(seg.to(device), col.to(device), n, longest, mask)
-
-    def pad(self, x: torch.Tensor) -> torch.Tensor:
-        """``[tokens, heads, dim]`` -> ``[segments, heads, longest, dim]``."""
-        out = x.new_zeros(self.count, self.longest, *x.shape[1:])
-        out[self.seg, self.col] = x
-        return out.transpose(1, 2)
+    def of(cls, lens: torch.Tensor, device: torch.device) -> "Segments":
+        """``lens``: the segments' token counts, in packed order."""
+        lens = lens.cpu()
+        if bool((lens == lens[0]).all()):  # one group: the packed sequence itself
+            return cls(((None, int(lens[0])),))
+        starts = torch.cumsum(lens, 0) - lens
+        groups = []
+        for length in torch.unique(lens).tolist():
+            first = starts[lens == length]
+            index = (first[:, None] + torch.arange(length)).flatten()
+            groups.append((index.to(device), int(length)))
+        return cls(tuple(groups))
 
 
 def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segs: Segments,
                       scale: float) -> torch.Tensor:
     """Bidirectional attention within each segment of ``[tokens, heads, dim]`` tensors."""
-    out = F.scaled_dot_product_attention(segs.pad(q), segs.pad(k), segs.pad(v),
-                                         attn_mask=segs.mask, scale=scale)
-    return out.transpose(1, 2)[segs.seg, segs.col]
+    heads, dim = q.shape[1:]
+
+    def attend(qg: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor, length: int) -> torch.Tensor:
+        qg, kg, vg = (t.reshape(-1, length, heads, dim).transpose(1, 2) for t in (qg, kg, vg))
+        out = F.scaled_dot_product_attention(qg, kg, vg, scale=scale)
+        return out.transpose(1, 2).reshape(-1, heads, dim)
+
+    if segs.groups[0][0] is None:
+        return attend(q, k, v, segs.groups[0][1])
+    out = torch.empty_like(q)
+    for index, length in segs.groups:
+        out[index] = attend(q[index], k[index], v[index], length)
+    return out
 
 
 class VisionAttention(nn.Module):
@@ -110,22 +111,22 @@ class VisionAttention(nn.Module):
 class VisionBlock(nn.Module):
     def __init__(self, cfg: Any) -> None:
         super().__init__()
-        self.norm1 = VisionRMSNorm(cfg.hidden_size)
-        self.norm2 = VisionRMSNorm(cfg.hidden_size)
+        self.norm1 = RMSNorm(cfg.hidden_size, EPS)
+        self.norm2 = RMSNorm(cfg.hidden_size, EPS)
         self.attn = VisionAttention(cfg.hidden_size, cfg.num_heads)
         self.mlp = VisionMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
 
     def forward(self, x: torch.Tensor, segs: Segments, rope: tuple[torch.Tensor, torch.Tensor]
                 ) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), segs, rope)
-        return x + self.mlp(self.norm2(x))
+        h, x = self.norm2(self.attn(self.norm1(x), segs, rope), x)  # fused: x + attn, norm
+        return x + self.mlp(h)
 
 
 class PatchMerger(nn.Module):
     def __init__(self, out_dim: int, dim: int, merge: int) -> None:
         super().__init__()
         self.hidden = dim * merge * merge
-        self.ln_q = VisionRMSNorm(dim)
+        self.ln_q = RMSNorm(dim, EPS)
         self.mlp = nn.Sequential(nn.Linear(self.hidden, self.hidden), nn.GELU(),
                                  nn.Linear(self.hidden, out_dim))
 
@@ -167,17 +168,15 @@ class Qwen2_5_VisionTransformer(nn.Module):
         return self.patch_embed.proj.weight.dtype
 
     def forward(self, pixels: torch.Tensor, grids: list[tuple[int, int, int]]) -> torch.Tensor:
-        order, cu_windows = self.window_index(grids)
+        order, window_lens = self.window_index(grids)
         order = order.to(pixels.device)
         x = self._by_unit(self.patch_embed(pixels), order)
         angles = self._by_unit(self.rope_angles(grids).to(pixels.device), order)
         emb = torch.cat((angles, angles), dim=-1)
         rope = (emb.cos()[:, None, :], emb.sin()[:, None, :])
-        cu_full = [0]
-        for t, h, w in grids:  # full attention: each frame of each image on its own
-            for _ in range(t):
-                cu_full.append(cu_full[-1] + h * w)
-        full, windows = Segments.of(cu_full, x.device), Segments.of(cu_windows, x.device)
+        # full attention: each frame of each image on its own
+        frames = torch.tensor([h * w for t, h, w in grids for _ in range(t)])
+        full, windows = Segments.of(frames, x.device), Segments.of(window_lens, x.device)
         for i, block in enumerate(self.blocks):
             x = block(x, full if i in self.full_blocks else windows, rope)
         return self.merger(x)[torch.argsort(order)]
@@ -199,20 +198,19 @@ class Qwen2_5_VisionTransformer(nn.Module):
         inv = self.inv_freq
         return torch.cat([pos[:, :1] * inv, pos[:, 1:] * inv], dim=-1)
 
-    def window_index(self, grids: list[tuple[int, int, int]]) -> tuple[torch.Tensor, list[int]]:
-        """Merge units reordered window by window, and the windows' cumulative patch counts."""
-        size, order, cu, base = self.window, [], [0], 0
+    def window_index(self, grids: list[tuple[int, int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Merge units reordered window by window, and each window's patch count."""
+        size, order, lens, base = self.window, [], [], 0
         for t, h, w in grids:
             gh, gw = h // self.merge, w // self.merge
             index = torch.arange(t * gh * gw).view(t, gh, gw)
             ph, pw = -gh % size or size, -gw % size or size  # as HF: a full pad when divisible
             padded = F.pad(index, (0, pw, 0, ph), value=-1)
             nh, nw = (gh + ph) // size, (gw + pw) // size
-            padded = padded.view(t, nh, size, nw, size).permute(0, 1, 3, 2, 4).reshape(t, nh * nw, -1)
-            for window in padded.reshape(-1, size * size):
-                kept = window[window >= 0]
-                if kept.numel():
-                    order.append(kept + base)
-                    cu.append(cu[-1] + kept.numel() * self.unit)
+            windows = padded.view(t, nh, size, nw, size).permute(0, 1, 3, 2, 4).reshape(-1, size * size)
+            kept = windows >= 0
+            order.append(windows[kept] + base)  # row-major: window after window
+            counts = kept.sum(1)
+            lens.append(counts[counts > 0] * self.unit)
             base += t * gh * gw
-        return torch.cat(order), cu
+        return torch.cat(order), torch.cat(lens)

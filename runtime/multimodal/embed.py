@@ -3,6 +3,7 @@ whose rows the batch needs and that the ``EncoderCache`` does not hold, then eac
 ``ImageSlice`` is copied over its token rows of the input embeddings."""
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
@@ -12,6 +13,37 @@ from .inputs import ImageItem, MmBatch
 
 Encode = Callable[[Sequence[ImageItem]], list[torch.Tensor]]
 DEFAULT_CACHE_BYTES = 512 << 20  # EngineConfig.mm_embedding_cache_bytes replaces it at load
+
+
+class EncoderTimer:
+    """Time in the vision encoder: device time from CUDA events around each call (read
+    when ``stats`` asks, from the pairs that have completed: no synchronization), host time
+    of the calls on the CPU. ``mm_encode_ms`` in the scheduler's stats."""
+
+    def __init__(self) -> None:
+        self.ms = 0.0
+        self.patches = 0
+        self._pending: list[tuple[Any, Any]] = []
+
+    def run(self, fn: Callable[[], Any], device: torch.device, patches: int) -> Any:
+        self.patches += patches
+        if device.type != "cuda":
+            t0 = time.perf_counter()
+            out = fn()
+            self.ms += (time.perf_counter() - t0) * 1e3
+            return out
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = fn()
+        end.record()
+        self._pending.append((start, end))
+        return out
+
+    def total_ms(self) -> float:
+        done = [p for p in self._pending if p[1].query()]
+        self._pending = [p for p in self._pending if p not in done]
+        self.ms += sum(s.elapsed_time(e) for s, e in done)
+        return self.ms
 
 
 class EncoderCache:
@@ -26,6 +58,7 @@ class EncoderCache:
         self._items: OrderedDict[int, torch.Tensor] = OrderedDict()
         self.hits = 0
         self.misses = 0
+        self.timer = EncoderTimer()
 
     def get(self, key: int) -> torch.Tensor | None:
         emb = self._items.get(key)
@@ -62,7 +95,11 @@ def image_embeddings(mm: MmBatch, encode: Encode, cache: EncoderCache) -> dict[i
         else:
             found[key] = emb
     if missing:
-        for (key, item), emb in zip(missing.items(), encode(list(missing.values()))):
+        items = list(missing.values())
+        device = mm.deltas.device if mm.deltas is not None else torch.device("cpu")
+        patches = sum(i.grid_thw[0] * i.grid_thw[1] * i.grid_thw[2] for i in items)
+        for (key, item), emb in zip(missing.items(),
+                                    cache.timer.run(lambda: encode(items), device, patches)):
             if emb.shape[0] != item.num_tokens:
                 raise RuntimeError(f"image encoder gave {emb.shape[0]} rows for an image of "
                                    f"{item.num_tokens} tokens")
@@ -88,7 +125,8 @@ def mm_stats(runner: object) -> dict:
     if cache is None:
         return {}
     return {"mm_images_encoded": cache.misses, "mm_encoder_cache_hits": cache.hits,
-            "mm_encoder_cache_bytes": cache.bytes}
+            "mm_encoder_cache_bytes": cache.bytes, "mm_encode_ms": cache.timer.total_ms(),
+            "mm_patches_encoded": cache.timer.patches}
 
 
 def embed_prompt(model: Any, batch: Any) -> torch.Tensor:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from ..errors import InvalidRequestError
 from .image_io import decode_image, pixel_hash
 from .inputs import ImageItem, MmData
 from .mrope import prompt_positions
+from .pixels import PatchSpec
 
 PROCESSED_CACHE_BYTES = 256 << 20  # processed pixels of recent images, by pixel hash
 _FAMILIES = ("Qwen2_5_VLForConditionalGeneration", "LlavaForConditionalGeneration")
@@ -57,13 +59,14 @@ class MultimodalProcessor:
     def __init__(self, model_dir: str | Path, tokenizer: Any, fmt: ImageFormat,
                  allow_urls: bool = False, max_images: int = 16,
                  pixel_dtype: torch.dtype = torch.float32) -> None:
-        from transformers import AutoImageProcessor
-
         self.fmt = fmt
         # NOTE: pixels travel to the scheduler in the model's dtype (the encoder casts to it
         # first thing): half the bytes through the pipe for a bf16 model, same numbers.
         self.pixel_dtype = pixel_dtype
-        self.image_processor = AutoImageProcessor.from_pretrained(str(model_dir))
+        self.image_processor = _load_image_processor(model_dir)
+        # the device normalizes and patchifies (multimodal/pixels.py); None: the processor's
+        # whole output travels (LLaVA, or a processor the split does not reproduce)
+        self.patch_spec = PatchSpec.of(self.image_processor) if fmt.family == "qwen2_5_vl" else None
         self.image_token_id = int(tokenizer.convert_tokens_to_ids(fmt.image_token))
         self.allow_urls = allow_urls
         self.max_images = max_images
@@ -72,6 +75,8 @@ class MultimodalProcessor:
                                        thread_name_prefix="sgdsl-images")
         self._processed: OrderedDict[int, tuple[torch.Tensor, tuple[int, int, int]]] = OrderedDict()
         self._bytes = 0
+        self.busy_s = 0.0
+        self.images_done = 0
 
     @classmethod
     def for_model(cls, model_dir: str | Path, tokenizer: Any, config: Any
@@ -133,12 +138,20 @@ class MultimodalProcessor:
         return out, MmData(tuple(items))
 
     def _item(self, source: Any, offset: int, field: str) -> ImageItem:
+        t0 = time.perf_counter()
         image = decode_image(source, field, self.allow_urls)
         key = pixel_hash(image)
         pixels, grid = self._pixels(image, key, field)
         t, h, w = grid
         tokens = t * h * w // (self.fmt.merge ** 2)
-        return ImageItem(pixels, grid, key, offset, tokens)
+        with self._lock:
+            self.busy_s += time.perf_counter() - t0
+            self.images_done += 1
+        return ImageItem(pixels, grid, key, offset, tokens, self.patch_spec)
+
+    def stats(self) -> dict:
+        """Seconds spent decoding, hashing and processing images (summed over threads)."""
+        return {"mm_preprocess_s": self.busy_s, "mm_images_preprocessed": self.images_done}
 
     def _pixels(self, image: Any, key: int, field: str) -> tuple[torch.Tensor, tuple[int, int, int]]:
         with self._lock:
@@ -147,17 +160,22 @@ class MultimodalProcessor:
                 self._processed.move_to_end(key)
                 return hit
         try:
-            out = self.image_processor(images=[image], return_tensors="pt")
+            pixels, grid = self._run_processor(image)
         except Exception as e:  # noqa: BLE001 - the processor raises many kinds for odd images
             raise InvalidRequestError(f"{field}: the image processor rejected the image "
                                       f"({type(e).__name__}: {e})", field=field) from None
-        pixels = out["pixel_values"].to(self.pixel_dtype)
-        if "image_grid_thw" in out:
-            grid = tuple(int(v) for v in out["image_grid_thw"][0])
-        else:  # a fixed-size tower (LLaVA): its token count as a 1 x n x 1 grid
-            grid = (1, self.fmt.fixed_tokens, 1)
         self._remember(key, (pixels, grid))
         return pixels, grid
+
+    def _run_processor(self, image: Any) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        if self.patch_spec is not None:  # resized uint8 only (PIL releases the GIL meanwhile)
+            pixels = torch.from_numpy(self.patch_spec.resize(image))
+            return pixels, self.patch_spec.grid(pixels)
+        out = self.image_processor(images=[image], return_tensors="pt")
+        pixels = out["pixel_values"].to(self.pixel_dtype)
+        if "image_grid_thw" in out:
+            return pixels, tuple(int(v) for v in out["image_grid_thw"][0])
+        return pixels, (1, self.fmt.fixed_tokens, 1)  # a fixed-size tower (LLaVA): 1 x n x 1
 
     def _remember(self, key: int, value: tuple[torch.Tensor, tuple[int, int, int]]) -> None:
         size = value[0].numel() * value[0].element_size()
@@ -169,6 +187,17 @@ class MultimodalProcessor:
             while self._bytes > PROCESSED_CACHE_BYTES:
                 _, (old, _) = self._processed.popitem(last=False)
                 self._bytes -= old.numel() * old.element_size()
+
+
+def _load_image_processor(model_dir: str | Path) -> Any:
+    """The model's transformers image processor, its PIL flavour where there is a choice (the
+    reference numbers; ``PatchSpec`` reproduces its resize)."""
+    from transformers import AutoImageProcessor
+
+    try:
+        return AutoImageProcessor.from_pretrained(str(model_dir), backend="pil")
+    except (TypeError, ValueError, KeyError):  # transformers 4.x: no backends
+        return AutoImageProcessor.from_pretrained(str(model_dir), use_fast=False)
 
 
 def _pixel_dtype(config: Any) -> torch.dtype:

@@ -4,6 +4,8 @@ HF's forward; greedy generation through the Engine (prefill chunks cutting the i
 to HF ``generate``; the radix cache hits a repeated image and misses a different one."""
 from __future__ import annotations
 
+import io
+
 import torch
 
 from sgdsl.runtime.multimodal.inputs import PAD_BASE, build_mm_batch
@@ -16,12 +18,16 @@ IMAGES = [png(100, 60, 1), png(64, 120, 2)]
 GREEDY = {"temperature": 0, "max_new_tokens": 10}
 
 
-def hf_inputs(proc, ids: list[int], mm) -> dict:
-    """HF's inputs for our expanded prompt: pad ids back to the image token."""
+def hf_inputs(proc, ids: list[int], images: list[bytes]) -> dict:
+    """HF's inputs for our expanded prompt: pad ids back to the image token, the images
+    through transformers' own image processor (ours ships resized uint8 pixels instead)."""
+    from PIL import Image
+
     hid = torch.tensor([[proc.image_token_id if t >= PAD_BASE else t for t in ids]])
+    pil = [Image.open(io.BytesIO(b)).convert("RGB") for b in images]
+    out = proc.image_processor(images=pil, return_tensors="pt")
     return dict(input_ids=hid, mm_token_type_ids=(hid == proc.image_token_id).int(),
-                pixel_values=torch.cat([i.pixel_values for i in mm.images]),
-                image_grid_thw=torch.tensor([i.grid_thw for i in mm.images]))
+                pixel_values=out["pixel_values"], image_grid_thw=out["image_grid_thw"])
 
 
 def _extend(runner, req, start: int, end: int):
@@ -47,8 +53,9 @@ def test_logits_match_hf_whole_and_cut_inside_an_image(qwen_vl, vl):
     proc = vl.mm_processor
     ids, mm = proc.process(vl.tokenizer.encode(PROMPT), IMAGES, "image_data")
     assert [i.num_tokens for i in mm.images] == [8, 8] and mm.mrope_delta != 0
+    assert mm.images[0].patches is not None  # uint8 pixels, patches cut on the device
     with torch.no_grad():
-        ref = hf(**hf_inputs(proc, ids, mm)).logits[0]
+        ref = hf(**hf_inputs(proc, ids, IMAGES)).logits[0]
     runner = ModelRunner(EngineConfig(model=str(folder), max_total_tokens=256, num_threads=1))
     req = Req("r", ids, SamplingParams())
     req.mm, req.req_pool_idx = mm, runner.req_to_token_pool.alloc()
@@ -73,8 +80,8 @@ def test_greedy_equals_hf_generate_with_chunked_prefill(qwen_vl, vl):
     prompts = [PROMPT, "<|vision_start|><|image_pad|><|vision_end|> What is it?"]
     outs = vl.generate(prompts, GREEDY, image_data=[IMAGES, other])
     for prompt, images, out in zip(prompts, [IMAGES, other], outs):
-        ids, mm = vl.mm_processor.process(vl.tokenizer.encode(prompt), images, "image_data")
-        inputs = hf_inputs(vl.mm_processor, ids, mm)
+        ids, _ = vl.mm_processor.process(vl.tokenizer.encode(prompt), images, "image_data")
+        inputs = hf_inputs(vl.mm_processor, ids, images)
         with torch.no_grad():
             ref = hf.generate(**inputs, attention_mask=torch.ones_like(inputs["input_ids"]),
                               do_sample=False, max_new_tokens=10)
