@@ -57,6 +57,8 @@ class TokenKVPool:
         self.k_scale = [1.0] * num_layers
         self.v_scale = [1.0] * num_layers
         self.free_list = SlotFreeList(1, num_slots)  # slot 0: the dummy row
+        # hicache: per-layer events of host->device loads in flight (None: none), see wait_layer
+        self._layer_events: list | None = None
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -109,6 +111,25 @@ class TokenKVPool:
 
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         self.write(layer_id, loc, k, v)
+
+    # hicache: layer-wise overlap of host->device loads with the prefill that reads them
+    def await_layers(self, events: list) -> None:
+        """A load was queued on a side stream with ``events[i]`` recorded after layer ``i``'s
+        copies: attention's next read of layer ``i`` waits for it (``wait_layer``). A later
+        load's events replace an earlier one's: the side stream runs its loads in order."""
+        self._layer_events = list(events) if events else None
+
+    def wait_layer(self, layer_id: int) -> None:
+        """Attention backends call this before reading layer ``layer_id``'s buffers: the
+        compute stream waits (on the device; the host does not) for the load of that layer."""
+        events = self._layer_events
+        if events is None:
+            return
+        if events[layer_id] is not None:
+            torch.cuda.current_stream(self.device).wait_event(events[layer_id])
+            events[layer_id] = None  # the compute stream is past it: later reads need no wait
+            if not any(e is not None for e in events):
+                self._layer_events = None
 
     # pd: pages as stored (fp8 as bytes), for disaggregation's KV transfer
     def read_pages(self, layer_id: int, slots: torch.Tensor) -> torch.Tensor:

@@ -53,16 +53,26 @@ class KVMemory:
         return self.kv_pool.alloc(n)
 
     # -- prefix matching --------------------------------------------------------------------
-    def match(self, req: Req, load: bool = False) -> tuple[torch.Tensor, Any]:
-        """Cached prefix of the request (KV slots, tree node), capped at ``max_prefix_len``.
-        ``load`` (admission): host/storage-resident parts are loaded onto the device first."""
-        key = req.all_ids[: req.max_prefix_len]
-        if load and getattr(self.tree, "tiered", False):  # hicache:
-            result, host, storage = self.tree.match_and_load(key)
-            req.hicache_loaded[0] += host
-            req.hicache_loaded[1] += storage
-            return result.slots, result.node
-        result = self.tree.match_prefix(key)
+    def match(self, req: Req) -> tuple[torch.Tensor, Any]:
+        """Cached prefix of the request in device memory (KV slots, tree node), capped at
+        ``max_prefix_len``. hicache: ``req.host_hit_len`` is set to the tokens after it that
+        the host tier holds (``load`` brings them back once the request is admitted)."""
+        result = self.tree.match_prefix(req.all_ids[: req.max_prefix_len])
+        req.host_hit_len = getattr(result, "host_length", 0)  # hicache:
+        return result.slots, result.node
+
+    @property
+    def tiered(self) -> bool:
+        """hicache: the tree spans host/storage tiers (admission goes through ``load``)."""
+        return getattr(self.tree, "tiered", False)
+
+    def load(self, req: Req) -> tuple[torch.Tensor, Any]:
+        """hicache: ``match``, with the host- and storage-resident part of the prefix loaded
+        onto the device first (copies queued ahead of the prefill's attention, per layer)."""
+        result, host, storage = self.tree.match_and_load(req.all_ids[: req.max_prefix_len])
+        req.hicache_loaded[0] += host
+        req.hicache_loaded[1] += storage
+        req.host_hit_len = 0
         return result.slots, result.node
 
     def tier_details(self, req: Req, prefix: int) -> dict[str, int] | None:

@@ -52,8 +52,11 @@ class PrefillAdder:
         deferred for in-batch prefix sharing is skipped (True: keep trying others)."""
         if self.full:
             return False
-        indices, node = self.memory.match(req, load=True)  # hicache: host/storage hits load
-        prefix = int(indices.numel())
+        indices, node = self.memory.match(req)
+        # hicache: the host tier's part of the prefix is cached too (no prefill), but takes
+        # device slots once loaded: charged to the budget like the tokens it spares.
+        lower = req.host_hit_len
+        prefix = int(indices.numel()) + lower
         extend = req.seq_len - prefix
         if extend > IN_BATCH_CHECK and not self.memory.tree.disable:
             sig = (prefix, tuple(req.all_ids[prefix: prefix + IN_BATCH_CHECK]))
@@ -62,9 +65,13 @@ class PrefillAdder:
             self._signatures.add(sig)
         n = min(extend, self.budget)
         # A request that must be chunked can start only if nothing else is chunked.
-        need = n + (self._future_tokens(req) if n == extend else 0)
+        need = lower + n + (self._future_tokens(req) if n == extend else 0)
         if need > self.rem_total and (self.reqs or self.memory.available() < need):
             return False
+        if self.memory.tiered:  # hicache: only an admitted request's prefix is loaded
+            indices, node = self.memory.load(req)
+            prefix = int(indices.numel())
+            n = min(req.seq_len - prefix, self.budget)
         if not self.memory.admit(req, indices, node):
             return False
         if self.memory.reserve_extend(req, n) is None:

@@ -97,6 +97,7 @@ class Req:
         # hicache: tokens loaded back from the host / storage tier for this request (until its
         # first admission) and, from then, its cached prefix split by tier (meta_info).
         self.hicache_loaded = [0, 0]
+        self.host_hit_len = 0  # hicache: the last match's host-resident tokens (memory.match)
         self.cached_tokens_details: dict[str, int] | None = None
         # pd: the request's disaggregation bootstrap (disaggregation/bootstrap.py): on a prefill
         # server its KV goes to the decode server after the first token; on a decode server it

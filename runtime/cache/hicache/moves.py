@@ -78,8 +78,7 @@ class TierMoves:
                 and all(c.value is None for c in node.children.values()))
 
     def _demote(self, node: Any) -> None:
-        if self.transfer.cuda:
-            self.transfer.fence()  # the backup's gather reads these slots first
+        self._release_device(node)
         self.pool.free(node.value)
         node.value = None
         self._evictable -= len(node.key)
@@ -93,10 +92,20 @@ class TierMoves:
             n = stack.pop()
             stack.extend(n.children.values())
             if n.value is not None:
+                self._release_device(n)
                 self.pool.free(n.value)
                 self._evictable -= len(n.key)
                 self.dropped += len(n.key)
             self._free_host(n)
+
+    def _release_device(self, node: Any) -> None:
+        """Before a node's device slots go back to the pool (CUDA): the copies that may still
+        touch them (its backup's gather, its own load) come first on the compute stream."""
+        if self.transfer.cuda:
+            if node.backup_pending:
+                self.transfer.fence(node.backup.event)
+            self.transfer.fence(node.load_event)
+        node.load_event = None
 
     def _free_host(self, node: Any) -> None:
         if node.host_value is None:

@@ -6,23 +6,34 @@ device -> host gathers the device rows into one contiguous tensor and copies eac
 host -> device copies each run into one contiguous tensor and scatters it into the device
 slots. On the CPU that is all; the same code runs with plain copies.
 
-On CUDA (the host pool page-locked, so every run copy is asynchronous DMA) copies run on a
-side stream, never blocking the host:
+On CUDA (the host pool page-locked, so every run copy is asynchronous DMA) copies run on two
+side streams, one per direction (each has its own copy engine), never blocking the host:
 
-- device -> host (a backup): the side stream first waits for the compute stream (the rows must
-  be written). The backup is *pending* until its event fires (``poll``/``finish``); the host
-  rows are not read before. The device slots may be freed as soon as the copy is queued:
-  ``fence`` makes the compute stream wait for the side stream before a later kernel can
-  overwrite them.
-- host -> device (a load): the compute stream waits on the load's event, so the request's
-  prefill is queued behind it without the host blocking.
+- device -> host (a backup, ``write_stream``): first waits for the compute stream (the rows
+  must be written). The backup is *pending* until its event fires (``poll``/``finish``); the
+  host rows are not read on the CPU before. The device slots may be freed as soon as the copy
+  is queued: ``fence(backup event)`` makes the compute stream wait for that backup (only)
+  before a later kernel can overwrite them.
+- host -> device (a load, ``load_stream``): first waits for the compute stream (the fresh
+  device slots were freed by evictions, and a step in flight may still read them, or a
+  backup still gathers them: the compute stream was fenced on it) and for the backups still
+  filling the host rows it reads (on the device: the host does not wait). Then layer by
+  layer, with an
+  event recorded after each layer's copies, handed to the device pool
+  (``TokenKVPool.await_layers``): attention's layer ``i`` waits for event ``i`` only
+  (``TokenKVPool.wait_layer``), so the prefill's first layers run while later layers are
+  still being copied (SGLang's layer-wise overlap), and nothing on the compute stream waits
+  for a load before it reaches attention. A decode step that replays a CUDA graph never waits
+  (it reads no slot being loaded: only an admitted request's prefill does); slots of a loaded
+  node freed before that prefill ran wait for the load first (``fence(load event)``).
+
+The device slot ids go up through pinned memory (``to_device``, as every upload of the
+scheduler): from pageable memory CUDA may stage the copy synchronously, and the side stream
+first waits for the step in flight, so the host could wait for that step on every backup and
+load.
 
 Fragmented host slots (more than ``MAX_RUNS`` runs) go through pinned staging instead (a host
 gather or scatter, then one copy per layer).
-
-NOTE: the whole load lands before the prefill's first layer runs. A layer-by-layer overlap needs
-a per-layer wait where attention reads the pool (the attention backends' ``forward``), which
-this does not hook.
 """
 from __future__ import annotations
 
@@ -32,6 +43,7 @@ from typing import Any, Callable
 
 import torch
 
+from ...layers.upload import to_device
 from ..host_pool import HostKVPool
 from ..pool import TokenKVPool, _raw
 
@@ -63,9 +75,10 @@ class KVTransfer:
         self.dev = device_pool
         self.host = host_pool
         self.cuda = device_pool.device.type == "cuda"
-        self.stream = torch.cuda.Stream(device_pool.device) if self.cuda else None
+        new_stream = (lambda: torch.cuda.Stream(device_pool.device)) if self.cuda else None
+        self.write_stream = new_stream() if self.cuda else None  # device -> host
+        self.load_stream = new_stream() if self.cuda else None  # host -> device
         self.pending: list[_Backup] = []
-        self._unfenced = False
         self._timed: list[tuple[Any, Any]] = []  # CUDA: (start, end) events of loads in flight
         self.bytes_d2h = self.bytes_h2d = self.loads = 0
         self.load_seconds = 0.0
@@ -91,14 +104,13 @@ class KVTransfer:
             staging = torch.empty((self.dev.num_layers, 2, int(dev_slots.numel()),
                                    *self.host.row_shape), dtype=self.host.raw_dtype,
                                   pin_memory=True)
-        with torch.cuda.stream(self.stream):
-            self.stream.wait_stream(torch.cuda.current_stream(self.dev.device))
-            self._copy_out(dev_slots.to(self.dev.device, non_blocking=True), parts, staging)
+        with torch.cuda.stream(self.write_stream):
+            self.write_stream.wait_stream(torch.cuda.current_stream(self.dev.device))
+            self._copy_out(to_device(dev_slots, self.dev.device), parts, staging)
             event = torch.cuda.Event()
-            event.record(self.stream)
+            event.record(self.write_stream)
         backup = _Backup(event, staging, host_slots, done)
         self.pending.append(backup)
-        self._unfenced = True
         return backup
 
     def _copy_out(self, idx: torch.Tensor, parts: list, staging: torch.Tensor | None) -> None:
@@ -112,12 +124,12 @@ class KVTransfer:
                 for off, first, n in parts:
                     host[first:first + n].copy_(rows[off:off + n], non_blocking=async_)
 
-    def fence(self) -> None:
-        """Before device slots of a just-queued backup are reused: the compute stream waits
-        for the side stream's gathers (a device-side wait; the host does not block)."""
-        if self._unfenced:
-            torch.cuda.current_stream(self.dev.device).wait_stream(self.stream)
-            self._unfenced = False
+    def fence(self, event: Any) -> None:
+        """Before device slots a copy may still touch are freed for reuse (the gather of a
+        backup, ``event`` its last; a load, ``event`` its last): the compute stream waits for
+        that copy, unless it has landed (a device-side wait; the host does not block)."""
+        if event is not None and not event.query():
+            torch.cuda.current_stream(self.dev.device).wait_event(event)
 
     def poll(self) -> None:
         """Finish the backups whose copies have landed (no waiting); time finished loads."""
@@ -145,8 +157,10 @@ class KVTransfer:
         backup.done()
 
     # -- host -> device ---------------------------------------------------------------------
-    def load(self, host_slots: torch.Tensor, dev_slots: torch.Tensor) -> None:
-        """Copy host rows into device rows, ahead of anything the compute stream runs next."""
+    def load(self, host_slots: torch.Tensor, dev_slots: torch.Tensor, after: list) -> Any:
+        """Copy host rows into device rows, layer by layer, ahead of the attention that reads
+        them; ``after``: events of backups still filling these host rows. Returns the load's
+        last event (CUDA; None on the CPU, where it is done)."""
         start = time.perf_counter()
         self.bytes_h2d += int(host_slots.numel()) * self.host.bytes_per_token
         self.loads += 1
@@ -154,25 +168,29 @@ class KVTransfer:
         if not self.cuda:
             self._copy_in(dev_slots, parts, None)
             self.load_seconds += time.perf_counter() - start
-            return
+            return None
         staging = self.host.gather(host_slots, out=torch.empty(
             (self.dev.num_layers, 2, int(host_slots.numel()), *self.host.row_shape),
             dtype=self.host.raw_dtype, pin_memory=True)) if len(parts) > MAX_RUNS else None
         main = torch.cuda.current_stream(self.dev.device)
-        with torch.cuda.stream(self.stream):
-            self.stream.wait_stream(main)
+        with torch.cuda.stream(self.load_stream):
+            self.load_stream.wait_stream(main)
+            for event in after:
+                self.load_stream.wait_event(event)
             begin = torch.cuda.Event(enable_timing=True)
-            begin.record(self.stream)
-            self._copy_in(dev_slots.to(self.dev.device, non_blocking=True), parts, staging)
+            begin.record(self.load_stream)
+            layers = self._copy_in(to_device(dev_slots, self.dev.device), parts, staging)
             end = torch.cuda.Event(enable_timing=True)
-            end.record(self.stream)
-        main.wait_event(end)
-        # NOTE: latency = the copy's time on the side stream, read from the events once they
+            end.record(self.load_stream)
+        self.dev.await_layers(layers)
+        # NOTE: latency = the copy's time on the load stream, read from the events once they
         # have fired (``poll``); the host only queued it.
         self._timed.append((begin, end))
+        return end
 
-    def _copy_in(self, idx: torch.Tensor, parts: list, staging: torch.Tensor | None) -> None:
-        async_, n = self.cuda, int(idx.numel())
+    def _copy_in(self, idx: torch.Tensor, parts: list, staging: torch.Tensor | None) -> list:
+        """The copies of every layer; on CUDA an event after each layer's (returned)."""
+        async_, n, events = self.cuda, int(idx.numel()), []
         for layer in range(self.dev.num_layers):
             for which, (dev, host) in enumerate(self._pairs(layer)):
                 if staging is not None:
@@ -182,6 +200,10 @@ class KVTransfer:
                     for off, first, m in parts:
                         rows[off:off + m].copy_(host[first:first + m], non_blocking=async_)
                 dev.index_copy_(0, idx, rows)
+            if async_:
+                events.append(torch.cuda.Event())
+                events[-1].record(self.load_stream)
+        return events
 
     def stats(self) -> dict[str, float | int]:
         return {"hicache_bytes_device_to_host": self.bytes_d2h,

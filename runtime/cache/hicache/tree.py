@@ -52,6 +52,7 @@ class HiTreeNode(TreeNode):
     host_ref: int = 0  # > 0: the host copy is being read (a load in progress)
     backup: Any = None  # transfer._Backup while the device->host copy may be in flight
     hit_count: int = 0
+    load_event: Any = None  # CUDA: the last event of the load that filled ``value``
 
     @property
     def tier(self) -> str:
@@ -68,6 +69,11 @@ class HiMatchResult(MatchResult):
     continue the match, in order."""
 
     host_nodes: tuple = ()
+
+    @property
+    def host_length(self) -> int:
+        """Tokens past the device match that the host tier holds (a load brings them back)."""
+        return sum(len(n.key) for n in self.host_nodes)
 
 
 class HiRadixCache(TierMoves, RadixCache):
@@ -143,7 +149,8 @@ class HiRadixCache(TierMoves, RadixCache):
                            lock_ref=child.lock_ref, last_access=child.last_access,
                            prefix_len=parent.prefix_len + n,
                            host_value=_head(child.host_value, n), host_ref=child.host_ref,
-                           backup=child.backup, hit_count=child.hit_count)
+                           backup=child.backup, hit_count=child.hit_count,
+                           load_event=child.load_event)
         parent.children[child.key[0]] = upper
         child.key, child.parent = child.key[n:], upper
         child.value, child.host_value = _tail(child.value, n), _tail(child.host_value, n)
@@ -186,7 +193,9 @@ class HiRadixCache(TierMoves, RadixCache):
         """Give the longest run of ``host_nodes`` that fits device slots and copy them in."""
         if not host_nodes:
             return 0, 0
-        if any(n.backup_pending for n in host_nodes):
+        # NOTE: a backup still in flight is ordered before the load on the device (the load
+        # stream waits for its event); only one through pinned staging lands on the host.
+        if any(n.backup_pending and n.backup.staging is not None for n in host_nodes):
             self.transfer.finish()
         room, take = self.pool.available() + self._evictable, []
         for node in host_nodes:
@@ -202,10 +211,11 @@ class HiRadixCache(TierMoves, RadixCache):
         slots = self.pool.alloc(n)
         if slots is None:
             return 0, 0
-        self.transfer.load(torch.cat([node.host_value for node in take]), slots)
+        filling = [n.backup.event for n in take if n.backup_pending]
+        event = self.transfer.load(torch.cat([n.host_value for n in take]), slots, filling)
         off = 0
         for node in take:
-            node.value = slots[off:off + len(node.key)]
+            node.value, node.load_event = slots[off:off + len(node.key)], event
             off += len(node.key)
             self._evictable += len(node.key)
         from_storage = len(fetched.key) if fetched is not None and fetched in take else 0

@@ -98,6 +98,7 @@ class TorchNativeAttnBackend(AttentionBackend):
                 batch: ForwardBatch, scaling: float, kv_stored: bool = False) -> torch.Tensor:
         if not kv_stored:  # (always: this backend offers no kv_store_target)
             self._store(k, v, layer_id, batch)
+        self.kv_pool.wait_layer(layer_id)  # hicache: this layer's host->device load has landed
         meta = batch.attn_metadata
         with self._sdpa_scope():
             if isinstance(meta, DecodeMetadata):

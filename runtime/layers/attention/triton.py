@@ -165,6 +165,7 @@ class TritonAttnBackend(AttentionBackend):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
                 batch: ForwardBatch, scaling: float, kv_stored: bool = False) -> torch.Tensor:
         pool = self.kv_pool
+        pool.wait_layer(layer_id)  # hicache: this layer's host->device load has landed
         k_buf, v_buf = pool.k_buffer[layer_id], pool.v_buffer[layer_id]
         # fp8 cache: per-layer scales (1.0 for a cache in the model dtype)
         scales = dict(k_scale=pool.k_scale[layer_id], v_scale=pool.v_scale[layer_id])

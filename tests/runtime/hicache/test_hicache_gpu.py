@@ -23,12 +23,15 @@ def _kv(token: int, pos: int, layer: int) -> float:
     return float((token * 64 + pos) % 2048 + layer)  # exact in bf16 up to 256; fp32 here
 
 
-def _serve(tree: HiRadixCache, seq: list[int]) -> int:
+def _serve(tree: HiRadixCache, seq: list[int], check: bool = True) -> int:
+    """One request: match (loading lower tiers), check the prefix's KV, write the rest, cache
+    it. ``check=False``: no integrity check after (it waits for copies in flight)."""
     pool = tree.pool
     res, host, _ = tree.match_and_load(seq[:-1])
     tree.lock(res.node)
     slots = res.slots.to("cuda")
     for layer in range(LAYERS):
+        pool.wait_layer(layer)  # as attention does before reading the layer
         want = torch.tensor([_kv(t, p, layer) for p, t in enumerate(seq[:res.length])],
                             device="cuda")
         assert torch.equal(pool.k_buffer[layer][slots, 0, 0], want), layer
@@ -43,7 +46,8 @@ def _serve(tree: HiRadixCache, seq: list[int]) -> int:
         pool.k_buffer[layer][new.to("cuda")] = vals.view(-1, 1, 1).expand(n, HEADS, DIM)
         pool.v_buffer[layer][new.to("cuda")] = -vals.view(-1, 1, 1).expand(n, HEADS, DIM)
     tree.cache_finished_req(seq, torch.cat([res.slots, new]), res.node)
-    tree.check_integrity(idle=True)
+    if check:
+        tree.check_integrity(idle=True)
     return host
 
 
@@ -59,4 +63,111 @@ def test_rounds_through_a_cuda_pool(policy, max_runs, monkeypatch):
     loaded = sum(_serve(tree, seq) for seq in seqs)
     assert loaded > 200
     assert tree.hicache_stats()["hicache_load_seconds_total"] > 0
+    tree.close()
+
+
+# -- layer-wise overlap: the load stream, per-layer events, the waits ------------------------
+SLEEP = 1_000_000_000  # GPU clock cycles (~0.5 s): holds a side stream back
+
+
+def _parked(policy: str = "write_through") -> tuple[HiRadixCache, list[int], list[int]]:
+    """A 40-slot device pool where ``a`` went to the host (``b`` pushed it out)."""
+    pool = TokenKVPool(40, LAYERS, HEADS, DIM, torch.float32, "cuda")
+    tree = HiRadixCache(pool, HostKVPool(400, pool, pin_memory=True), policy)
+    a, b = _two(seed=5)
+    _serve(tree, a)
+    _serve(tree, b)
+    assert tree.match_prefix(a[:-1]).host_length == 29
+    torch.cuda.synchronize()
+    return tree, a, b
+
+
+def _two(seed: int) -> list[list[int]]:
+    """Two 30-token requests that share no prefix (distinct first tokens)."""
+    return [[first, *seq[1:]] for first, seq in zip((51, 52), _seqs(2, 30, seed=seed))]
+
+
+def _hold_load_stream(tree: HiRadixCache) -> None:
+    with torch.cuda.stream(tree.transfer.load_stream):
+        torch.cuda._sleep(SLEEP)
+
+
+def test_load_gives_attention_one_event_per_layer():
+    tree, a, _ = _parked()
+    pool = tree.pool
+    _hold_load_stream(tree)
+    res, host, _ = tree.match_and_load(a[:-1])
+    assert host == 29 and res.length == 29
+    events = pool._layer_events
+    assert events is not None and len(events) == LAYERS and all(e is not None for e in events)
+    slots = res.slots.to("cuda")
+    reads = []
+    for layer in range(LAYERS):  # what attention does: wait for this layer, then read it
+        pool.wait_layer(layer)
+        assert pool._layer_events is None or pool._layer_events[layer] is None
+        reads.append(pool.k_buffer[layer][slots, 0, 0].clone())
+    assert pool._layer_events is None  # every layer waited for: nothing left pending
+    torch.cuda.synchronize()
+    for layer, got in enumerate(reads):  # without the waits these would be stale rows
+        want = torch.tensor([_kv(t, p, layer) for p, t in enumerate(a[:29])], device="cuda")
+        assert torch.equal(got, want), layer
+    tree.check_integrity(idle=True)
+    tree.close()
+
+
+def test_compute_stream_runs_ahead_of_a_load_until_attention_needs_it():
+    tree, a, _ = _parked()
+    pool = tree.pool
+    _hold_load_stream(tree)
+    tree.match_and_load(a[:-1])
+    events = list(pool._layer_events)
+    # work that reads no loaded slot (another request's rows, a decode step) is not held back
+    other = pool.k_buffer[0][1:4].clone()
+    before = torch.cuda.Event()
+    before.record()
+    before.synchronize()
+    assert not events[0].query(), "the compute stream waited for a load nobody read yet"
+    pool.wait_layer(0)  # the prefill's first layer: from here on it waits for layer 0 only
+    after = torch.cuda.Event()
+    after.record()
+    after.synchronize()
+    assert events[0].query()
+    assert other.shape[0] == 3
+    torch.cuda.synchronize()
+    tree.check_integrity(idle=True)
+    tree.close()
+
+
+def test_freeing_a_loaded_node_waits_for_its_load():
+    tree, a, _ = _parked()
+    pool = tree.pool
+    _hold_load_stream(tree)
+    res, _, _ = tree.match_and_load(a[:-1])
+    slots = res.slots.to("cuda")
+    pool.await_layers([])  # nobody will read the load (its request was not admitted)
+    assert tree.evict(29) >= 29 and tree.match_prefix(a[:-1]).length == 0  # demoted again
+    new = pool.alloc(pool.available())
+    assert bool(torch.isin(res.slots, new).all())
+    for layer in range(LAYERS):  # the slots' next owner writes them on the compute stream
+        pool.k_buffer[layer][slots] = 777.0
+    torch.cuda.synchronize()
+    for layer in range(LAYERS):  # ... after the late load, not before it (else: overwritten)
+        assert bool((pool.k_buffer[layer][slots] == 777.0).all()), layer
+    pool.free(new)
+    tree.check_integrity(idle=True)
+    tree.close()
+
+
+def test_load_after_pending_backup_is_ordered_on_the_device():
+    """A node demoted while its backup is still in flight loads back without the host waiting
+    for the backup (the load stream waits for the write stream)."""
+    pool = TokenKVPool(40, LAYERS, HEADS, DIM, torch.float32, "cuda")
+    tree = HiRadixCache(pool, HostKVPool(400, pool, pin_memory=True), "write_through")
+    a, b = _two(seed=6)
+    with torch.cuda.stream(tree.transfer.write_stream):
+        torch.cuda._sleep(SLEEP)  # a's backup stays pending
+    _serve(tree, a, check=False)
+    _serve(tree, b, check=False)  # demotes a while its backup may be in flight
+    assert _serve(tree, a) == 29  # loads it back; the values are checked on the device
+    tree.check_integrity(idle=True)
     tree.close()

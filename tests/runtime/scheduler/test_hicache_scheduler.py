@@ -67,3 +67,27 @@ def test_abort_with_tiers(hi_harness):
     h.run()
     assert h.outs["after"] == expected(list(range(1, 40)) + [9], 3)
     h.check_idle()
+
+
+def test_host_hit_loads_only_when_admitted(hi_harness):
+    """A waiting request whose prefix is on the host is not loaded while it cannot be admitted
+    (a load for a request that then waits evicts others' prefixes for nothing), and its host
+    tokens count against the room admission keeps (they take device slots once loaded)."""
+    h = hi_harness(80)
+    doc = list(range(1, 31))
+    h.submit("first", doc + [40], max_new_tokens=2, ignore_eos=True)
+    h.run()
+    h.submit("filler", list(range(41, 50)) * 7, max_new_tokens=2, ignore_eos=True)
+    h.run()  # "first" went to the host
+    assert h.sched.tree.match_prefix(doc).length == 0
+    h.submit("big", list(range(2, 52)), max_new_tokens=20, ignore_eos=True)
+    h.sched.step()  # "big" takes most of the pool for its decode
+    h.submit("again", doc + [41], max_new_tokens=3, ignore_eos=True)
+    for _ in range(3):
+        h.sched.step()
+        assert "again" not in h.outs
+        assert h.sched.stats()["hicache_loads_total"] == 0
+    h.run()
+    assert h.outs["again"] == expected(doc + [41], 3)
+    assert h.outs["big"] == expected(list(range(2, 52)), 20)
+    assert h.sched.stats()["hicache_host_hit_tokens"] >= 30
