@@ -24,6 +24,7 @@ import asyncio
 import gc
 import inspect
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -249,6 +250,8 @@ def main() -> None:
         workloads["pre"] = (make_images(args.num, size, seed=6), qs)
         workloads["C"] = (None, questions(args.num, tokens, seed=7))
     prof: dict = {}
+    if args.profile:  # the scheduler process reads it at start
+        os.environ.setdefault("SGDSL_STEP_TRACE", str(work / "trace"))
     ours = run_ours(work, ids, workloads, args.out, args.tiny, prof)
     hf = None
     while not args.skip_hf and hf is None and args.hf_batch >= 1:
@@ -269,6 +272,9 @@ def main() -> None:
         from transformers import AutoConfig
 
         vlm_profile.report(prof, ours, AutoConfig.from_pretrained(str(work)).vision_config)
+        trace = Path(os.environ["SGDSL_STEP_TRACE"]) / "steps-rank0.jsonl"
+        if trace.is_file():
+            print(vlm_profile.trace_totals(str(trace)))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@
 - ``encoder``: the vision encoder's device time during workload A (CUDA events around each
   call, ``mm_encode_ms`` in the scheduler's stats) and its rate;
 - ``text-only``: workload C, the same prompt lengths with no images (the language model's
-  prefill + decode alone), so ``A - C`` is what images add.
+  prefill + decode alone), so ``A - C`` is what images add;
+- ``scheduler``: its step trace (``$SGDSL_STEP_TRACE``, runtime/scheduler/step_trace.py) over
+  the whole run (warm-up, A, B, C): host ms by part of the loop (``handle``: taking messages,
+  unpickling included; ``_read``: waiting for the device), and the slowest iterations.
 """
 from __future__ import annotations
 
@@ -42,6 +45,24 @@ def preprocess(engine: Any, head: list[int], imgs: list, qs: list[list[int]]) ->
             "dumps_ms": dumps * 1e3, "loads_ms": loads * 1e3,
             "pixels": f"{tuple(mm.images[0].pixel_values.shape)} "
                       f"{mm.images[0].pixel_values.dtype}"}
+
+
+def trace_totals(path: str) -> str:
+    """Host seconds by part of the scheduler loop, summed over the trace's iterations."""
+    import step_trace_report
+
+    rows = step_trace_report.load(path)
+    totals: dict[str, float] = {"iterations": 0.0, "handle_ms": 0.0}
+    for r in rows:
+        totals["iterations"] += r["ms"]
+        totals["handle_ms"] += r["handle_ms"]
+        for k, v in r.items():
+            if k not in step_trace_report.SKIP and isinstance(v, (int, float)):
+                totals[k] = totals.get(k, 0.0) + v
+    span = rows[-1]["t"] - rows[0]["t"] if rows else 0.0
+    parts = ", ".join(f"{k} {v / 1e3:.2f}" for k, v in totals.items() if v >= 1.0)
+    return (f"scheduler trace: {len(rows)} iterations over {span:.1f} s; host s by part: {parts}"
+            f"\n{step_trace_report.summarize(path, top=6)}")
 
 
 def vision_params(cfg: Any) -> int:

@@ -32,6 +32,7 @@ class EncoderTimer:
             out = fn()
             self.ms += (time.perf_counter() - t0) * 1e3
             return out
+        self._drain()  # a server may never ask for stats: keep the pending list short
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         out = fn()
@@ -40,10 +41,14 @@ class EncoderTimer:
         return out
 
     def total_ms(self) -> float:
-        done = [p for p in self._pending if p[1].query()]
-        self._pending = [p for p in self._pending if p not in done]
-        self.ms += sum(s.elapsed_time(e) for s, e in done)
+        self._drain()
         return self.ms
+
+    def _drain(self) -> None:
+        """Add the completed pairs (in launch order, so stop at the first pending one)."""
+        while self._pending and self._pending[0][1].query():
+            start, end = self._pending.pop(0)
+            self.ms += start.elapsed_time(end)
 
 
 class EncoderCache:
