@@ -126,6 +126,9 @@ class EngineConfig:
     # tokens per verify step fall below the threshold (tried again after a backoff).
     speculative_max_batch_size: int = 32
     speculative_min_accept_per_step: float = 0.3
+    # spec: CUDA graphs for the tree verify and the draft forwards follow disable_cuda_graph;
+    # this turns off only those (ours, not SGLang's: the graph-vs-eager A/B of the benchmark).
+    speculative_disable_cuda_graph: bool = False
     # mm: images (vision-language models, runtime/multimodal): http(s) image URLs are fetched
     # only when allowed (else a 400 naming the field); at most this many images per request;
     # the scheduler keeps encoder outputs of recent images (by pixel hash) up to this many bytes,

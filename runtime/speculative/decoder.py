@@ -34,6 +34,7 @@ from .grammar_drafts import check_draft, draft_limit
 from .registry import build_drafter
 from .stats import Backoff, SpecStats
 from .verify_batch import VerifyLayout, build_verify
+from .verify_graphs import VerifyGraphs
 
 
 class SpecDecoder:
@@ -44,6 +45,9 @@ class SpecDecoder:
         self.threshold = config.speculative_min_accept_per_step
         self.context_len = runner.context_len
         self.stats = SpecStats(self.k)
+        # tree verifies replay CUDA graphs where captured (after the drafter: an EAGLE
+        # drafter installs its hidden-state capture in the target first)
+        self.verify_graphs = VerifyGraphs.create(config, runner)
 
     # -- the step -------------------------------------------------------------------------
     def launch(self, sched: Any) -> InflightStep | None:
@@ -72,7 +76,7 @@ class SpecDecoder:
         if built is None:  # NOTE: cannot happen after the check above; a plain step if it does
             return None
         batch, layout = built
-        logits = sched.runner.forward(batch)
+        logits = self._forward(sched.runner, batch)
         verify = logits if not layout.fed_extra else logits.index_select(
             0, to_device(torch.tensor(layout.verify_rows), logits.device))
         ids = self._sample(sched, reqs, trees, verify, masks)
@@ -81,6 +85,14 @@ class SpecDecoder:
         self._accept(sched, reqs, trees, layout, logits, ids)
         sched.ratio = max(sched.ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)  # as decode
         return InflightStep.launched(ForwardMode.DECODE, [], True)
+
+    def _forward(self, runner: Any, batch: Any) -> torch.Tensor:
+        """The verify forward: chains on the decode graphs (``runner.forward``), trees on the
+        verify graphs when they fit, else eagerly."""
+        graphs = self.verify_graphs
+        if graphs is not None and graphs.can_run(batch):
+            return graphs.run(batch)
+        return runner.forward(batch)
 
     def _may_draft(self, req: Any) -> bool:
         backoff = req.spec_backoff
@@ -232,4 +244,7 @@ class SpecDecoder:
         return self.drafter.check_idle()
 
     def stats_dict(self) -> dict:
-        return self.stats.as_dict()
+        graphs = self.verify_graphs
+        return {**self.stats.as_dict(),
+                "spec_verify_graph_steps": graphs.replays if graphs is not None else 0,
+                "spec_draft_graph_steps": getattr(self.drafter, "graph_steps", 0)}

@@ -22,13 +22,14 @@ import torch
 
 from ..cache.pool import ReqToTokenPool, TokenKVPool
 from ..config import EngineConfig
-from ..errors import ModelLoadError
 from ..layers.attention.registry import create_attention_backend, resolve_backend_name
+from ..layers.linear import local_heads
 from ..layers.upload import to_device
 from ..model.runner import EXTRA_REQ_ROWS
 from .base import EMPTY_TREE, ROOT, DraftTree, Drafter
 from .draft_batch import Feed, build_batch, last_rows
 from .draft_kv import DraftKV
+from .eagle_graphs import HeadGraphs
 from .eagle_head_loader import head_capture_points, load_head
 from .eagle_tree import TreeCandidates
 from .hidden_capture import HiddenCapture
@@ -41,10 +42,9 @@ class EagleDrafter(Drafter):
     needs_hidden_states = True
 
     def __init__(self, config: EngineConfig, runner: Any) -> None:
-        if getattr(runner, "tp_size", 1) > 1:
-            raise ModelLoadError("EAGLE drafting runs at tp_size 1 only (for now)")
         self.target = runner
         self.device = runner.device
+        self.dtype = runner.dtype
         self.steps = config.speculative_num_steps
         self.topk = config.speculative_eagle_topk
         self.num_tokens = config.speculative_num_draft_tokens
@@ -60,7 +60,11 @@ class EagleDrafter(Drafter):
         self.req_to_token_pool = ReqToTokenPool(rows, self.context_len, self.device)
         mc = self.model_config
         slots = runner.max_total_tokens + rows * self.steps
-        self.token_kv_pool = TokenKVPool(slots, 1, mc.num_kv_heads, mc.head_dim, runner.dtype,
+        # TP: the head's layer is sharded like the target's (its q/k/v and MLP split over the
+        # ranks, one all-reduce each after o_proj and down_proj); each rank keeps its kv heads
+        self.num_local_heads, kv_heads = local_heads(mc.num_heads, mc.num_kv_heads,
+                                                     getattr(runner, "tp_size", 1))
+        self.token_kv_pool = TokenKVPool(slots, 1, kv_heads, mc.head_dim, runner.dtype,
                                          self.device)
         self.attn = create_attention_backend(
             resolve_backend_name(config.attention_backend, self.device), self)
@@ -72,6 +76,9 @@ class EagleDrafter(Drafter):
         self.capture = HiddenCapture(points, width, runner.max_total_tokens, runner.dtype,
                                      self.device, project)
         self.capture.install(runner)
+        # the head's decode-row steps replay CUDA graphs where the target's decode does
+        self.graphs = HeadGraphs.create(config, self, runner)
+        self.graph_steps = 0  # draft forwards run as a graph replay (spec_draft_graph_steps)
         logger.info("%s head %s: capture %s, topk %d, steps %d, %d tokens",
                     config.speculative_algorithm, head_dir, points, self.topk, self.steps,
                     self.num_tokens)
@@ -136,16 +143,16 @@ class EagleDrafter(Drafter):
                tree_slots: list[torch.Tensor]) -> list[TreeCandidates]:
         """Every level's candidates. ``expanding``: per request, (node, forward row whose
         output scores the node's children); ``table_rows``: each forward row's table row."""
-        logp, state = self._first(feeds, target_slots)
+        top, state = self._first(feeds, target_slots)
         cands = [TreeCandidates() for _ in feeds]
         expanding = [[(ROOT, b)] for b in range(len(feeds))]
         table_rows = [f.row for f in feeds]
         for level in range(1, self.steps + 1):
-            nodes = self._expand(cands, expanding, logp)
+            nodes = self._expand(cands, expanding, top)
             if level == self.steps:
                 break
-            logp, state = self._level(feeds, cands, nodes, state, table_rows, branch_rows,
-                                      level, tree_slots)
+            top, state = self._level(feeds, cands, nodes, state, table_rows, branch_rows,
+                                     level, tree_slots)
             table_rows = branch_rows
             k = self.topk
             expanding = [[(node, b * k + j) for j, (node, _) in enumerate(items)]
@@ -153,24 +160,21 @@ class EagleDrafter(Drafter):
         return cands
 
     def _first(self, feeds: list[Feed], target_slots: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The feeds' forward: log-probs of the first level and the head's state, one row per
+               ) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """The feeds' forward: the first level's top-k and the head's state, one row per
         request (its last fed position)."""
         batch = build_batch(feeds, self.device)
-        out, state = self._run(batch, self.capture.read(target_slots))
-        if out.shape[0] > len(feeds):  # every fed token's row
-            last = to_device(torch.tensor(last_rows(feeds), dtype=torch.int64), self.device)
-            out, state = out.index_select(0, last), state.index_select(0, last)
-        return self._logprobs(out), state
+        rows = None
+        if batch.num_tokens > len(feeds):  # every fed token's row
+            rows = to_device(torch.tensor(last_rows(feeds), dtype=torch.int64), self.device)
+        vals, idx, state = self._forward(batch, self.capture.read(target_slots), rows)
+        return (vals, idx), state
 
     def _expand(self, cands: list[TreeCandidates], expanding: list[list[tuple[int, int]]],
-                logp: torch.Tensor) -> list[list[tuple[int, int]]]:
+                top: tuple[torch.Tensor, torch.Tensor]) -> list[list[tuple[int, int]]]:
         """Children of every expanding node; per request the ``topk`` best of them, each with
         the forward row it came from (its state and table row feed it next)."""
-        vals, idx = logp.topk(self.topk, dim=-1)
-        if self.head.lm_head is not None:  # EAGLE3: draft vocabulary -> target ids
-            idx = idx + self.head.d2t[idx]
-        vals, idx = vals.tolist(), idx.tolist()
+        vals, idx = top[0].tolist(), top[1].tolist()
         out = []
         for b, items in enumerate(expanding):
             children: list[tuple[int, int]] = []
@@ -183,7 +187,7 @@ class EagleDrafter(Drafter):
     def _level(self, feeds: list[Feed], cands: list[TreeCandidates],
                nodes: list[list[tuple[int, int]]], state: torch.Tensor, table_rows: list[int],
                branch_rows: list[int], level: int, tree_slots: list[torch.Tensor]
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+               ) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
         """Decode the depth-``level`` nodes at position ``n - 2 + level``, node ``j`` of
         request ``b`` in branch row ``b * topk + j``: a copy of the table row its parent was
         decoded in, plus its own new slot."""
@@ -206,18 +210,36 @@ class EagleDrafter(Drafter):
         table = self.req_to_token_pool.req_to_token
         table.index_copy_(0, dst_d, table.index_select(0, src_d))
         table[dst_d, pos_d] = to_device(slots[:len(origins)], dev)
-        out, new_state = self._run(build_batch(step_feeds, dev), state.index_select(0, origin_d))
-        return self._logprobs(out), new_state
+        vals, idx, new_state = self._forward(build_batch(step_feeds, dev),
+                                             state.index_select(0, origin_d))
+        return (vals, idx), new_state
 
-    def _run(self, batch: Any, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, batch: Any, hidden: torch.Tensor, rows: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``step`` over ``batch``, as a graph replay when one fits; ``rows``: keep only
+        those rows of the output."""
+        graphs = self.graphs
+        if graphs is None or not graphs.fits(batch):
+            return self.step(batch, hidden, rows)
+        self.graph_steps += 1
+        out = graphs.run(batch, hidden)
+        return out if rows is None else tuple(t.index_select(0, rows) for t in out)
+
+    def step(self, batch: Any, hidden: torch.Tensor, rows: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One head forward: per row (of ``rows``) the ``topk`` best log-probs, their target
+        ids and the head's next hidden state (what the head graphs capture)."""
         self.attn.init_forward_metadata(batch)
-        return self.head(batch, self.attn, self.embed(batch.input_ids), hidden)
-
-    def _logprobs(self, out: torch.Tensor) -> torch.Tensor:
+        out, state = self.head(batch, self.attn, self.embed(batch.input_ids), hidden)
+        if rows is not None:
+            out, state = out.index_select(0, rows), state.index_select(0, rows)
         logits = self.head.draft_logits(out)
         if logits is None:  # EAGLE: the target's lm_head
             logits = self.target.model.compute_logits(out)
-        return torch.log_softmax(logits, dim=-1)
+        vals, idx = torch.log_softmax(logits, dim=-1).topk(self.topk, dim=-1)
+        if self.head.lm_head is not None:  # EAGLE3: draft vocabulary -> target ids
+            idx = idx + self.head.d2t[idx]
+        return vals, idx, state
 
     # -- leaving, integrity ------------------------------------------------------------------
     def release(self, rid: str) -> None:

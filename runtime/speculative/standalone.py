@@ -69,7 +69,9 @@ def draft_engine_config(config: EngineConfig, runner: Any, extra_per_req: int) -
     return config.replace(
         model=str(model_dir), tokenizer=None, speculative_algorithm=None,
         speculative_draft_model_path=None, grammar_backend="none", context_length=context,
-        max_total_tokens=slots, device=runner.device.type, dtype=_DTYPE_NAMES[runner.dtype])
+        max_total_tokens=slots, device=runner.device.type, dtype=_DTYPE_NAMES[runner.dtype],
+        # its own decode CUDA graphs (ModelRunner), unless the speculative ones are off
+        disable_cuda_graph=config.disable_cuda_graph or config.speculative_disable_cuda_graph)
 
 
 def _gpu_slot_cap(cfg: ModelConfig, dtype: torch.dtype) -> int:
@@ -89,6 +91,7 @@ class StandaloneDrafter(Drafter):
         self.runner = ModelRunner(draft_engine_config(config, runner, self.num_steps))
         self.kv = DraftKV(self.runner.req_to_token_pool, self.runner.token_kv_pool)
         self.context_len = self.runner.context_len
+        self.graph_steps = 0  # draft forwards run as a graph replay (spec_draft_graph_steps)
         logger.info("STANDALONE draft model %s: %d KV slots, %d steps", self.runner.model_dir,
                     self.runner.max_total_tokens, self.num_steps)
 
@@ -150,6 +153,8 @@ class StandaloneDrafter(Drafter):
 
     def _greedy(self, feeds: list[Feed]) -> list[int]:
         batch = build_batch(feeds, self.runner.device)
+        graphs = self.runner.cuda_graph_runner
+        self.graph_steps += graphs is not None and graphs.can_run(batch)
         logits = self.runner.forward(batch)
         if logits.shape[0] > len(feeds):  # one row per fed token
             logits = logits[last_rows(feeds)]

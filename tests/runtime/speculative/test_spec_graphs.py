@@ -1,0 +1,131 @@
+"""The speculative CUDA graphs' logic on the CPU (tiny random Llama, torch_native attention):
+the graph runners' padded forwards (what a replay computes: ``run`` without captured graphs)
+give the eager forwards' results, and their padding is inert (no KV written outside the dummy
+slot 0, a padded request reads no request-table row). The captured graphs themselves are
+checked on a GPU (test_spec_graphs_gpu.py)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sgdsl.runtime.speculative.base import DraftTree
+from sgdsl.runtime.speculative.verify_graphs import fits, mask_cells, padded_rows
+
+from .test_eagle import STEPS, _config, _prefill, _target, dirs  # noqa: F401 (fixture)
+
+PROMPT = [5, 17, 300, 42, 9, 77]
+K = 5  # draft tokens: verify blocks of 6 rows
+
+
+def test_padded_layout():
+    assert padded_rows([2, 1, 3], 4) == [0, 1, 4, 8, 9, 10]
+    # request 0's 1x1 mask, then request 1's 2x2 mask in its 3x3 block
+    assert mask_cells([1, 2], 3) == [0, 9, 10, 12, 13]
+    assert fits([3, 6], [10, 20], width=6, max_bs=4, context_len=512)
+    assert not fits([3, 7], [10, 20], width=6, max_bs=4, context_len=512)  # a block too long
+    assert not fits([1] * 5, [10] * 5, width=6, max_bs=4, context_len=512)  # too many requests
+    assert not fits([3], [507], width=6, max_bs=4, context_len=512)  # block past the context
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model_dir):
+    from sgdsl.runtime.cache.radix import RadixCache
+    from sgdsl.runtime.config import EngineConfig
+    from sgdsl.runtime.model.runner import ModelRunner
+    from sgdsl.runtime.scheduler.memory import KVMemory
+
+    runner = ModelRunner(EngineConfig(str(tiny_model_dir), load_format="dummy", device="cpu",
+                                      num_threads=1, max_total_tokens=256,
+                                      max_running_requests=4))
+    pool = runner.token_kv_pool
+    return runner, KVMemory(runner.req_to_token_pool, pool, RadixCache(pool, disable=True))
+
+
+def _request(runner, memory, prompt):
+    """A request whose prompt KV is written (fed as one chain of decode rows)."""
+    from sgdsl.runtime.speculative.verify_batch import build_verify
+
+    req = SimpleNamespace(req_pool_idx=runner.req_to_token_pool.alloc(), kv_len=0,
+                          all_ids=prompt[:1])
+    batch, _ = build_verify([req], [DraftTree.chain(prompt[1:])], memory, runner.device)
+    runner.forward(batch)
+    req.kv_len, req.all_ids = len(prompt), prompt + [11]
+    return req
+
+
+def test_padded_tree_verify_equals_eager(setup):
+    """Three requests (one on table row 0, one with no draft, one with jump-forward tokens
+    fed ahead of its root) pad to 4 blocks of K + 1 rows."""
+    from sgdsl.runtime.model.forward_batch import ForwardMode
+    from sgdsl.runtime.speculative.verify_batch import build_verify
+    from sgdsl.runtime.speculative.verify_graphs import VerifyGraphs
+
+    runner, memory = setup
+    reqs = [_request(runner, memory, PROMPT), _request(runner, memory, PROMPT[::-1]),
+            _request(runner, memory, PROMPT[:3])]
+    assert reqs[0].req_pool_idx == 0
+    reqs[2].all_ids = PROMPT[:3] + [12, 13]  # 2 tokens without KV: fed ahead of the root
+    trees = [DraftTree((21, 22, 23, 24, 25), (-1, -1, 0, 1, 2)), DraftTree(),
+             DraftTree((31, 32, 33), (-1, 0, 0))]
+    batch, _ = build_verify(reqs, trees, memory, runner.device)
+    assert batch.mode is ForwardMode.TARGET_VERIFY and batch.extend_seq_lens_cpu == [6, 1, 5]
+    graphs = VerifyGraphs(runner, max_bs=4, width=K + 1)  # sizes 1, 2, 4
+    assert graphs.can_run(batch)
+    want = runner.forward(batch)
+    pool = runner.token_kv_pool
+    before = [b.clone() for b in pool.k_buffer]
+    got = graphs.run(batch)
+    assert graphs.padded_size(3) == 4 and graphs.replays == 0  # (nothing captured on CPU)
+    assert got.shape == want.shape and torch.isfinite(got).all()
+    assert float((got - want).abs().max()) < 1e-4
+    for old, new in zip(before, pool.k_buffer):  # the padded rows wrote slot 0 only
+        assert torch.allclose(old[1:], new[1:], atol=1e-5)
+
+    # the same requests again, with more jump-forward tokens than a block holds: eager
+    reqs[2].all_ids = PROMPT[:3] + [12, 13, 14, 15, 16]
+    memory.kv_pool.free(torch.unique(batch.out_cache_loc.cpu()))
+    big, _ = build_verify(reqs, trees, memory, runner.device)
+    assert not graphs.can_run(big)
+    memory.kv_pool.free(torch.unique(big.out_cache_loc.cpu()))
+
+
+def test_eagle_head_graph_rows_equal_eager(dirs):  # noqa: F811 (the fixture)
+    """Drafts of three requests through the head graphs' padded forwards (decode rows padded
+    to 8) equal the eager drafts, for a kept and for a fresh head KV."""
+    from sgdsl.runtime.scheduler.req import Req
+    from sgdsl.runtime.sampling_params import SamplingParams
+    from sgdsl.runtime.speculative.eagle import EagleDrafter
+    from sgdsl.runtime.speculative.eagle_graphs import HeadGraphs
+
+    config = _config(dirs, "EAGLE3")
+    runner, first = _target(config)
+    reqs = [first] + [Req(r, list(range(40 + i, 47 + i)), SamplingParams(temperature=0))
+                      for i, r in enumerate("bc")]
+    for req in reqs[1:]:
+        req.req_pool_idx = runner.req_to_token_pool.alloc()
+    drafter = EagleDrafter(config, runner)
+    assert drafter.graphs is None  # CPU: no graphs
+    graphs = HeadGraphs(drafter, max_rows=16)  # sizes 1, 2, 4, 8, 16
+    for req in reqs:
+        _prefill(runner, req, req.all_ids)
+    eager = drafter.propose(reqs, 6)
+    drafter.graphs = graphs
+    for req in reqs:
+        drafter.release(req.rid)
+    padded = drafter.propose(reqs, 6)  # the feed (an extend) eager, the levels padded 6 -> 8
+    assert padded == eager and drafter.graph_steps == STEPS - 1
+    for req, tree in zip(reqs, padded):  # the next step: one draft accepted, a new token
+        req.output_ids = [tree.tokens[0], 7]
+        _prefill(runner, req, req.all_ids)
+    kept = drafter.propose(reqs, 6)  # the feed too: decode rows (2 per request)
+    assert drafter.graph_steps == 2 * STEPS - 1
+    drafter.graphs = None
+    for req in reqs:
+        drafter.release(req.rid)
+    assert drafter.check_idle() == []
+    assert drafter.propose(reqs, 6) == kept
+    for req in reqs:
+        drafter.release(req.rid)
+    assert drafter.check_idle() == []
