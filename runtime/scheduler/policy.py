@@ -27,7 +27,8 @@ class SchedulePolicy:
                    and len(waiting) <= LPM_MAX_QUEUE)
         if use_lpm:
             for req in waiting:
-                req.match_len = int(self.memory.match(req)[0].numel())
+                # hicache: host-resident tokens count too (loaded, not prefilled)
+                req.match_len = int(self.memory.match(req)[0].numel()) + req.host_hit_len
             key = lambda r: (r.num_retractions == 0, -r.match_len, r.arrival)  # noqa: E731
         else:
             key = lambda r: (r.num_retractions == 0, r.arrival)  # noqa: E731

@@ -171,3 +171,43 @@ def test_load_after_pending_backup_is_ordered_on_the_device():
     assert _serve(tree, a) == 29  # loads it back; the values are checked on the device
     tree.check_integrity(idle=True)
     tree.close()
+
+
+# -- end to end on the GPU: the model's attention (triton) waits per layer for its loads -----
+@pytest.fixture(scope="module")
+def gpu_rounds(tiny_model_dir):
+    """Both rounds of the CPU engine test's workload, without and with the host tier (fp32,
+    one request at a time), and round 2 once more with the tiered engine as one batch (one
+    forward, several loads in flight)."""
+    from sgdsl.runtime import Engine
+
+    from .test_hicache_engine import GEN, POOL, ROUND1, ROUND2, _run
+
+    outs = {}
+    for name, extra in (("radix", {}), ("tiered", dict(enable_hierarchical_cache=True,
+                                                       hicache_ratio=8))):
+        engine = Engine(str(tiny_model_dir), load_format="dummy", device="cuda",
+                        dtype="float32", max_total_tokens=POOL, max_running_requests=8,
+                        grammar_backend="none", cuda_graph_max_bs=8, **extra)
+        try:
+            outs[name] = [_run(engine, ROUND1), _run(engine, ROUND2)]
+            if name == "tiered":
+                outs["batched"] = engine.generate(input_ids=ROUND2, sampling_params=GEN)
+            engine.check_idle_integrity()
+            outs[name + "_stats"] = engine.stats()
+        finally:
+            engine.shutdown()
+    return outs
+
+
+def test_gpu_engine_loads_back_with_the_same_outputs(gpu_rounds):
+    from .test_hicache_engine import _hit
+
+    radix, tiered = gpu_rounds["radix"], gpu_rounds["tiered"]
+    for rnd in range(2):
+        assert [o["output_ids"] for o in tiered[rnd]] == [o["output_ids"] for o in radix[rnd]]
+    assert _hit(tiered[1]) >= 0.8
+    stats = gpu_rounds["tiered_stats"]
+    assert stats["hicache_host_hit_tokens"] > 0 and stats["hicache_bytes_host_to_device"] > 0
+    assert [o["output_ids"] for o in gpu_rounds["batched"]] == [
+        o["output_ids"] for o in radix[1]]
