@@ -115,21 +115,28 @@ class TokenKVPool:
     # hicache: layer-wise overlap of host->device loads with the prefill that reads them
     def await_layers(self, events: list) -> None:
         """A load was queued on a side stream with ``events[i]`` recorded after layer ``i``'s
-        copies: attention's next read of layer ``i`` waits for it (``wait_layer``). A later
-        load's events replace an earlier one's: the side stream runs its loads in order."""
-        self._layer_events = list(events) if events else None
+        copies: attention's next read of layer ``i`` waits for it (``wait_layer``)."""
+        if events:
+            # NOTE: loads whose copies have all landed need no wait any more (dropped here, so
+            # the list stays as short as the loads in flight)
+            live = [e for e in self._layer_events or []
+                    if any(x is not None and not x.query() for x in e)]
+            self._layer_events = [*live, list(events)]
 
     def wait_layer(self, layer_id: int) -> None:
         """Attention backends call this before reading layer ``layer_id``'s buffers: the
-        compute stream waits (on the device; the host does not) for the load of that layer."""
-        events = self._layer_events
-        if events is None:
+        compute stream waits (on the device; the host does not) for that layer of every load
+        queued since, and only that layer."""
+        loads = self._layer_events
+        if loads is None:
             return
-        if events[layer_id] is not None:
-            torch.cuda.current_stream(self.device).wait_event(events[layer_id])
-            events[layer_id] = None  # the compute stream is past it: later reads need no wait
-            if not any(e is not None for e in events):
-                self._layer_events = None
+        stream = torch.cuda.current_stream(self.device)
+        for events in loads:
+            if events[layer_id] is not None:
+                stream.wait_event(events[layer_id])
+                events[layer_id] = None  # the compute stream is past it: later reads need none
+        if layer_id == len(loads[0]) - 1:  # the last layer: loads waited for in full go
+            self._layer_events = [e for e in loads if any(x is not None for x in e)] or None
 
     # pd: pages as stored (fp8 as bytes), for disaggregation's KV transfer
     def read_pages(self, layer_id: int, slots: torch.Tensor) -> torch.Tensor:

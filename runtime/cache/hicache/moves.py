@@ -113,6 +113,11 @@ class TierMoves:
         assert node.host_ref == 0, "freeing a host copy that is being loaded"
         if node.backup_pending:
             self.transfer.finish()  # its copy must land before the slots are reused
+        if node.load_event is not None and not node.load_event.query():
+            # NOTE: the load still reads these host rows, and the next owner may write them
+            # from the CPU (a storage page) or another stream (a backup): rare (the host LRU
+            # takes a just-loaded node last), so the host waits.
+            node.load_event.synchronize()
         self.host.free(node.host_value)
         self._host_held -= len(node.key)
         node.host_value, node.backup = None, None

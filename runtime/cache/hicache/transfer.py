@@ -7,14 +7,15 @@ host -> device copies each run into one contiguous tensor and scatters it into t
 slots. On the CPU that is all; the same code runs with plain copies.
 
 On CUDA (the host pool page-locked, so every run copy is asynchronous DMA) copies run on two
-side streams, one per direction (each has its own copy engine), never blocking the host:
+side streams (backups on one, loads round-robin on ``LOAD_STREAMS`` others), never blocking
+the host:
 
 - device -> host (a backup, ``write_stream``): first waits for the compute stream (the rows
   must be written). The backup is *pending* until its event fires (``poll``/``finish``); the
   host rows are not read on the CPU before. The device slots may be freed as soon as the copy
   is queued: ``fence(backup event)`` makes the compute stream wait for that backup (only)
   before a later kernel can overwrite them.
-- host -> device (a load, ``load_stream``): first waits for the compute stream (the fresh
+- host -> device (a load, on a ``load_streams`` stream): first waits for the compute stream (the fresh
   device slots were freed by evictions, and a step in flight may still read them, or a
   backup still gathers them: the compute stream was fenced on it) and for the backups still
   filling the host rows it reads (on the device: the host does not wait). Then layer by
@@ -48,6 +49,10 @@ from ..host_pool import HostKVPool
 from ..pool import TokenKVPool, _raw
 
 MAX_RUNS = 128  # past this many runs, staging: one host gather beats thousands of tiny copies
+# NOTE: loads of one prefill batch go round-robin to this many streams, so the second load's
+# first layer is not queued behind the first load's last layer (the prefill's first layer
+# waits for the first layer of every load).
+LOAD_STREAMS = 4
 
 
 @dataclass
@@ -77,7 +82,8 @@ class KVTransfer:
         self.cuda = device_pool.device.type == "cuda"
         new_stream = (lambda: torch.cuda.Stream(device_pool.device)) if self.cuda else None
         self.write_stream = new_stream() if self.cuda else None  # device -> host
-        self.load_stream = new_stream() if self.cuda else None  # host -> device
+        self.load_streams = [new_stream() for _ in range(LOAD_STREAMS)] if self.cuda else []
+        self._turn = 0
         self.pending: list[_Backup] = []
         self._timed: list[tuple[Any, Any]] = []  # CUDA: (start, end) events of loads in flight
         self.bytes_d2h = self.bytes_h2d = self.loads = 0
@@ -173,15 +179,17 @@ class KVTransfer:
             (self.dev.num_layers, 2, int(host_slots.numel()), *self.host.row_shape),
             dtype=self.host.raw_dtype, pin_memory=True)) if len(parts) > MAX_RUNS else None
         main = torch.cuda.current_stream(self.dev.device)
-        with torch.cuda.stream(self.load_stream):
-            self.load_stream.wait_stream(main)
+        stream = self.load_streams[self._turn]
+        self._turn = (self._turn + 1) % len(self.load_streams)
+        with torch.cuda.stream(stream):
+            stream.wait_stream(main)
             for event in after:
-                self.load_stream.wait_event(event)
+                stream.wait_event(event)
             begin = torch.cuda.Event(enable_timing=True)
-            begin.record(self.load_stream)
+            begin.record(stream)
             layers = self._copy_in(to_device(dev_slots, self.dev.device), parts, staging)
             end = torch.cuda.Event(enable_timing=True)
-            end.record(self.load_stream)
+            end.record(stream)
         self.dev.await_layers(layers)
         # NOTE: latency = the copy's time on the load stream, read from the events once they
         # have fired (``poll``); the host only queued it.
@@ -202,7 +210,7 @@ class KVTransfer:
                 dev.index_copy_(0, idx, rows)
             if async_:
                 events.append(torch.cuda.Event())
-                events[-1].record(self.load_stream)
+                events[-1].record()  # on the load's stream (the current one here)
         return events
 
     def stats(self) -> dict[str, float | int]:

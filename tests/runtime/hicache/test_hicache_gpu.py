@@ -88,8 +88,9 @@ def _two(seed: int) -> list[list[int]]:
 
 
 def _hold_load_stream(tree: HiRadixCache) -> None:
-    with torch.cuda.stream(tree.transfer.load_stream):
-        torch.cuda._sleep(SLEEP)
+    for stream in tree.transfer.load_streams:
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(SLEEP)
 
 
 def test_load_gives_attention_one_event_per_layer():
@@ -98,13 +99,14 @@ def test_load_gives_attention_one_event_per_layer():
     _hold_load_stream(tree)
     res, host, _ = tree.match_and_load(a[:-1])
     assert host == 29 and res.length == 29
-    events = pool._layer_events
-    assert events is not None and len(events) == LAYERS and all(e is not None for e in events)
+    assert pool._layer_events is not None and len(pool._layer_events) == 1
+    events = pool._layer_events[0]
+    assert len(events) == LAYERS and all(e is not None for e in events)
     slots = res.slots.to("cuda")
     reads = []
     for layer in range(LAYERS):  # what attention does: wait for this layer, then read it
         pool.wait_layer(layer)
-        assert pool._layer_events is None or pool._layer_events[layer] is None
+        assert events[layer] is None
         reads.append(pool.k_buffer[layer][slots, 0, 0].clone())
     assert pool._layer_events is None  # every layer waited for: nothing left pending
     torch.cuda.synchronize()
@@ -120,7 +122,7 @@ def test_compute_stream_runs_ahead_of_a_load_until_attention_needs_it():
     pool = tree.pool
     _hold_load_stream(tree)
     tree.match_and_load(a[:-1])
-    events = list(pool._layer_events)
+    events = list(pool._layer_events[0])
     # work that reads no loaded slot (another request's rows, a decode step) is not held back
     other = pool.k_buffer[0][1:4].clone()
     before = torch.cuda.Event()
@@ -144,7 +146,7 @@ def test_freeing_a_loaded_node_waits_for_its_load():
     _hold_load_stream(tree)
     res, _, _ = tree.match_and_load(a[:-1])
     slots = res.slots.to("cuda")
-    pool.await_layers([])  # nobody will read the load (its request was not admitted)
+    pool._layer_events = None  # nobody will read the load (its request was not admitted)
     assert tree.evict(29) >= 29 and tree.match_prefix(a[:-1]).length == 0  # demoted again
     new = pool.alloc(pool.available())
     assert bool(torch.isin(res.slots, new).all())
@@ -160,7 +162,7 @@ def test_freeing_a_loaded_node_waits_for_its_load():
 
 def test_load_after_pending_backup_is_ordered_on_the_device():
     """A node demoted while its backup is still in flight loads back without the host waiting
-    for the backup (the load stream waits for the write stream)."""
+    for the backup (the load's stream waits for the backup's event)."""
     pool = TokenKVPool(40, LAYERS, HEADS, DIM, torch.float32, "cuda")
     tree = HiRadixCache(pool, HostKVPool(400, pool, pin_memory=True), "write_through")
     a, b = _two(seed=6)
