@@ -9,6 +9,13 @@ output holds the first token(s) sampled by the prefill server (the grammar's mat
 advanced over them), and it joins the running batch as a request that has just sampled. From
 then on it is an ordinary decoding request: retracted under memory pressure, it resumes by a
 local prefill.
+
+Tensor parallelism: every rank runs this side over the same messages (the scheduler's), holds
+the same slots and registers each request with the prefill server for its kv heads; the pages
+land on each rank at its own pace. So that every rank lets a request join (or fails it) in the
+same step, rank 0 alone decides: what it saw land or fail goes out as a ``Verdicts`` message
+with the next step's broadcast, and each rank acts on it there, first waiting for its own
+pages of those requests if they are still in flight (they were sent with rank 0's).
 """
 from __future__ import annotations
 
@@ -23,8 +30,10 @@ from ..errors import KVTransferError
 from ..layers.upload import to_device
 from ..multimodal.mrope import set_row_deltas
 from ..scheduler.prefill import PrefillAdder
+from ..distributed.state import get_tp_group
 from ..scheduler.req import Req, ReqState
 from .receiver import ReceiverLink
+from .shards import Verdicts, head_range
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 _NO_BUDGET = 1 << 62  # admission here is bounded by memory and rows, not by a token budget
@@ -42,6 +51,13 @@ class DecodeSide:
         self.waiting_kv: dict[str, tuple[Req, ReceiverLink, float]] = {}
         self.zombies: dict[str, tuple[Req, str]] = {}  # aborted while their pages landed
         self.done: queue.Queue = queue.Queue()
+        tp = get_tp_group()
+        self.rank, self.size = tp.rank, tp.size
+        heads = int(scheduler.runner.model_config.num_kv_heads)
+        self.heads = head_range(self.rank, self.size, heads) if self.size > 1 else None
+        self.arrived: dict[str, dict] = {}  # tp: notices of this rank not yet decided on
+        self.outbox: list[tuple[str, str, str]] = []  # tp: rank 0's verdicts for the broadcast
+        self.failing: set[str] = set()  # tp: keys rank 0 has sent a "fail" verdict for
         self.counters = dict(pd_transfers_total=0, pd_transfer_failures=0,
                              pd_kv_tokens_received=0)
         self._links_made = 0
@@ -62,6 +78,9 @@ class DecodeSide:
             if req.rid == rid:
                 del self.waiting_kv[key]
                 req.pd_bootstrap = None
+                if self.size > 1:  # tp: freed on every rank now, its pages in flight waited for
+                    self._settle(key, link)
+                    return req
                 if link.cancel(key):
                     return req  # the scheduler frees its slots (no KV in them: not cached)
                 self.zombies[key] = (req, message)  # freed once its pages stop landing
@@ -88,9 +107,64 @@ class DecodeSide:
         if self.queued:
             self._allocate()
         ready = self._drain_done()
-        self._expire(time.monotonic())
+        if self.rank == 0:  # tp: timeouts are rank 0's decisions (Verdicts)
+            self._expire(time.monotonic())
         if ready:
             join_prebuilt(s, ready)
+
+    # -- tensor parallelism: rank 0 decides, every rank applies ----------------------------------
+    def outgoing(self) -> list[Verdicts]:
+        """Rank 0's verdicts for this step's broadcast (none at tp_size 1)."""
+        if not self.outbox:
+            return []
+        out, self.outbox = [Verdicts(tuple(self.outbox))], []
+        return out
+
+    def apply(self, verdicts: Verdicts) -> None:
+        """Every rank, the same step: requests join or fail as rank 0 saw their transfers end."""
+        ready = []
+        for key, kind, message in verdicts.items:
+            self.failing.discard(key)
+            entry = self.waiting_kv.pop(key, None)
+            if entry is None:  # aborted meanwhile: every rank freed it then
+                self.arrived.pop(key, None)
+                continue
+            req, link, _ = entry
+            if kind == "fail":
+                self._settle(key, link)
+                self._fail(req, message)
+                continue
+            notice = self._own_notice(key)
+            if notice.get("error"):  # NOTE: the ranks would diverge: this rank's engine fails
+                raise RuntimeError(f"pd: tensor-parallel rank {self.rank}: the KV of {key} "
+                                   f"failed here but landed on rank 0: {notice['error']}")
+            if self._landed(req, notice):
+                ready.append(req)
+        if ready:
+            join_prebuilt(self.sched, ready)
+
+    def _settle(self, key: str, link: ReceiverLink) -> None:
+        """tp: this rank's transfer of ``key`` is over (cancelled before its pages started,
+        or waited for) and its notice dropped: the slots can be freed now on every rank."""
+        if not link.cancel(key):
+            self._own_notice(key)
+        self.arrived.pop(key, None)
+
+    def _own_notice(self, key: str) -> dict:
+        """tp: this rank's notice of ``key``, waiting for its pages if they are in flight."""
+        deadline = time.monotonic() + self.timeout
+        while key not in self.arrived:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"pd: tensor-parallel rank {self.rank}: the KV of {key} did "
+                                   f"not arrive within {self.timeout:g} s of rank 0's")
+            try:
+                got, notice = self.done.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                continue
+            if got == key or got in self.waiting_kv:
+                self.arrived[got] = notice
+        return self.arrived.pop(key)
 
     def _allocate(self) -> None:
         s = self.sched
@@ -108,11 +182,12 @@ class DecodeSide:
 
     def _register(self, req: Req) -> None:
         link = self._link(req.pd_bootstrap.address)
-        if link.error is not None:
+        if link.error is not None and self.size == 1:
             self._fail(req, link.error)
             return
         key = req.pd_bootstrap.key
-        link.register(key, req.extend_slots.clone(), req.kv_len)
+        if link.error is None:  # tp: else rank 0 fails it (_expire), on every rank
+            link.register(key, req.extend_slots.clone(), req.kv_len)
         self.waiting_kv[key] = (req, link, time.monotonic())
         self.counters["pd_transfers_total"] += 1
 
@@ -123,7 +198,8 @@ class DecodeSide:
                 link.close()
             self._links_made += 1  # NOTE: a fresh id: the old group's rendezvous keys remain
             link = ReceiverLink(address[0], address[1], f"{self.my_id}-{self._links_made}",
-                                self.backend, self.timeout, self.pool, self.done)
+                                self.backend, self.timeout, self.pool, self.done,
+                                self.heads, self.size)
             self.links[address] = link
         return link
 
@@ -137,6 +213,15 @@ class DecodeSide:
             if key in self.zombies:
                 req, message = self.zombies.pop(key)
                 self._finish(req, {"type": "abort", "message": message})
+                continue
+            if self.size > 1:  # tp: noted; rank 0 tells every rank what to do with it
+                if key in self.waiting_kv:
+                    self.arrived[key] = notice
+                    if self.rank == 0:
+                        error = notice.get("error")
+                        self.outbox.append((key, "fail", str(error)) if error else
+                                           (key, "landed", ""))
+                        self.failing.update([key] if error else [])
                 continue
             entry = self.waiting_kv.pop(key, None)
             if entry is not None and self._landed(entry[0], notice):
@@ -174,6 +259,12 @@ class DecodeSide:
     def _expire(self, now: float) -> None:
         for key, (req, link, since) in list(self.waiting_kv.items()):
             if link.error is None and now - since <= self.timeout:
+                continue
+            if self.size > 1:  # tp: a verdict, applied on every rank
+                if key not in self.failing and key not in self.arrived:
+                    self.failing.add(key)
+                    self.outbox.append((key, "fail", link.error or f"the prefill server sent "
+                                        f"no KV within {self.timeout:g} s"))
                 continue
             if not link.cancel(key):
                 continue  # pages landing: the gloo/NCCL timeout ends that

@@ -5,6 +5,9 @@
   requests they hold slots for (``reg/<n>``, one sequence for all of them); the prefill process
   tells each decode process, in the order it will send them, which request's pages come next
   (``p2d/<decode id>/<k>``). Messages are small JSON values.
+- a tensor-parallel decode server is one peer per rank, each holding a share of the kv heads
+  (``heads`` in its announcement): the prefill side sends each rank its heads' pages, and
+  starts a request once every rank registered it (``shards`` in a registration).
 - one two-rank process group per (prefill, decode) pair, made over the store (rank 0: prefill):
   gloo for CPU tensors, NCCL for CUDA ones. The KV pages travel as point-to-point send/recv,
   one message per layer (``[2, tokens, kv_heads, head_dim]``: K and V), a few layers in flight.
@@ -104,13 +107,17 @@ def make_group(store: dist.TCPStore, pair_id: str, rank: int, backend: str, host
     return dist.ProcessGroupNCCL(prefixed, rank, 2, opts)
 
 
-def send_pages(group: Any, pool: Any, slots: torch.Tensor, peer: int, host_staged: bool) -> None:
+def send_pages(group: Any, pool: Any, slots: torch.Tensor, peer: int, host_staged: bool,
+               heads: tuple[int, int] | None = None) -> None:
     """Every layer's pages at ``slots`` to ``peer``, layer by layer, a window in flight.
-    ``host_staged``: the group carries CPU tensors (gloo) while the pool may be on a GPU."""
+    ``host_staged``: the group carries CPU tensors (gloo) while the pool may be on a GPU.
+    ``heads``: only kv heads ``[start, end)`` (a tensor-parallel decode rank's share)."""
     slots = slots.to(pool.device)
     inflight: deque = deque()
     for layer in range(pool.num_layers):
         pages = pool.read_pages(layer, slots)
+        if heads is not None:
+            pages = pages[:, :, heads[0]:heads[1]].contiguous()
         if host_staged and pages.device.type != "cpu":
             pages = pages.cpu()
         inflight.append((group.send([pages], peer, 0), pages))

@@ -41,9 +41,11 @@ class PrefillSide:
         self.inbox: queue.Queue = queue.Queue()  # peers and registrations, from the listener
         self.done: queue.Queue = queue.Queue()  # (key, error) of finished transfers
         self.links: dict[str, SenderLink] = {}
-        self.registered: dict[str, tuple[dict, float]] = {}  # key -> registration, arrival
+        # key -> its registrations (one per rank of a tensor-parallel decode server), arrival
+        self.registered: dict[str, tuple[list[dict], float]] = {}
         self.held: dict[str, tuple[Req, float]] = {}  # prefilled, waiting for registration
-        self.sending: dict[str, Req] = {}
+        self.sending: dict[str, Req | None] = {}  # None: an error notice, no request
+        self.parts: dict[str, list] = {}  # key -> [transfers left, first error]
         self.aborted: dict[str, str] = {}  # sending requests aborted meanwhile: their message
         self.cancelled: dict[str, tuple[str, float]] = {}  # keys given up before registration
         self.counters = dict(pd_transfers_total=0, pd_transfer_failures=0, pd_kv_tokens_sent=0)
@@ -78,7 +80,7 @@ class PrefillSide:
         if held:
             self._drain_inbox()
             for key in held:
-                if key in self.registered:
+                if self._complete(key):
                     req, _ = self.held.pop(key)
                     self._start(req, self.registered.pop(key)[0])
 
@@ -92,7 +94,7 @@ class PrefillSide:
                 self.cancelled[key] = (message, time.monotonic())
                 return req
         for key, req in self.sending.items():
-            if req.rid == rid:
+            if req is not None and req.rid == rid:
                 self.aborted[key] = message
         return None
 
@@ -108,16 +110,26 @@ class PrefillSide:
         return {**self.counters, "pd_held_reqs": len(self.held),
                 "pd_sending_reqs": len(self.sending), "pd_decode_peers": len(self.links)}
 
+    def outgoing(self) -> list:
+        """Nothing for the scheduler's broadcast (a prefill server runs at tp_size 1)."""
+        return []
+
     # -- every step ------------------------------------------------------------------------------
     def poll(self) -> None:
         self._drain_inbox()
-        for key in [k for k in self.held if k in self.registered]:
+        for key in [k for k in self.held if self._complete(k)]:
             req, _ = self.held.pop(key)
             self._start(req, self.registered.pop(key)[0])
+        # NOTE: a cancelled key stays (until it expires): more ranks' registrations may come
         for key in [k for k in self.registered if k in self.cancelled]:
-            reg, _ = self.registered.pop(key)
-            self._notify_only(reg, key, self.cancelled.pop(key)[0])
+            regs, _ = self.registered.pop(key)
+            self._notify_only(regs, key, self.cancelled[key][0])
         self._drain_done()
+
+    def _complete(self, key: str) -> bool:
+        """Every rank of the decode server registered ``key`` (one, without TP)."""
+        regs = self.registered.get(key)
+        return regs is not None and len(regs[0]) >= int(regs[0][0].get("shards", 1))
         self._expire(time.monotonic())
 
     def _drain_inbox(self) -> None:
@@ -133,27 +145,40 @@ class PrefillSide:
                 self.links[str(msg["peer"])] = SenderLink(msg, self.port, self.backend,
                                                           self.timeout, self.pool, self.done)
             else:
-                self.registered[str(msg["key"])] = (msg, time.monotonic())
+                key = str(msg["key"])
+                self.registered.setdefault(key, ([], time.monotonic()))[0].append(msg)
 
-    def _start(self, req: Req, reg: dict) -> None:
-        link = self.links.get(str(reg["peer"]))
+    def _start(self, req: Req, regs: list[dict]) -> None:
+        """The notice and pages to every registered rank (each its kv heads)."""
         key = req.pd_bootstrap.key
-        if link is None:
-            self._finish(req, f"decode peer {reg['peer']} is unknown here")
+        unknown = [r["peer"] for r in regs if str(r["peer"]) not in self.links]
+        if unknown:
+            self._notify_only(regs, key, f"decode peer {unknown[0]} is unknown to the prefill "
+                                         f"server")
+            self._finish(req, f"decode peer {unknown[0]} is unknown here")
             return
-        start, end = int(reg["start"]), req.prompt_len
+        start, end = int(regs[0]["start"]), req.prompt_len
         pages = not req.finished and start < end
         slots = (self.sched.memory.host_table[req.req_pool_idx, start:end].clone()
                  if pages else None)
         self.sending[key] = req
+        self.parts[key] = [len(regs), None]
         self.counters["pd_transfers_total"] += 1
         self.counters["pd_kv_tokens_sent"] += end - start if pages else 0
-        link.submit(SendJob(key, _notice(req, key, start, end, pages), slots))
+        notice = _notice(req, key, start, end, pages)
+        for reg in regs:
+            self.links[str(reg["peer"])].submit(SendJob(key, notice, slots))
 
-    def _notify_only(self, reg: dict, key: str, error: str) -> None:
-        link = self.links.get(str(reg["peer"]))
-        if link is not None:
-            self.sending[key] = None  # type: ignore[assignment]  # no request: nothing to free
+    def _notify_only(self, regs: list[dict], key: str, error: str) -> None:
+        links = [self.links[str(r["peer"])] for r in regs if str(r["peer"]) in self.links]
+        if not links:
+            return
+        if key in self.parts:  # tp: another rank's registration came after the first notice
+            self.parts[key][0] += len(links)
+        else:
+            self.sending[key] = None  # no request: nothing to free
+            self.parts[key] = [len(links), None]
+        for link in links:
             link.submit(SendJob(key, {"key": key, "error": error}, None))
 
     def _drain_done(self) -> None:
@@ -162,9 +187,17 @@ class PrefillSide:
                 key, error = self.done.get_nowait()
             except queue.Empty:
                 return
+            part = self.parts.get(key)
+            if part is None:
+                continue
+            part[0] -= 1
+            part[1] = part[1] or error
+            if part[0] > 0:
+                continue  # tp: other ranks' transfers still run
+            del self.parts[key]
             req = self.sending.pop(key, None)
             if req is not None:
-                self._finish(req, error or self.aborted.pop(key, None))
+                self._finish(req, part[1] or self.aborted.pop(key, None))
             self.aborted.pop(key, None)
 
     def _expire(self, now: float) -> None:

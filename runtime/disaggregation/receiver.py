@@ -35,8 +35,12 @@ class Entry:
 
 class ReceiverLink:
     def __init__(self, host: str, port: int, my_id: str, backend: str, timeout_s: float,
-                 pool: Any, done: queue.Queue) -> None:
+                 pool: Any, done: queue.Queue, heads: tuple[int, int] | None = None,
+                 shards: int = 1) -> None:
+        """``heads``: the kv heads of the model this pool holds (tensor parallelism), of
+        ``shards`` ranks that each register every request."""
         self.host, self.port, self.my_id = host, port, my_id
+        self.heads, self.shards = heads, shards
         self.error: str | None = None
         self.entries: dict[str, Entry] = {}
         self.lock = threading.Lock()
@@ -53,7 +57,8 @@ class ReceiverLink:
     def register(self, key: str, slots: torch.Tensor, start: int) -> None:
         with self.lock:
             self.entries[key] = Entry(slots)
-        self._outbox.put({"type": "room", "key": key, "peer": self.my_id, "start": start})
+        self._outbox.put({"type": "room", "key": key, "peer": self.my_id, "start": start,
+                          "shards": self.shards})
 
     def cancel(self, key: str) -> bool:
         """Forget ``key``; False while its pages are being received (free its slots later)."""
@@ -82,7 +87,8 @@ class ReceiverLink:
             n = store.add("reg_n", 1)
             put(store, f"reg/{n}", {"type": "peer", "peer": self.my_id,
                                     "host": socket.gethostbyname(self.host),
-                                    "layout": KVLayout.of(self._pool).to_json()})
+                                    "layout": KVLayout.of(self._pool).to_json(),
+                                    "heads": list(self.heads) if self.heads else None})
             if self._pool.device.type == "cuda":
                 set_cuda_device(self._pool.device)
             self._group = make_group(store, self.my_id, 1, self._backend, me, self._timeout)

@@ -26,8 +26,14 @@ class SenderLink:
         self.peer_id = str(peer["peer"])
         self.error: str | None = None
         mine = KVLayout.of(pool).to_json()
-        if peer.get("layout") != mine:  # NOTE: the group is still made: the peer waits for it
-            self.error = f"KV layouts differ: prefill {mine}, decode {peer.get('layout')}"
+        start, end = peer.get("heads") or (0, mine["kv_heads"])
+        # tp: a decode rank holds kv heads [start, end) of ours
+        self.heads = None if (start, end) == (0, mine["kv_heads"]) else (int(start), int(end))
+        want = {**mine, "kv_heads": end - start}
+        if peer.get("layout") != want or not 0 <= start < end <= mine["kv_heads"]:
+            # NOTE: the group is still made: the peer waits for it
+            self.error = (f"KV layouts differ: prefill {mine} (heads {start}:{end} sent), "
+                          f"decode {peer.get('layout')}")
         self._host, self._port, self._backend = str(peer["host"]), store_port, backend
         self._timeout, self._pool, self._done = timeout_s, pool, done
         self._jobs: queue.Queue = queue.Queue()
@@ -64,7 +70,7 @@ class SenderLink:
                 seq += 1
                 if job.slots is not None and self.error is None:
                     send_pages(group, self._pool, job.slots, peer=1,
-                               host_staged=self._backend == "gloo")
+                               host_staged=self._backend == "gloo", heads=self.heads)
                 self._done.put((job.key, self.error))
             except Exception as exc:  # noqa: BLE001 - the pair is broken: fail what follows too
                 self.error = f"decode peer {self.peer_id} failed: {type(exc).__name__}: {exc}"

@@ -215,6 +215,8 @@ def _iterate(scheduler: Any, chan: SyncChannel | None, parent_pid: int, parallel
         if trace is not None:
             trace.begin()
         msgs = chan.recv_all() if chan is not None else None
+        if parallel and chan is not None and scheduler.pd is not None:  # pd: rank 0's verdicts
+            msgs = [*msgs, *scheduler.pd.outgoing()]
         if parallel:
             msgs = broadcast_list(msgs)
             # NOTE: a second beat once the broadcast returned: an idle follower beats and then

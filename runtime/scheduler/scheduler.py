@@ -32,6 +32,7 @@ from .running import RunningBatch, needs_sync
 from .sample_step import BatchSampler
 from .stepping import Stepping
 from ..disaggregation import make_pd  # pd:
+from ..disaggregation.shards import Verdicts  # pd:
 from . import tp_sync
 
 # NOTE: share of a running request's remaining tokens that admission keeps free for its decode.
@@ -107,6 +108,8 @@ class Scheduler(Stepping):
             self.send(m.RpcResp(msg.call_id, ok=True, value=self.stats()))
         elif isinstance(msg, m.PrecompileReq):  # grammar: answered once compiled (step)
             self._precompile(msg)
+        elif isinstance(msg, Verdicts):  # pd: rank 0's KV transfer decisions (tensor parallel)
+            self.pd.apply(msg)
         elif isinstance(msg, m.CheckIntegrityReq):  # every TP rank checks, rank 0 answers
             self.send(tp_sync.integrity_resp(msg.call_id, self._integrity_resp(msg.call_id)))
         else:

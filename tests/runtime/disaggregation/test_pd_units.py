@@ -12,6 +12,7 @@ import torch
 from sgdsl.runtime.config import EngineConfig
 from sgdsl.runtime.disaggregation.bootstrap import close_scope, next_bootstrap, open_scope
 from sgdsl.runtime.disaggregation.http import _split
+from sgdsl.runtime.disaggregation.shards import head_range
 from sgdsl.runtime.errors import InvalidRequestError
 from sgdsl.runtime.router.cli import parse_args
 from processes import free_port
@@ -45,7 +46,14 @@ def test_engine_options_and_their_checks():
     c = EngineConfig(disaggregation_mode="prefill", disaggregation_bootstrap_port=9000)
     assert c.disaggregation_transfer_backend == "auto"
     with pytest.raises(InvalidRequestError, match="tp_size"):
-        EngineConfig(disaggregation_mode="decode", tp_size=2)
+        EngineConfig(disaggregation_mode="prefill", tp_size=2)
+    assert EngineConfig(disaggregation_mode="decode", tp_size=2).tp_size == 2  # tp: decode side
+
+
+@pytest.mark.parametrize("size,heads,want", [
+    (1, 8, [(0, 8)]), (2, 8, [(0, 4), (4, 8)]), (4, 2, [(0, 1), (0, 1), (1, 2), (1, 2)])])
+def test_head_range_follows_the_tp_split_of_kv_heads(size, heads, want):
+    assert [head_range(r, size, heads) for r in range(size)] == want
 
 
 def test_middleware_takes_the_bootstrap_out_of_the_body():
@@ -70,21 +78,23 @@ def test_keys_pair_the_requests_of_one_body_in_order():
 class _Pool:
     """The page interface of TokenKVPool on small tensors."""
 
-    def __init__(self, layers: int, slots: int) -> None:
+    def __init__(self, layers: int, slots: int, heads: int = 2) -> None:
         from sgdsl.runtime.cache.pool import TokenKVPool
 
-        self.inner = TokenKVPool(slots, layers, 2, 4, torch.float32, "cpu")
+        self.inner = TokenKVPool(slots, layers, heads, 4, torch.float32, "cpu")
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
 
-def test_pages_travel_layer_by_layer_over_gloo():
+@pytest.mark.parametrize("heads", [None, (1, 2)])  # (1, 2): a TP decode rank's share
+def test_pages_travel_layer_by_layer_over_gloo(heads):
     from sgdsl.runtime.disaggregation.link import (connect_store, make_group, recv_pages,
                                                    send_pages, serve_store)
 
     port = free_port()
-    src, dst = _Pool(6, 32), _Pool(6, 32)  # more layers than the window in flight
+    # more layers than the window in flight
+    src, dst = _Pool(6, 32), _Pool(6, 32, 2 if heads is None else heads[1] - heads[0])
     for layer in range(6):
         src.k_buffer[layer].normal_()
         src.v_buffer[layer].normal_()
@@ -99,11 +109,12 @@ def test_pages_travel_layer_by_layer_over_gloo():
     threads = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
     [t.start() for t in threads]
     [t.join(60) for t in threads]
-    sender = threading.Thread(target=send_pages, args=(groups[0], src, src_slots, 1, True))
+    sender = threading.Thread(target=send_pages, args=(groups[0], src, src_slots, 1, True, heads))
     sender.start()
     recv_pages(groups[1], dst, dst_slots, 4, 0, True)
     sender.join(60)
+    h = slice(*(heads or (0, 2)))
     for layer in range(6):
-        assert torch.equal(dst.k_buffer[layer][dst_slots], src.k_buffer[layer][src_slots])
-        assert torch.equal(dst.v_buffer[layer][dst_slots], src.v_buffer[layer][src_slots])
+        assert torch.equal(dst.k_buffer[layer][dst_slots], src.k_buffer[layer][src_slots][:, h])
+        assert torch.equal(dst.v_buffer[layer][dst_slots], src.v_buffer[layer][src_slots][:, h])
     del master
