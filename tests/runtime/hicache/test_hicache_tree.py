@@ -143,3 +143,59 @@ def test_host_slots_move_as_contiguous_runs():
     host.defragment()
     assert runs(host.alloc(4)) == [(0, 12, 4)]
     host.check_integrity()
+
+
+class _Event:
+    """A stand-in CUDA event: ``fired`` says whether its copy has landed."""
+
+    def __init__(self, name: str, fired: bool = False) -> None:
+        self.name, self.fired = name, fired
+
+    def query(self) -> bool:
+        return self.fired
+
+
+def test_attention_waits_for_each_layer_of_each_pending_load(monkeypatch):
+    """The bookkeeping of layer-wise overlap (``TokenKVPool.await_layers``/``wait_layer``),
+    with stand-in events: layer i waits for layer i of every load queued since, once; loads
+    that have landed are dropped; a pool with no load pending waits for nothing."""
+    waited: list[str] = []
+
+    class _Stream:
+        def wait_event(self, event: _Event) -> None:
+            waited.append(event.name)
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
+    pool = TokenKVPool(8, 3, 1, 1, torch.float32, "cpu")
+    pool.wait_layer(0)
+    assert waited == [] and pool._layer_events is None
+    landed = [_Event(f"old{i}", fired=True) for i in range(3)]
+    pool.await_layers(landed)
+    pool.await_layers([_Event(f"a{i}") for i in range(3)])  # drops the landed load
+    pool.await_layers([_Event(f"b{i}") for i in range(3)])
+    assert len(pool._layer_events) == 2
+    for layer in range(3):
+        pool.wait_layer(layer)
+    assert waited == ["a0", "b0", "a1", "b1", "a2", "b2"]
+    assert pool._layer_events is None  # the prefill's last layer waited for everything
+    pool.wait_layer(1)  # a later forward (a decode step): nothing to wait for
+    assert len(waited) == 6
+
+
+def test_freeing_device_slots_fences_on_their_copies(monkeypatch):
+    """Before a node's device slots go back to the pool, the compute stream is fenced on the
+    copies that may still touch them (its load; its backup's gather while pending), and only
+    those (the CUDA branch, with stand-in events)."""
+    tree = _tree(60, 200, "write_through")
+    a, b = _seqs(2, 40, seed=4)
+    _serve(tree, a)
+    node = tree.match_prefix(a).node
+    node.load_event = _Event("load of a")
+    fenced: list = []
+    monkeypatch.setattr(tree.transfer, "cuda", True)
+    monkeypatch.setattr(tree.transfer, "fence", lambda e: fenced.append(e and e.name))
+    tree.evict(40)
+    assert "load of a" in fenced and node.load_event is None
+    monkeypatch.setattr(tree.transfer, "cuda", False)
+    _serve(tree, b)
+    tree.check_integrity(idle=True)
