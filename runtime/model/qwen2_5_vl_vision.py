@@ -20,6 +20,7 @@ from torch import nn
 
 from ..kernels.dispatch import use_triton
 from ..layers.norm import RMSNorm  # HF's Qwen2RMSNorm; one fused kernel on the GPU
+from ..layers.upload import to_device
 
 EPS = 1e-6
 
@@ -70,7 +71,7 @@ class Segments:
         for length in torch.unique(lens).tolist():
             first = starts[lens == length]
             index = (first[:, None] + torch.arange(length)).flatten()
-            groups.append((index.to(device), int(length)))
+            groups.append((to_device(index, device), int(length)))
         return cls(tuple(groups))
 
 
@@ -168,10 +169,14 @@ class Qwen2_5_VisionTransformer(nn.Module):
         return self.patch_embed.proj.weight.dtype
 
     def forward(self, pixels: torch.Tensor, grids: list[tuple[int, int, int]]) -> torch.Tensor:
+        # NOTE: host tensors go up pinned and non-blocking (layers/upload.py): a plain copy
+        # would hold the host until the device drained the work queued before this forward
+        device = pixels.device
         order, window_lens = self.window_index(grids)
-        order = order.to(pixels.device)
+        order = to_device(order, device)
         x = self._by_unit(self.patch_embed(pixels), order)
-        angles = self._by_unit(self.rope_angles(grids).to(pixels.device), order)
+        angles = self._by_unit(self.rope_angles(to_device(self.patch_positions(grids), device)),
+                               order)
         emb = torch.cat((angles, angles), dim=-1)
         rope = (emb.cos()[:, None, :], emb.sin()[:, None, :])
         # full attention: each frame of each image on its own
@@ -185,17 +190,21 @@ class Qwen2_5_VisionTransformer(nn.Module):
         """Reorder rows by merge unit (2x2 patches stay together) into window order."""
         return x.view(-1, self.unit, x.shape[-1])[order].reshape(-1, x.shape[-1])
 
-    def rope_angles(self, grids: list[tuple[int, int, int]]) -> torch.Tensor:
-        """``[patches, head_dim / 2]``: (row, column) angles of each patch, in the processor's
-        patch order (merge blocks row-major, patches row-major inside a block)."""
+    def patch_positions(self, grids: list[tuple[int, int, int]]) -> torch.Tensor:
+        """``[patches, 2]`` (row, column) of each patch, in the processor's patch order (merge
+        blocks row-major, patches row-major inside a block)."""
         m, out = self.merge, []
         for t, h, w in grids:
             rows = torch.arange(h).view(h // m, m, 1, 1).expand(h // m, m, w // m, m)
             cols = torch.arange(w).view(1, 1, w // m, m).expand(h // m, m, w // m, m)
             rows, cols = rows.transpose(1, 2).flatten(), cols.transpose(1, 2).flatten()
             out.append(torch.stack([rows, cols], dim=-1).repeat(t, 1))
-        pos = torch.cat(out).float()
-        inv = self.inv_freq
+        return torch.cat(out)
+
+    def rope_angles(self, positions: torch.Tensor) -> torch.Tensor:
+        """``[patches, head_dim / 2]`` fp32: the row angles, then the column angles."""
+        pos = positions.float()
+        inv = self.inv_freq.to(pos.device, non_blocking=True)  # 20 floats
         return torch.cat([pos[:, :1] * inv, pos[:, 1:] * inv], dim=-1)
 
     def window_index(self, grids: list[tuple[int, int, int]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -69,7 +69,7 @@ def decode_image(source: Any, field: str, allow_urls: bool = False) -> Any:
 
     data = image_bytes(source, field, allow_urls)
     if not isinstance(data, bytes):
-        return data.convert("RGB")
+        return data if data.mode == "RGB" else data.convert("RGB")  # read only: no copy
     if len(data) > MAX_IMAGE_BYTES:
         raise InvalidRequestError(f"{field}: image larger than {MAX_IMAGE_BYTES >> 20} MiB",
                                   field=field)

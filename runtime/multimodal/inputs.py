@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..layers.upload import to_device
 from .pixels import PatchSpec
 
 # NOTE: pad ids live in [PAD_BASE, PAD_BASE + PAD_RANGE): above any vocabulary, below 2**31
@@ -80,9 +81,10 @@ class ImageItem(_NumpyPickled):
 
     def encoder_input(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """The pixels as the vision encoder takes them, on ``device`` in ``dtype``."""
+        pixels = to_device(self.pixel_values, device)  # pinned, non-blocking (layers/upload.py)
         if self.patches is None:
-            return self.pixel_values.to(device, dtype)
-        return self.patches.to_patches(self.pixel_values.to(device, non_blocking=True), dtype)
+            return pixels.to(dtype)
+        return self.patches.to_patches(pixels, dtype)
 
 
 @dataclass(frozen=True)
@@ -153,8 +155,8 @@ def build_mm_batch(reqs: list[Any], device: torch.device) -> MmBatch | None:
             pos.append(_positions3(mm, p, e))
         deltas.append(mm.mrope_delta if mm is not None else 0)
         offset += e
-    positions3 = torch.cat(pos, dim=1).to(device) if mrope else None
-    return MmBatch(slices, positions3, torch.tensor(deltas, dtype=torch.int64).to(device))
+    positions3 = to_device(torch.cat(pos, dim=1), device) if mrope else None
+    return MmBatch(slices, positions3, to_device(torch.tensor(deltas, dtype=torch.int64), device))
 
 
 def text_ids(req: Any) -> list[int]:

@@ -1,0 +1,76 @@
+"""On the GPU: the Qwen2.5-VL vision tower's device path (fused RMSNorm and add+norm, the
+rotary kernel, one SDPA call per segment length, pinned uploads) against transformers' tower on
+the same device, at head_dim 80 as in the 7B model, with images whose windows are partial; and
+the uint8 pixels cut into patches on the device equal the image processor's output."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+CONFIG = Path(__file__).resolve().parents[3] / "benchmarks" / "gpu" / "configs" / "qwen2.5-vl-7b"
+SIZES = [(200, 150), (97, 301), (330, 90)]
+VISION = dict(depth=4, hidden_size=160, intermediate_size=256, num_heads=2, out_hidden_size=64,
+              window_size=112, fullatt_block_indexes=[1, 3], hidden_act="silu")
+
+
+def _images() -> list:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    return [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for w, h in SIZES]
+
+
+@pytest.fixture(scope="module")
+def processor():
+    from sgdsl.runtime.multimodal.pixels import PatchSpec
+    from sgdsl.runtime.multimodal.processor import _load_image_processor
+
+    proc = _load_image_processor(CONFIG)  # the PIL flavour the engine loads
+    assert PatchSpec.of(proc) is not None
+    return proc
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-3), (torch.bfloat16, 6e-2)])
+def test_tower_on_the_gpu_matches_hf(processor, dtype, tol):
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
+        Qwen2_5_VisionTransformerPretrainedModel)
+
+    from sgdsl.runtime.model.qwen2_5_vl_vision import Qwen2_5_VisionTransformer
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    cfg = Qwen2_5_VLVisionConfig(**VISION)
+    torch.manual_seed(0)
+    hf = Qwen2_5_VisionTransformerPretrainedModel._from_config(cfg).float().cuda().eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    ours = Qwen2_5_VisionTransformer(cfg)
+    ours.load_state_dict(hf.state_dict(), strict=False)
+    ours = ours.to("cuda", dtype).eval()
+    out = processor(images=_images(), return_tensors="pt")
+    grids = [tuple(int(v) for v in g) for g in out["image_grid_thw"]]
+    pixels = out["pixel_values"].cuda()
+    with torch.no_grad():
+        ref = hf(pixels, grid_thw=out["image_grid_thw"].cuda()).pooler_output
+        got = ours(pixels.to(dtype), grids).float()
+    assert got.shape == ref.shape
+    err = float((got - ref).abs().max() / ref.abs().max())
+    assert err < tol, err
+
+
+def test_patches_cut_on_the_gpu_equal_the_processor(processor):
+    from sgdsl.runtime.multimodal.pixels import PatchSpec
+
+    spec = PatchSpec.of(processor)
+    for image in _images() + [_images()[0].resize((1280, 720))]:
+        ref = processor(images=[image], return_tensors="pt")["pixel_values"]
+        pixels = torch.from_numpy(spec.resize(image)).cuda()
+        got = spec.to_patches(pixels, torch.float32).cpu()
+        assert got.shape == ref.shape and float((got - ref).abs().max()) <= 1e-6
