@@ -6,10 +6,11 @@ Each of ``--conversations`` clients opens with a ``--history``-token context and
 model's answer, a new ``--user-tokens`` user message), as a chat server sees it (token ids,
 greedy, ``--output-tokens`` per answer, ignore_eos). Every client starts together and sends its
 next turn as soon as the answer is in (a closed loop: the engine is always saturated, so mean
-TTFT is about conversations / throughput minus the answer's decode time). With the device pool
-capped (``--device-tokens``, max_total_tokens) at a quarter of the working set or less, an LRU
-device cache loses a conversation's prefix unless its next turn comes soon; the host tier
-keeps it. Every engine gets the same options except the hierarchical cache's.
+TTFT is about conversations / throughput minus the answer's decode time), or, with
+``--think-time``, after a pause (a lighter load, where TTFT is mostly the prefill). With the
+device pool capped (``--device-tokens``, max_total_tokens) at a quarter of the working set or
+less, an LRU device cache loses a conversation's prefix unless its next turn comes soon; the
+host tier keeps it. Every engine gets the same options except the hierarchical cache's.
 
 Engines (``--engines``): ``radix``, ``hicache`` and ``radix2``, a second radix run: its
 agreement with ``radix`` is the noise floor of the greedy comparison (bf16 and batch
@@ -22,6 +23,8 @@ the ratios and the answer agreement (first turns, and turns whose whole prompt w
     source benchmarks/gpu/device_env.sh && python3 benchmarks/gpu/bench_hicache.py
     python3 benchmarks/gpu/bench_hicache.py --conversations 64 --device-tokens 40960 \\
         --schedule-policy fcfs    # no LPM convoy: each turn waits behind every conversation
+    python3 benchmarks/gpu/bench_hicache.py --conversations 64 --device-tokens 40960 \\
+        --think-time 4 --engines radix,hicache    # a lighter load: TTFT is the prefill
     python benchmarks/gpu/bench_hicache.py --device cpu --tiny --conversations 6 --turns 3 \\
         --history 200 --user-tokens 16 --output-tokens 4 --device-tokens 500   # CPU smoke
 """
@@ -31,6 +34,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -66,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     choices=["write_through", "write_back", "write_through_selective"])
     ap.add_argument("--max-running", type=int, default=128)
     ap.add_argument("--schedule-policy", default="lpm", choices=["lpm", "fcfs"])
+    ap.add_argument("--think-time", type=float, default=0.0,
+                    help="mean seconds a client pauses before its next turn (0: none, the "
+                         "closed loop that saturates the engine; > 0: an open, lighter load)")
     ap.add_argument("--engines", default="radix,hicache,radix2",
                     help="comma list of radix, hicache, radix2 (a repeat of radix)")
     return ap.parse_args(argv)
@@ -96,13 +103,27 @@ def workload(a: argparse.Namespace) -> tuple[list[list[int]], list[list[list[int
     return histories, users
 
 
+def pauses(a: argparse.Namespace, conv: int) -> list[float]:
+    """Seconds a client waits before each turn (the same in every engine's run): with
+    ``--think-time``, the first turn starts uniformly within one think time and each later
+    one follows the answer after an exponential pause of that mean; else none."""
+    if a.think_time <= 0:
+        return [0.0] * a.turns
+    rng = random.Random(1000 + conv)
+    return [rng.uniform(0, a.think_time), *(rng.expovariate(1 / a.think_time)
+                                              for _ in range(a.turns - 1))]
+
+
 async def conversation(engine: Any, history: list[int], users: list[list[int]],
-                       out_tokens: int, turns: list[dict], answers: list[list[int]]) -> None:
+                       out_tokens: int, turns: list[dict], answers: list[list[int]],
+                       waits: list[float]) -> None:
     """One client: its turns in order; per turn its TTFT and meta_info (``turns``) and its
     answer (``answers``)."""
     context = list(history)
     params = {"max_new_tokens": out_tokens, "ignore_eos": True, "temperature": 0.0}
-    for t, user in enumerate(users):
+    for t, (user, wait) in enumerate(zip(users, waits)):
+        if wait:
+            await asyncio.sleep(wait)
         context += user
         start = time.perf_counter()
         first, out = None, []
@@ -137,8 +158,10 @@ def run(a: argparse.Namespace, hicache: bool) -> tuple[dict[str, Any], list[list
         answers: list[list[list[int]]] = [[] for _ in histories]
 
         async def clients() -> None:
-            await asyncio.gather(*(conversation(engine, h, u, a.output_tokens, turns, o)
-                                   for h, u, o in zip(histories, users, answers)))
+            await asyncio.gather(*(conversation(engine, h, u, a.output_tokens, turns, o,
+                                                pauses(a, c))
+                                   for c, (h, u, o) in enumerate(zip(histories, users,
+                                                                     answers))))
 
         start = time.perf_counter()
         asyncio.run(clients())
@@ -206,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     working = a.conversations * per_conv
     print(f"working set {working} tokens = {working / a.device_tokens:.1f}x the device pool "
           f"({a.device_tokens}); {a.conversations} conversations x {a.turns} turns; "
-          f"schedule policy {a.schedule_policy}", flush=True)
+          f"schedule policy {a.schedule_policy}; think time {a.think_time} s", flush=True)
     names = [n.strip() for n in a.engines.split(",") if n.strip()]
     runs = {n: run(a, hicache=n == "hicache") for n in names}
     results = {n: r[0] for n, r in runs.items()}
