@@ -11,7 +11,7 @@ import pytest
 
 from sgdsl.runtime import Engine
 
-from .test_tp_engine import SMALL, assert_same, run_mixed
+from .mixed_workload import SMALL, assert_same, run_mixed
 
 MOE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 49152,

@@ -15,13 +15,7 @@ import pytest
 
 from sgdsl.runtime import Engine
 
-from .test_tp_engine import GREEDY, PROMPTS, SMALL, TINY, assert_same, run_mixed
-
-
-@pytest.fixture(scope="module")
-def tiny_ref(tiny_model_dir):
-    with Engine(str(tiny_model_dir), **TINY) as engine:
-        return run_mixed(engine)
+from .mixed_workload import GREEDY, NO_GRAMMAR, PROMPTS, TINY, assert_same, run_mixed
 
 
 def test_tiny_pp2_tp2_micro_batched_equals_tp1(tiny_model_dir, tiny_ref):
@@ -41,7 +35,7 @@ def test_smollm2_pp2_equals_tp1(embedded_engine):
         return [(r["output_ids"], r["meta_info"]["output_token_logprobs"]) for r in out]
 
     ref = run(embedded_engine)
-    with Engine(pp_size=2, **SMALL) as engine:
+    with Engine(pp_size=2, **NO_GRAMMAR) as engine:
         got = run(engine)
     for (ids, logprobs), (want_ids, want_logprobs) in zip(got, ref):
         assert ids == want_ids

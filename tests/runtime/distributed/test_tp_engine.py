@@ -21,61 +21,7 @@ from sgdsl.runtime import Engine
 from sgdsl.runtime.errors import EngineDeadError, ModelLoadError
 from processes import free_port
 
-PROMPTS = [
-    "Hi",
-    "The capital of France is",
-    "Write a haiku about the sea and the wind over the rocks at dawn.",
-    "<|im_start|>user\nWhat is 12 times 7? Answer with a number.<|im_end|>\n<|im_start|>assistant\n",
-    "List three colors of the rainbow, separated by commas, and then explain which of them "
-    "is your favourite and why, in one short sentence that a child could understand.",
-    "def fibonacci(n):\n    ",
-]
-MAX_NEW = 12
-GREEDY = {"temperature": 0, "max_new_tokens": MAX_NEW}
-# chunked prefill on (16-token budget) and a pool small enough to force retraction
-SMALL = dict(chunked_prefill_size=16, max_total_tokens=72, num_threads=1)
-TINY = dict(load_format="dummy", **SMALL)
-
-
-def run_mixed(engine: Engine, extra: bool = True) -> dict:
-    """Two passes (the second hits the cache, with logprobs); returns what TP must equal."""
-    stats0 = engine.stats()
-    first = engine.generate(PROMPTS, GREEDY)
-    second = engine.generate(PROMPTS, GREEDY, return_logprob=True, top_logprobs_num=3)
-    # grammar (compiled on every rank, rank 0 decides when) and seeded sampling
-    extra = [] if not extra else engine.generate(PROMPTS[:3], [
-        {"temperature": 0, "max_new_tokens": MAX_NEW, "regex": "(yes|no)[0-9]{2,5}!"},
-        {"temperature": 0.9, "seed": 7, "max_new_tokens": MAX_NEW},
-        {"temperature": 0, "max_new_tokens": MAX_NEW,
-         "json_schema": '{"type": "object", "properties": {"a": {"type": "integer"}}}'}])
-    stats = engine.stats()
-    engine.check_idle_integrity()  # at TP > 1: every rank's pools
-    return {"extra": [r["text"] for r in extra],"first": [r["output_ids"] for r in first],
-            "second": [r["output_ids"] for r in second],
-            "cached": sum(r["meta_info"]["cached_tokens"] for r in second),
-            "logprobs": [r["meta_info"]["output_token_logprobs"] for r in second],
-            "top": [r["meta_info"]["output_top_logprobs"] for r in second],
-            "retractions": stats["retractions_total"] - stats0["retractions_total"]}
-
-
-def assert_same(tp: dict, ref: dict) -> None:
-    assert tp["first"] == ref["first"] and tp["second"] == ref["second"]
-    assert tp["first"] == tp["second"]
-    assert tp["extra"] == ref["extra"]
-    assert tp["retractions"] > 0 and tp["cached"] > 0  # the paths under test did run
-    for got, want in zip(tp["logprobs"], ref["logprobs"]):
-        assert [t[1] for t in got] == [t[1] for t in want]
-        assert max(abs(g[0] - w[0]) for g, w in zip(got, want)) < 1e-4
-    for got, want in zip(tp["top"], ref["top"]):
-        for g_row, w_row in zip(got, want):
-            assert [t[1] for t in g_row] == [t[1] for t in w_row]
-            assert max(abs(g[0] - w[0]) for g, w in zip(g_row, w_row)) < 1e-4
-
-
-@pytest.fixture(scope="module")
-def tiny_ref(tiny_model_dir):
-    with Engine(str(tiny_model_dir), **TINY) as engine:
-        return run_mixed(engine)
+from .mixed_workload import GREEDY, NO_GRAMMAR, SMALL, TINY, assert_same, run_mixed
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +57,7 @@ def test_smollm2_tp3_equals_tp1(embedded_engine):
     """TP=1 reference: the suite's shared embedded engine (greedy tokens do not depend on
     chunking or retraction; the TP=3 engine has both on)."""
     ref = run_mixed(embedded_engine, extra=False)  # (grammar and sampling: the tiny model's)
-    with Engine(tp_size=3, **SMALL) as engine:
+    with Engine(tp_size=3, **NO_GRAMMAR) as engine:
         assert_same(run_mixed(engine, extra=False), ref)
 
 
@@ -120,7 +66,7 @@ def test_two_nodes_on_loopback_equal_one_node(tiny_model_dir, tiny_ref):
     node1 = subprocess.Popen(
         [sys.executable, "-m", "sgdsl.runtime.server", "--model", str(tiny_model_dir),
          "--load-format", "dummy", "--chunked-prefill-size", "16", "--max-total-tokens", "72",
-         "--num-threads", "1", "--tp-size", "2", "--nnodes", "2", "--node-rank", "1",
+         "--num-threads", "1", "--grammar-compile-workers", "1", "--tp-size", "2", "--nnodes", "2", "--node-rank", "1",
          "--dist-init-addr", addr])
     try:
         with Engine(str(tiny_model_dir), tp_size=2, nnodes=2, node_rank=0,
@@ -160,7 +106,8 @@ def test_hung_rank_is_named_and_the_group_stopped(tiny_model_dir):
     """A rank that stops moving (SIGSTOP) for rank_hang_timeout_s fails every request with
     its name; the whole group is stopped (SIGKILL reaches a stopped process too). NOTE: stopped
     inside the message broadcast, it ties with rank 0 waiting on it there, so both are named."""
-    engine = Engine(str(tiny_model_dir), tp_size=2, rank_hang_timeout_s=10, **TINY)
+    engine = Engine(str(tiny_model_dir), tp_size=2, rank_hang_timeout_s=10,
+                    **dict(TINY, grammar_backend="none"))  # (no grammar sent)
     try:
         procs = list(engine._tm.procs)
         engine.generate("Hi", GREEDY)
