@@ -211,8 +211,9 @@ class HiRadixCache(TierMoves, RadixCache):
         slots = self.pool.alloc(n)
         if slots is None:
             return 0, 0
-        filling = [n.backup.event for n in take if n.backup_pending]
-        event = self.transfer.load(torch.cat([n.host_value for n in take]), slots, filling)
+        filling = [node.backup.event for node in take if node.backup_pending]
+        event = self.transfer.load(torch.cat([node.host_value for node in take]), slots,
+                                   filling)
         off = 0
         for node in take:
             node.value, node.load_event = slots[off:off + len(node.key)], event

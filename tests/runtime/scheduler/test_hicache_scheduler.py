@@ -91,3 +91,21 @@ def test_host_hit_loads_only_when_admitted(hi_harness):
     assert h.outs["again"] == expected(doc + [41], 3)
     assert h.outs["big"] == expected(list(range(2, 52)), 20)
     assert h.sched.stats()["hicache_host_hit_tokens"] >= 30
+
+
+@pytest.mark.parametrize("policy", ["lpm", "fcfs"])
+def test_concurrent_conversations_beyond_the_device_pool(hi_harness, policy):
+    """Multi-turn chat as the GPU benchmark runs it, all conversations at once (batched
+    admission, several loads per prefill batch, demotions under decode): every answer is the
+    reference's, and the host tier served the later turns."""
+    h = hi_harness(80, schedule_policy=policy)
+    prompts = {c: [c + 1] * 2 + list(range(3, 21)) + [c + 1] for c in range(6)}
+    for turn in range(3):
+        for c, p in prompts.items():
+            h.submit(f"c{c}t{turn}", p, max_new_tokens=4, ignore_eos=True)
+        h.run()
+        for c, p in prompts.items():
+            out = h.outs[f"c{c}t{turn}"]
+            assert out == expected(p, 4), (c, turn)
+            prompts[c] = p + out + [30 + turn]
+    assert h.sched.stats()["hicache_host_hit_tokens"] > 0
