@@ -48,10 +48,13 @@ class PatchSpec:
         hi = getattr(processor, "max_pixels", None) or _get(size, "longest_edge")
         if not lo or not hi:
             return None
-        spec = cls(tuple(float(v) for v in processor.image_mean),
-                   tuple(float(v) for v in processor.image_std), float(processor.rescale_factor),
-                   int(processor.patch_size), int(processor.temporal_patch_size),
-                   int(processor.merge_size), int(lo), int(hi), int(processor.resample))
+        try:  # NOTE: a torchvision-backed processor names its resample mode differently
+            spec = cls(tuple(float(v) for v in processor.image_mean),
+                       tuple(float(v) for v in processor.image_std), float(processor.rescale_factor),
+                       int(processor.patch_size), int(processor.temporal_patch_size),
+                       int(processor.merge_size), int(lo), int(hi), int(processor.resample))
+        except (TypeError, ValueError, AttributeError):
+            return None
         return spec if spec._matches(processor) else None
 
     def resize(self, image: Any) -> np.ndarray:
@@ -91,7 +94,10 @@ class PatchSpec:
             ref = processor(images=[image], return_tensors="pt")["pixel_values"].float()
         except Exception:  # noqa: BLE001 - a processor we do not know how to call
             return False
-        ours = self.to_patches(torch.from_numpy(self.resize(image)), torch.float32)
+        try:
+            ours = self.to_patches(torch.from_numpy(self.resize(image)), torch.float32)
+        except Exception:  # noqa: BLE001 - e.g. a resample mode PIL does not take
+            return False
         return ours.shape == ref.shape and bool((ours - ref).abs().max() <= 1e-6)
 
 

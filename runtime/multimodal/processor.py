@@ -191,13 +191,19 @@ class MultimodalProcessor:
 
 def _load_image_processor(model_dir: str | Path) -> Any:
     """The model's transformers image processor, its PIL flavour where there is a choice (the
-    reference numbers; ``PatchSpec`` reproduces its resize)."""
+    reference numbers; ``PatchSpec`` reproduces its resize): transformers 5 names it with
+    ``backend="pil"``, 4.x with ``use_fast=False``; either may be ignored or refused."""
     from transformers import AutoImageProcessor
 
-    try:
-        return AutoImageProcessor.from_pretrained(str(model_dir), backend="pil")
-    except (TypeError, ValueError, KeyError):  # transformers 4.x: no backends
-        return AutoImageProcessor.from_pretrained(str(model_dir), use_fast=False)
+    for kwargs in ({"backend": "pil"}, {"use_fast": False}):
+        try:
+            proc = AutoImageProcessor.from_pretrained(str(model_dir), **kwargs)
+        except Exception:  # noqa: BLE001 - a version that does not take the argument
+            continue
+        fast = type(proc).__name__.endswith("Fast")
+        if not fast and getattr(proc, "backend", "") != "torchvision":
+            return proc
+    return AutoImageProcessor.from_pretrained(str(model_dir))
 
 
 def _pixel_dtype(config: Any) -> torch.dtype:
