@@ -175,9 +175,13 @@ class KVTransfer:
             self._copy_in(dev_slots, parts, None)
             self.load_seconds += time.perf_counter() - start
             return None
-        staging = self.host.gather(host_slots, out=torch.empty(
-            (self.dev.num_layers, 2, int(host_slots.numel()), *self.host.row_shape),
-            dtype=self.host.raw_dtype, pin_memory=True)) if len(parts) > MAX_RUNS else None
+        staging = None
+        if len(parts) > MAX_RUNS:
+            for event in after:  # NOTE: the gather reads the host rows on the CPU: they must
+                event.synchronize()  # have landed (the host waits, on this rare path only)
+            staging = self.host.gather(host_slots, out=torch.empty(
+                (self.dev.num_layers, 2, int(host_slots.numel()), *self.host.row_shape),
+                dtype=self.host.raw_dtype, pin_memory=True))
         main = torch.cuda.current_stream(self.dev.device)
         stream = self.load_streams[self._turn]
         self._turn = (self._turn + 1) % len(self.load_streams)

@@ -160,9 +160,11 @@ def test_freeing_a_loaded_node_waits_for_its_load():
     tree.close()
 
 
-def test_load_after_pending_backup_is_ordered_on_the_device():
-    """A node demoted while its backup is still in flight loads back without the host waiting
-    for the backup (the load's stream waits for the backup's event)."""
+@pytest.mark.parametrize("staged_load", [False, True])
+def test_load_after_pending_backup_is_ordered_on_the_device(staged_load, monkeypatch):
+    """A node demoted while its backup is still in flight loads back after it: the load's
+    stream waits for the backup's event (the host does not), or, when the load gathers its
+    rows on the CPU (fragmented host slots: staging), the host waits for the backup first."""
     pool = TokenKVPool(40, LAYERS, HEADS, DIM, torch.float32, "cuda")
     tree = HiRadixCache(pool, HostKVPool(400, pool, pin_memory=True), "write_through")
     a, b = _two(seed=6)
@@ -170,6 +172,8 @@ def test_load_after_pending_backup_is_ordered_on_the_device():
         torch.cuda._sleep(SLEEP)  # a's backup stays pending
     _serve(tree, a, check=False)
     _serve(tree, b, check=False)  # demotes a while its backup may be in flight
+    if staged_load:
+        monkeypatch.setattr(transfer, "MAX_RUNS", 0)
     assert _serve(tree, a) == 29  # loads it back; the values are checked on the device
     tree.check_integrity(idle=True)
     tree.close()
