@@ -8,7 +8,13 @@ rewrite, a retraction that reset the request), then reserve slots for the tokens
 Nothing here knows what was accepted; the ids say it all.
 
 The pools are the draft's own (not the target's radix cache): a finished request's draft KV is
-freed, never cached, so the idle invariant is simple: no row held, every slot free.
+freed, never cached, so the idle invariant is simple: no row held but the padding row, every
+slot free.
+
+Row 0 of the draft's table is never a request's: padded CUDA-graph rows (the graph runner's,
+on request row 0 at sequence length 1) read its first entry, which stays 0, the pool's dummy
+slot. So padded rows read no live request's state (a VLM bug came from padded rows sharing a
+live request's row 0).
 """
 from __future__ import annotations
 
@@ -46,6 +52,8 @@ class DraftKV:
         self.kv_pool = kv_pool
         self.device = req_pool.req_to_token.device
         self.entries: dict[str, DraftEntry] = {}
+        self.pad_row = req_pool.alloc()  # row 0 (see module docstring), held for good
+        assert self.pad_row == 0, "DraftKV must take the draft table's first row"
 
     def sync(self, rid: str, ids: list[int], keep_max: int) -> DraftEntry | None:
         """The entry of ``rid`` truncated to its common prefix with ``ids`` (at most
@@ -104,9 +112,9 @@ class DraftKV:
         if self.kv_pool.available() != self.kv_pool.size:
             problems.append(f"draft KV leak: {self.kv_pool.size - self.kv_pool.available()} "
                             "slot(s) not free")
-        if self.req_pool.available() != self.req_pool.size:
+        if self.req_pool.available() != self.req_pool.size - 1:  # the padding row
             problems.append(f"draft request rows leak: "
-                            f"{self.req_pool.size - self.req_pool.available()} held")
+                            f"{self.req_pool.size - 1 - self.req_pool.available()} held")
         try:
             self.kv_pool.check_integrity()
             self.req_pool.check_integrity()

@@ -56,7 +56,8 @@ class EagleDrafter(Drafter):
         # a head row per request, and topk branch rows per request of a speculative step
         # (at most speculative_max_batch_size of them: the table is context_len wide)
         main = config.max_running_requests + EXTRA_REQ_ROWS
-        rows = main + min(main, config.speculative_max_batch_size + EXTRA_REQ_ROWS) * self.topk
+        # (+ 1: row 0, padded graph rows', DraftKV's)
+        rows = 1 + main + min(main, config.speculative_max_batch_size + EXTRA_REQ_ROWS) * self.topk
         self.req_to_token_pool = ReqToTokenPool(rows, self.context_len, self.device)
         mc = self.model_config
         slots = runner.max_total_tokens + rows * self.steps

@@ -121,6 +121,10 @@ def test_eagle_head_graph_rows_equal_eager(dirs):  # noqa: F811 (the fixture)
         _prefill(runner, req, req.all_ids)
     kept = drafter.propose(reqs, 6)  # the feed too: decode rows (2 per request)
     assert drafter.graph_steps == 2 * STEPS - 1
+    # padded rows read table row 0: no request's, its entries the dummy slot 0
+    table = drafter.req_to_token_pool.req_to_token
+    assert drafter.kv.pad_row == 0 and not table[0].any()
+    assert all(e.row != 0 for e in drafter.kv.entries.values())
     drafter.graphs = None
     for req in reqs:
         drafter.release(req.rid)
