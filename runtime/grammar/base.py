@@ -289,7 +289,7 @@ class GrammarBackend(ABC):
         """The compiled grammar back from ``serialize``'s bytes, in the engine's process."""
         return pickle.loads(data)
 
-    # True if ``ship_again`` may send a payload cheaper to load than ``ship``'s
+    # True if ``ship_again`` may make a payload cheaper to load than ``ship``'s
     ships_again: bool = False
 
     def ship(self, compiled: Any) -> bytes:
@@ -298,10 +298,16 @@ class GrammarBackend(ABC):
         again sends what to compile instead (xgrammar: ``XGrammarBackend.ship``)."""
         return self.serialize(compiled)
 
+    def may_ship_again(self, compiled: Any) -> bool:
+        """In the worker (``ships_again``): whether ``ship_again`` is worth asking for this
+        compile (the worker then keeps it until its next job)."""
+        return False
+
     def ship_again(self, compiled: Any) -> bytes | None:
-        """In the worker, after ``ship``'s payload went out (``ships_again``): one that loads
-        faster in the parent, or None. Runs under a deadline of its own; the compile has
-        succeeded whatever happens here."""
+        """In the worker, asked after ``ship``'s payload was delivered (so never on a
+        request's admission path), only for the on-disk cache: a payload that loads faster on
+        a later start, or None. Runs under a deadline of its own; the compile has succeeded
+        whatever happens here."""
         return None
 
     def receive(self, data: bytes) -> Any:

@@ -127,11 +127,15 @@ class XGrammarBackend(GrammarBackend):
             return self.serialize(compiled)
         return XGrammarPayload(compiled.json, compiled.source).pack()
 
+    def may_ship_again(self, compiled: XGrammarCompiled) -> bool:
+        return compiled.source is not None and worth_serializing(
+            compiled.compile_s, compiled.grammar.memory_size_bytes)
+
     def ship_again(self, compiled: XGrammarCompiled) -> bytes | None:
-        """Then the serialized grammar with its source, where loading that is expected to
-        cost less than compiling again (``xgrammar_transfer.py``); None otherwise."""
-        if compiled.source is None or not worth_serializing(
-                compiled.compile_s, compiled.grammar.memory_size_bytes):
+        """For the on-disk cache, asked once the source was delivered: the serialized grammar
+        with its source, where loading that is expected to cost less than compiling again
+        (``xgrammar_transfer.py``); None otherwise."""
+        if not self.may_ship_again(compiled):
             return None
         return XGrammarPayload(compiled.json, compiled.source,
                                compiled.grammar.serialize_json()).pack()

@@ -5,12 +5,14 @@ xgrammar 0.2.8 serializes a compiled grammar one way, ``CompiledGrammar.serializ
 token-mask tables as JSON text (no pickling: its handle has no reflection), 1.3-28x the
 grammar's memory on the real-world schemas. Writing it cost 2.6x the compile at the median
 (far more on a few: a 1.4 MB grammar once took 7.4 s, another 18 GB), reading it back about a
-compile (less on the slow ones). So the worker first sends the source (its compile fit the
-deadline), then, where the expected serialize + deserialize is cheaper than compiling again in
-the parent (``worth_serializing``), the serialized grammar with its source, under a deadline
-of its own (``worker_pool.py``: a serialize that runs out of time or memory leaves the source
-standing, and the parent compiles it again). Measured in benchmarks/RESULTS.md ("Compile
-once").
+compile (less on the slow ones). So a request always gets the source (the worker's compile
+fit the deadline; the parent compiles it again), and only the on-disk cache gets, where the
+expected serialize + deserialize is cheaper than a compile (``worth_serializing``), the
+serialized grammar with its source, made after the request was served (``worker_pool.py``:
+under a deadline of its own; past it or out of memory the source is stored): a restart then
+loads instead of compiling. Serializing on the request's path once cost admissions 3x where
+this rule misjudged the JSON's size (16x the grammar's memory). Measured in
+benchmarks/RESULTS.md ("Compile once", "Serialize for the disk only").
 
 The bytes (the first byte: ``j`` for a JSON kind, ``-`` otherwise)::
 

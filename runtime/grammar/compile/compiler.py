@@ -8,7 +8,8 @@ ready, ``result()`` gives a fresh matcher or raises ``InvalidRequestError`` nami
 the limit it broke. The backend is rebuilt once per worker (from ``backend.spec``); what the
 worker ships back is made usable here on a pool thread (``backend.ship`` / ``receive``:
 xgrammar compiles again from the shipped source, which the worker proved to finish within the
-deadline and memory budget; its serialized form cost far more, benchmarks/RESULTS.md).
+deadline and memory budget; its serialized form cost far more, benchmarks/RESULTS.md, and is
+made afterwards for the on-disk cache only).
 Identical keys in flight share one compile (one cache entry).
 
 A compile past its deadline (counted from when its worker started it) is killed with its

@@ -8,11 +8,13 @@ length-prefixed pickle frames:
 - parent -> worker, once: ``WorkerInit`` (how to build the backend, the memory budget);
   worker -> parent: ``("ready", None)`` or ``("startup_error", message)``.
 - parent -> worker, per job: ``(job_id, key)``; worker -> parent: ``(job_id, "ok", payload,
-  compile_s, data_bytes)`` with the backend's ``ship``ped result, or ``(job_id, "error" |
-  "memory", message)``. A backend that ``ships_again`` sends that result as ``(job_id,
-  "compiled", ...)`` and then ``(job_id, "ok", payload or None, ...)`` with ``ship_again``'s
-  payload (None: the first stands). Exceptions travel as text, so nothing unpicklable crosses
-  the pipe.
+  compile_s, data_bytes, more)`` with the backend's ``ship``ped result, or ``(job_id, "error" |
+  "memory", message)``. ``more``: the backend can also make a form that loads faster than
+  ``ship``'s (``may_ship_again``; xgrammar: the serialized grammar) for the on-disk cache. The
+  worker keeps that compile until its next job, and the parent may then ask ``(job_id,
+  "again")``, answered ``(job_id, "again", payload or None)``: after the request was served,
+  never on its admission path. Exceptions travel as text, so nothing unpicklable crosses the
+  pipe.
 
 The budget is applied with ``RLIMIT_DATA`` (heap and private mappings, not shared libraries) on
 top of what the worker holds once its backend is built, so it means "memory one compile may
@@ -110,45 +112,63 @@ def main() -> None:
         os.nice(WORKER_NICE)
     except OSError:
         pass
-    serve(_setup, lambda backend, job: _compile(backend, *job))
+    serve(_setup, _handle)
 
 
-def _setup(init: WorkerInit) -> Any:
+@dataclass
+class _State:
+    """A worker's backend and its last compile (kept for an "again" request, until the next
+    job)."""
+
+    backend: Any
+    last: tuple[int, Any] | None = None
+
+
+def _setup(init: WorkerInit) -> _State:
     backend = init.factory()
     _limit_memory(init.memory_bytes)
-    return backend
+    return _State(backend)
 
 
-def _compile(backend: Any, job_id: int, key: Any) -> Any:
+def _handle(state: _State, message: tuple) -> tuple:
+    job_id, what = message
+    last, state.last = state.last, None  # freed before a new compile takes memory
+    if what == "again":
+        return (job_id, "again", _again(state.backend, last[1])
+                if last is not None and last[0] == job_id else None)
+    reply, compiled = _compile(state.backend, job_id, what)
+    if len(reply) > 5 and reply[5]:
+        state.last = (job_id, compiled)
+    return reply
+
+
+def _compile(backend: Any, job_id: int, key: Any) -> tuple[tuple, Any]:
+    """(the reply frame, the compiled grammar or None)."""
     from ...errors import InvalidRequestError
 
     t0 = time.perf_counter()
     try:
         compiled = backend.compile(key)
         payload = backend.ship(compiled)
+        more = bool(backend.ships_again and backend.may_ship_again(compiled))
     except MemoryError:
-        return (job_id, "memory", "")
+        return (job_id, "memory", ""), None
     except InvalidRequestError as e:
-        return (job_id, "error", e.message)
+        return (job_id, "error", e.message), None
     except Exception as e:  # noqa: BLE001 - a bug or a native error: its text, never the object
         if "bad_alloc" in str(e):  # C++ out of memory, rethrown as a RuntimeError
-            return (job_id, "memory", "")
-        return (job_id, "error", f"{key.field} failed to compile: {type(e).__name__}: {e}")
-    done = (job_id, "ok", payload, time.perf_counter() - t0, data_bytes())
-    if not backend.ships_again:
-        return done
-    return _and_again(backend, compiled, done)
+            return (job_id, "memory", ""), None
+        return (job_id, "error", f"{key.field} failed to compile: {type(e).__name__}: {e}"), None
+    return (job_id, "ok", payload, time.perf_counter() - t0, data_bytes(), more), compiled
 
 
-def _and_again(backend: Any, compiled: Any, done: tuple) -> Any:
-    """The compile's frame as "compiled" (it fit the deadline), then ``ship_again``'s payload
-    (None: the first stands; the parent gives this step a deadline of its own)."""
-    yield (done[0], "compiled", *done[2:])
+def _again(backend: Any, compiled: Any) -> bytes | None:
+    """``ship_again``'s payload, or None where it fails (out of memory, C++ bad_alloc too):
+    the first payload stands."""
     try:
-        again = backend.ship_again(compiled)
-    except Exception:  # noqa: BLE001 - out of memory (C++ bad_alloc too): the first stands
-        again = None
-    yield (done[0], "ok", again, *done[3:])
+        return backend.ship_again(compiled)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _limit_memory(budget: int) -> None:

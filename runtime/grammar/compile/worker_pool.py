@@ -14,11 +14,15 @@ it. So every compile runs in a worker process with a memory budget, and:
 - the deadline counts from when a worker starts the compile: it bounds compile work, never the
   wait in the queue (a busy server must not fail valid requests as too slow to compile);
 - the worker ships its result (``backend.ship``) and the slot's thread makes it usable here
-  (``backend.receive``; never on the scheduler loop); a backend may then send a payload that
-  loads faster (``backend.ship_again``, under a deadline of its own: the compile has
-  succeeded, so nothing that goes wrong there fails it).
+  (``backend.receive``; never on the scheduler loop);
 - what a worker compiles is handed to ``on_compiled(key, payload)`` (the on-disk cache's
-  writer, ``disk_loader.py``), once it loaded here.
+  writer, ``disk_loader.py``), once it loaded here. Where the backend can make a payload that
+  loads faster (``backend.ship_again``: xgrammar's serialized grammar, which may cost several
+  times the compile to write) and no other job waits, the slot asks the worker for it after
+  the request was served, and that is stored instead: a restart loads it rather than
+  compiling. It never delays the request that compiled it (it once did: 6.6 -> 17.5 s on a
+  schema whose JSON was 16x its grammar; benchmarks/RESULTS.md), and anything that goes
+  wrong there (its own deadline, memory) only leaves the first payload stored.
 
 Each slot is one thread driving one worker synchronously (send a job, wait for its reply or its
 deadline with ``select``), so the deadline is exact and needs no other timer. Workers start with
@@ -153,11 +157,12 @@ class CompileWorkerPool:
                     continue
             job.started = time.monotonic()
             self.admission.started(job.future, job.started - job.submitted)
-            times: list[float | None] = [None, None]  # (compile in the worker, load here)
+            # compile in the worker, load here, reported (once served: a disk payload may follow)
+            times: list = [None, None, False]
             try:
                 worker = self._run(slot, worker, job, times)
             finally:
-                self.admission.finished(job.future, *times, time.monotonic() - job.started)
+                self._finished(job, times)
         with self._lock:
             left = self._workers.pop(slot, None)
         if left is not None:
@@ -193,22 +198,17 @@ class CompileWorkerPool:
         return worker
 
     def _run(self, slot: int, worker: WorkerHandle, job: CompileJob,
-             times: list[float | None]) -> WorkerHandle | None:
+             times: list) -> WorkerHandle | None:
         """Compile one job; returns the worker if it may take the next one. ``times`` gets
         the seconds of the compile (in the worker) and of its load here."""
         field_name = job.key.field
         try:
             bounds = self.limits.deadline(job.started, worker.cpu_seconds())
-            worker.send((next(self._ids), job.key))
+            job_id = next(self._ids)
+            worker.send((job_id, job.key))
             reply = worker.recv(*bounds)
         except (EOFError, OSError):
             return self._lost(slot, worker, job, worker.exit_text())
-        if reply is not None and reply[1] == "compiled":
-            reply, kept = self._upgraded(worker, reply)
-            if not kept:
-                self._retire(slot, worker)
-                self._deliver(slot, worker, job, *reply[2:], times=times)
-                return None
         if reply is None:
             self.stats.timeouts += 1
             self._retire(slot, worker)
@@ -222,27 +222,51 @@ class CompileWorkerPool:
             self._fail(job, reply[2])
             return worker
         times[0] = reply[3]
-        return self._deliver(slot, worker, job, *reply[2:], times=times)
+        # NOTE: decided before the result is set, so a caller's next submit cannot race it
+        again = len(reply) > 5 and reply[5] and self.on_compiled is not None \
+            and self._queue.empty()
+        worker, delivered = self._deliver(slot, worker, job, *reply[2:5], times=times,
+                                          store=not again)
+        if again and delivered:
+            return self._store_again(slot, worker, job, job_id, reply[2])
+        return worker
 
-    def _upgraded(self, worker: WorkerHandle, compiled: tuple) -> tuple[tuple, bool]:
-        """After a "compiled" frame (the compile fit its deadline; the worker now makes a
-        payload that is cheaper to load here, ``backend.ship_again``): that frame's result
-        with the better payload, or with its own if the worker fails to send one within a
-        deadline of its own; then also False: the worker must be retired. Either way the
-        compile succeeded: its requests never fail for the extra work."""
+    def _store_again(self, slot: int, worker: WorkerHandle | None, job: CompileJob,
+                     job_id: int, payload: bytes) -> WorkerHandle | None:
+        """With the job served and no other waiting: ask the worker for the payload that
+        loads faster (``backend.ship_again``, xgrammar's serialized grammar) and give that to
+        the on-disk cache, so a restart loads instead of compiling. Off every request's
+        admission path; under a deadline of its own (past it, out of memory or a dead worker:
+        the first payload is stored and the worker replaced)."""
+        assert self.on_compiled is not None
+        if worker is None:  # retired (it grew too much): its compile is gone with it
+            self.on_compiled(job.key, payload)
+            return None
         try:
+            worker.send((job_id, "again"))
             reply = worker.recv(*self.limits.deadline(time.monotonic(), worker.cpu_seconds()))
         except (EOFError, OSError):
             reply = None
-        if reply is None or reply[1] != "ok":
-            return (compiled[0], "ok", *compiled[2:]), False
-        return (compiled[0], "ok", reply[2] or compiled[2], *compiled[3:]), True
+        better = None
+        if reply is None or reply[1] != "again":
+            self._retire(slot, worker)
+            worker = None
+        else:
+            better = reply[2]
+        if better is not None and len(better) <= self.limits.max_result_bytes:
+            payload = better
+        self.on_compiled(job.key, payload)
+        return worker
 
     def _deliver(self, slot: int, worker: WorkerHandle, job: CompileJob, payload: bytes,
-                 compile_s: float, used: int, times: list[float | None]) -> WorkerHandle | None:
+                 compile_s: float, used: int, times: list,
+                 store: bool = True) -> tuple[WorkerHandle | None, bool]:
+        """Make the result usable here and set it; (the worker if it may take the next job,
+        whether the job got its result). ``store``: hand the payload to ``on_compiled``."""
         self.stats.compiles += 1
         self.stats.compile_s.append(compile_s)
         del self.stats.compile_s[:-1024]  # a window, not a leak
+        delivered = False
         if len(payload) > self.limits.max_result_bytes:
             self._fail(job, f"{job.key.field} compiles to {len(payload)} bytes; the limit is "
                             f"{self.limits.max_result_bytes} bytes")
@@ -256,16 +280,24 @@ class CompileWorkerPool:
             except Exception as e:  # noqa: BLE001 - a version or format mismatch
                 self._fail(job, f"{job.key.field} failed to load its compiled grammar: {e}")
             else:
-                if self.on_compiled is not None:
+                delivered = True
+                if store and self.on_compiled is not None:
                     self.on_compiled(job.key, payload)
             times[1] = time.monotonic() - t0
+            self._finished(job, times)
         worker.baseline = worker.baseline or used
         # NOTE: heap left over by earlier compiles counts against the budget of the next one;
         # a worker that grew by half its budget is replaced while idle.
         if used > worker.baseline + self.limits.memory_bytes // 2:
             self._retire(slot, worker)
-            return None
-        return worker
+            return None, delivered
+        return worker, delivered
+
+    def _finished(self, job: CompileJob, times: list) -> None:
+        if not times[2]:
+            times[2] = True
+            self.admission.finished(job.future, times[0], times[1],
+                                    time.monotonic() - job.started)
 
     def _lost(self, slot: int, worker: WorkerHandle, job: CompileJob, how: str) -> None:
         """The worker died or ran out of memory during ``job``: fail it, retire the worker."""

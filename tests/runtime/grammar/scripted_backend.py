@@ -62,6 +62,9 @@ class ScriptedAgainBackend(ScriptedBackend):
         super().__init__()
         self.spec = ScriptedAgainBackend
 
+    def may_ship_again(self, compiled):
+        return "again:" in compiled
+
     def ship_again(self, compiled):
         what = compiled.split("again:", 1)[1] if "again:" in compiled else ""
         if what.startswith("spin:"):

@@ -27,9 +27,10 @@ class Served:
     proc: subprocess.Popen | None = None
     model: str = ""
 
-    def client(self, **kw: Any) -> httpx.Client:
+    def client(self, timeout: float | None = 120, **kw: Any) -> httpx.Client:
+        """``timeout=None``: no read timeout (pytest-timeout still ends a hung test)."""
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {API_KEY}"},
-                            timeout=120, **kw)
+                            timeout=timeout, **kw)
 
 
 @pytest.fixture(scope="module")

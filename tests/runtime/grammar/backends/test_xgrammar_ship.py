@@ -1,7 +1,8 @@
 """What an xgrammar compile worker ships to the scheduler process (``XGrammarBackend.ship``,
-``ship_again`` / ``receive``, ``xgrammar_transfer.py``): the source, then, where that loads
-faster, the compiled grammar (serialized) with its source. Either way the grammar there gives the masks of an in-process compile, in
-this process and through a real worker; a serialized part that is damaged, of another xgrammar
+``ship_again`` / ``receive``, ``xgrammar_transfer.py``): the source for the request, then, for
+the on-disk cache and where that loads faster, the compiled grammar (serialized) with its
+source. Either way the grammar gives the masks of an in-process compile, in this process and
+through a real worker and its disk file; a serialized part that is damaged, of another xgrammar
 version or another tokenizer is never used (the source is compiled instead, with a log line);
 the older formats still load."""
 from __future__ import annotations
@@ -10,6 +11,7 @@ import dataclasses
 import json
 import logging
 import random
+import time
 
 import numpy as np
 import torch
@@ -84,19 +86,38 @@ def test_source_transfer_compiles_again(backends, monkeypatch):
     _same_masks(backend.new_grammar(compiled), backend.new_grammar(received))
 
 
-def test_worker_grammars_give_the_masks_of_in_process_compiles(backends, monkeypatch):
+def test_worker_grammars_give_the_masks_of_in_process_compiles(backends, monkeypatch, tmp_path):
     """Through a real worker process, the serialized transfer pinned (the worker reads the
-    variable at each compile; it inherits the environment at start)."""
+    variable at each compile; it inherits the environment at start): the request's grammar is
+    compiled here from the source; the disk file, written after, holds the serialized grammar,
+    which loads without a compile."""
+    import functools
+
+    from sgdsl.runtime.grammar.compile.cache_identity import cache_identity
+    from sgdsl.runtime.grammar.compile.disk_cache import GrammarDiskCache
+
     backend = backends["xgrammar"]
     monkeypatch.setenv(SHIP_ENV, "compiled")
-    c = GrammarCompiler(backend, timeout_s=120, pool=PoolLimits(workers=1))
+    disk = GrammarDiskCache(tmp_path, backend.name,
+                            functools.partial(cache_identity, backend.spec), 1 << 30)
+    c = GrammarCompiler(backend, timeout_s=120, pool=PoolLimits(workers=1), disk=disk)
     try:
         for i, key in enumerate(KEYS):
             from_worker = c.compile(key)
-            assert c._cache[key].future.result()[0].compile_s == 0  # deserialized here
+            assert c._cache[key].future.result()[0].compile_s > 0  # its source, compiled here
             _same_masks(from_worker, backend.new_grammar(backend.compile(key)), seed=i)
+        deadline = time.monotonic() + 120  # written after the request: shutdown would cut it
+        while disk.stats.writes < len(KEYS) and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         c.shutdown()
+    for i, key in enumerate(KEYS):
+        payload = disk.load(key)
+        assert XGrammarPayload.unpack(payload).serialized is not None, key
+        loaded = backend.receive(payload)
+        assert loaded.compile_s == 0  # deserialized, not compiled
+        _same_masks(backend.new_grammar(loaded), backend.new_grammar(backend.compile(key)),
+                    seed=i)
 
 
 def test_damaged_or_foreign_serialized_part_compiles_the_source(backends, caplog):
@@ -137,8 +158,8 @@ def test_older_formats_still_load(backends):
 
 def test_serialize_out_of_memory_leaves_the_source(backends, monkeypatch):
     """A serialize past the worker's memory budget must not fail a compile that fit it: the
-    worker's second frame then carries nothing and the source stands."""
-    from sgdsl.runtime.grammar.compile.worker import _and_again
+    worker's answer then carries nothing and the source stands (on disk)."""
+    from sgdsl.runtime.grammar.compile.worker import _again
 
     backend = backends["xgrammar"]
     monkeypatch.setenv(SHIP_ENV, "compiled")
@@ -151,9 +172,7 @@ def test_serialize_out_of_memory_leaves_the_source(backends, monkeypatch):
             raise MemoryError
 
     huge = dataclasses.replace(compiled, grammar=Huge())
-    first = (7, "ok", backend.ship(huge), 0.5, 1)
-    assert list(_and_again(backend, huge, first)) == [(7, "compiled", first[2], 0.5, 1),
-                                                      (7, "ok", None, 0.5, 1)]
+    assert backend.may_ship_again(huge) and _again(backend, huge) is None
 
 
 def test_rule_serializes_where_the_transfer_is_cheaper(monkeypatch):

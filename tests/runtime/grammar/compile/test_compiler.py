@@ -77,22 +77,43 @@ def test_deadline_kills_the_compile_others_keep_going():
         c.shutdown()
 
 
-def test_a_second_payload_never_fails_its_compile():
-    """``ship_again`` (xgrammar's serialized grammar) runs after the compile fit its deadline:
-    past a deadline of its own, or out of memory, the first payload stands and the request is
-    served; a worker stopped for it is replaced."""
+def test_the_disk_payload_comes_after_the_request_and_never_fails_it():
+    """``ship_again`` (xgrammar's serialized grammar) is asked only after the request got its
+    result, and only for the disk cache (``on_compiled``): the request gets the first payload;
+    past a deadline of its own, or out of memory, the first payload is stored and the worker
+    replaced; no disk cache, nothing is asked."""
+    from sgdsl.runtime.grammar.compile.worker import WorkerInit
+    from sgdsl.runtime.grammar.compile.worker_pool import CompileWorkerPool
+
     from ..scripted_backend import ScriptedAgainBackend
 
-    c = GrammarCompiler(ScriptedAgainBackend(), timeout_s=1,
-                        pool=PoolLimits(workers=1, memory_bytes=256 << 20))
+    backend = ScriptedAgainBackend()
+    stored = []
+    limits = PoolLimits(workers=1, memory_bytes=256 << 20, timeout_s=1)
+    pool = CompileWorkerPool(WorkerInit(backend.spec, limits.memory_bytes), backend.receive,
+                             limits, on_compiled=lambda k, p: stored.append(backend.receive(p)))
     try:
-        assert c.compile(GrammarKey("regex", "again:ok")) == "compiled:again:ok+again"
-        assert c.compile(GrammarKey("regex", "again:spin:60")) == "compiled:again:spin:60"
-        assert c.compile(GrammarKey("regex", "again:hog")) == "compiled:again:hog"
-        assert c.compile(GrammarKey("regex", "after")) == "compiled:after"
-        assert c.pool.stats.timeouts == 0 and c.pool.stats.compiles == 4
+        for text in ("again:ok", "again:spin:60", "again:hog", "after"):
+            job = pool.submit(GrammarKey("regex", text))
+            assert job.future.result(timeout=60)[0] == f"compiled:{text}"
+        deadline = time.monotonic() + 60
+        while len(stored) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stored == ["compiled:again:ok+again", "compiled:again:spin:60",
+                          "compiled:again:hog", "compiled:after"]
+        assert pool.stats.timeouts == 0 and pool.stats.compiles == 4
+        assert pool.stats.workers_started == 2  # the spin cost its worker (the hog: caught)
     finally:
-        c.shutdown()
+        pool.shutdown()
+    pool = CompileWorkerPool(WorkerInit(backend.spec, 0), backend.receive, limits)
+    try:  # no disk cache: the worker is never asked (a spin would be past the deadline)
+        assert pool.submit(GrammarKey("regex", "again:spin:60")).future.result(
+            timeout=60)[0] == "compiled:again:spin:60"
+        assert pool.submit(GrammarKey("regex", "next")).future.result(timeout=60)[0] == \
+            "compiled:next"
+        assert pool.stats.workers_started == 1
+    finally:
+        pool.shutdown()
 
 
 def test_memory_budget_and_crashes_fail_clearly_and_replace_the_worker():

@@ -59,6 +59,11 @@ def test_second_compiler_compiles_nothing(backend, tmp_path, monkeypatch):
     try:
         fresh = {k: _walk(first.compile(k)) for k in KEYS}
         assert first.pool.stats.compiles == len(KEYS)
+        # xgrammar's serialized form is written after the request was served: shutdown would
+        # cut it short (the source is written then)
+        deadline = time.monotonic() + 120
+        while first.disk.cache.stats.writes < len(KEYS) and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         first.shutdown()  # writes queued on the loader are done when it returns
     assert first.disk.cache.stats.writes == len(KEYS)
