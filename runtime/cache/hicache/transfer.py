@@ -15,12 +15,11 @@ the host:
   host rows are not read on the CPU before. The device slots may be freed as soon as the copy
   is queued: ``fence(backup event)`` makes the compute stream wait for that backup (only)
   before a later kernel can overwrite them.
-- host -> device (a load, on a ``load_streams`` stream): first waits for the compute stream (the fresh
-  device slots were freed by evictions, and a step in flight may still read them, or a
-  backup still gathers them: the compute stream was fenced on it) and for the backups still
-  filling the host rows it reads (on the device: the host does not wait). Then layer by
-  layer, with an
-  event recorded after each layer's copies, handed to the device pool
+- host -> device (a load, on one of the ``load_streams``): first waits for the compute
+  stream (the fresh device slots were freed by evictions, and a step in flight may still read
+  them, or a backup still gather them: the compute stream was fenced on it) and for the
+  backups still filling the host rows it reads (on the device: the host does not wait). Then
+  layer by layer, with an event recorded after each layer's copies, handed to the device pool
   (``TokenKVPool.await_layers``): attention's layer ``i`` waits for event ``i`` only
   (``TokenKVPool.wait_layer``), so the prefill's first layers run while later layers are
   still being copied (SGLang's layer-wise overlap), and nothing on the compute stream waits
