@@ -104,7 +104,8 @@ async def submit_all(engine, prompts: list[list[int]], imgs: list | None, params
 
 
 STAT_KEYS = ("cache_hit_tokens", "cache_query_tokens", "mm_images_encoded", "prompt_tokens_total",
-             "mm_encode_ms", "mm_patches_encoded", "mm_preprocess_s")
+             "mm_encode_ms", "mm_patches_encoded", "mm_preprocess_s", "forward_steps",
+             "extend_steps")
 
 
 def run_ours(work: Path, ids: dict[str, int], workloads: dict, out_len: int, tiny: bool,

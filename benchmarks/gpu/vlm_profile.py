@@ -65,11 +65,13 @@ def trace_totals(path: str) -> str:
             f"\n{step_trace_report.summarize(path, top=6)}")
 
 
-def vision_params(cfg: Any) -> int:
-    """Weights of the Qwen2.5-VL vision tower (blocks + merger), from its config."""
-    h, inter = cfg.hidden_size, cfg.intermediate_size
-    merged = h * cfg.spatial_merge_size ** 2
-    return cfg.depth * (4 * h * h + 3 * h * inter) + merged * merged + merged * cfg.out_hidden_size
+def vision_params(cfg: Any) -> float:
+    """Weights of the Qwen2.5-VL vision tower per patch (the blocks', plus the merger's over
+    the merge unit's patches), from its config: 2x this is the weights' FLOPs per patch."""
+    h, inter, unit = cfg.hidden_size, cfg.intermediate_size, cfg.spatial_merge_size ** 2
+    merged = h * unit
+    merger = merged * merged + merged * cfg.out_hidden_size
+    return cfg.depth * (4 * h * h + 3 * h * inter) + merger / unit
 
 
 def report(prof: dict, ours: dict, vision_cfg: Any) -> None:
@@ -87,6 +89,8 @@ def report(prof: dict, ours: dict, vision_cfg: Any) -> None:
           f"loads {pre['loads_ms']:.2f} ms (scheduler loop) |")
     print(f"| vision encoder, device time in A | {enc_s:.2f} s for {a['mm_patches_encoded']} "
           f"patches ({flops / max(enc_s, 1e-9) / 1e12:.0f} TFLOP/s on the weights' FLOPs) |")
+    print(f"| A's steps | {a['extend_steps']} prefill, {a['forward_steps'] - a['extend_steps']} "
+          f"other (decode) |")
     if c is not None:
         print(f"| C: text-only, same prompt lengths (LLM prefill + decode) | {c['wall_s']:.2f} s |")
         print(f"| A - C (what images add) | {a['wall_s'] - c['wall_s']:.2f} s, of which encoder "
