@@ -141,9 +141,13 @@ async def run(url: str, reqs: list, args: argparse.Namespace) -> dict[str, Any]:
     for cls in ("long", "chat"):
         mine = [r for c, r in ok if c == cls]
         itl = [x for r in mine for x in r["itl"]]
+        first = [r["itl"][0] for r in mine if r["itl"]]  # first -> second token: pd's join
+        rest = [x for r in mine for x in r["itl"][1:]]
         row[cls] = {"n": len(mine), "ttft_p50": pct([r["ttft"] for r in mine], 50),
                     "ttft_p99": pct([r["ttft"] for r in mine], 99),
-                    "itl_p50": pct(itl, 50), "itl_p99": pct(itl, 99)}
+                    "itl_p50": pct(itl, 50), "itl_p99": pct(itl, 99),
+                    "itl0_p99": pct(first, 99), "itl_rest_p99": pct(rest, 99),
+                    "itl_max": max(itl, default=float("nan"))}
     return row
 
 
@@ -212,13 +216,15 @@ def server_stats(url: str) -> dict:
 
 def report(rows: list[dict]) -> None:
     print(f"{'mode':<10} {'class':<5} {'n':>4} {'TTFT p50':>9} {'TTFT p99':>9} "
-          f"{'ITL p50':>8} {'ITL p99':>8}   (ms)")
+          f"{'ITL p50':>8} {'ITL p99':>8} {'1st gap p99':>11} {'later p99':>9} "
+          f"{'ITL max':>8}   (ms)")
     for row in rows:
         for cls in ("long", "chat"):
             c = row[cls]
             print(f"{row['mode']:<10} {cls:<5} {c['n']:>4} {c['ttft_p50'] * 1e3:>9.1f} "
                   f"{c['ttft_p99'] * 1e3:>9.1f} {c['itl_p50'] * 1e3:>8.1f} "
-                  f"{c['itl_p99'] * 1e3:>8.1f}")
+                  f"{c['itl_p99'] * 1e3:>8.1f} {c['itl0_p99'] * 1e3:>11.1f} "
+                  f"{c['itl_rest_p99'] * 1e3:>9.1f} {c['itl_max'] * 1e3:>8.1f}")
         print(f"{row['mode']:<10} servers: {row.get('stats')}")
         print(f"{row['mode']:<10} total {row['total_tok_s']:.0f} tok/s, output "
               f"{row['output_tok_s']:.0f} tok/s, wall {row['wall_s']:.1f} s, "

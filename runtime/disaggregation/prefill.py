@@ -22,6 +22,7 @@ from ..errors import KVTransferError
 from ..ipc import messages as m
 from ..scheduler.output import make_out
 from ..scheduler.req import Req, ReqState
+from .admission import short_first
 from .link import STORE_WAIT_S, connect_store, serve_store
 from .sender import SendJob, SenderLink
 
@@ -109,6 +110,10 @@ class PrefillSide:
     def stats(self) -> dict:
         return {**self.counters, "pd_held_reqs": len(self.held),
                 "pd_sending_reqs": len(self.sending), "pd_decode_peers": len(self.links)}
+
+    def short_first(self, adder: Any, waiting: list[Req]) -> list[Req]:
+        """Beside a chunked prompt, short prompts first (admission.py)."""
+        return short_first(adder, waiting)
 
     def outgoing(self) -> list:
         """Nothing for the scheduler's broadcast (a prefill server runs at tp_size 1)."""

@@ -248,9 +248,13 @@ class Scheduler(Stepping):
         adder = PrefillAdder(self.memory, self.chunk_size,
                              self.max_running - len(self.running) - len(joining),
                              self.running.reqs + joining, self.ratio)
+        early = self._pd_short_first(adder)  # pd: a prefill server runs short prompts first
         if self.chunked is not None and not adder.add_chunked(self.chunked):
-            return []
-        for req in self.policy.order(self.waiting):
+            if not early:
+                return []
+            adder.chunked = self.chunked  # pd: the long prompt waits a round; nothing else chunks
+        taken = {id(r) for r in early}
+        for req in self.policy.order([r for r in self.waiting if id(r) not in taken]):
             if not adder.add(req):
                 break
         for req in adder.reqs:
@@ -263,6 +267,14 @@ class Scheduler(Stepping):
         self.waiting = [r for r in self.waiting if id(r) not in admitted]
         self.chunked = adder.chunked
         return adder.reqs
+
+    def _pd_short_first(self, adder: PrefillAdder) -> list[Req]:
+        """pd: on a prefill server, beside a chunked prompt, waiting short prompts first
+        (disaggregation/admission.py); nothing elsewhere."""
+        short_first = getattr(self.pd, "short_first", None)
+        if short_first is None or self.chunked is None or not self.waiting:
+            return []
+        return short_first(adder, self.policy.order(self.waiting))
 
     # -- retraction ---------------------------------------------------------------------------
     def _make_room_for_decode(self) -> None:
