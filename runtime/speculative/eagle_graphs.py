@@ -68,6 +68,7 @@ class HeadGraphs(CudaGraphRunner):
     def fits(self, batch: ForwardBatch) -> bool:
         return batch.mode.is_decode and batch.batch_size <= self.max_bs
 
+    @torch.inference_mode()
     def run(self, batch: ForwardBatch, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
         bs = batch.batch_size
         padded = self.load(batch)

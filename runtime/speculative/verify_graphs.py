@@ -148,6 +148,7 @@ class VerifyGraphs:
         torch.add(self.prefix_lens[:padded], w, out=self.seq_lens[:padded])
         return padded, rows_d
 
+    @torch.inference_mode()
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """fp32 logits of every fed row, in the batch's (ragged) order."""
         padded, rows = self.load(batch)
