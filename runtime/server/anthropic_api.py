@@ -7,12 +7,13 @@ import uuid
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from .anthropic_protocol import MessagesRequest
 from .context import ctx
 from .errors import APIError
 from .images import ImageCollector
+from .json_body import json_response
 from .sse import SSEResponse, guarded, prefetch, sse_event
 from .tool_turn import (ArgsDelta, CallStart, ReasoningDelta, TextDelta, TurnEnd,
                         has_constraint, run_turn)
@@ -72,10 +73,12 @@ async def messages(req: MessagesRequest, request: Request) -> Response:
     content += [{"type": "tool_use", "id": _tool_id(), "name": call.name, "input": call.input}
                 for call in end.calls]
     reason, sequence = stop_reason(end, req.stop_sequences)
-    return JSONResponse({**head, "content": content, "stop_reason": reason,
-                         "stop_sequence": sequence, "usage": {
-                             "input_tokens": end.prompt_tokens,
-                             "output_tokens": end.completion_tokens}})
+    # NOTE: a tool's input is JSON the model wrote, parsed: it may hold an infinity
+    return json_response({**head, "content": content, "stop_reason": reason,
+                          "stop_sequence": sequence, "usage": {
+                              "input_tokens": end.prompt_tokens,
+                              "output_tokens": end.completion_tokens}},
+                         may_hold_nonfinite=bool(end.calls))
 
 
 class _Blocks:

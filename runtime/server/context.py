@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from fastapi import Request
@@ -25,6 +25,7 @@ from .reasoning import ReasoningFormat, get_reasoning_format
 # 300-token prompt on the dev box), where the hop costs tens of us. Each chat request's encode
 # then runs beside the loop's parsing of the next requests and the Engine's thread.
 OFFLOAD_ENCODE_CHARS = 1024
+CHECKED_MAX = 4096  # distinct validated sampling dicts kept (then forgotten, all at once)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ class ServerContext:
     reasoning: ReasoningFormat | None = None
     encode: Callable[[str], list[int]] | None = None  # text -> ids, no special tokens added
     batcher: EncodeBatcher | None = None  # long prompts of one loop turn, encoded together
+    # sampling dicts already validated (their hashable form): see ``sampling``
+    checked: dict[tuple, None] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, engine: Any, args: ServerArgs) -> "ServerContext":
@@ -76,7 +79,15 @@ class ServerContext:
         """Validate runtime sampling params now (a 400 naming the field, before any engine
         work) and return them without null entries, which mean "default" in every protocol."""
         clean = {k: v for k, v in params.items() if v is not None}
-        SamplingParams.from_dict(clean).validate(self.vocab_size)
+        # NOTE: a burst's requests mostly share their params; validating each dict once saves
+        # a SamplingParams build per request (the Engine still builds its own; issue 29).
+        key = _hashable(clean)
+        if key is None or key not in self.checked:
+            SamplingParams.from_dict(clean).validate(self.vocab_size)
+            if key is not None:
+                if len(self.checked) >= CHECKED_MAX:
+                    self.checked.clear()
+                self.checked[key] = None
         return clean
 
     def count_tokens(self, text: str) -> int:
@@ -96,6 +107,22 @@ class ServerContext:
         if self.batcher is None:  # an engine without a tokenizer of its own
             return await asyncio.get_running_loop().run_in_executor(None, self.encode_chat, text)
         return await self.batcher.encode(text)
+
+
+def _hashable(params: dict[str, Any]) -> tuple | None:
+    """``params`` as a key that tells apart every dict validation could tell apart (type
+    included: ``1`` and ``1.0`` and ``True`` validate differently), or None."""
+    items = []
+    for k, v in params.items():
+        if isinstance(v, list):
+            v = (list, *((type(x), x) for x in v))
+        items.append((k, type(v), v))
+    key = tuple(sorted(items, key=lambda item: item[0]))
+    try:
+        hash(key)
+    except TypeError:  # a nested dict or the like: validated every time
+        return None
+    return key
 
 
 def _tool_format(args: ServerArgs, template_source: str) -> ToolCallFormat:

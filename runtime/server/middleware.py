@@ -15,6 +15,8 @@ from .errors import error_body, protocol_of
 from .metrics import ServerMetrics
 
 OPEN_PATHS = frozenset({"/health", "/health_generate"})
+# The only headers the guard reads (decoding every header of every request cost more).
+_GUARD_HEADERS = frozenset({b"authorization", b"x-api-key", b"content-length"})
 
 
 class GuardMiddleware:
@@ -52,7 +54,8 @@ class GuardMiddleware:
     def _deny(self, scope: Scope) -> tuple[int, dict[str, Any]] | None:
         """(status, body) when the request must not reach the route."""
         path = scope["path"]
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
+                   if k.lower() in _GUARD_HEADERS}
         protocol = protocol_of(path)
         if self.api_key and path not in OPEN_PATHS and scope.get("method") != "OPTIONS":
             if not self._authorized(headers):
@@ -80,10 +83,10 @@ def _assume_json(scope: Scope) -> Scope:
     default is form-encoded) is read as JSON instead of failing on the content type."""
     if scope.get("method") != "POST":
         return scope
-    headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
     kind = next((v for k, v in scope["headers"] if k.lower() == b"content-type"), b"")
     if kind and not kind.startswith(b"application/x-www-form-urlencoded"):
-        return scope
+        return scope  # NOTE: checked first: the usual case copies nothing (issue 29)
+    headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
     return {**scope, "headers": headers + [(b"content-type", b"application/json")]}
 
 

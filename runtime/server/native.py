@@ -13,6 +13,7 @@ from .context import ServerContext, ctx
 from .engine_client import GenBatch, new_rid
 from .errors import APIError
 from .images import ImageCollector
+from .json_body import json_response
 from .native_protocol import (AbortRequest, ConcatAppendRequest, GenerateRequest,
                               PrecompileRequest)
 from .sse import DONE, SSEResponse, guarded, prefetch, sse_data
@@ -90,7 +91,8 @@ async def generate(req: GenerateRequest, request: Request) -> Response:
         return SSEResponse(guarded(events, "native"))
     # a list answer reports a failed request in its own output, as SGLang does
     outputs = await c.client.run(batch, request, per_request_errors=is_batch)
-    return JSONResponse(outputs if is_batch else outputs[0])
+    return json_response(outputs if is_batch else outputs[0],
+                         may_hold_nonfinite=batch.return_logprob)
 
 
 async def _stream_events(c: ServerContext, batch: GenBatch, is_batch: bool

@@ -5,11 +5,12 @@ import time
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from .context import ServerContext, ctx
 from .engine_client import GenBatch, new_rid
 from .images import ImageCollector
+from .json_body import json_response
 from .openai_format import (LogprobCursor, chat_logprobs, completion_logprobs, finish_reason,
                             usage)
 from .openai_protocol import ChatCompletionRequest, CompletionRequest
@@ -58,8 +59,8 @@ async def completions(req: CompletionRequest, request: Request) -> Response:
     outputs = await c.client.run(batch, request)
     choices = [_completion_choice(req, i, out, echoes[i // req.n])
                for i, out in enumerate(outputs)]
-    return JSONResponse({**head, "object": "text_completion", "choices": choices,
-                         "usage": usage(outputs, req.n)})
+    return json_response({**head, "object": "text_completion", "choices": choices,
+                          "usage": usage(outputs, req.n)}, may_hold_nonfinite=want_lp)
 
 
 def _echo_text(c: ServerContext, prompt: str | list[int]) -> str:
@@ -143,8 +144,8 @@ async def chat_completions(req: ChatCompletionRequest, request: Request) -> Resp
         return SSEResponse(guarded(events, "openai"))
     outputs = await c.client.run(batch, request)
     choices = [_chat_choice(req, i, out) for i, out in enumerate(outputs)]
-    return JSONResponse({**head, "object": "chat.completion", "choices": choices,
-                         "usage": usage(outputs, req.n)})
+    return json_response({**head, "object": "chat.completion", "choices": choices,
+                          "usage": usage(outputs, req.n)}, may_hold_nonfinite=req.logprobs)
 
 
 def _chat_choice(req: ChatCompletionRequest, index: int, out: dict[str, Any]) -> dict[str, Any]:

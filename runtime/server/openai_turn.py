@@ -7,10 +7,11 @@ import uuid
 from typing import Any, AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from .context import ServerContext
 from .errors import APIError
+from .json_body import json_response
 from .openai_protocol import ChatCompletionRequest
 from .reasoning import ReasoningFormat
 from .sse import DONE, SSEResponse, guarded, prefetch, sse_data
@@ -64,8 +65,8 @@ async def chat_turn(req: ChatCompletionRequest, c: ServerContext, request: Reque
     if reasoning is not None:
         message["reasoning_content"] = end.reasoning
     choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": end.reason}
-    return JSONResponse({**head, "object": "chat.completion", "choices": [choice],
-                         "usage": _usage(end)})
+    return json_response({**head, "object": "chat.completion", "choices": [choice],
+                          "usage": _usage(end)})
 
 
 async def _chunks(req: ChatCompletionRequest, events: AsyncIterator[Any], head: dict[str, Any],
