@@ -30,21 +30,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import step_timeline  # noqa: E402
 from common import device_line, model_dir, print_table, random_prompts  # noqa: E402
+from http_clients import SCHEMA  # noqa: E402  (re-exported: other scripts import it here)
 from host_profile import (TIMES, dump_outputs, gc_timer, instrument,  # noqa: E402
                           print_breakdown, profile_method)
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 24},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "city": {"type": "string", "maxLength": 20},
-        "occupation": {"enum": ["engineer", "teacher", "doctor", "artist", "farmer", "other"]},
-        "is_employed": {"type": "boolean"},
-    },
-    "required": ["name", "age", "city", "occupation", "is_employed"],
-    "additionalProperties": False,
-}
 EOS: list[int] = []  # the model config's eos_token_id (Llama-3.1: 128001, 128008, 128009)
 SUITE = Path(__file__).resolve().parents[2] / "tests" / "data" / "schemas" / "json"
 

@@ -15,6 +15,9 @@ given the length it had constrained on the same path), through:
   same body) and to native ``/generate`` (token ids): the SDK's, the chat route's and every
   HTTP request's share of a gap (``--chat-matched`` gives every other path the chat-rendered
   prompt, so all prefill the same tokens; without it the chat paths prefill ~11% more);
+  each of these four with ``-mp`` (``openai-mp``...): the same requests, the same total
+  concurrency, spread over ``--client-procs`` client processes (``client_pool.py``): what the
+  server sustains, beside what one Python client process can drive;
 - ``lang-local`` / ``lang-endpoint``: ``run_batch`` of a ``@function`` with
   ``gen(json_schema=...)`` on ``Local`` (the same Engine) and on ``RuntimeEndpoint`` (the
   same server).
@@ -31,6 +34,7 @@ per path and batch, each path's ratio to ``sched`` and constrained/unconstrained
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import sys
@@ -41,10 +45,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import CONFIGS, device_line, print_table, random_prompts  # noqa: E402
 import structured_paths as sp  # noqa: E402
+from client_pool import ClientPool  # noqa: E402
 
-PATHS = ("sched", "engine", "openai", "openai-aiohttp", "chat-raw", "native-raw", "lang-local",
-         "lang-endpoint")
-SERVED = {"openai", "openai-aiohttp", "chat-raw", "native-raw", "lang-endpoint"}
+HTTP = ("openai", "openai-aiohttp", "chat-raw", "native-raw")
+# "-mp": the same requests from --client-procs client processes (client_pool.py)
+PATHS = ("sched", "engine", *HTTP, *(f"{p}-mp" for p in HTTP), "lang-local", "lang-endpoint")
+SERVED = {*HTTP, *(f"{p}-mp" for p in HTTP), "lang-endpoint"}
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
         "torch_dtype": "float32"}
@@ -70,6 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--disable-request-coalescing", action="store_true",
                     help="each single request to the scheduler on its own (runtime/submitter.py "
                          "off): the HTTP paths as before coalescing, for an A/B")
+    ap.add_argument("--client-procs", type=int, default=4,
+                    help="client processes of the -mp paths (the batch split among them)")
     ap.add_argument("--warmup-tokens", type=int, default=16)
     ap.add_argument("--chat-matched", action="store_true",
                     help="every non-chat path gets the chat-rendered prompt (the model's template "
@@ -83,13 +91,17 @@ def model_dir(a: argparse.Namespace) -> str:
     src = Path(a.model_config).resolve()
     if not a.tiny:
         return str(src)
-    dst = Path(tempfile.gettempdir()) / f"sgdsl-tiny-{src.name}"
+    # NOTE: one directory per source tree: links into a worktree removed since dangle
+    tag = hashlib.sha1(str(src).encode()).hexdigest()[:8]
+    dst = Path(tempfile.gettempdir()) / f"sgdsl-tiny-{src.name}-{tag}"
     dst.mkdir(exist_ok=True)
     config = {**json.loads((src / "config.json").read_text()), **TINY}
     (dst / "config.json").write_text(json.dumps(config))
     for f in src.iterdir():
-        if f.name != "config.json" and not (dst / f.name).exists():
-            (dst / f.name).symlink_to(f.resolve())
+        link = dst / f.name
+        if f.name != "config.json" and not link.exists():
+            link.unlink(missing_ok=True)  # a dangling link
+            link.symlink_to(f.resolve())
     return str(dst)
 
 
@@ -229,6 +241,7 @@ def run_server(a: argparse.Namespace, results: dict) -> None:
     kw = engine_kwargs(a)
     tok = load_tokenizer(EngineConfig(**kw), kw["model"])
     server = sp.Server(["--model", kw.pop("model"), *sp.server_flags(kw)])
+    pool = None
     try:
         endpoint = None
         if "lang-endpoint" in a.paths:
@@ -247,10 +260,16 @@ def run_server(a: argparse.Namespace, results: dict) -> None:
                 if f"{route}-raw" in a.paths and sp.aiohttp_transport():
                     report(f"{route}-raw", bs, measure(
                         lambda w: _raw(server, w, route), texts, ids, a, users), results)
+            for path in (p for p in HTTP if f"{p}-mp" in a.paths and sp.aiohttp_transport()):
+                pool = pool or ClientPool(a.client_procs)
+                report(f"{path}-mp", bs, measure(lambda w: _pooled(server, pool, path, w), texts,
+                                                 ids, a, users), results)
             if endpoint is not None:
                 report("lang-endpoint", bs,
                        measure(lambda w: sp.language_run(endpoint, w), texts, ids, a), results)
     finally:
+        if pool is not None:
+            pool.close()
         server.stop()
 
 
@@ -264,6 +283,11 @@ def _raw(server: sp.Server, w: sp.Workload, route: str) -> sp.Run:
     return sp.raw_run(server.url, w, route)
 
 
+def _pooled(server: sp.Server, pool: ClientPool, path: str, w: sp.Workload) -> sp.Run:
+    server.flush()
+    return pool.run(path, server.url, w)
+
+
 # ---------------------------------------------------------------- the table
 
 def table(a: argparse.Namespace, results: dict) -> None:
@@ -275,7 +299,8 @@ def table(a: argparse.Namespace, results: dict) -> None:
             if c is None or f is None:
                 continue
             vs = lambda s, m: f"{s['tok_s'] / base[m]['tok_s']:.2f}x" if base[m] else "-"  # noqa: E731
-            rows.append([bs, path, f"{c['tok_s']:.0f}", f"{f['tok_s']:.0f}",
+            label = f"{path} ({a.client_procs} procs)" if path.endswith("-mp") else path
+            rows.append([bs, label, f"{c['tok_s']:.0f}", f"{f['tok_s']:.0f}",
                          f"{c['tok_s'] / f['tok_s']:.2f}x", vs(c, "constrained"), vs(f, "free"),
                          c["tokens"], f"{c['wall']:.2f}", f"{f['wall']:.2f}",
                          f"{c['cpu']:.2f}/{f['cpu']:.2f}", f"{c['valid']}/{c['n']}"])
@@ -284,7 +309,7 @@ def table(a: argparse.Namespace, results: dict) -> None:
                 f"{a.prompt_len}, max_new {a.max_new}, median of {a.repeat})",
                 ["batch", "path", "constr. tok/s", "free tok/s", "constr./free",
                  "constr. vs sched", "free vs sched", "constr. tokens", "constr. wall s",
-                 "free wall s", "client cpu s (c/f)", "valid JSON"], rows)
+                 "free wall s", "client cpu s (c/f; -mp: all procs)", "valid JSON"], rows)
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ python -m pip download "${args[@]}" pillow==13.0.0
 # the server and the official clients, for benchmarks through `sgdsl serve` (the device has
 # httpx, anyio, h11, uvloop and aiohttp already); the versions the tests run here
 python -m pip download "${args[@]}" \
-  fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 httptools==0.7.1 \
+  fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 httptools==0.7.1 orjson==3.10.18 \
   openai==3.57.0 jiter==0.19.0 sniffio==1.3.1 anthropic==2.14.0 docstring-parser==0.18.0 \
   httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 opentelemetry-api==1.45.2 anyio==4.16.0 \
   typing-extensions==4.16.0
