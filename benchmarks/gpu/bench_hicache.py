@@ -204,7 +204,8 @@ def summarize(a: argparse.Namespace, wall: float, turns: list[dict],
             "loads": stats.get("hicache_loads_total", 0),
             "h2d_gb": stats.get("hicache_bytes_host_to_device", 0) / 2**30,
             "d2h_gb": stats.get("hicache_bytes_device_to_host", 0) / 2**30,
-            "load_ms": 1e3 * stats.get("hicache_load_latency_avg_s", 0.0)}
+            "load_ms": 1e3 * stats.get("hicache_load_latency_avg_s", 0.0),
+            "load_s_total": stats.get("hicache_load_seconds_total", 0.0)}
 
 
 def agreement(x: list[list[list[int]]], y: list[list[list[int]]]) -> dict[str, str]:
