@@ -158,7 +158,10 @@ class VerifyGraphs:
             self.replays += 1
             logits = self.outputs[padded]
         else:  # not captured (CPU): the computation a replay performs
-            logits = self.runner.forward_eager(self.static_batch(padded))
+            static = self.static_batch(padded)
+            static.extend_prefix_lens_cpu = (list(batch.extend_prefix_lens_cpu)
+                                             + [0] * (padded - batch.batch_size))
+            logits = self.runner.forward_eager(static)
         return logits.index_select(0, rows)
 
     @torch.inference_mode()

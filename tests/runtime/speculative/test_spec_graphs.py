@@ -14,6 +14,7 @@ from sgdsl.runtime.speculative.base import DraftTree
 from sgdsl.runtime.speculative.verify_graphs import fits, mask_cells, padded_rows
 
 from .test_eagle import STEPS, _config, _prefill, _target, dirs  # noqa: F401 (fixture)
+from .test_spec_scheduler import ScriptedDrafter, TreeStandIn, _spec, make_harness  # noqa: F401
 
 PROMPT = [5, 17, 300, 42, 9, 77]
 K = 5  # draft tokens: verify blocks of 6 rows
@@ -133,3 +134,36 @@ def test_eagle_head_graph_rows_equal_eager(dirs):  # noqa: F811 (the fixture)
     for req in reqs:
         drafter.release(req.rid)
     assert drafter.check_idle() == []
+
+
+class PaddedStandIn(TreeStandIn):
+    """The scheduler's stand-in model (it reads each row's prefix and tree ancestors back from
+    the KV slots) as the verify graphs' runner."""
+
+    device = torch.device("cpu")
+
+    def forward_eager(self, batch):
+        return self.forward(batch)
+
+
+def test_scheduler_tree_steps_through_padded_blocks(make_harness):  # noqa: F811 (fixture)
+    """Speculative steps whose tree verifies go through the verify graphs' padded forward (3
+    requests in 4 blocks of 6 rows): outputs equal the stand-in's greedy reference, the KV of
+    rejected nodes is freed (the harness checks the idle invariant)."""
+    from scheduler.standin import expected
+    from sgdsl.runtime.speculative.verify_graphs import VerifyGraphs
+
+    h = make_harness()
+    h.sched.runner = h.runner = runner = PaddedStandIn(h.runner)
+    _spec(h, ScriptedDrafter(wrong_at=None, branch=True), k=K)
+    h.sched.spec.verify_graphs = VerifyGraphs(runner, max_bs=4, width=K + 1)
+    # lengths apart: trees cut short by max_new_tokens at different steps (ragged blocks)
+    prompts = {"a": ([1, 2, 3], 13), "b": ([7, 7, 7, 7], 9), "c": ([5, 4, 3, 2, 1, 9], 16)}
+    for rid, (p, n) in prompts.items():
+        h.submit(rid, p, max_new_tokens=n, ignore_eos=True)
+    h.run()
+    for rid, (p, n) in prompts.items():
+        assert h.outs[rid] == expected(p, n), rid
+    padded = [b for b in runner.forwards if b.spec_info is not None]
+    assert padded and all(b.extend_seq_lens_cpu == [K + 1] * b.batch_size for b in padded)
+    assert any(b.batch_size == 4 for b in padded)
