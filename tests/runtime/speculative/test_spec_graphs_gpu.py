@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,27 +25,32 @@ BASE = dict(dtype="float32", device="cuda", max_total_tokens=8192, max_running_r
             grammar_backend="none", speculative_min_accept_per_step=0.0)
 
 
+# the CPU tests' tiny Llama (tests/conftest.py TINY_CONFIG: eagle_heads.py's heads fit it),
+# 4 layers; the tokenizer is the GPU benchmarks' stand-in (the device has no embedded model)
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, vocab_size=49152, max_position_embeddings=512,
+            rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True, bos_token_id=1,
+            eos_token_id=2, hidden_act="silu")
+TOKENIZER = Path(__file__).resolve().parents[3] / "benchmarks" / "gpu" / "tokenizer"
+
+
 @pytest.fixture(scope="module")
-def dirs(tmp_path_factory, tiny_model_dir):
-    """The tiny target (the CPU tests' shapes: the heads of eagle_heads.py fit it) with
-    peaked random weights, and both heads."""
+def dirs(tmp_path_factory):
+    """The tiny target with peaked random weights (a tie-free argmax), and both heads."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from .eagle_heads import write_head
 
     torch.manual_seed(0)
-    tiny = json.loads((tiny_model_dir / "config.json").read_text())
-    fields = {k: v for k, v in tiny.items() if k not in ("architectures", "model_type")}
-    model = LlamaForCausalLM(LlamaConfig(**dict(fields, num_hidden_layers=4)))
+    model = LlamaForCausalLM(LlamaConfig(**TINY))
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.08)
     root = tmp_path_factory.mktemp("spec-gpu")
     model.save_pretrained(root / "target")
-    for name in tiny_model_dir.iterdir():  # the tokenizer files
-        if name.name != "config.json":
-            shutil.copy(name, root / "target" / name.name)
+    for name in TOKENIZER.iterdir():
+        shutil.copy(name, root / "target" / name.name)
     base = json.loads((root / "target" / "config.json").read_text())
     return {"target": root / "target", "EAGLE": write_head(root / "eagle", base, False),
             "EAGLE3": write_head(root / "eagle3", base, True)}
@@ -106,7 +112,7 @@ def test_graphs_equal_eager_and_non_speculative(dirs, reference, algo):
     assert e["spec_verify_graph_steps"] == 0 and e["spec_draft_graph_steps"] == 0
 
 
-def test_verify_graph_replay_equals_eager(tiny_model_dir):
+def test_verify_graph_replay_equals_eager(dirs):
     """The CPU test's batch (three requests, one on table row 0, one without a draft, one
     with jump-forward tokens) through a captured graph."""
     from sgdsl.runtime.cache.radix import RadixCache
@@ -119,9 +125,8 @@ def test_verify_graph_replay_equals_eager(tiny_model_dir):
 
     from .test_spec_graphs import PROMPT, _request
 
-    runner = ModelRunner(EngineConfig(str(tiny_model_dir), load_format="dummy", device="cuda",
-                                      dtype="float32", max_total_tokens=256,
-                                      max_running_requests=4))
+    runner = ModelRunner(EngineConfig(str(dirs["target"]), device="cuda", dtype="float32",
+                                      max_total_tokens=256, max_running_requests=4))
     assert runner.cuda_graph_runner is not None
     pool = runner.token_kv_pool
     memory = KVMemory(runner.req_to_token_pool, pool, RadixCache(pool, disable=True))
