@@ -79,8 +79,10 @@ def barrier_probe(rank: int, size: int, init_method: str, results) -> None:
 
 def run_rank_custom_ar(rank: int, size: int, init_method: str, model_dir: str,
                        prompts: list[list[int]], results) -> None:
-    """On GPU ``rank``, bf16: rank 0's logits with NCCL only, then with the custom all-reduce
-    (the barrier-free kernel, its fused add + norm and the chained down sums)."""
+    """On GPU ``rank``, bf16: rank 0's logits with NCCL only, with torch's symmetric-memory
+    kernels alone, and with the barrier-free kernel (its fused add + norm, the chained sums)."""
+    import os
+
     from sgdsl.runtime.config import EngineConfig
     from sgdsl.runtime.distributed import custom_all_reduce
     from sgdsl.runtime.distributed.collectives import barrier
@@ -89,14 +91,16 @@ def run_rank_custom_ar(rank: int, size: int, init_method: str, model_dir: str,
 
     init_tp_group(rank, size, torch.device(f"cuda:{rank}"), init_method, timeout_s=120)
     try:
-        for custom in (False, True):
+        for mode in ("nccl", "symm", "lamport"):
+            custom_all_reduce.uninstall_all()
+            os.environ["SGDSL_DISABLE_LAMPORT_ALL_REDUCE"] = "1" if mode == "symm" else "0"
             runner = ModelRunner(EngineConfig(
                 model=model_dir, device="cuda", dtype="bfloat16", max_total_tokens=256,
-                max_running_requests=4, tp_size=size, disable_custom_all_reduce=not custom))
+                max_running_requests=4, tp_size=size, disable_custom_all_reduce=mode == "nccl"))
             logits = logits_of(runner, prompts)
-            used = custom_all_reduce.lookup(get_tp_group()) if custom else None
+            used = custom_all_reduce.lookup(get_tp_group())
             calls = dict(used.calls) if used is not None else {}
-            results.put((rank, custom, calls,
+            results.put((rank, mode, calls,
                          [t.float().cpu().numpy() for t in logits] if rank == 0 else None))
             del runner
         barrier(timeout_s=120)
