@@ -55,12 +55,26 @@ def embedded_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory, embedded_dir) -> Path:
+def tokenizer_dir() -> Path:
+    """The embedded model's tokenizer files. Where the embedded model is not installed (the GPU
+    machine, which cannot receive its GGUF) the same SmolLM2 tokenizer committed for the GPU
+    benchmarks, so the tiny-model GPU tests run there too."""
+    from sgdsl.runtime.errors import ModelLoadError
+    from sgdsl.runtime.model.embedded import embedded_model_path
+
+    try:
+        return embedded_model_path()
+    except ModelLoadError:
+        return Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "tokenizer"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer_dir) -> Path:
     folder = tmp_path_factory.mktemp("tiny-llama")
     (folder / "config.json").write_text(json.dumps(TINY_CONFIG))
     for name in TOKENIZER_FILES:
-        if (embedded_dir / name).exists():
-            shutil.copy(embedded_dir / name, folder / name)
+        if (tokenizer_dir / name).exists():
+            shutil.copy(tokenizer_dir / name, folder / name)
     return folder
 
 

@@ -13,10 +13,10 @@ CHUNK = 6
 
 
 @pytest.fixture(scope="session")
-def qwen_vl(tmp_path_factory, embedded_dir) -> tuple[Path, object]:
+def qwen_vl(tmp_path_factory, tokenizer_dir) -> tuple[Path, object]:
     """(directory, HF model) of the tiny Qwen2.5-VL."""
     folder = tmp_path_factory.mktemp("tiny-qwen2.5-vl")
-    return folder, tiny_qwen2_5_vl(folder, embedded_dir)
+    return folder, tiny_qwen2_5_vl(folder, tokenizer_dir)
 
 
 @pytest.fixture(scope="session")

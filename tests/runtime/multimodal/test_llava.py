@@ -17,7 +17,7 @@ IMAGES = [png(100, 60, 1), png(64, 120, 2)]
 
 
 @pytest.fixture(scope="module")
-def llava(tmp_path_factory, embedded_dir):
+def llava(tmp_path_factory, tokenizer_dir):
     from transformers import AutoTokenizer
 
     from sgdsl.runtime.config import EngineConfig
@@ -25,7 +25,7 @@ def llava(tmp_path_factory, embedded_dir):
     from sgdsl.runtime.multimodal.processor import MultimodalProcessor
 
     folder: Path = tmp_path_factory.mktemp("tiny-llava")
-    hf = tiny_llava(folder, embedded_dir)
+    hf = tiny_llava(folder, tokenizer_dir)
     config = EngineConfig(model=str(folder), max_total_tokens=256, num_threads=1)
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     proc = MultimodalProcessor.for_model(folder, tokenizer, config)
