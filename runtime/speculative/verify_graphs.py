@@ -33,6 +33,11 @@ from .verify_batch import TreeMask
 
 logger = logging.getLogger(__name__)
 
+# NOTE: each captured size keeps its own fp32 logits output (rows x vocab); batches of more
+# rows than this run eagerly (at 4 draft tokens: 51 requests, above the default 32 that
+# speculate; at 64 draft tokens: 3).
+MAX_GRAPH_ROWS = 256
+
 
 def padded_rows(lens: Sequence[int], width: int) -> list[int]:
     """Row of each fed token in the padded layout (request i's token j: ``i * width + j``)."""
@@ -94,8 +99,10 @@ class VerifyGraphs:
                  else config.speculative_ngram_max_bfs_breadth > 1)
         if not trees:
             return None
-        max_bs = min(config.max_running_requests, config.speculative_max_batch_size)
-        graphs = cls(runner, max(max_bs, 1), config.speculative_num_draft_tokens + 1)
+        width = config.speculative_num_draft_tokens + 1
+        max_bs = min(config.max_running_requests, config.speculative_max_batch_size,
+                     MAX_GRAPH_ROWS // width)
+        graphs = cls(runner, max(max_bs, 1), width)
         graphs.pool = runner.cuda_graph_runner.pool  # NOTE: never replayed concurrently
         graphs.capture()
         return graphs
