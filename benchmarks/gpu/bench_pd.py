@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     for mode in args.modes.split(","):
         print(f"== {mode}", flush=True)
         rows.append(measure(mode, args, model, gpus))
-    report(rows)
+        report(rows)  # after every mode: a run cut short by its time limit still tells
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ set -o pipefail
 source benchmarks/gpu/device_env.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 echo "commit $COMMIT"
-timeout 570 python3 benchmarks/gpu/bench_pd.py --model benchmarks/gpu/configs/llama-3.1-8b \
-  --load-format dummy --rate 4 --duration 60 --trace $OUT/trace "$@" 2>&1 | tee $OUT/pd.log \
-  | grep -v '^\[dp' | tail -80
+# PD_TAG names this run's log and traces (two runs in one call: PD_TAG=r8 ...)
+TAG=${PD_TAG:+-$PD_TAG}
+timeout ${PD_TIMEOUT:-570} python3 benchmarks/gpu/bench_pd.py \
+  --model benchmarks/gpu/configs/llama-3.1-8b --load-format dummy --rate 4 --duration 60 \
+  --trace $OUT/trace$TAG "$@" 2>&1 | tee $OUT/pd$TAG.log | grep -v '^\[dp' | tail -100

@@ -138,16 +138,10 @@ class TokenKVPool:
         if layer_id == len(loads[0]) - 1:  # the last layer: loads waited for in full go
             self._layer_events = [e for e in loads if any(x is not None for x in e)] or None
 
-    # pd: pages as stored (fp8 as bytes), for disaggregation's KV transfer
-    def read_pages(self, layer_id: int, slots: torch.Tensor) -> torch.Tensor:
-        """Layer ``layer_id``'s K and V at ``slots``, stacked: ``[2, n, kv_heads, head_dim]``."""
-        k, v = _raw(self.k_buffer[layer_id]), _raw(self.v_buffer[layer_id])
-        return torch.stack((k.index_select(0, slots), v.index_select(0, slots)))
-
-    def write_pages(self, layer_id: int, slots: torch.Tensor, pages: torch.Tensor) -> None:
-        """The inverse of ``read_pages``: ``pages`` ``[2, n, ...]`` stored at ``slots``."""
-        _raw(self.k_buffer[layer_id]).index_copy_(0, slots, pages[0])
-        _raw(self.v_buffer[layer_id]).index_copy_(0, slots, pages[1])
+    # pd: the buffers as stored (fp8 as bytes), for disaggregation's KV transfer
+    def page_buffers(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer_id``'s K and V buffers ``[slots, kv_heads, head_dim]`` as stored."""
+        return _raw(self.k_buffer[layer_id]), _raw(self.v_buffer[layer_id])
 
     def check_integrity(self) -> None:
         self.free_list.check("KV")

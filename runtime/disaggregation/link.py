@@ -10,7 +10,8 @@
   starts a request once every rank registered it (``shards`` in a registration).
 - one two-rank process group per (prefill, decode) pair, made over the store (rank 0: prefill):
   gloo for CPU tensors, NCCL for CUDA ones. The KV pages travel as point-to-point send/recv,
-  one message per layer (``[2, tokens, kv_heads, head_dim]``: K and V), a few layers in flight.
+  two messages per layer (K, then V: ``[tokens, kv_heads, head_dim]``), a few layers in
+  flight; the decode side receives a run of consecutive slots in place.
 
 Both sides post their operations in the same order (the ``p2d`` sequence), so the transfer needs
 no tags and runs unchanged on NCCL, which matches point-to-point operations by order alone.
@@ -109,20 +110,22 @@ def make_group(store: dist.TCPStore, pair_id: str, rank: int, backend: str, host
 
 def send_pages(group: Any, pool: Any, slots: torch.Tensor, peer: int, host_staged: bool,
                heads: tuple[int, int] | None = None) -> None:
-    """Every layer's pages at ``slots`` to ``peer``, layer by layer, a window in flight.
-    ``host_staged``: the group carries CPU tensors (gloo) while the pool may be on a GPU.
-    ``heads``: only kv heads ``[start, end)`` (a tensor-parallel decode rank's share)."""
+    """Every layer's pages at ``slots`` to ``peer``: per layer its K then its V rows
+    (``[n, kv_heads, head_dim]`` as stored), a window in flight. ``host_staged``: the group
+    carries CPU tensors (gloo) while the pool may be on a GPU. ``heads``: only kv heads
+    ``[start, end)`` (a tensor-parallel decode rank's share)."""
     slots = slots.to(pool.device)
     inflight: deque = deque()
     for layer in range(pool.num_layers):
-        pages = pool.read_pages(layer, slots)
-        if heads is not None:
-            pages = pages[:, :, heads[0]:heads[1]].contiguous()
-        if host_staged and pages.device.type != "cpu":
-            pages = pages.cpu()
-        inflight.append((group.send([pages], peer, 0), pages))
-        if len(inflight) > LAYER_WINDOW:
-            inflight.popleft()[0].wait()
+        for buf in pool.page_buffers(layer):
+            pages = buf.index_select(0, slots)
+            if heads is not None:
+                pages = pages[:, heads[0]:heads[1]].contiguous()
+            if host_staged and pages.device.type != "cpu":
+                pages = pages.cpu()
+            inflight.append((group.send([pages], peer, 0), pages))
+            if len(inflight) > 2 * LAYER_WINDOW:
+                inflight.popleft()[0].wait()
     while inflight:
         inflight.popleft()[0].wait()
     _sync(pool.device)
@@ -131,28 +134,44 @@ def send_pages(group: Any, pool: Any, slots: torch.Tensor, peer: int, host_stage
 def recv_pages(group: Any, pool: Any, slots: torch.Tensor | None, count: int, peer: int,
                host_staged: bool) -> None:
     """``count`` tokens' pages of every layer from ``peer`` into ``slots`` (None: received and
-    dropped, to keep the pair's order when the request went away meanwhile)."""
+    dropped, to keep the pair's order when the request went away meanwhile).
+
+    Slots that are one ascending run (a fresh allocation usually is) are received in place:
+    straight into the pool's rows, no staging buffer and no scatter copy."""
     layout = KVLayout.of(pool)
     raw = torch.uint8 if pool.dtype == torch.float8_e4m3fn else pool.dtype
-    shape = (2, count, layout.kv_heads, layout.head_dim)
-    dev_slots = slots.to(pool.device) if slots is not None else None
+    shape = (count, layout.kv_heads, layout.head_dim)
+    run = _run(slots) if pool.device.type == "cpu" or not host_staged else None
+    dev_slots = slots.to(pool.device) if slots is not None and run is None else None
+    where = "cpu" if host_staged else pool.device
     inflight: deque = deque()
 
     def land() -> None:
-        layer, work, pages = inflight.popleft()
+        buf, work, pages = inflight.popleft()
         work.wait()
         if dev_slots is not None:
-            pool.write_pages(layer, dev_slots, pages.to(pool.device, non_blocking=False))
+            buf.index_copy_(0, dev_slots, pages.to(pool.device, non_blocking=False))
 
-    where = "cpu" if host_staged else pool.device
     for layer in range(pool.num_layers):
-        pages = torch.empty(shape, dtype=raw, device=where)
-        inflight.append((layer, group.recv([pages], peer, 0), pages))
-        if len(inflight) > LAYER_WINDOW:
-            land()
+        for buf in pool.page_buffers(layer):
+            pages = (buf[run[0]:run[1]] if run is not None else
+                     torch.empty(shape, dtype=raw, device=where))
+            inflight.append((buf, group.recv([pages], peer, 0), pages))
+            if len(inflight) > 2 * LAYER_WINDOW:
+                land()
     while inflight:
         land()
     _sync(pool.device)
+
+
+def _run(slots: torch.Tensor | None) -> tuple[int, int] | None:
+    """``(first, last + 1)`` when ``slots`` are consecutive ascending ids, else None."""
+    if slots is None or slots.numel() == 0:
+        return None
+    first, n = int(slots[0]), int(slots.numel())
+    if int(slots[-1]) != first + n - 1 or (n > 1 and not bool((slots.diff() == 1).all())):
+        return None
+    return first, first + n
 
 
 def device_stream(device: torch.device) -> Any:

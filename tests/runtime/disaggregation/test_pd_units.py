@@ -87,8 +87,11 @@ class _Pool:
         return getattr(self.inner, name)
 
 
-@pytest.mark.parametrize("heads", [None, (1, 2)])  # (1, 2): a TP decode rank's share
-def test_pages_travel_layer_by_layer_over_gloo(heads):
+@pytest.mark.parametrize("heads,dst_slots", [
+    (None, [20, 1, 2, 30]),  # scattered: staged, then copied into the slots
+    (None, [5, 6, 7, 8]),  # one run: received in place
+    ((1, 2), [20, 1, 2, 30])])  # (1, 2): a TP decode rank's share of the kv heads
+def test_pages_travel_layer_by_layer_over_gloo(heads, dst_slots):
     from sgdsl.runtime.disaggregation.link import (connect_store, make_group, recv_pages,
                                                    send_pages, serve_store)
 
@@ -98,7 +101,7 @@ def test_pages_travel_layer_by_layer_over_gloo(heads):
     for layer in range(6):
         src.k_buffer[layer].normal_()
         src.v_buffer[layer].normal_()
-    src_slots, dst_slots = torch.tensor([3, 9, 4, 17]), torch.tensor([20, 1, 2, 30])
+    src_slots, dst_slots = torch.tensor([3, 9, 4, 17]), torch.tensor(dst_slots)
     master = serve_store(port, 30)
     groups = {}
 
@@ -114,7 +117,10 @@ def test_pages_travel_layer_by_layer_over_gloo(heads):
     recv_pages(groups[1], dst, dst_slots, 4, 0, True)
     sender.join(60)
     h = slice(*(heads or (0, 2)))
+    others = torch.ones(33, dtype=torch.bool)
+    others[dst_slots] = False
     for layer in range(6):
         assert torch.equal(dst.k_buffer[layer][dst_slots], src.k_buffer[layer][src_slots][:, h])
         assert torch.equal(dst.v_buffer[layer][dst_slots], src.v_buffer[layer][src_slots][:, h])
+        assert not dst.k_buffer[layer][others].any() and not dst.v_buffer[layer][others].any()
     del master
