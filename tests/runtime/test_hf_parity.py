@@ -39,7 +39,10 @@ def hf_reference(embedded_dir):
 def parity_engine():
     from sgdsl.runtime import Engine
 
-    engine = Engine(chunked_prefill_size=16, max_total_tokens=POOL, num_threads=1)
+    # NOTE: no grammar backend (none is sent here): its compile and estimate workers are three
+    # processes that import torch, seconds of CPU on the 2-core CI box for nothing.
+    engine = Engine(chunked_prefill_size=16, max_total_tokens=POOL, num_threads=1,
+                    grammar_backend="none")
     yield engine
     engine.shutdown()
 

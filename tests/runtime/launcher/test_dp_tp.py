@@ -25,6 +25,9 @@ def served(tiny_model_dir) -> Iterator[tuple[str, subprocess.Popen]]:
     cmd = [sys.executable, "-m", "sgdsl.runtime.launcher", "--model", str(tiny_model_dir),
            "--load-format", "dummy", "--device", "cpu", "--num-threads", "1",
            "--max-total-tokens", "4096", "--dp-size", "2", "--tp-size", "2",
+           # one compile worker per rank, not two (each imports torch; the ranks' helper
+           # processes stay in the family that SIGTERM must leave nothing of)
+           "--grammar-compile-workers", "1",
            "--host", "127.0.0.1", "--port", "0"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []

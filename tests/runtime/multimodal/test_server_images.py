@@ -26,7 +26,8 @@ DATA_URL = "data:image/png;base64," + base64.b64encode(IMAGE).decode()
 def url(qwen_vl) -> Iterator[str]:
     cmd = [sys.executable, "-m", "sgdsl.runtime.launcher", "--model", str(qwen_vl[0]),
            "--num-threads", "1", "--max-total-tokens", "2048", "--max-images-per-request", "4",
-           "--host", "127.0.0.1", "--port", "0"]
+           "--host", "127.0.0.1", "--port", "0",
+           "--grammar-backend", "none"]  # none is sent: no compile workers to start
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     assert proc.stdout is not None

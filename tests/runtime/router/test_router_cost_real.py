@@ -29,8 +29,10 @@ LOAD_KEYS = {"num_waiting_reqs", "num_running_reqs", "queued_prefill_tokens",
 def workers(tiny_model_dir) -> Iterator[list[str]]:
     from sgdsl.runtime import Engine
 
+    # NOTE: no grammar backend (no test here sends one): its compile and estimate workers are
+    # three processes per engine that import torch, most of a tiny engine's start-up CPU.
     engines = [Engine(str(tiny_model_dir), load_format="dummy", num_threads=1,
-                      max_total_tokens=8192) for _ in range(2)]
+                      max_total_tokens=8192, grammar_backend="none") for _ in range(2)]
     servers = [ThreadServer(create_app(e)) for e in engines]
     try:
         yield [s.start() for s in servers]

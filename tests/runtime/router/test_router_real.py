@@ -40,7 +40,10 @@ def dp(tiny_model_dir) -> Iterator[DP]:
     cmd = [sys.executable, "-m", "sgdsl.runtime.launcher", "--model", str(tiny_model_dir),
            "--load-format", "dummy", "--num-threads", "1", "--max-total-tokens", "8192",
            "--host", "127.0.0.1", "--port", "0", "--api-key", KEY, "--dp-size", "2",
-           "--router-policy", "round_robin"]
+           "--router-policy", "round_robin",
+           # no test here sends a grammar: no compile or estimate workers (three processes per
+           # replica that import torch, most of a tiny replica's start-up CPU)
+           "--grammar-backend", "none"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url, lines = "", []
     for line in proc.stdout:

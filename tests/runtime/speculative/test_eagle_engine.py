@@ -20,9 +20,11 @@ def eagle_engine(request, tiny_model_dir, tmp_path_factory):
 
     base = json.loads((tiny_model_dir / "config.json").read_text())
     head = write_head(tmp_path_factory.mktemp("head"), base, request.param == "EAGLE3")
-    # NOTE: as tiny_engine (same dummy target weights); the head is dummy too (load_format)
+    # NOTE: as tiny_engine (same dummy target weights); the head is dummy too (load_format);
+    # no grammar backend (none is sent here: its worker processes cost seconds of CPU)
     engine = Engine(str(tiny_model_dir), load_format="dummy", max_total_tokens=4096,
-                    max_running_requests=32, num_threads=1, speculative_algorithm=request.param,
+                    max_running_requests=32, num_threads=1, grammar_backend="none",
+                    speculative_algorithm=request.param,
                     speculative_draft_model_path=str(head), speculative_num_steps=3,
                     speculative_eagle_topk=2, speculative_num_draft_tokens=4)
     yield engine
