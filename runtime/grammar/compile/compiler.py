@@ -169,10 +169,10 @@ class GrammarCompiler:
         with self._lock:
             entry = self._cache.get(key)
         if entry is None:
-            # NOTE: only for a key not seen (or evicted): a cached key passed already, and the
-            # meta-schema check costs milliseconds per request (256 requests of one schema
-            # spent 2 s of scheduler time on it).
-            self.limits.check(key)  # json_schema keywords: backend.compile (normalizer)
+            # NOTE: only for a key not seen (or evicted): a cached key passed already. The
+            # meta-schema check (jsonschema: 20-300 ms for a large schema, on this, the
+            # scheduler's, thread) runs in the worker beside the compile instead.
+            self.limits.check(key, meta=False)  # keywords: backend.compile (normalizer)
         with self._lock:
             entry = self._cache.get(key)
             if entry is not None:

@@ -33,13 +33,15 @@ class GrammarLimits:
     max_schema_bound: int = 100_000  # minItems/maxLength... in a json_schema
     max_choices: int = 4096
 
-    def check(self, key: GrammarKey) -> None:
-        """Raise ``InvalidRequestError(field=key.field)`` naming the broken limit."""
+    def check(self, key: GrammarKey, meta: bool = True) -> None:
+        """Raise ``InvalidRequestError(field=key.field)`` naming the broken limit. ``meta``:
+        also check a JSON schema against the meta-schema (``check_meta_schema``: jsonschema
+        takes 20-300 ms on a large schema; the compiler leaves it to the worker)."""
         size = len(key.text.encode("utf-8", "surrogatepass"))
         if size > self.max_text_bytes:
             _fail(key, f"{key.field} is {size} bytes; the limit is {self.max_text_bytes}")
         if key.kind == "json_schema":
-            self._check_schema(key)
+            self._check_schema(key, meta)
         elif key.kind in ("regex", "ebnf"):
             self._check_repetition(key, key.text)
         elif key.kind == "choices" and len(json.loads(key.text)) > self.max_choices:
@@ -52,7 +54,7 @@ class GrammarLimits:
                     _fail(key, f"repetition bound {{{m.group(0)[1:-1]}}} exceeds the limit "
                                f"of {self.max_repetition}{where}")
 
-    def _check_schema(self, key: GrammarKey) -> None:
+    def _check_schema(self, key: GrammarKey, meta: bool) -> None:
         try:
             schema = json.loads(key.text)
         except (ValueError, RecursionError) as e:
@@ -60,7 +62,8 @@ class GrammarLimits:
         if not isinstance(schema, (dict, bool)):
             _fail(key, "json_schema must be a JSON object (or a boolean)")
         self._walk(key, schema, [])
-        _check_meta_schema(key, schema)
+        if meta:
+            _check_meta_schema(key, schema)
 
     def _walk(self, key: GrammarKey, node: Any, parts: list) -> None:
         if len(parts) >= self.max_json_depth:
@@ -77,6 +80,13 @@ class GrammarLimits:
         elif isinstance(node, list):
             for i, v in enumerate(node):
                 self._walk(key, v, parts + [i])
+
+
+def check_meta_schema(key: GrammarKey) -> None:
+    """The meta-schema check of a ``json_schema`` key alone (a compile worker runs it beside
+    the compile; ``check`` has passed)."""
+    if key.kind == "json_schema":
+        _check_meta_schema(key, json.loads(key.text))
 
 
 def _check_meta_schema(key: GrammarKey, schema: Any) -> None:

@@ -7,6 +7,10 @@ request is served.
 The server runs one compile worker and allows no wait (``--grammar-compile-max-wait-s 0``);
 a slow regex (seconds of compile) holds the worker, and the test waits until ``/metrics``
 shows it compiling before sending the others, so no outcome depends on the machine's speed.
+
+Then, on the same server (one start for both: CI time), ``POST /precompile``
+(runtime/server/native.py): each constraint's verdict, compiled once and found by later
+requests; the compiles land in the grammar disk cache folder given by ``--grammar-cache-dir``.
 """
 from __future__ import annotations
 
@@ -27,13 +31,19 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength
 
 
 @pytest.fixture(scope="module")
-def served(tiny_model_dir):
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("precompile-cache")
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir, cache_dir):
     # NOTE: the tiny random model (the embedded model's tokenizer, so the same compiles): the
     # queue's answers depend on the compile worker, not on the text; a load of the embedded
     # model would only add start-up time on the CI box.
     served = start_real_server("--model", str(tiny_model_dir), "--load-format", "dummy",
                                "--grammar-compile-workers", "1", "--grammar-compile-max-wait-s",
-                               "0", "--grammar-compile-timeout-s", "120")
+                               "0", "--grammar-compile-timeout-s", "120",
+                               "--grammar-cache-dir", str(cache_dir))
     yield served
     stop_real_server(served)
 
@@ -106,3 +116,38 @@ def test_an_overloaded_compile_queue_answers_503_with_retry_after(served):
     assert "sgdsl_engine_grammar_compile_wait_seconds_bucket" in metrics
     assert "sgdsl_engine_grammar_compile_cache_hits" in metrics
     assert "sgdsl_engine_grammar_admission_seconds_count" in metrics
+
+
+PRECOMPILE_SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 10}, "age": {"type": "integer", "minimum": 0}},
+    "required": ["name", "age"]}
+CONSTRAINTS = [{"json_schema": PRECOMPILE_SCHEMA}, {"regex": r"(yes|no)-[0-9]{3}"},
+               {"ebnf": 'root ::= "ab" | "c" root'}]
+INVALID = [{"regex": "(unclosed"}, {"json_schema": {"type": "nosuchtype"}}]
+
+
+def test_precompile_route(served, cache_dir):
+    # NOTE: after the overload test (its compiles are in the counts and on disk too); with one
+    # worker and no queue wait, the precompile's own busy refusals are submitted again later
+    with served.client() as client:
+        before = client.get("/get_server_info").json()["grammar_compiles"]
+        r = client.post("/precompile", json={"constraints": CONSTRAINTS + INVALID})
+        assert r.status_code == 200, r.text
+        assert [x["ok"] for x in r.json()["results"]] == [True] * 3 + [False] * 2
+        assert client.post("/precompile", json={"schemas": []}).status_code == 400
+        compiled = client.get("/get_server_info").json()["grammar_compiles"]
+        assert compiled == before + 3
+        r = client.post("/generate", json={"text": "Answer:", "sampling_params": {
+            "json_schema": json.dumps(PRECOMPILE_SCHEMA), "max_new_tokens": 24,
+            "temperature": 0}})
+        assert r.status_code == 200, r.text
+        assert client.get("/get_server_info").json()["grammar_compiles"] == compiled
+        assert client.get("/debug/check_idle_integrity").status_code == 200
+        metrics = client.get("/metrics").text  # the counters reach Prometheus too
+        assert f"sgdsl_engine_grammar_compiles {float(compiled)}" in metrics
+        assert "sgdsl_engine_grammar_disk_cache_misses" in metrics
+    for _ in range(1200):  # written off the request's path; bounded, not timed
+        if len(list(cache_dir.rglob("*.grammar"))) >= compiled:
+            break
+        time.sleep(0.1)
+    assert len(list(cache_dir.rglob("*.grammar"))) == compiled
