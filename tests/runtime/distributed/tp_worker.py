@@ -102,7 +102,14 @@ def run_rank_custom_ar(rank: int, size: int, init_method: str, model_dir: str,
             calls = dict(used.calls) if used is not None else {}
             results.put((rank, mode, calls,
                          [t.float().cpu().numpy() for t in logits] if rank == 0 else None))
-            del runner
+            del runner, used
+        # NOTE: free the peer-mapped buffers while the group's store is up: left to interpreter
+        # exit, rank 1 tore them down after rank 0 (the store's host) had gone, and exited non-zero
+        custom_all_reduce.uninstall_all()
+        import gc
+
+        gc.collect()
+        torch.cuda.synchronize()
         barrier(timeout_s=120)
     finally:
         destroy_tp_group()
