@@ -28,13 +28,20 @@ def summarize(path: str, top: int = 8) -> str:
     if not steps:
         return f"{path}: no launched steps"
     ms = [r["ms"] for r in steps]
-    gaps = [b["t"] - a["t"] for a, b in zip(steps, steps[1:])]
-    gaps_ms = [g * 1e3 for g in gaps]
+    # NOTE: only gaps with requests decoding on both sides: an idle server's gaps are no stall
+    gaps_ms = [(b["t"] - a["t"]) * 1e3 for a, b in zip(steps, steps[1:])
+               if a["running"] and b["running"]]
     lines = [f"{path}: {len(steps)} launched iterations ({sum(r['extend'] for r in steps)} "
              f"extend), iteration ms p50 {pct(ms, 50):.1f} p99 {pct(ms, 99):.1f} max "
-             f"{max(ms):.1f}; launch-to-launch gap ms p50 {pct(gaps_ms, 50):.1f} p99 "
+             f"{max(ms):.1f}; launch-to-launch gap while decoding, ms: p50 {pct(gaps_ms, 50):.1f} p99 "
              f"{pct(gaps_ms, 99):.1f} max {max(gaps_ms, default=0):.1f}",
              "  slowest iterations (parts in ms; pd counters: change in that iteration):"]
+    if any("pd_waiting_kv_reqs" in r for r in steps):  # decode server: transfers in flight?
+        busy = [r["ms"] for r in steps if r.get("pd_waiting_kv_reqs")]
+        calm = [r["ms"] for r in steps if not r.get("pd_waiting_kv_reqs")]
+        lines.insert(1, f"  iteration ms with KV transfers in flight: p50 {pct(busy, 50):.1f} "
+                        f"p99 {pct(busy, 99):.1f} (n={len(busy)}); without: p50 "
+                        f"{pct(calm, 50):.1f} p99 {pct(calm, 99):.1f} (n={len(calm)})")
     prev = {id(b): a for a, b in zip(rows, rows[1:])}
     for r in sorted(steps, key=lambda r: -r["ms"])[:top]:
         before = prev.get(id(r), {})

@@ -96,7 +96,8 @@ class DecodeSide:
 
     def stats(self) -> dict:
         return {**self.counters, "pd_queued_reqs": len(self.queued),
-                "pd_waiting_kv_reqs": len(self.waiting_kv)}
+                "pd_waiting_kv_reqs": len(self.waiting_kv),
+                "pd_kv_tokens_in_place": sum(k.in_place_tokens for k in self.links.values())}
 
     # -- every step ------------------------------------------------------------------------------
     def poll(self) -> None:

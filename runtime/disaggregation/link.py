@@ -132,12 +132,12 @@ def send_pages(group: Any, pool: Any, slots: torch.Tensor, peer: int, host_stage
 
 
 def recv_pages(group: Any, pool: Any, slots: torch.Tensor | None, count: int, peer: int,
-               host_staged: bool) -> None:
+               host_staged: bool) -> bool:
     """``count`` tokens' pages of every layer from ``peer`` into ``slots`` (None: received and
     dropped, to keep the pair's order when the request went away meanwhile).
 
     Slots that are one ascending run (a fresh allocation usually is) are received in place:
-    straight into the pool's rows, no staging buffer and no scatter copy."""
+    straight into the pool's rows, no staging buffer and no scatter copy (True returned)."""
     layout = KVLayout.of(pool)
     raw = torch.uint8 if pool.dtype == torch.float8_e4m3fn else pool.dtype
     shape = (count, layout.kv_heads, layout.head_dim)
@@ -162,6 +162,7 @@ def recv_pages(group: Any, pool: Any, slots: torch.Tensor | None, count: int, pe
     while inflight:
         land()
     _sync(pool.device)
+    return run is not None  # received in place
 
 
 def _run(slots: torch.Tensor | None) -> tuple[int, int] | None:

@@ -50,6 +50,7 @@ class ReceiverLink:
         self._ready = threading.Event()
         self._stop = False
         self.receiver_exited = False  # no page will be written any more: every slot is free
+        self.in_place_tokens = 0  # tokens whose pages landed straight in their slots
         for target, name in ((self._link, "pd-link"), (self._receive, "pd-recv")):
             threading.Thread(target=target, name=f"{name}-{port}", daemon=True).start()
 
@@ -139,8 +140,9 @@ class ReceiverLink:
             if entry is not None and not fits:
                 notice = {**notice, "error": f"page count {count} != the "
                                              f"{int(entry.slots.numel())} slots registered"}
-            recv_pages(self._group, self._pool, entry.slots if fits else None, count, peer=0,
-                       host_staged=self._backend == "gloo")
+            if recv_pages(self._group, self._pool, entry.slots if fits else None, count,
+                          peer=0, host_staged=self._backend == "gloo"):
+                self.in_place_tokens += count
         with self.lock:
             self.entries.pop(key, None)
         self._done.put((key, notice))

@@ -58,6 +58,7 @@ def test_tp2_decode_server_equals_colocated_token_for_token(pair):
         assert a["meta_info"]["finish_reason"] == b["meta_info"]["finish_reason"]
     stats = _stats(pair["decode"])
     assert stats["pd_kv_tokens_received"] > 0 and stats["pd_transfer_failures"] == 0
+    assert stats["pd_kv_tokens_in_place"] > 0  # a fresh pool's slots: received in place
     assert stats["extend_steps"] == 0  # every prompt's KV came from the prefill server
     for name in ("prefill", "decode"):
         _idle(pair[name])  # every rank's pools and transfers
