@@ -167,3 +167,29 @@ def test_scheduler_tree_steps_through_padded_blocks(make_harness):  # noqa: F811
     padded = [b for b in runner.forwards if b.spec_info is not None]
     assert padded and all(b.extend_seq_lens_cpu == [K + 1] * b.batch_size for b in padded)
     assert any(b.batch_size == 4 for b in padded)
+
+
+def test_graphs_follow_the_flags(tiny_model_dir):
+    """Verify graphs only where the target has decode graphs and drafts may branch; the
+    STANDALONE draft runner's graphs off with either flag."""
+    from sgdsl.runtime.config import EngineConfig
+    from sgdsl.runtime.speculative.standalone import draft_engine_config
+    from sgdsl.runtime.speculative.verify_graphs import VerifyGraphs
+
+    def config(**kw):
+        return EngineConfig(str(tiny_model_dir), speculative_algorithm="NGRAM", **kw)
+
+    no_graphs = SimpleNamespace(cuda_graph_runner=None)
+    assert VerifyGraphs.create(config(speculative_ngram_max_bfs_breadth=2), no_graphs) is None
+    graphs = SimpleNamespace(cuda_graph_runner=object())  # (a capture would need CUDA)
+    assert VerifyGraphs.create(config(), graphs) is None  # chains only: the decode graphs
+    assert VerifyGraphs.create(config(speculative_ngram_max_bfs_breadth=2,
+                                      speculative_disable_cuda_graph=True), graphs) is None
+    target = SimpleNamespace(context_len=512, max_total_tokens=256, device=torch.device("cpu"),
+                             dtype=torch.float32)
+    standalone = dict(speculative_algorithm="STANDALONE",
+                      speculative_draft_model_path=str(tiny_model_dir))
+    for flags, off in (({}, False), ({"disable_cuda_graph": True}, True),
+                       ({"speculative_disable_cuda_graph": True}, True)):
+        cfg = EngineConfig(str(tiny_model_dir), **standalone, **flags)
+        assert draft_engine_config(cfg, target, 3).disable_cuda_graph is off
