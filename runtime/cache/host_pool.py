@@ -10,6 +10,9 @@ contiguous runs (``defragment`` sorts the list after the tree frees many).
 """
 from __future__ import annotations
 
+import math
+import weakref
+
 import torch
 
 from .free_list import SlotFreeList
@@ -27,9 +30,9 @@ class HostKVPool:
         self.row_shape = (heads, head_dim)
         # NOTE: zeros, not empty: a bug that reads an unwritten host row then gives zeros, never
         # another request's stale KV.
-        self._store = torch.zeros((self.num_layers, 2, num_slots, heads, head_dim), dtype=self.dtype)
-        if pin_memory:
-            _pin(self._store)
+        shape = (self.num_layers, 2, num_slots, heads, head_dim)
+        self._store = _pinned_zeros(shape, self.dtype) if pin_memory else torch.zeros(
+            shape, dtype=self.dtype)
         self.k_buffer = [self._store[layer, 0] for layer in range(self.num_layers)]
         self.v_buffer = [self._store[layer, 1] for layer in range(self.num_layers)]
         self.bytes_per_token = TokenKVPool.bytes_per_token(self.num_layers, heads, head_dim,
@@ -86,10 +89,25 @@ class HostKVPool:
         self.free_list.check("host KV")
 
 
-def _pin(t: torch.Tensor) -> None:
-    """Page-lock ``t`` in place. NOTE: not ``pin_memory=True``: torch's pinned allocator rounds
-    every block up to a power of two, up to ~2x the host memory asked for."""
-    err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+# Below this a pool comes from torch's pinned allocator (its power-of-two rounding costs little
+# there); above it, malloc maps the buffer on pages of its own, which are page-locked in place.
+SMALL_PIN_BYTES = 64 << 20
+
+
+def _pinned_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zeroed page-locked tensor. NOTE: not ``pin_memory=True`` for large pools: torch's pinned
+    allocator rounds every block up to a power of two, up to ~2x the host memory asked for. Small
+    ones use it: a small heap block shares pages with other blocks, and registering pages that
+    an earlier (since freed) pool registered fails ("already mapped", seen on the GPU tests)."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if nbytes < SMALL_PIN_BYTES:
+        return torch.zeros(shape, dtype=dtype, pin_memory=True)
+    t = torch.zeros(shape, dtype=dtype)
+    cudart = torch.cuda.cudart()
+    err = cudart.cudaHostRegister(t.data_ptr(), nbytes, 0)
     if int(err) != 0:
-        raise RuntimeError(f"cudaHostRegister of the {t.numel() * t.element_size() / GB:.1f} GB "
-                           f"host KV pool failed ({err}); lower hicache_size/hicache_ratio")
+        raise RuntimeError(f"cudaHostRegister of the {nbytes / GB:.1f} GB host KV pool failed "
+                           f"({err}); lower hicache_size/hicache_ratio")
+    # unregistered when the pool's memory goes, so that a later pool may reuse the pages
+    weakref.finalize(t, cudart.cudaHostUnregister, t.data_ptr())
+    return t
