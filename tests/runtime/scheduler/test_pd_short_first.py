@@ -3,6 +3,8 @@ prompts that fit whole in half the budget run in the next batch, the chunked pro
 beside them with the rest; the outputs (KV bookkeeping) stay those of the reference."""
 from __future__ import annotations
 
+import pytest
+
 from sgdsl.runtime.disaggregation.admission import short_first
 
 from .standin import expected
@@ -39,8 +41,9 @@ def _extends(h) -> list[list[int]]:
     return [list(b.extend_seq_lens_cpu) for b in h.runner.forwards if not b.mode.is_decode]
 
 
-def test_short_prompts_run_beside_the_chunked_one(make_harness):
-    h = make_harness(chunked_prefill_size=16, disable_overlap_schedule=True)
+@pytest.mark.parametrize("overlap", [False, True])
+def test_short_prompts_run_beside_the_chunked_one(make_harness, overlap):
+    h = make_harness(chunked_prefill_size=16, disable_overlap_schedule=not overlap)
     h.sched.pd = _PrefillPolicy()
     long = [(i * 5) % 40 + 1 for i in range(40)]
     shorts = {"a": [3, 4, 5, 6, 7], "b": [9, 8, 7], "c": [2] * 12}
