@@ -66,7 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32, 256])
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--max-new", type=int, default=96)
-    ap.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
+    ap.add_argument("--paths", nargs="+", choices=PATHS,
+                    default=[p for p in PATHS if not p.endswith("-mp")])  # -mp rows: asked for
     ap.add_argument("--grammar-backend", default="xgrammar")
     ap.add_argument("--disable-jump-forward", action="store_true")
     ap.add_argument("--jump-max-batch", type=int, default=None,
@@ -260,7 +261,8 @@ def run_server(a: argparse.Namespace, results: dict) -> None:
                 if f"{route}-raw" in a.paths and sp.aiohttp_transport():
                     report(f"{route}-raw", bs, measure(
                         lambda w: _raw(server, w, route), texts, ids, a, users), results)
-            for path in (p for p in HTTP if f"{p}-mp" in a.paths and sp.aiohttp_transport()):
+            for path in (p for p in HTTP if f"{p}-mp" in a.paths
+                         and (p == "openai" or sp.aiohttp_transport())):
                 pool = pool or ClientPool(a.client_procs)
                 report(f"{path}-mp", bs, measure(lambda w: _pooled(server, pool, path, w), texts,
                                                  ids, a, users), results)
