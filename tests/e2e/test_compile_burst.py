@@ -53,8 +53,8 @@ def test_a_burst_of_150_distinct_schemas_is_admitted(engine):
             return e
 
     # NOTE: the session's default Engine() (tests/e2e/conftest.py); its counters are
-    # cumulative, so the assertions below take what this burst added (nothing else in the
-    # suite compiles these schemas on it).
+    # cumulative, so the assertions below take what this burst added (test_structured_validity
+    # shares the engine, after this file: a schema it compiled first is a cache hit here).
     before = engine.stats()
 
     async def go():
@@ -62,7 +62,7 @@ def test_a_burst_of_150_distinct_schemas_is_admitted(engine):
     results = asyncio.run(go())
     stats = {k: _added(v, before[k]) for k, v in engine.stats().items()
              if k in ("grammar_compile_timeouts", "grammar_compile_rejected_busy",
-                      "grammar_compile_wait_seconds")}
+                      "grammar_compile_wait_seconds", "grammar_compile_cache_hits")}
     engine.check_idle_integrity()
     refused = {n: r for n, r in zip(suite, results) if isinstance(r, OverloadedError)}
     rejected = {n: str(r) for n, r in zip(suite, results) if isinstance(r, InvalidRequestError)}
@@ -73,4 +73,5 @@ def test_a_burst_of_150_distinct_schemas_is_admitted(engine):
         assert rejected_for_the_schema(why), (name, why)
     assert len(suite) - len(rejected) >= MIN_ADMITTED, rejected
     assert stats["grammar_compile_timeouts"] == 0 and stats["grammar_compile_rejected_busy"] == 0
-    assert stats["grammar_compile_wait_seconds"]["count"] >= len(suite) - len(rejected)
+    assert stats["grammar_compile_wait_seconds"]["count"] + \
+        stats["grammar_compile_cache_hits"] >= len(suite) - len(rejected)

@@ -41,6 +41,12 @@ GRAMMAR_MAX = 128
 # string up to GRAMMAR_MAX stays in the grammar as before (raw xgrammar's own maxLength costs
 # as much), and so does the 5-field person schema (24 + 20).
 GRAMMAR_BUDGET = GRAMMAR_MAX
+# Per backend, (the largest bound one string keeps in the grammar, the budget of their sum):
+# outlines-core builds its index by walking the vocabulary through every counted position: a
+# string's maxLength 16 took 0.83 s, 32 1.3 s and 80 12-15 s to index, against 0.37 s unbounded
+# (loaded 2-core box, 2026-11-28; the e2e suite's obj_math_answer compiled for 85 s there),
+# where xgrammar took 0.6 s at 128.
+_BACKEND_LIMITS = {"outlines": (16, 32)}
 # Marks a string whose length bounds the runtime enforces (backends ignore x- keys).
 LENGTH_MARK = "x-sgdsl-length"
 # Set by ``strings.py`` on a pattern whose length bounds it could not fold (True), or could
@@ -58,14 +64,22 @@ class _Plan:
 
     force: frozenset = frozenset()
     kept: list | None = None
+    grammar_max: int = GRAMMAR_MAX
 
 
-def mark_lengths(root: Any) -> Any:
+def grammar_limits(backend: str) -> tuple[int, int]:
+    """(``GRAMMAR_MAX``, ``GRAMMAR_BUDGET``) for ``backend``."""
+    return _BACKEND_LIMITS.get(backend, (GRAMMAR_MAX, GRAMMAR_BUDGET))
+
+
+def mark_lengths(root: Any, backend: str = "xgrammar") -> Any:
     """``root`` (a normal form) with large string length bounds marked for the runtime, and
-    the largest others too while the bounds left in the grammar exceed ``GRAMMAR_BUDGET``."""
+    the largest others too while the bounds left in the grammar exceed the budget
+    (``grammar_limits(backend)``)."""
     if not isinstance(root, dict):
         return root
-    dry = _Plan(kept=[])
+    grammar_max, budget = grammar_limits(backend)
+    dry = _Plan(kept=[], grammar_max=grammar_max)
     _mark_all(root, dry)
     # NOTE: equal bounds compile once (``sharing.py`` makes them one definition): a group
     # counts once, and is counted at runtime whole or not at all
@@ -77,12 +91,12 @@ def mark_lengths(root: Any) -> Any:
     total = sum(g[0] for g in groups.values())
     force: set[str] = set()
     for count, paths, markable in sorted(groups.values(), key=lambda g: -g[0]):
-        if total <= GRAMMAR_BUDGET:
+        if total <= budget:
             break
         if markable:
             force.update(paths)
             total -= count
-    return _mark_all(root, _Plan(frozenset(force)))
+    return _mark_all(root, _Plan(frozenset(force), grammar_max=grammar_max))
 
 
 def _mark_all(root: dict, plan: _Plan) -> dict:
@@ -129,7 +143,7 @@ def _marked(node: dict, path: str, alone: bool, plan: _Plan) -> dict:
     # the largest count the grammar would unroll for these bounds
     count = largest_count(unfolded) if isinstance(unfolded, str) else \
         (hi if hi is not None else lo) if plain else 0
-    if alone and (unfolded is True or count > GRAMMAR_MAX or path in plan.force):
+    if alone and (unfolded is True or count > plan.grammar_max or path in plan.force):
         out = {k: v for k, v in node.items() if k not in _BOUNDS}
         out[LENGTH_MARK] = [lo, hi]
         return out

@@ -58,7 +58,7 @@ def normalize_schema(schema: Any, backend_name: str = "xgrammar") -> dict:
         raise reject("false", "#", "no instance can satisfy it")
     if defs:
         out = {**out, "$defs": defs}
-    out = tune_for_backend(mark_lengths(out), backend_name)
+    out = tune_for_backend(mark_lengths(out, backend_name), backend_name)
     check_schema_support(backend_name, out)
     return out
 

@@ -20,8 +20,11 @@ INVALID = [{"regex": "(unclosed"}, {"json_schema": {"type": "nosuchtype"}},
 
 
 def _engine(model_dir, cache_dir) -> Engine:
+    # NOTE: one compile worker (a process importing torch and xgrammar, seconds of CPU to
+    # start): the restart's point is the disk, not the pool's width (CI time)
     return Engine(str(model_dir), load_format="dummy", max_total_tokens=2048,
-                  max_running_requests=8, num_threads=1, grammar_cache_dir=str(cache_dir))
+                  max_running_requests=8, num_threads=1, grammar_cache_dir=str(cache_dir),
+                  grammar_compile_workers=1)
 
 
 def _outputs(engine: Engine) -> list[tuple[str, list[int]]]:
