@@ -25,7 +25,8 @@ from .reasoning import ReasoningFormat, get_reasoning_format
 # 300-token prompt on the dev box), where the hop costs tens of us. Each chat request's encode
 # then runs beside the loop's parsing of the next requests and the Engine's thread.
 OFFLOAD_ENCODE_CHARS = 1024
-CHECKED_MAX = 4096  # distinct validated sampling dicts kept (then forgotten, all at once)
+CHECKED_MAX = 1024  # distinct validated sampling dicts kept (then forgotten, all at once)
+CHECKED_TEXT_MAX = 4096  # a dict with a longer string (a large schema) is not kept
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,11 @@ def _hashable(params: dict[str, Any]) -> tuple | None:
     included: ``1`` and ``1.0`` and ``True`` validate differently), or None."""
     items = []
     for k, v in params.items():
+        if isinstance(v, str) and len(v) > CHECKED_TEXT_MAX:
+            return None  # NOTE: bounds the memo's memory (1024 x a few KB at most)
         if isinstance(v, list):
+            if len(v) > 64 or any(isinstance(x, str) and len(x) > CHECKED_TEXT_MAX for x in v):
+                return None
             v = (list, *((type(x), x) for x in v))
         items.append((k, type(v), v))
     key = tuple(sorted(items, key=lambda item: item[0]))

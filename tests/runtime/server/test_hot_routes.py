@@ -159,3 +159,25 @@ async def test_valid_bodies_never_reach_fastapi() -> None:
     assert forwarded == []
     assert (await _post(outer, CHAT, b"{", None)).status_code == 400
     assert forwarded == [CHAT]
+
+
+def test_sampling_memo_keeps_only_valid_dicts() -> None:
+    """Each distinct valid sampling dict is validated once; an invalid one is refused every
+    time, and values equal in Python but not in type (4, 4.0, True) are told apart."""
+    from sgdsl.runtime.errors import InvalidRequestError
+    from sgdsl.runtime.server.context import ServerContext
+
+    c = ServerContext.build(FakeEngine(step_s=0.0), ServerArgs())
+    ok = {"max_new_tokens": 4, "temperature": 0.5, "stop": ["x"], "seed": None}
+    assert c.sampling(ok) == c.sampling(dict(ok)) == {k: v for k, v in ok.items() if v is not None}
+    c.sampling({"max_new_tokens": 4})  # kept: 4.0 and True below must not match it
+    assert len(c.checked) == 2
+    for bad in ({"max_new_tokens": 4.0}, {"max_new_tokens": True}, {"temperature": -1},
+                {"max_new_tokens": 4, "stop": [""]}, {"max_new_tokens": 4, "stop": [1]}):
+        for _ in range(2):
+            with pytest.raises(InvalidRequestError):
+                c.sampling(bad)
+    assert len(c.checked) == 2
+    big = {"max_new_tokens": 4, "json_schema": json.dumps({"description": "x" * 5000})}
+    c.sampling(big)
+    assert len(c.checked) == 2  # a large schema is validated, not kept
