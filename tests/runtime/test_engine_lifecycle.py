@@ -37,8 +37,10 @@ def test_unknown_engine_option_fails_before_starting():
 
 
 def test_dead_child_context_manager_and_idempotent_shutdown(tiny_model_dir):
+    # NOTE: no grammar backend in the engines here (no grammar is sent): its compile and
+    # estimate workers are three processes that import torch, seconds of CPU for nothing
     with Engine(str(tiny_model_dir), load_format="dummy", max_total_tokens=512,
-                num_threads=1) as engine:
+                num_threads=1, grammar_backend="none") as engine:
         proc = engine._tm.proc
         assert engine.generate("hi", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] <= 2
         os.kill(proc.pid, signal.SIGKILL)
@@ -62,7 +64,7 @@ def test_child_exits_when_parent_dies(tmp_path, tiny_model_dir):
         "import os, sys\n"
         "from sgdsl.runtime import Engine\n"
         f"e = Engine({str(tiny_model_dir)!r}, load_format='dummy', max_total_tokens=512,"
-        " num_threads=1)\n"
+        " num_threads=1, grammar_backend='none')\n"
         "print(e._tm.proc.pid, flush=True)\n"
         "os._exit(0)  # die without shutdown or atexit\n")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,

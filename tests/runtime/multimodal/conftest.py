@@ -23,8 +23,10 @@ def qwen_vl(tmp_path_factory, tokenizer_dir) -> tuple[Path, object]:
 def vl_engine(qwen_vl):
     from sgdsl.runtime import Engine
 
+    # no grammar backend: no test here sends a grammar (``select`` scores choices by
+    # logprobs), and its compile and estimate workers are three processes that import torch
     engine = Engine(str(qwen_vl[0]), max_total_tokens=2048, num_threads=1,
-                    chunked_prefill_size=CHUNK)
+                    chunked_prefill_size=CHUNK, grammar_backend="none")
     yield engine
     engine.shutdown()
 

@@ -10,8 +10,10 @@ from .conftest import children_of, start_real_server
 from processes import pid_alive
 
 
-def test_sigterm_drains_then_exits_without_children() -> None:
-    served = start_real_server()
+def test_sigterm_drains_then_exits_without_children(tiny_model_dir) -> None:
+    # the tiny random model: draining and exiting do not depend on the weights, and loading
+    # the embedded model's costs the 2-core CI box seconds (the session's real_server has it)
+    served = start_real_server("--model", str(tiny_model_dir), "--load-format", "dummy")
     assert served.proc is not None
     kids = children_of(served.proc.pid)
     assert kids, "the engine's scheduler process should be a child of the server"

@@ -48,9 +48,10 @@ BATCH = [
 def spec_engine():
     from sgdsl.runtime import Engine
 
-    # NOTE: prefill in chunks of 64 (the plain engine, shared with other tests, in one chunk)
+    # NOTE: prefill in chunks of 64 (the plain engine, shared with other tests, in one chunk);
+    # one grammar compile worker (two grammars here; each worker is a process importing torch)
     engine = Engine(speculative_algorithm="ngram", speculative_num_draft_tokens=4,
-                    chunked_prefill_size=64, num_threads=1)
+                    chunked_prefill_size=64, num_threads=1, grammar_compile_workers=1)
     yield engine
     engine.shutdown()
 

@@ -28,7 +28,9 @@ def spec_engine():
     from sgdsl.runtime import Engine
     from sgdsl.runtime.model.embedded import embedded_gguf_path
 
-    engine = Engine(num_threads=1, chunked_prefill_size=16, speculative_algorithm="standalone",
+    # one grammar compile worker (two grammars here; each worker is a process importing torch)
+    engine = Engine(num_threads=1, chunked_prefill_size=16, grammar_compile_workers=1,
+                    speculative_algorithm="standalone",
                     speculative_draft_model_path=str(embedded_gguf_path()),
                     speculative_num_draft_tokens=4)
     yield engine
