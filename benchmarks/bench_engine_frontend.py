@@ -39,18 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 24},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "city": {"type": "string", "maxLength": 20},
-        "occupation": {"enum": ["engineer", "teacher", "doctor", "artist", "farmer", "other"]},
-        "is_employed": {"type": "boolean"},
-    },
-    "required": ["name", "age", "city", "occupation", "is_employed"],
-    "additionalProperties": False,
-}
+SCHEMA = json.loads((Path(__file__).resolve().parent / "person_schema.json").read_text())
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
         "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 49152,

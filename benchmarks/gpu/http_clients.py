@@ -9,21 +9,11 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
-# The 5-field person schema of every structured benchmark (bench_structured_decode.py).
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 24},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "city": {"type": "string", "maxLength": 20},
-        "occupation": {"enum": ["engineer", "teacher", "doctor", "artist", "farmer", "other"]},
-        "is_employed": {"type": "boolean"},
-    },
-    "required": ["name", "age", "city", "occupation", "is_employed"],
-    "additionalProperties": False,
-}
+# The 5-field person schema of the structured benchmarks (one file: benchmarks/person_schema.json).
+SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "person_schema.json").read_text())
 SCHEMA_TEXT = json.dumps(SCHEMA)
 
 
