@@ -10,6 +10,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..server.asgi_replay import replay
 from .bootstrap import close_scope, open_scope
 
 FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
@@ -27,12 +28,12 @@ class BootstrapMiddleware:
         body = await _read_body(receive)
         payload, fields = _split(body)
         if fields is None:
-            await self.app(scope, _replay(body, receive), send)
+            await self.app(scope, replay(body, receive), send)
             return
         token = open_scope(*fields)
         try:
             sender = _Send(send)
-            await _watched(self.app(scope, _replay(json.dumps(payload).encode(), receive), sender),
+            await _watched(self.app(scope, replay(json.dumps(payload).encode(), receive), sender),
                            receive, sender)
         finally:
             close_scope(token)
@@ -85,20 +86,6 @@ async def _read_body(receive: Receive) -> bytes:
         chunks.append(message.get("body", b""))
         if not message.get("more_body"):
             return b"".join(chunks)
-
-
-def _replay(body: bytes, upstream: Receive) -> Receive:
-    """The (rewritten) body once, then the client's own messages (its disconnect)."""
-    sent = False
-
-    async def receive() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await upstream()
-
-    return receive
 
 
 def _split(body: bytes) -> tuple[Any, tuple[str, int, int] | None]:

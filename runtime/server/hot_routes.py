@@ -23,8 +23,9 @@ from typing import Any, Awaitable, Callable
 from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .asgi_replay import replay
 from .errors import ClientDisconnected, error_response
 
 try:  # NOTE: orjson parses a chat body ~5x faster; json (what FastAPI uses) is the fallback
@@ -65,7 +66,7 @@ class HotRoutes:
             return
         req = _validated(route.model, body)
         if req is None:  # FastAPI answers it, with its own error for the body
-            await self.app(scope, _replay(body, receive), send)
+            await self.app(scope, replay(body, receive), send)
             return
         response = await self._call(route, req, scope, receive)
         await response(scope, receive, send)
@@ -113,17 +114,3 @@ def _validated(model: type[BaseModel], body: bytes) -> BaseModel | None:
         return model.model_validate(data)
     except Exception:  # noqa: BLE001 - any failure is FastAPI's to answer, as before
         return None
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """A ``receive`` that gives the body already read, then the client's further messages."""
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
