@@ -29,7 +29,8 @@ from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from ..layers.weight_slices import materialize
 from .forward_batch import ForwardBatch
-from .llama import LlamaAttention, LlamaMLP, _packed_target, load_param
+from .llama import LlamaAttention, LlamaMLP
+from .llama_weights import _packed_target, load_param
 from .model_config import ModelConfig
 
 EAGLE3_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")

@@ -24,7 +24,7 @@ from ..errors import ModelLoadError
 from ..layers.quantization.base import QuantConfig
 from ..layers.quantization.fp8_utils import FP8_DTYPE
 from .embedded import cache_root, convert_gguf, embedded_model_path
-from .llama import load_param
+from .llama_weights import load_param
 from .model_config import ModelConfig
 from .registry import get_model_class
 
