@@ -29,6 +29,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -211,7 +212,7 @@ def report(ours: dict, hf: dict | None, args: argparse.Namespace) -> None:
           f"{'met' if hf_rate and ours['A']['out_tokens'] / ours['A']['wall_s'] >= 10 * hf_rate else 'not met'}")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--num", type=int, default=256)
     ap.add_argument("--distinct", type=int, default=16)
@@ -233,32 +234,37 @@ def main() -> None:
         args.hf_num, args.hf_batch = 4, 2
     small = args.tiny and args.width is None and args.height is None
     args.width, args.height = args.width or (112 if small else 1280), args.height or (84 if small else 720)
-    device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-vlm-"))
-    work.mkdir(parents=True, exist_ok=True)
-    ids = build_dir(work, args.tiny, device)
+    return args
+
+
+def make_workloads(args: argparse.Namespace) -> dict:
+    """warm-up, A (distinct images), B (``--distinct`` images repeated); with ``--profile``
+    fresh images for the preprocess alone and C (A's prompt lengths, no images)."""
     size = (args.width, args.height)
     qs = questions(args.num, args.question, seed=1)
-    a_imgs = make_images(args.num, size, seed=2)
     b_pool = make_images(args.distinct, size, seed=3)
     workloads = {"warm": (make_images(4, size, seed=4), questions(4, args.question, seed=5)),
-                 "A": (a_imgs, qs), "B": ([b_pool[i % args.distinct] for i in range(args.num)], qs)}
-    if args.profile:  # fresh images for the preprocess alone; C: A's lengths, no images
+                 "A": (make_images(args.num, size, seed=2), qs),
+                 "B": ([b_pool[i % args.distinct] for i in range(args.num)], qs)}
+    if args.profile:
         from sgdsl.runtime.multimodal.pixels import smart_resize
 
         h, w = smart_resize(args.height, args.width, 28, 3136, 12845056)
         tokens = 3 + args.question + h * w // 784
         workloads["pre"] = (make_images(args.num, size, seed=6), qs)
         workloads["C"] = (None, questions(args.num, tokens, seed=7))
-    prof: dict = {}
-    if args.profile:  # the scheduler process reads it at start
-        os.environ.setdefault("SGDSL_STEP_TRACE", str(work / "trace"))
-    ours = run_ours(work, ids, workloads, args.out, args.tiny, prof)
+    return workloads
+
+
+def run_hf_fitting(work: Path, ids: Any, workloads: dict, args: argparse.Namespace,
+                   device: str) -> dict | None:
+    """HF ``generate`` on A's first ``--hf-num`` requests, halving the batch until it fits."""
+    images, qs = workloads["A"]
     hf = None
     while not args.skip_hf and hf is None and args.hf_batch >= 1:
         oom = False
         try:
-            hf = run_hf(work, ids, a_imgs[:args.hf_num], qs[:args.hf_num], args.out,
+            hf = run_hf(work, ids, images[:args.hf_num], qs[:args.hf_num], args.out,
                         args.hf_batch, device, args.tiny)
         except torch.OutOfMemoryError:  # report at the largest batch that fits
             oom = True
@@ -267,6 +273,21 @@ def main() -> None:
             torch.cuda.empty_cache()
             print(f"HF out of memory at batch {args.hf_batch}; halving", flush=True)
             args.hf_batch //= 2
+    return hf
+
+
+def main() -> None:
+    args = parse_args()
+    device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-vlm-"))
+    work.mkdir(parents=True, exist_ok=True)
+    ids = build_dir(work, args.tiny, device)
+    workloads = make_workloads(args)
+    prof: dict = {}
+    if args.profile:  # the scheduler process reads it at start
+        os.environ.setdefault("SGDSL_STEP_TRACE", str(work / "trace"))
+    ours = run_ours(work, ids, workloads, args.out, args.tiny, prof)
+    hf = run_hf_fitting(work, ids, workloads, args, device)
     print(f"HF: {hf}", flush=True)
     report(ours, hf, args)
     if args.profile:
