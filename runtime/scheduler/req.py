@@ -55,6 +55,12 @@ class Req:
         # NOTE: bumped whenever the request gives up its KV (finish, abort, retraction, jump):
         # a step launched before that (overlap scheduling) sees the change and drops its token.
         self.epoch = 0
+        self._init_grammar()
+        self._init_logprobs()
+        self._init_features()
+
+    def _init_grammar(self) -> None:
+        """The grammar's per-request state (runtime/grammar)."""
         # grammar: matcher (runtime/grammar) once compiled; the pending compile before that;
         # ``jumped`` marks a jump-forward this step (the request goes back to the queue).
         self.grammar: Any = None
@@ -76,7 +82,9 @@ class Req:
         # grammar: output positions of tokens the grammar appended without sampling them
         # (jump-forward, forced completion, a stop token it alone allowed), in order.
         self.forced_positions: list[int] = []
-        # Logprob accumulators; "sent" counters mark what already went to the main process.
+
+    def _init_logprobs(self) -> None:
+        """Logprob accumulators; "sent" counters mark what already went to the main process."""
         self.input_token_logprobs: list | None = None
         self.input_top_logprobs: list | None = None
         self.input_logprobs_done = self.logprob_start_len < 0
@@ -85,6 +93,9 @@ class Req:
         self.sent_ids = 0
         self.sent_logprobs = 0
         self.input_logprobs_sent = False
+
+    def _init_features(self) -> None:
+        """Per-request state of speculation, images, the hierarchical cache and PD."""
         # spec: verify steps this request took part in, draft tokens it accepted (meta_info
         # ``spec_verify_ct`` / ``spec_accepted_tokens``), its acceptance backoff
         # (speculative/stats.py Backoff; None until it drafts).
