@@ -10,10 +10,14 @@ Targets: 8B TP=2 >= 1.5x TP=1; 70B TP=2 batch-1 >= 45 tok/s.
 
 Needs 2 GPUs (the device tool's nvidia-h200-x2 kind):
   python bench_tp.py --runs 8b-tp1,8b-tp2,70b-tp2,70b-offline
+Programmatic dependent launch (runtime/kernels/pdl.py, ``SGDSL_PDL``) A/B in one run:
+  python bench_tp.py --runs 8b-tp1,8b-tp4 --pdl both    (or a run named 8b-tp4-pdl)
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 
 import torch
 
@@ -40,6 +44,20 @@ def copy_tb_s() -> float:
     return 2 * 10 * x.numel() / (start.elapsed_time(end) * 1e-3) / 1e12
 
 
+@contextlib.contextmanager
+def pdl_env(on: bool):
+    """``SGDSL_PDL`` for the engines started inside (their rank processes read it)."""
+    old = os.environ.get("SGDSL_PDL")
+    os.environ["SGDSL_PDL"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("SGDSL_PDL", None)
+        else:
+            os.environ["SGDSL_PDL"] = old
+
+
 def decode_tok_s(model: str, tp: int, prompt_len: int, out_len: int,
                  custom_ar: bool = True) -> float:
     from sgdsl.runtime import Engine
@@ -53,11 +71,14 @@ def decode_tok_s(model: str, tp: int, prompt_len: int, out_len: int,
         return 1 / time_decode(engine, ids, out_len)[1]
 
 
-def decode_row(model: str, tp: int, a: argparse.Namespace, custom_ar: bool = True) -> list:
-    tok_s = decode_tok_s(model, tp, a.prompt_len, a.out_len, custom_ar)
+def decode_row(model: str, tp: int, a: argparse.Namespace, custom_ar: bool = True,
+               pdl: bool = False) -> list:
+    with pdl_env(pdl):
+        tok_s = decode_tok_s(model, tp, a.prompt_len, a.out_len, custom_ar)
     floor = HBM_TB_S * 1e12 / (2 * PARAMS[model] / tp)  # bf16: 2 bytes per weight
     measured = a.copy_tb_s * 1e12 / (2 * PARAMS[model] / tp)
     ar = "" if tp == 1 else (" custom all-reduce" if custom_ar else " NCCL only")
+    ar += " PDL" if pdl else ""
     return [f"{model} TP={tp} batch-1 decode{ar}", tok_s, floor, tok_s / floor, measured,
             tok_s / measured]
 
@@ -78,6 +99,19 @@ def offline_row(a: argparse.Namespace) -> list:
             total / min(compute_floor, bw_floor), "-", "-"]
 
 
+def decode_rows(run: str, a: argparse.Namespace) -> list:
+    """The rows of one run name (``8b-tp4``; ``8b-tp4-pdl``: PDL on whatever ``--pdl`` says)."""
+    both = {"on": [True], "off": [False], "both": [False, True]}
+    name, pdl_run = (run[:-4], True) if run.endswith("-pdl") else (run, False)
+    size, tp = name.split("-tp")
+    rows = []
+    for pdl in ([True] if pdl_run else both[a.pdl]):
+        for on in (both[a.custom_ar] if int(tp) > 1 else [True]):
+            rows.append(decode_row(f"llama-3.1-{size}", int(tp), a, on, pdl))
+            print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", default="8b-tp1,8b-tp2,70b-tp2,70b-offline")
@@ -86,6 +120,9 @@ def main() -> None:
     ap.add_argument("--num", type=int, default=256)
     ap.add_argument("--custom-ar", choices=["on", "off", "both"], default="on",
                     help="TP runs with the custom all-reduce, NCCL only, or both rows")
+    ap.add_argument("--pdl", choices=["on", "off", "both"], default="off",
+                    help="decode runs with programmatic dependent launch (SGDSL_PDL=1), "
+                         "without, or both rows; a run named like 8b-tp4-pdl is on")
     a = ap.parse_args()
     assert torch.cuda.device_count() >= 2 or a.runs == "8b-tp1", "needs 2 GPUs"
     a.copy_tb_s = copy_tb_s()
@@ -95,16 +132,23 @@ def main() -> None:
         if run == "70b-offline":
             rows.append(offline_row(a))
         else:
-            size, tp = run.split("-tp")
-            modes = {"on": [True], "off": [False], "both": [False, True]}[a.custom_ar]
-            for on in (modes if int(tp) > 1 else [True]):
-                rows.append(decode_row(f"llama-3.1-{size}", int(tp), a, on))
-                print(rows[-1], flush=True)
+            rows += decode_rows(run, a)
             continue
         print(rows[-1], flush=True)
     print_table("Tensor parallelism (dummy bf16, CUDA graphs, overlap on)",
                 ["run", "tok/s", f"floor @{HBM_TB_S} TB/s", "of floor",
                  f"floor @{a.copy_tb_s:.2f} TB/s copy", "of copy floor"], rows)
+    print_pdl_ratios(rows)
+
+
+def print_pdl_ratios(rows: list) -> None:
+    """tok/s with PDL over the same run's tok/s without it, where both ran."""
+    by_name = {r[0]: r[1] for r in rows}
+    for name, tok_s in by_name.items():
+        base = by_name.get(name.removesuffix(" PDL")) if name.endswith(" PDL") else None
+        if base:
+            print(f"PDL on / off: {tok_s / base:.3f}x  ({name.removesuffix(' PDL')}: "
+                  f"{base:.1f} -> {tok_s:.1f} tok/s, {1e6 / base - 1e6 / tok_s:+.1f} us/token saved)")
 
 
 if __name__ == "__main__":

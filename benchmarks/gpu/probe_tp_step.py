@@ -6,6 +6,11 @@ the scheduler's host work per step (TP lockstep, sampling bookkeeping, output), 
 all-reduce cannot remove.
 
     python probe_tp_step.py --tp 2 --model llama-3.1-8b
+    python probe_tp_step.py --tp 4 --custom-ar on --pdl both   # programmatic dependent launch A/B
+
+With PDL (runtime/kernels/pdl.py) a kernel starts before the one ahead of it ends and waits
+inside, so its profiled time includes that wait: the per-kernel sums can grow while the step
+(``ms/step GPU only``, replays back to back) shrinks. Compare the steps.
 """
 from __future__ import annotations
 
@@ -29,14 +34,17 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def rank_main(rank: int, tp: int, port: int, model: str, custom: bool, steps: int,
+def rank_main(rank: int, tp: int, port: int, model: str, mode: tuple[bool, bool], steps: int,
               out: dict) -> None:
     from sgdsl.runtime.config import EngineConfig
     from sgdsl.runtime.distributed import custom_all_reduce
     from sgdsl.runtime.distributed.state import get_tp_group, init_tp_group
+    from sgdsl.runtime.kernels import pdl
     from sgdsl.runtime.model.runner import ModelRunner
     from tests.runtime.model.driver import RunnerDriver
 
+    custom, pdl_on = mode
+    pdl.set_enabled(pdl_on)
     init_tp_group(rank, tp, torch.device(f"cuda:{rank}"), f"tcp://127.0.0.1:{port}")
     config = EngineConfig(model=model_dir(model), load_format="dummy", tp_size=tp,
                           max_running_requests=4, cuda_graph_max_bs=4, context_length=4096,
@@ -60,12 +68,14 @@ def rank_main(rank: int, tp: int, port: int, model: str, custom: bool, steps: in
     torch.cuda.synchronize()
     gpu_ms = (time.perf_counter() - t0) * 1e3 / steps
     if custom == (tp > 1):  # every rank replays (their all-reduces meet); rank 0 prints
-        _kernel_table(runner, batch, f"{model} TP={tp} custom={custom}", show=rank == 0)
+        _kernel_table(runner, batch, f"{model} TP={tp} custom={custom} PDL={pdl_on}",
+                      show=rank == 0)
     ar = custom_all_reduce.lookup(get_tp_group())
     if rank == 0:
-        out[custom] = [f"{model} TP={tp} runner decode step, "
-                       f"{'custom all-reduce' if ar else 'NCCL only'}", ms, gpu_ms,
-                       str(dict(ar.calls)) if ar else "-"]
+        out[mode] = [f"{model} TP={tp} runner decode step, "
+                     f"{'custom all-reduce' if ar else 'NCCL only'}"
+                     f"{', PDL' if pdl.enabled(batch.input_ids) else ''}", ms, gpu_ms,
+                     str(dict(ar.calls)) if ar else "-"]
 
 
 def _kernel_table(runner, batch, title: str, show: bool, replays: int = 20) -> None:
@@ -109,14 +119,27 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--custom-ar", choices=["on", "off", "both"], default="both",
+                    help="TP runs with the custom all-reduce, NCCL only, or both")
+    ap.add_argument("--pdl", choices=["on", "off", "both"], default="off",
+                    help="with programmatic dependent launch (SGDSL_PDL), without, or both")
     a = ap.parse_args()
+    both = {"on": (True,), "off": (False,), "both": (False, True)}
+    modes = [(custom, pdl) for pdl in both[a.pdl]
+             for custom in (both[a.custom_ar] if a.tp > 1 else (False,))]
     out = mp.Manager().dict()
-    for custom in (False, True) if a.tp > 1 else (False,):
-        mp.spawn(rank_main, args=(a.tp, _port(), a.model, custom, a.steps, out), nprocs=a.tp)
+    for mode in modes:
+        mp.spawn(rank_main, args=(a.tp, _port(), a.model, mode, a.steps, out), nprocs=a.tp)
+    rows = [out[m] for m in modes if m in out]
     print_table("TP decode step of the model runner alone (graph replay + argmax on the host)",
                 ["run", "ms/step (host sync)", "ms/step GPU only",
-                 "eager custom calls (warm-up, prefill)"],
-                [out[k] for k in (False, True) if k in out])
+                 "eager custom calls (warm-up, prefill)"], rows)
+    for (custom, pdl), row in ((m, out.get(m)) for m in modes):
+        base = out.get((custom, False)) if pdl else None
+        if base and row:
+            print(f"PDL on / off, {row[0]}: GPU step {base[2] * 1e3:.0f} -> {row[2] * 1e3:.0f} us "
+                  f"({base[2] / row[2]:.3f}x), host-synced step {base[1] * 1e3:.0f} -> "
+                  f"{row[1] * 1e3:.0f} us")
 
 
 if __name__ == "__main__":

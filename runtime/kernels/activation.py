@@ -5,9 +5,13 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+
 
 @triton.jit
-def _silu_and_mul_kernel(X, Out, stride_x, stride_o, inter, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(X, Out, stride_x, stride_o, inter, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr):
+    pdl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < inter
@@ -29,5 +33,6 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
         return out
     block = min(triton.next_power_of_2(inter), 1024)
     _silu_and_mul_kernel[(x.shape[0], triton.cdiv(inter, block))](
-        x, out, x.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4)
+        x, out, x.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4,
+        **pdl.launch(pdl.enabled(x)))
     return out

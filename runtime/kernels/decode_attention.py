@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+
 _MIN_BLOCK_H = 16  # tl.dot needs at least 16 rows
 
 
@@ -39,7 +41,9 @@ def _decode_stage1(
     KV_GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, MAX_SPLITS: tl.constexpr,
     PRECISION: tl.constexpr, HAS_STARTS: tl.constexpr, SPLITS_IN_KERNEL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl.enter(PDL)
     cur_batch = tl.program_id(0)
     cur_kv_head = tl.program_id(1)
     split_id = tl.program_id(2)
@@ -102,8 +106,9 @@ def _decode_stage1(
 def _decode_stage2(
     Mid_o, Mid_lse, O,
     stride_mob, stride_moh, stride_mos, stride_lb, stride_lh, stride_ob, stride_oh,
-    BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, MAX_SPLITS: tl.constexpr,
+    BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl.enter(PDL)
     cur_batch = tl.program_id(0)
     cur_head = tl.program_id(1)
     offs_s = tl.arange(0, MAX_SPLITS)
@@ -201,6 +206,7 @@ def decode_stage1(
         KV_GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=head_dim,
         MAX_SPLITS=max_kv_splits, PRECISION=precision, HAS_STARTS=starts is not None,
         SPLITS_IN_KERNEL=num_kv_splits is None, num_warps=4, num_stages=2,
+        **pdl.launch(pdl.enabled(q)),
     )
 
 
@@ -215,6 +221,6 @@ def decode_merge(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
         BLOCK_D=triton.next_power_of_2(head_dim), HEAD_DIM=head_dim, MAX_SPLITS=num_splits,
-        num_warps=4,
+        num_warps=4, **pdl.launch(pdl.enabled(out)),
     )
     return out

@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+
 Tile = tuple[int, int, int]
 
 
@@ -75,7 +77,7 @@ def _load_x(X, NW, k0, K, offs_k, offs_rows, NORM: tl.constexpr, EVEN_K: tl.cons
 def _gemv_kernel(X, W, S, Out, NW, Bias, Res, N, K, stride_wn, eps, HAS_SCALE: tl.constexpr,
                  NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                  EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, VEC: tl.constexpr):
+                 BLOCK_K: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr):
     # Tiles are [BLOCK_N, BLOCK_K // VEC, VEC]: one 16-byte vector of a row on the last axis, so
     # each thread sums its own vector in registers and keeps BLOCK_K // VEC partial sums per
     # row, not BLOCK_K (the accumulator would otherwise cap the loads in flight per thread).
@@ -88,7 +90,17 @@ def _gemv_kernel(X, W, S, Out, NW, Bias, Res, N, K, stride_wn, eps, HAS_SCALE: t
     # NORM: x's squares summed per element (one FFMA each; the sum over the block is taken
     # once, after the loop) from x loaded once per program ([1, ...]: broadcast to the rows)
     sq = tl.zeros((1, BLOCK_K // VEC, VEC), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_first = 0
+    if PDL:  # the first block's weight loads in flight before the wait (pdl.py), x after it
+        w = _load_w(w_ptrs, mask_n & (offs_k[None, :, :] < K), even)
+        w_ptrs += BLOCK_K
+        pdl.enter(PDL)
+        x, x_sq = _load_x(X, NW, 0, K, offs_k, offs_n, NORM, EVEN_K)
+        if NORM:
+            sq += x_sq
+        acc += tl.sum(w.to(tl.float32) * x, axis=2)  # the loop's first step, the same sums
+        k_first = BLOCK_K
+    for k0 in range(k_first, K, BLOCK_K):
         w = _load_w(w_ptrs, mask_n & (offs_k[None, :, :] < K - k0), even)
         w_ptrs += BLOCK_K
         # NOTE: x's pointers have w's shape (every row reads the same x, from L1), so x is
@@ -145,7 +157,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None,
         _or(residual, w), n, k, w.stride(0), eps, HAS_SCALE=scale is not None,
         NORM=norm is not None, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
         EVEN_N=n % block_n == 0, EVEN_K=k % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k,
-        VEC=16 // w.element_size(), num_warps=warps, num_stages=1)
+        VEC=16 // w.element_size(), num_warps=warps, num_stages=1, **pdl.launch(pdl.enabled(x)))
     return out
 
 

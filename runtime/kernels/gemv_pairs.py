@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
 from .gemv import Tile, _load_w, _load_x
 
 SILU, ROPE = 0, 1
@@ -98,7 +99,8 @@ def _pairs_kernel(X, W, S, Out, NW, Bias, Cos, Sin, K_Buf, V_Buf, Loc, n_pairs, 
                   EPILOGUE: tl.constexpr, HALF: tl.constexpr, HAS_SCALE: tl.constexpr,
                   NORM: tl.constexpr, HAS_BIAS: tl.constexpr, STORE: tl.constexpr,
                   QUANT: tl.constexpr, EVEN_P: tl.constexpr, EVEN_K: tl.constexpr,
-                  BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr):
+                  BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr,
+                  PDL: tl.constexpr):
     offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     mask_p = offs_p < n_pairs
     row_a, row_b = _rows(offs_p, n_pairs, HALF, EPILOGUE)
@@ -106,20 +108,35 @@ def _pairs_kernel(X, W, S, Out, NW, Bias, Cos, Sin, K_Buf, V_Buf, Loc, n_pairs, 
     # loop they would add a round trip to every program's end)
     scale_a, bias_a = _row_consts(S, Bias, row_a, mask_p, HAS_SCALE, HAS_BIAS)
     scale_b, bias_b = _row_consts(S, Bias, row_b, mask_p, HAS_SCALE, HAS_BIAS)
+    offs_k = (tl.arange(0, BLOCK_K // VEC)[:, None] * VEC + tl.arange(0, VEC)[None, :])
+    pa = W + row_a[:, None, None].to(tl.int64) * stride_wn + offs_k[None, :, :]
+    pb = W + row_b[:, None, None].to(tl.int64) * stride_wn + offs_k[None, :, :]
+    even: tl.constexpr = EVEN_P and EVEN_K
+    if PDL:  # weights, scales and biases before the wait (pdl.py); cos, sin, slot and x after
+        mask_w = mask_p[:, None, None] & (offs_k[None, :, :] < K)
+        wa = _load_w(pa, mask_w, even)
+        wb = _load_w(pb, mask_w, even)
+        pa += BLOCK_K
+        pb += BLOCK_K
+        pdl.enter(PDL)
     j = offs_p % HALF
     if EPILOGUE == 1:
         cos = tl.load(Cos + j, mask=mask_p, other=1.0).to(tl.float32)
         sin = tl.load(Sin + HALF + j, mask=mask_p, other=0.0).to(tl.float32)
         if STORE:
             slot = tl.load(Loc).to(tl.int64)
-    offs_k = (tl.arange(0, BLOCK_K // VEC)[:, None] * VEC + tl.arange(0, VEC)[None, :])
-    pa = W + row_a[:, None, None].to(tl.int64) * stride_wn + offs_k[None, :, :]
-    pb = W + row_b[:, None, None].to(tl.int64) * stride_wn + offs_k[None, :, :]
-    even: tl.constexpr = EVEN_P and EVEN_K
     acc_a = tl.zeros((BLOCK_P, BLOCK_K // VEC), dtype=tl.float32)
     acc_b = tl.zeros((BLOCK_P, BLOCK_K // VEC), dtype=tl.float32)
     sq = tl.zeros((1, BLOCK_K // VEC, VEC), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_first = 0
+    if PDL:  # the loop's first step, the same sums
+        x, x_sq = _load_x(X, NW, 0, K, offs_k, offs_p, NORM, EVEN_K)
+        if NORM:
+            sq += x_sq
+        acc_a += tl.sum(wa.to(tl.float32) * x, axis=2)
+        acc_b += tl.sum(wb.to(tl.float32) * x, axis=2)
+        k_first = BLOCK_K
+    for k0 in range(k_first, K, BLOCK_K):
         mask_w = mask_p[:, None, None] & (offs_k[None, :, :] < K - k0)
         wa = _load_w(pa, mask_w, even)
         wb = _load_w(pb, mask_w, even)
@@ -191,7 +208,7 @@ def _launch(epilogue: int, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor
         HAS_BIAS=bias is not None, STORE=store is not None,
         QUANT=store is not None and k_buf.dtype == torch.float8_e4m3fn, EVEN_P=(n // 2) % pairs_per == 0,
         EVEN_K=k % block_k == 0, BLOCK_P=pairs_per, BLOCK_K=block_k,
-        VEC=16 // w.element_size(), num_warps=warps, num_stages=1)
+        VEC=16 // w.element_size(), num_warps=warps, num_stages=1, **pdl.launch(pdl.enabled(x)))
     return out
 
 

@@ -7,11 +7,14 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+
 
 @triton.jit
 def _kv_store_kernel(K, V, K_Buf, V_Buf, Loc, stride_kt, stride_vt, stride_kbs, stride_vbs,
                      row_elems, inv_k_scale, inv_v_scale, BLOCK: tl.constexpr,
-                     QUANT: tl.constexpr):
+                     QUANT: tl.constexpr, PDL: tl.constexpr):
+    pdl.enter(PDL)
     tok = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < row_elems
@@ -41,4 +44,5 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch
     _kv_store_kernel[(k.shape[0], triton.cdiv(row, block))](
         k, v, k_buf, v_buf, loc, k.stride(0), v.stride(0), k_buf.stride(0), v_buf.stride(0),
         row, 1.0 / k_scale, 1.0 / v_scale, BLOCK=block,
-        QUANT=k_buf.dtype == torch.float8_e4m3fn, num_warps=4)
+        QUANT=k_buf.dtype == torch.float8_e4m3fn, num_warps=4,
+        **pdl.launch(pdl.enabled(k)))

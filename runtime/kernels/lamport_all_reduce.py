@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+
 EMPTY = -32768  # int16 view of bf16/fp16 -0.0
 _EMPTY = tl.constexpr(EMPTY)
 GRID = 32
@@ -32,7 +34,11 @@ PLAIN_CHUNK = 1024
 @triton.jit
 def _lamport_kernel(X, Res, W, Out, ResOut, peer_ptrs, counters, n, slot, eps,
                     RANK: tl.constexpr, WORLD: tl.constexpr, CHUNK: tl.constexpr,
-                    BLOCK: tl.constexpr, NORM: tl.constexpr, GRID_SIZE: tl.constexpr):
+                    BLOCK: tl.constexpr, NORM: tl.constexpr, GRID_SIZE: tl.constexpr,
+                    PDL: tl.constexpr):
+    # PDL: every load and store below (the counters, the pushes, the spins) after the wait,
+    # so the phase argument above holds as in stream order (pdl.py)
+    pdl.enter(PDL)
     pid = tl.program_id(0)
     count = tl.load(counters + pid)
     phase = count % 2
@@ -93,4 +99,5 @@ def lamport_all_reduce(x: torch.Tensor, out: torch.Tensor, peer_ptrs_dev: int,
     _lamport_kernel[(GRID,)](
         x, residual if norm else x, weight if norm else x, out, res_out if norm else out,
         peer_ptrs_dev, counters, n, slot, eps, RANK=rank, WORLD=world, CHUNK=chunk,
-        BLOCK=block, NORM=norm, GRID_SIZE=GRID, num_warps=warps)
+        BLOCK=block, NORM=norm, GRID_SIZE=GRID, num_warps=warps,
+        **pdl.launch(pdl.all_reduce_enabled(x)))

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+
 
 @triton.jit
 def _to_pool(Buf, Loc, tok, stride_bs, row, offs, mask, x1, x2, inv_scale, HALF: tl.constexpr,
@@ -49,7 +51,8 @@ def _qk_norm_rope_kernel(X, Out, Wq, Wk, Cos, Sin, K_Buf, V_Buf, Loc, stride_xt,
                          stride_ot, stride_oh, stride_ct, stride_st, stride_kbs, stride_vbs,
                          q_heads, kv_heads, eps, inv_k_scale, inv_v_scale,
                          HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, STORE: tl.constexpr,
-                         QUANT: tl.constexpr, NORM: tl.constexpr):
+                         QUANT: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr):
+    pdl.enter(PDL)  # before the v heads' early return too
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs = tl.arange(0, BLOCK_HALF)
@@ -120,5 +123,6 @@ def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor | None,
             qkv.stride(1), out.stride(0), out.stride(1), cos2.stride(0), sin2.stride(0),
             k_buf.stride(0), v_buf.stride(0), q_heads, kv_heads, eps, *scales, HALF=half,
             BLOCK_HALF=triton.next_power_of_2(half), STORE=store is not None,
-            QUANT=k_buf.dtype == torch.float8_e4m3fn, NORM=norm, num_warps=1)
+            QUANT=k_buf.dtype == torch.float8_e4m3fn, NORM=norm, num_warps=1,
+            **pdl.launch(pdl.enabled(qkv)))
     return out

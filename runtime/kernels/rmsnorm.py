@@ -14,11 +14,14 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+
 
 @triton.jit
 def _rmsnorm_kernel(X, Residual, ResOut, Out, W, stride_x, stride_xp, stride_r, stride_ro,
                     stride_o, n_cols, eps, HAS_RESIDUAL: tl.constexpr, PARTS: tl.constexpr,
-                    BLOCK: tl.constexpr):
+                    BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n_cols
@@ -64,7 +67,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
         residual.stride(0) if residual is not None else 0,
         res_out.stride(0) if residual is not None else 0, out.stride(0),
         hidden, eps, HAS_RESIDUAL=residual is not None, PARTS=parts, BLOCK=block,
-        num_warps=min(max(block // 256, 1), 16),
+        num_warps=min(max(block // 256, 1), 16), **pdl.launch(pdl.enabled(x)),
     )
 
 

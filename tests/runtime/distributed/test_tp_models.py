@@ -12,7 +12,7 @@ import torch
 from sgdsl.runtime.config import EngineConfig
 from sgdsl.runtime.model.runner import ModelRunner
 
-from .tp_worker import logits_of, model_test_module, run_rank, run_rank_custom_ar
+from .tp_worker import logits_of, model_test_module, run_rank, run_rank_custom_ar, run_rank_pdl
 from processes import free_port, run_ranks
 
 TP = 4
@@ -83,3 +83,26 @@ def test_custom_all_reduce_matches_nccl_on_two_gpus(tmp_path):
     for mode, (diffs, same, _) in report.items():
         scale = max(a.abs().max().item() for a in nccl)
         assert all(d <= 0.05 * scale for d in diffs) and all(same), (mode, report)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_pdl_same_logits_at_tp2(tmp_path):
+    """bf16 llama at TP=2, batch-1 decode in CUDA graphs through the barrier-free all-reduce:
+    with programmatic dependent launch (kernels/pdl.py) on the kernels, and on the all-reduce
+    too, rank 0's logits are the same bits as without it, every step."""
+    model_test_module("tiny").tiny_model("llama", tmp_path, vocab_size=250,
+                                         tie_word_embeddings=False)
+    method = f"tcp://127.0.0.1:{free_port()}"
+    got = run_ranks(run_rank_pdl,
+                    lambda r, results: (r, 2, method, str(tmp_path), PROMPTS[0], results), 2, 6)
+    by_mode = {g[1]: g for g in got if g[0] == 0}
+    if not by_mode["all"][3]:
+        pytest.skip("no PDL on these GPUs (compute capability < 9.0 or an older Triton)")
+    off = by_mode["off"][4]
+    for mode in ("kernels", "all"):
+        assert by_mode[mode][2].get("lamport", 0) > 0, by_mode[mode][2]
+        on = by_mode[mode][4]
+        assert len(on) == len(off) == 9
+        for i, (a, b) in enumerate(zip(off, on)):
+            assert (a == b).all(), (mode, i, float(abs(a - b).max()))

@@ -23,12 +23,12 @@ def model_test_module(name: str):
     return module
 
 
-def logits_of(runner, prompts: list[list[int]]) -> list[torch.Tensor]:
+def logits_of(runner, prompts: list[list[int]], steps: int = DECODE_STEPS) -> list[torch.Tensor]:
     """Extend logits of every prompt's last token, then greedy decode steps."""
     d = model_test_module("driver").RunnerDriver(runner)
     reqs = [d.new_request() for _ in prompts]
     out = [d.extend(list(zip(reqs, prompts)))]
-    for _ in range(DECODE_STEPS):
+    for _ in range(steps):
         nxt = out[-1].argmax(-1).tolist()
         out.append(d.decode(list(zip(reqs, nxt))))
     return [t.clone() for t in out]
@@ -85,7 +85,6 @@ def run_rank_custom_ar(rank: int, size: int, init_method: str, model_dir: str,
 
     from sgdsl.runtime.config import EngineConfig
     from sgdsl.runtime.distributed import custom_all_reduce
-    from sgdsl.runtime.distributed.collectives import barrier
     from sgdsl.runtime.distributed.state import destroy_tp_group, get_tp_group, init_tp_group
     from sgdsl.runtime.model.runner import ModelRunner
 
@@ -103,13 +102,55 @@ def run_rank_custom_ar(rank: int, size: int, init_method: str, model_dir: str,
             results.put((rank, mode, calls,
                          [t.float().cpu().numpy() for t in logits] if rank == 0 else None))
             del runner, used
-        # NOTE: free the peer-mapped buffers while the group's store is up: left to interpreter
-        # exit, rank 1 tore them down after rank 0 (the store's host) had gone, and exited non-zero
-        custom_all_reduce.uninstall_all()
-        import gc
+        _leave_custom_ar()
+    finally:
+        destroy_tp_group()
 
-        gc.collect()
-        torch.cuda.synchronize()
-        barrier(timeout_s=120)
+
+def _leave_custom_ar() -> None:
+    """Free the peer-mapped buffers, then leave together."""
+    import gc
+
+    from sgdsl.runtime.distributed import custom_all_reduce
+    from sgdsl.runtime.distributed.collectives import barrier
+
+    # NOTE: free the peer-mapped buffers while the group's store is up: left to interpreter
+    # exit, rank 1 tore them down after rank 0 (the store's host) had gone, and exited non-zero
+    custom_all_reduce.uninstall_all()
+    gc.collect()
+    torch.cuda.synchronize()
+    barrier(timeout_s=120)
+
+
+def run_rank_pdl(rank: int, size: int, init_method: str, model_dir: str, prompt: list[int],
+                 results) -> None:
+    """On GPU ``rank``, bf16, the barrier-free all-reduce, batch-1 decode in CUDA graphs:
+    rank 0's logits without PDL, with PDL on every converted kernel but the all-reduce, and on
+    all of them (kernels/pdl.py)."""
+    import os
+
+    from sgdsl.runtime.config import EngineConfig
+    from sgdsl.runtime.distributed import custom_all_reduce
+    from sgdsl.runtime.distributed.state import destroy_tp_group, get_tp_group, init_tp_group
+    from sgdsl.runtime.kernels import pdl
+    from sgdsl.runtime.model.runner import ModelRunner
+
+    init_tp_group(rank, size, torch.device(f"cuda:{rank}"), init_method, timeout_s=120)
+    try:
+        for mode in ("off", "kernels", "all"):
+            custom_all_reduce.uninstall_all()
+            os.environ["SGDSL_PDL_ALL_REDUCE"] = "1" if mode == "all" else "0"
+            pdl.set_enabled(mode != "off")
+            runner = ModelRunner(EngineConfig(
+                model=model_dir, device="cuda", dtype="bfloat16", max_total_tokens=256,
+                max_running_requests=4, tp_size=size))
+            logits = logits_of(runner, [prompt], steps=8)
+            used = custom_all_reduce.lookup(get_tp_group())
+            calls = dict(used.calls) if used is not None else {}
+            results.put((rank, mode, calls, pdl.enabled(logits[0]),
+                         [t.float().cpu().numpy() for t in logits] if rank == 0 else None))
+            del runner, used
+        pdl.set_enabled(None)
+        _leave_custom_ar()
     finally:
         destroy_tp_group()

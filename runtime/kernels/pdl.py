@@ -1,0 +1,108 @@
+"""Programmatic dependent launch (PDL, Hopper and later) for the batch-1 decode chain's kernels.
+
+A kernel launched with PDL may start while the kernel before it on the stream is still running:
+its launch and whatever it does before ``gdc_wait`` overlap the previous kernel's tail, where
+most SMs idle waiting for the last blocks. At batch 1 each kernel moves only a few MB, so that
+fixed cost (launch, ramp-up, tail: a few us) is a large share of a decode step.
+
+The contract every kernel here keeps (``PDL`` constexpr on):
+- ``enter(PDL)`` runs on every path of every program, before the program reads anything an
+  earlier kernel may write and before it writes anything: ``gdc_wait`` returns only when the
+  previous grid has completed and its memory is visible, and since that grid waited for its
+  own predecessor the same way, every earlier kernel has completed too.
+- Before ``enter`` a program reads only what no kernel of the step writes: weights (the
+  matrix-vector products issue their first weight block's loads there, ``gemv.py``).
+- ``enter`` then lets the next kernel launch (``gdc_launch_dependents``): it starts once every
+  program of this one has passed its wait (all of them resident), so its blocks fill SMs as
+  this kernel's last blocks leave.
+A kernel that is not converted is launched without PDL and waits for its predecessor fully.
+
+Off by default: ``SGDSL_PDL=1`` turns it on where supported (a GPU of compute capability 9.0+,
+a Triton with ``gdc_wait`` and the ``launch_pdl`` launch option, not the interpreter);
+``SGDSL_PDL_ALL_REDUCE=0`` leaves the barrier-free all-reduce out (it spins on its peers' stores).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+try:  # Triton >= 3.3 (older ones: no PDL, the kernels run as before)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    _HAS_GDC = True
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    _HAS_GDC = False
+
+if _HAS_GDC and not _INTERPRET:
+    @triton.jit
+    def enter(PDL: tl.constexpr):
+        """Wait for the previous grid (its memory visible), then let the next one launch."""
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
+else:
+    # NOTE: the interpreter has no gdc_* (and runs grids one after another anyway): a no-op, so
+    # CPU tests still run the PDL variants' code (the loads issued before the wait)
+    @triton.jit
+    def enter(PDL: tl.constexpr):
+        """No PDL here: nothing to wait for."""
+        pass
+
+_forced: bool | None = None
+
+
+def _env_on(name: str, default: str) -> bool:
+    return os.environ.get(name, default).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _launch_option() -> bool:
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:  # pragma: no cover
+        return False
+    return "launch_pdl" in {f.name for f in dataclasses.fields(CUDAOptions)}
+
+
+@functools.lru_cache(maxsize=None)
+def supported(device_index: int) -> bool:
+    """Whether PDL launches work on this CUDA device with this Triton."""
+    if _INTERPRET or not _HAS_GDC or not _launch_option():
+        return False
+    return torch.cuda.get_device_capability(device_index) >= (9, 0)
+
+
+@functools.lru_cache(maxsize=1)
+def _requested() -> bool:
+    return _env_on("SGDSL_PDL", "0")
+
+
+def set_enabled(on: bool | None) -> None:
+    """Force PDL on or off in this process (tests, A/B benchmarks); None: back to SGDSL_PDL.
+    A CUDA graph keeps the launches it was captured with."""
+    global _forced
+    _forced = on
+
+
+def enabled(x: torch.Tensor) -> bool:
+    """Whether kernels working on ``x`` launch with PDL."""
+    want = _requested() if _forced is None else _forced
+    if want and _INTERPRET:  # CPU tests: the PDL variants' code, ``enter`` a no-op
+        return True
+    return want and x.is_cuda and supported(x.device.index or 0)
+
+
+def all_reduce_enabled(x: torch.Tensor) -> bool:
+    """PDL for the barrier-free all-reduce too (``SGDSL_PDL_ALL_REDUCE``, on by default)."""
+    return enabled(x) and _env_on("SGDSL_PDL_ALL_REDUCE", "1")
+
+
+def launch(on: bool) -> dict:
+    """The launch keywords for a kernel with ``PDL=on``: ``launch_pdl`` only when on, so a
+    Triton without the option never sees it."""
+    return {"PDL": on, "launch_pdl": True} if on else {"PDL": False}

@@ -1,0 +1,252 @@
+"""Programmatic dependent launch (kernels/pdl.py): every converted kernel gives the same bits
+with PDL on as off (PDL changes only when a kernel starts, never what it computes).
+
+Under Triton's interpreter (CPU) the PDL variants' code runs with the wait a no-op: the
+matrix-vector products' first weight block loaded before the wait and summed outside the loop,
+the launch keyword. On the GPU (``-m gpu``): the same kernels eagerly, a chain of products
+feeding each other at Llama-3.1-8B TP=4 shapes replayed in a CUDA graph (a missing wait would
+read a stale input), and a small bf16 Llama's decode logits with CUDA graphs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sgdsl.runtime.kernels import pdl
+from sgdsl.runtime.kernels.activation import silu_and_mul
+from sgdsl.runtime.kernels.decode_attention import decode_attention_fwd
+from sgdsl.runtime.kernels.gemv import gemv
+from sgdsl.runtime.kernels.gemv_pairs import gemv_rope, gemv_silu
+from sgdsl.runtime.kernels.kv_store import store_kv
+from sgdsl.runtime.kernels.qk_norm_rope import qk_norm_rope
+from sgdsl.runtime.kernels.rmsnorm import fused_add_rmsnorm, rmsnorm
+from sgdsl.runtime.layers.attention.base import KVStoreTarget
+
+from .conftest import ON_GPU
+from .paged import scattered_pool
+
+
+@pytest.fixture(autouse=True)
+def _pdl_reset():
+    yield
+    pdl.set_enabled(None)
+
+
+def _both(fn):
+    """``fn()``'s tensors with PDL off, then on (cloned: some kernels write in place)."""
+    outs = []
+    for on in (False, True):
+        pdl.set_enabled(on)
+        res = fn()
+        outs.append([t.clone() for t in (res if isinstance(res, (tuple, list)) else [res])])
+    pdl.set_enabled(None)
+    return outs
+
+
+def _assert_same_bits(outs):
+    off, on = outs
+    assert len(off) == len(on)
+    for a, b in zip(off, on):
+        assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def test_switch_and_launch_keywords(monkeypatch):
+    x = torch.zeros(1)
+    assert pdl.launch(False) == {"PDL": False}  # no launch_pdl: older Tritons never see it
+    assert pdl.launch(True) == {"PDL": True, "launch_pdl": True}
+    pdl.set_enabled(False)
+    assert not pdl.enabled(x) and not pdl.all_reduce_enabled(x)
+    pdl.set_enabled(True)
+    on_here = pdl._INTERPRET  # a CPU tensor compiled for real: never
+    assert pdl.enabled(x) == on_here
+    monkeypatch.setenv("SGDSL_PDL_ALL_REDUCE", "0")
+    assert not pdl.all_reduce_enabled(x)
+    if ON_GPU:
+        y = torch.zeros(1, device="cuda")
+        assert pdl.enabled(y) == pdl.supported(y.device.index or 0)
+
+
+@pytest.mark.parametrize("n,k,tile", [(10, 300, (2, 256, 1)), (6, 1024, None),
+                                      (5, 1024 + 96, (2, 512, 2))])
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "norm_bias_res"])
+def test_gemv(device, dtype, n, k, tile, fused):
+    gen = torch.Generator().manual_seed(n + k)
+    x = torch.randn(1, k, generator=gen).to(dtype).to(device)
+    w = (torch.randn(n, k, generator=gen) * k ** -0.5).to(dtype).to(device)
+    extra = {}
+    if fused:
+        extra = dict(norm=((torch.rand(k, generator=gen) + 0.5).to(dtype).to(device), 1e-5),
+                     bias=torch.randn(n, generator=gen).to(dtype).to(device),
+                     residual=torch.randn(1, n, generator=gen).to(dtype).to(device))
+    _assert_same_bits(_both(lambda: gemv(x, w, None, tile, **extra)))
+
+
+@pytest.mark.parametrize("tile", [None, (2, 128, 1)])
+def test_gemv_pairs(device, dtype, tile):
+    gen = torch.Generator().manual_seed(5)
+    k, q_heads, kv_heads, d = 300, 2, 1, 8
+    x = torch.randn(1, k, generator=gen).to(dtype).to(device)
+    w = (torch.randn((q_heads + 2 * kv_heads) * d, k, generator=gen) * 0.06).to(dtype).to(device)
+    nw = (torch.rand(k, generator=gen) + 0.5).to(dtype).to(device)
+    ang = torch.rand(d // 2, generator=gen) * 6.0
+    cos = torch.cat([ang.cos(), ang.cos()]).view(1, 1, -1).to(dtype).to(device)
+    sin = torch.cat([-ang.sin(), ang.sin()]).view(1, 1, -1).to(dtype).to(device)
+
+    def rope():
+        pool = [torch.zeros(5, kv_heads, d, dtype=dtype, device=device) for _ in range(2)]
+        store = KVStoreTarget(*pool, torch.tensor([3], device=device), 1.0, 1.0)
+        out = gemv_rope(x, w, None, q_heads, kv_heads, cos, sin, store, tile, norm=(nw, 1e-5))
+        return out, *pool
+
+    _assert_same_bits(_both(rope))
+    _assert_same_bits(_both(lambda: gemv_silu(x, w, None, tile, norm=(nw, 1e-5))))
+
+
+def test_norm_activation_store_rope(device, dtype):
+    gen = torch.Generator().manual_seed(6)
+    x, r = (torch.randn(3, 96, generator=gen).to(dtype).to(device) for _ in range(2))
+    nw = (torch.rand(96, generator=gen) + 0.5).to(dtype).to(device)
+    _assert_same_bits(_both(lambda: rmsnorm(x, nw, 1e-5)))
+    _assert_same_bits(_both(lambda: fused_add_rmsnorm(x, r, nw, 1e-5, inplace=False)))
+    _assert_same_bits(_both(lambda: silu_and_mul(x)))
+    qkv = torch.randn(2, 8, 16, generator=gen).to(dtype).to(device)  # 4 q, 2 k, 2 v heads
+    cos = torch.rand(2, 1, 16, generator=gen).to(dtype).to(device)
+    sin = torch.rand(2, 1, 16, generator=gen).to(dtype).to(device)
+    hw = (torch.rand(16, generator=gen) + 0.5).to(dtype).to(device)
+
+    def store_and_rope():
+        pool = [torch.zeros(6, 2, 16, dtype=dtype, device=device) for _ in range(2)]
+        loc = torch.tensor([4, 1], device=device)
+        store_kv(qkv[:, 4:6], qkv[:, 6:], *pool, loc)
+        store = KVStoreTarget(*[p.clone().zero_() for p in pool], loc, 1.0, 1.0)
+        out = qk_norm_rope(qkv, hw, hw, 4, 1e-5, cos, sin, store=store)
+        return out, *pool, store.k_buf, store.v_buf
+
+    _assert_same_bits(_both(store_and_rope))
+
+
+def test_decode_attention(device, dtype):
+    gen = torch.Generator().manual_seed(7)
+    lens = [5, 40]
+    k_buf, v_buf, r2t, rows = scattered_pool(lens, 2, 16, dtype, device, gen)
+    q = torch.randn(2, 4, 16, generator=gen).to(dtype).to(device)
+    sl = torch.tensor(lens, device=device)
+
+    def attend():
+        out = torch.empty_like(q)
+        mid_o = torch.empty(2, 4, 4, 16, device=device)
+        mid_lse = torch.empty(2, 4, 4, device=device)
+        decode_attention_fwd(q, k_buf, v_buf, out, r2t, rows, sl, None, mid_o, mid_lse, 0.25,
+                             4, min_tokens_per_split=16)
+        return out
+
+    _assert_same_bits(_both(attend))
+
+
+def _require_pdl() -> None:
+    if not pdl.supported(torch.cuda.current_device()):
+        pytest.skip("no PDL here (compute capability < 9.0 or a Triton without gdc_wait)")
+
+
+def _chain_graph(on: bool, x: torch.Tensor, ws: list[torch.Tensor], nw: torch.Tensor):
+    """A CUDA graph of 8B TP=4 batch-1 shapes, each kernel reading the one before's output:
+    (o_proj + residual, norm, gate_up + SiLU, down + residual) x 4 layers."""
+    pdl.set_enabled(on)
+    o, gate_up, down = ws
+
+    def step():
+        h = x
+        for _ in range(4):
+            h = gemv(h[:, :1024].contiguous(), o, residual=h)  # o_proj: K = 1024
+            h = rmsnorm(h, nw, 1e-5)
+            act = gemv_silu(h, gate_up)
+            h = gemv(act, down, norm=(nw[:3584], 1e-5), residual=h)
+        return h
+
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    pdl.set_enabled(None)
+    return graph, out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
+def test_gpu_chain_in_cuda_graph_same_bits():
+    _require_pdl()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    bf = torch.bfloat16
+    x = torch.randn(1, 4096, device="cuda", generator=gen).to(bf)
+    ws = [(torch.randn(*s, device="cuda", generator=gen) * s[1] ** -0.5).to(bf)
+          for s in ((4096, 1024), (2 * 3584, 4096), (4096, 3584))]
+    nw = (torch.rand(4096, device="cuda", generator=gen) + 0.5).to(bf)
+    g_off, out_off = _chain_graph(False, x, ws, nw)
+    g_on, out_on = _chain_graph(True, x, ws, nw)
+    for i in range(20):  # a new input each replay: a kernel reading too early sees the old one
+        x.copy_(torch.randn(1, 4096, device="cuda", generator=gen).to(bf))
+        g_off.replay()
+        g_on.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out_off, out_on), f"replay {i}"
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=512, intermediate_size=1376, num_hidden_layers=3,
+                      num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+                      vocab_size=1000, max_position_embeddings=1024, tie_word_embeddings=False,
+                      eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.08) if p.dim() == 2 else p.uniform_(0.5, 1.5)
+    path = tmp_path_factory.mktemp("tiny-llama-pdl")
+    model.save_pretrained(path)
+    return path
+
+
+def _decode_logits(path, on: bool) -> list[torch.Tensor]:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks" / "gpu"))
+    from driver import Driver
+
+    from sgdsl.runtime.config import EngineConfig
+    from sgdsl.runtime.model.runner import ModelRunner
+
+    pdl.set_enabled(on)
+    runner = ModelRunner(EngineConfig(model=str(path), dtype="bfloat16", device="cuda",
+                                      attention_backend="triton", max_total_tokens=2048,
+                                      max_running_requests=4, cuda_graph_max_bs=4))
+    assert runner.cuda_graph_runner is not None
+    logits, forward = [], runner.forward
+    # copies: a replayed graph's output is overwritten by the next replay
+    runner.forward = lambda batch: logits.append(forward(batch).float().clone()) or logits[-1]
+    d = Driver(runner)
+    seq = d.new_seq(torch.randint(0, 1000, (40,), generator=torch.Generator().manual_seed(2))
+                    .tolist())
+    d.extend([seq])
+    for _ in range(16):
+        d.decode([seq])
+    pdl.set_enabled(None)
+    return logits
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
+@pytest.mark.parametrize("fusion", ["0", "1"], ids=["epilogues", "adds_folded"])
+def test_gpu_tiny_llama_decode_in_cuda_graphs_same_logits(tiny_llama, fusion, monkeypatch):
+    """Batch-1 decode with CUDA graphs (qkv + rotary + KV store, attention, o_proj, gate_up +
+    SiLU, down; with ``SGDSL_GEMV_FUSION=1`` the adds in the products too): PDL's logits are
+    the same bits, every step (greedy, so the same tokens too)."""
+    _require_pdl()
+    monkeypatch.setenv("SGDSL_GEMV_FUSION", fusion)
+    off, on = _decode_logits(tiny_llama, False), _decode_logits(tiny_llama, True)
+    assert len(off) == len(on) == 17
+    for i, (a, b) in enumerate(zip(off, on)):
+        assert torch.equal(a, b), f"step {i}"
