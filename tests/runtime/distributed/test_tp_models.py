@@ -87,15 +87,17 @@ def test_custom_all_reduce_matches_nccl_on_two_gpus(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
-def test_pdl_same_logits_at_tp2(tmp_path):
-    """bf16 llama at TP=2, batch-1 decode in CUDA graphs through the barrier-free all-reduce:
-    with programmatic dependent launch (kernels/pdl.py) on the kernels, and on the all-reduce
-    too, rank 0's logits are the same bits as without it, every step."""
+def test_pdl_same_logits_at_tp2_or_4(tmp_path):
+    """bf16 llama at TP=4 (TP=2 on 2 or 3 GPUs), batch-1 decode in CUDA graphs through the
+    barrier-free all-reduce: with programmatic dependent launch (kernels/pdl.py) on the kernels,
+    and on the all-reduce too, rank 0's logits are the same bits as without it, every step."""
     model_test_module("tiny").tiny_model("llama", tmp_path, vocab_size=250,
                                          tie_word_embeddings=False)
     method = f"tcp://127.0.0.1:{free_port()}"
+    tp = 4 if torch.cuda.device_count() >= 4 else 2
     got = run_ranks(run_rank_pdl,
-                    lambda r, results: (r, 2, method, str(tmp_path), PROMPTS[0], results), 2, 6)
+                    lambda r, results: (r, tp, method, str(tmp_path), PROMPTS[0], results), tp,
+                    3 * tp)
     by_mode = {g[1]: g for g in got if g[0] == 0}
     if not by_mode["all"][3]:
         pytest.skip("no PDL on these GPUs (compute capability < 9.0 or an older Triton)")
