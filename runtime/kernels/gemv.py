@@ -16,6 +16,10 @@ loads that feed no ``tl.dot`` (no ``num_stages`` here: checked in the SASS, 2026
 loads in flight are the block's. Measured and dropped (H100, 2026-11-24, 32-layer chains): the
 next block loaded ahead (register double-buffering) and a partial sum per weight element
 instead of per vector (fewer instructions in the SASS) were no faster.
+
+With PDL (``pdl.py``, ``SGDSL_PDL=1``) each program issues its first weight block's loads before
+waiting for the previous kernel, and x, the residual and the output after: the weight, its
+scales and the bias must not be written by the kernels of the step (parameters are not).
 """
 from __future__ import annotations
 

@@ -16,6 +16,9 @@ found one and two rows a program within 2% of each Llama-3.1-8B shape's best.
 Rounding is the separate kernels': each product rounded to x's dtype (then + bias, rounded),
 silu(gate) rounded before the product with up, the rotation in fp32 rounded once, an fp8 pool
 storing the rounded k (or v) divided by its scale, clamped to E4M3's range.
+
+PDL (``pdl.py``): the weights' first block, the scales and the biases are read before the wait
+for the previous kernel (parameters only), cos/sin, the slot and x after it.
 """
 from __future__ import annotations
 

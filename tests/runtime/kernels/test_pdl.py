@@ -142,6 +142,28 @@ def test_decode_attention(device, dtype):
     _assert_same_bits(_both(attend))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="fp8 weights need CUDA")
+def test_gpu_fp8_weights_and_pool():
+    from sgdsl.runtime.layers.quantization.fp8_utils import quantize_rows
+
+    _require_pdl()
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(1, 4096, device="cuda", generator=gen).to(torch.bfloat16)
+    w, scale = quantize_rows(torch.randn(1536, 4096, device="cuda", generator=gen) * 0.02)
+    _assert_same_bits(_both(lambda: gemv(x, w, scale)))
+    _assert_same_bits(_both(lambda: gemv_silu(x, w, scale)))
+    cos = torch.rand(1, 1, 128, device="cuda", generator=gen).to(torch.bfloat16)
+    sin = torch.rand(1, 1, 128, device="cuda", generator=gen).to(torch.bfloat16)
+
+    def rope():  # 8 q heads, 2 kv heads (8B at TP=4), an fp8 pool
+        pool = [torch.zeros(4, 2, 128, device="cuda").to(torch.float8_e4m3fn) for _ in range(2)]
+        store = KVStoreTarget(*pool, torch.tensor([2], device="cuda"), 0.5, 0.5)
+        return gemv_rope(x, w, scale, 8, 2, cos, sin, store), *pool
+
+    _assert_same_bits(_both(rope))
+
+
 def _require_pdl() -> None:
     if not pdl.supported(torch.cuda.current_device()):
         pytest.skip("no PDL here (compute capability < 9.0 or a Triton without gdc_wait)")
