@@ -263,8 +263,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    started = time.perf_counter()
     replicas, workers = ([], list(args.worker_urls)) if args.worker_urls else launch(args)
     args.dp_used = len(workers)
+    print(f"{len(workers)} replicas ready in {time.perf_counter() - started:.1f} s", flush=True)
     try:
         prompts = make_workload(tokenizer_for(workers, headers, args), args)
         warm = argparse.Namespace(**{**vars(args), "concurrency": args.warmup})

@@ -9,6 +9,8 @@ TP=4's (same dummy model; bf16 rounding may legitimately split them late).
 
 Needs 4 GPUs (the device tool's nvidia-h100-x4 kind); from the repository root:
   source benchmarks/gpu/device_env.sh && python benchmarks/gpu/bench_ep.py
+On 2 GPUs: ``--layouts tp2,ep2`` (the first layout is the ratios' reference). ``--smoke``
+checks the script on CPU (gloo, a shrunken config). benchmarks/gpu/run_issue30_x4.sh runs it.
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ import layouts
 MODEL = "qwen3-30b-a3b"
 LAYOUTS = {"tp4": dict(tp_size=4), "ep4": dict(tp_size=4, ep_size=4),
            "ep4-allreduce": dict(tp_size=4, ep_size=4, ep_dispatch="all_reduce"),
-           "tp4-ep2": dict(tp_size=4, ep_size=2)}
+           "tp4-ep2": dict(tp_size=4, ep_size=2),
+           "tp2": dict(tp_size=2), "ep2": dict(tp_size=2, ep_size=2)}
 
 
 def main() -> None:

@@ -11,6 +11,8 @@ vs 4 ranks round differently, so a late split is legitimate, an early one is a b
 Needs 4 GPUs (the device tool's nvidia-h100-x4 kind); from the repository root:
   source benchmarks/gpu/device_env.sh && python benchmarks/gpu/bench_pp.py
 (each layout loads the 70B once, ~1-2 min; ``--layouts tp4,pp2-tp2`` to split the run.)
+``--smoke`` checks the script on CPU (gloo, a shrunken config). benchmarks/gpu/run_issue30_x4.sh
+runs it.
 """
 from __future__ import annotations
 

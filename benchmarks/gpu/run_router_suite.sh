@@ -9,10 +9,14 @@
 # Extra arguments go to bench_router.py (e.g. --policies 'cost_aware:decode_token_weight=4,round_robin').
 set -o pipefail
 source benchmarks/gpu/device_env.sh
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
 echo "commit $COMMIT"
-MODEL="--model benchmarks/gpu/configs/llama-3.1-8b --load-format dummy"
-RUN="timeout 560 python3 benchmarks/bench_router.py $MODEL --rounds 2 --question-len 128 --system-prompt-len 2048"
+# ROUTER_MODEL="--tiny" (+ small shapes as extra arguments, which win): a CPU dry run of a workload
+MODEL=${ROUTER_MODEL:-"--model benchmarks/gpu/configs/llama-3.1-8b --load-format dummy"}
+RUN="python3 benchmarks/bench_router.py $MODEL --rounds 2 --question-len 128 --system-prompt-len 2048"
+# ROUTER_TIMEOUT=0: no time limit of its own (a caller's `timeout` then kills the whole process
+# group; a nested `timeout` would start a group of its own that the caller's could not reach).
+[ "${ROUTER_TIMEOUT:-560}" != 0 ] && RUN="timeout ${ROUTER_TIMEOUT:-560} $RUN"
 case "$1" in
   fits)   $RUN --dp 2 --groups 64 --prompts-per-group 16 --output-len 256 --concurrency 256 "${@:2}" ;;
   kv)     $RUN --dp 2 --groups 48 --prompts-per-group 16 --output-len 128 --concurrency 128 \

@@ -1,0 +1,108 @@
+#!/bin/bash
+# Issue 30's 4-GPU rows that never ran on a GPU, in two device calls of < 600 s each on the same
+# 4-GPU machine (nvidia-h100-x4, carry [".whl"]); full logs in $OUT/*.log, a summary on stdout.
+#   bash benchmarks/gpu/run_issue30_x4.sh router   # ~490 s:
+#     phase 1, side by side: router `kv` (dp=2 on GPUs 0-1, KV-limited, 2 rounds)
+#                          | bench_ep.py EP=2 vs TP=2 (Qwen3-30B-A3B on GPUs 2-3)
+#                          | the EP and PP GPU tests (tiny fp32 models, all 4 GPUs, ~1 min)
+#     phase 2: router `dp4` (dp=4, 2 rounds)     phase 3: router `dp2tp2` (1 round)
+#   bash benchmarks/gpu/run_issue30_x4.sh models   # ~430 s:
+#     bench_ep.py EP=4 vs TP=4 (Qwen3-30B-A3B), then bench_pp.py PP=2 x TP=2 vs TP=4 (70B)
+#   bash benchmarks/gpu/run_issue30_x4.sh all      # one call: the same jobs, acceptance rows
+#     first (kv | ep2 | tests, dp4, ep4, pp, dp2tp2); ~850 s of work, so what does not fit the
+#     budget is cut short or skipped (said in the output)
+# Every job has its own `timeout` (its whole process group: replicas, routers and TP ranks go
+# with it) and the script keeps to BUDGET seconds in all (default 560): a job starting late gets
+# what is left, one with less than its minimum left is skipped. The router and layout scripts
+# print each round / layout as it finishes, so a job cut short still shows what it measured.
+set -o pipefail
+cd "$(dirname "$0")/../.."
+source benchmarks/gpu/device_env.sh
+BUDGET=${BUDGET:-$([ -n "$SMOKE" ] && echo 3600 || echo 560)}
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader 2>/dev/null
+echo "commit $COMMIT, $(nproc) cores, budget ${BUDGET}s"
+
+gpus_idle() {  # wait (<= 30 s) until no process holds a GPU: the next job sizes its KV from free memory
+  command -v nvidia-smi > /dev/null || return 0
+  for _ in $(seq 30); do
+    [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader)" ] && return
+    sleep 1
+  done
+  echo "warning: GPU processes still alive after 30 s:"; nvidia-smi --query-compute-apps=pid,used_memory --format=csv
+}
+
+job() {  # NAME WANT_S MIN_S CMD...: CMD under `timeout` (<= WANT_S and what the budget has left)
+  local name=$1 want=$(($2 * ${LIMIT_SCALE:-1})) min=$3; shift 3
+  local left=$((BUDGET - SECONDS))
+  if ((left < min)); then echo "SKIP $name: ${left}s left, it needs >= ${min}s"; return; fi
+  local t=$((want < left ? want : left))
+  echo "--- $name: start at ${SECONDS}s, limit ${t}s"
+  timeout -k 15 "$t" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "--- $name: rc $rc at ${SECONDS}s$( ((rc == 124 || rc == 137)) && echo ' (TIMED OUT)')"
+}
+
+summary() {  # NAME: the measured lines of a job's full log (a router job's: router_NAME.log)
+  local log=$OUT/$1.log
+  [ -e "$OUT/router_$1.log" ] && log=$OUT/router_$1.log
+  [ -e "$log" ] || return 0
+  echo "=== $1 ($log)"
+  grep -v '^\[dp\|Warning\|warn(\|it/s\]\|^\s*$\|return func\|^  warnings' "$log" | tail -${TAIL:-24}
+}
+
+# Router runs: run_router_suite.sh's workloads, its full log in $OUT/router_WORKLOAD.log
+# (ROUTER_TIMEOUT=0: this job's timeout governs).
+router() {  # WORKLOAD WANT MIN [bench_router.py options]
+  local name=$1 want=$2 min=$3; shift 3
+  job "$name" "$want" "$min" env ROUTER_TIMEOUT=0 bash benchmarks/gpu/run_router_suite.sh "$name" "$@" $SMOKE_ROUTER
+}
+EP2="python3 benchmarks/gpu/bench_ep.py --layouts tp2,ep2 --num 128 --out-len 128 --decode-len 64"
+EP4="python3 benchmarks/gpu/bench_ep.py --layouts tp4,ep4${EP4_MORE} --num 256 --out-len 128 --decode-len 64"
+PP="python3 benchmarks/gpu/bench_pp.py --layouts tp4,pp2-tp2${PP_MORE} --num 64 --out-len 128 --decode-len 64"
+TESTS="tests/runtime/distributed"
+# SMOKE=1: the whole script on CPU (tiny models, gloo, a few tokens; the GPU tests skip), to
+# check its jobs, limits and logs before a device call.
+if [ -n "$SMOKE" ]; then
+  export ROUTER_MODEL="--tiny" OMP_NUM_THREADS=1 LIMIT_SCALE=${LIMIT_SCALE:-4}
+  SMOKE_ROUTER="--groups 3 --prompts-per-group 4 --system-prompt-len 96 --question-len 8
+    --output-len 4 --concurrency 8 --rounds 1 --warmup 1"
+  EP2+=" --smoke"; EP4+=" --smoke"; PP+=" --smoke"
+fi
+
+phase1() {  # the KV-limited router on GPUs 0-1 while GPUs 2-3 run EP=2 vs TP=2; the GPU tests beside
+  (export CUDA_VISIBLE_DEVICES=0,1; router kv 240 150) &
+  (export CUDA_VISIBLE_DEVICES=2,3; job ep2 220 120 $EP2) &
+  job test_ep_gpu 150 60 python3 -m pytest -q -m gpu -p no:cacheprovider $TESTS/test_ep_models.py &
+  job test_pp_gpu 150 60 python3 -m pytest -q -m gpu -p no:cacheprovider $TESTS/test_pp_models.py &
+  wait
+  gpus_idle
+}
+
+router_phase() {
+  phase1
+  router dp4 200 90; gpus_idle
+  router dp2tp2 170 90 --rounds 1
+  for n in test_ep_gpu test_pp_gpu; do TAIL=6 summary $n; done
+  for n in kv ep2 dp4 dp2tp2; do summary $n; done
+}
+
+models_phase() {
+  job ep4 260 150 $EP4; gpus_idle
+  job pp 300 160 $PP
+  for n in ep4 pp; do summary $n; done
+}
+
+case "$1" in
+  router) router_phase ;;
+  models) models_phase ;;
+  all)
+    phase1
+    router dp4 200 90 --rounds 1; gpus_idle
+    job ep4 200 150 $EP4; gpus_idle
+    job pp 260 160 $PP; gpus_idle
+    router dp2tp2 170 90 --rounds 1 --policies cost_aware,round_robin
+    for n in test_ep_gpu test_pp_gpu; do TAIL=6 summary $n; done
+    for n in kv ep2 dp4 ep4 pp dp2tp2; do summary $n; done ;;
+  *) echo "usage: $0 router|models|all"; exit 2 ;;
+esac
+echo "done at ${SECONDS}s"
