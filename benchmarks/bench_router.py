@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import shutil
 import signal
@@ -90,9 +91,10 @@ async def run_workload(url: str, prompts: list[str], args: argparse.Namespace,
             totals["prompt_tokens"] += meta["prompt_tokens"]
             totals["completion_tokens"] += meta["completion_tokens"]
 
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(one(p) for p in prompts))
         totals["seconds"] = time.perf_counter() - started
+        totals["client_cpu_s"] = time.process_time() - cpu
     if errors:
         print(f"{len(errors)} requests failed, the first: {errors[0]}", flush=True)
     return totals
@@ -122,7 +124,17 @@ def measure(label: str, url: str, workers: list[str], prompts: list[str],
     return {"label": label, "seconds": t["seconds"], "failed": int(t["failed"]),
             "total_tok_s": tokens / t["seconds"],
             "output_tok_s": t["completion_tokens"] / t["seconds"],
-            "hit_rate": (hit1 - hit0) / max(1.0, prompt1 - prompt0)}
+            "hit_rate": (hit1 - hit0) / max(1.0, prompt1 - prompt0),
+            "client_cpu_s": t["client_cpu_s"]}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process so far (Linux /proc; 0.0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def policy_flags(spec: str) -> list[str]:
@@ -159,7 +171,10 @@ def with_router(policy: str, workers: list[str], args: argparse.Namespace,
         if not url:
             raise RuntimeError(f"router ({policy}) did not start")
         threading.Thread(target=proc.stdout.read, daemon=True).start()
+        cpu = cpu_seconds(proc.pid)
         row = measure(policy, url, workers, prompts, args, headers)
+        # The router is one Python process: near 1 CPU-second per second, it is the bottleneck.
+        row["router_cpu_s"] = cpu_seconds(proc.pid) - cpu
         row["balance"] = served_balance(url, headers)
         return row
     finally:
@@ -280,7 +295,9 @@ def main(argv: list[str] | None = None) -> None:
                 runs[policy].append(row)
                 # As it comes: a run cut short by a time limit still shows what it measured.
                 print(f"round {k + 1} {policy}: {row['total_tok_s']:.1f} tok/s, hit rate "
-                      f"{row['hit_rate']:.1%}, balance {row['balance']:.2f}", flush=True)
+                      f"{row['hit_rate']:.1%}, balance {row['balance']:.2f}; CPU s over "
+                      f"{row['seconds']:.1f} s: router {row['router_cpu_s']:.1f}, client "
+                      f"{row['client_cpu_s']:.1f}", flush=True)
         rows = [_median(r) for r in runs.values()]
         if args.baseline:
             rows.append(measure("one replica", workers[0], workers[:1], prompts, args, headers))

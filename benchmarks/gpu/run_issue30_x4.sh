@@ -1,12 +1,13 @@
 #!/bin/bash
 # Issue 30's 4-GPU rows that never ran on a GPU, in two device calls of < 600 s each on the same
 # 4-GPU machine (nvidia-h100-x4, carry [".whl"]); full logs in $OUT/*.log, a summary on stdout.
-#   bash benchmarks/gpu/run_issue30_x4.sh router   # ~490 s:
-#     phase 1, side by side: router `kv` (dp=2 on GPUs 0-1, KV-limited, 2 rounds)
+#   bash benchmarks/gpu/run_issue30_x4.sh router   # ~520 s (estimate):
+#     phase 1 (~215 s), side by side: router `kv` (dp=2 on GPUs 0-1, KV-limited, 2 rounds)
 #                          | bench_ep.py EP=2 vs TP=2 (Qwen3-30B-A3B on GPUs 2-3)
 #                          | the EP and PP GPU tests (tiny fp32 models, all 4 GPUs, ~1 min)
-#     phase 2: router `dp4` (dp=4, 2 rounds)     phase 3: router `dp2tp2` (1 round)
-#   bash benchmarks/gpu/run_issue30_x4.sh models   # ~430 s:
+#     phase 2 (~195 s): router `dp4` (dp=4, DP4_ROUNDS=2 rounds)
+#     phase 3 (~115 s): router `dp2tp2` (dp=2 x tp=2, the fits shape at 32 groups, 1 round)
+#   bash benchmarks/gpu/run_issue30_x4.sh models   # ~380-480 s (estimate):
 #     bench_ep.py EP=4 vs TP=4 (Qwen3-30B-A3B), then bench_pp.py PP=2 x TP=2 vs TP=4 (70B)
 #   bash benchmarks/gpu/run_issue30_x4.sh all      # one call: the same jobs, acceptance rows
 #     first (kv | ep2 | tests, dp4, ep4, pp, dp2tp2); ~850 s of work, so what does not fit the
@@ -80,15 +81,15 @@ phase1() {  # the KV-limited router on GPUs 0-1 while GPUs 2-3 run EP=2 vs TP=2;
 
 router_phase() {
   phase1
-  router dp4 200 90; gpus_idle
-  router dp2tp2 170 90 --rounds 1
+  router dp4 210 90 --rounds ${DP4_ROUNDS:-2}; gpus_idle
+  router dp2tp2 170 90 --rounds 1 --groups 32
   for n in test_ep_gpu test_pp_gpu; do TAIL=6 summary $n; done
   for n in kv ep2 dp4 dp2tp2; do summary $n; done
 }
 
 models_phase() {
-  job ep4 260 150 $EP4; gpus_idle
-  job pp 300 160 $PP
+  job ep4 280 150 $EP4; gpus_idle
+  job pp 270 160 $PP
   for n in ep4 pp; do summary $n; done
 }
 
@@ -100,7 +101,7 @@ case "$1" in
     router dp4 200 90 --rounds 1; gpus_idle
     job ep4 200 150 $EP4; gpus_idle
     job pp 260 160 $PP; gpus_idle
-    router dp2tp2 170 90 --rounds 1 --policies cost_aware,round_robin
+    router dp2tp2 170 90 --rounds 1 --groups 32 --policies cost_aware,round_robin
     for n in test_ep_gpu test_pp_gpu; do TAIL=6 summary $n; done
     for n in kv ep2 dp4 ep4 pp dp2tp2; do summary $n; done ;;
   *) echo "usage: $0 router|models|all"; exit 2 ;;
