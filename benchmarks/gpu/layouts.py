@@ -13,6 +13,7 @@ import json
 import shutil
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -88,6 +89,17 @@ def world(kw: dict) -> int:
     return kw.get("tp_size", 1) * kw.get("pp_size", 1)
 
 
+def row(label: str, r: dict, base: dict | None) -> list:
+    """A layout's table row; its ratios and greedy agreement against ``base`` (the reference
+    layout; "-" where the reference failed)."""
+    if base is None:
+        return [label, r["batch1"], "-", r["out_tok_s"], r["total_tok_s"], "-", "-", r["start_s"]]
+    same = next((i for i, (x, y) in enumerate(zip(r["tokens"], base["tokens"])) if x != y),
+                len(r["tokens"]))
+    return [label, r["batch1"], r["batch1"] / base["batch1"], r["out_tok_s"], r["total_tok_s"],
+            r["total_tok_s"] / base["total_tok_s"], f"{same}/32", r["start_s"]]
+
+
 def compare(model: str, layouts: dict[str, dict], a: argparse.Namespace, title: str,
             graph_bs: int) -> None:
     """Measure ``a.layouts`` (names of ``layouts``) in order; the first is the reference."""
@@ -105,13 +117,14 @@ def compare(model: str, layouts: dict[str, dict], a: argparse.Namespace, title: 
     graph_bs = a.graph_bs or graph_bs
     ref, results, rows = names[0], {}, []
     for layout in names:
-        r = results[layout] = measure(path, layouts[layout], a, graph_bs)
-        base = results[ref]
-        same = next((i for i, (x, y) in enumerate(zip(r["tokens"], base["tokens"])) if x != y),
-                    len(r["tokens"]))
-        rows.append([f"{model} {layout}", r["batch1"], r["batch1"] / base["batch1"],
-                     r["out_tok_s"], r["total_tok_s"], r["total_tok_s"] / base["total_tok_s"],
-                     f"{same}/32", r["start_s"]])
+        try:
+            results[layout] = measure(path, layouts[layout], a, graph_bs)
+        except Exception:  # a layout that fails (a GPU-only bug) must not cost the others
+            traceback.print_exc()
+            rows.append([f"{model} {layout}", "FAILED", "-", "-", "-", "-", "-", "-"])
+            print(rows[-1], flush=True)
+            continue
+        rows.append(row(f"{model} {layout}", results[layout], results.get(ref)))
         print(rows[-1], flush=True)
     print_table(f"{title}, dummy {'fp32 smoke (CPU)' if a.smoke else 'bf16'}, {a.num} x "
                 f"{a.in_len} in / {a.out_len} out offline, batch-1 decode of {a.decode_len}"
