@@ -1,11 +1,11 @@
 #!/bin/bash
 # Issue 30's 4-GPU rows that never ran on a GPU, in two device calls of < 600 s each on the same
 # 4-GPU machine (nvidia-h100-x4, carry [".whl"]); full logs in $OUT/*.log, a summary on stdout.
-#   bash benchmarks/gpu/run_issue30_x4.sh router   # ~520 s (estimate):
+#   bash benchmarks/gpu/run_issue30_x4.sh router   # ~480 s (estimate; at most ~575 s):
 #     phase 1 (~215 s), side by side: router `kv` (dp=2 on GPUs 0-1, KV-limited, 2 rounds)
 #                          | bench_ep.py EP=2 vs TP=2 (Qwen3-30B-A3B on GPUs 2-3)
 #                          | the EP and PP GPU tests (tiny fp32 models, all 4 GPUs, ~1 min)
-#     phase 2 (~195 s): router `dp4` (dp=4, DP4_ROUNDS=2 rounds)
+#     phase 2 (~140 s): router `dp4` (dp=4, DP4_ROUNDS=1 round; 2 take ~215 s)
 #     phase 3 (~115 s): router `dp2tp2` (dp=2 x tp=2, the fits shape at 32 groups, 1 round)
 #   bash benchmarks/gpu/run_issue30_x4.sh models   # up to ~575 s:
 #     bench_ep.py TP=4, EP=4, EP=4 all_reduce mode (Qwen3-30B-A3B; <= 280 s), then bench_pp.py
@@ -76,7 +76,7 @@ if [ -n "$SMOKE" ]; then
 fi
 
 phase1() {  # the KV-limited router on GPUs 0-1 while GPUs 2-3 run EP=2 vs TP=2; the GPU tests beside
-  (export CUDA_VISIBLE_DEVICES=0,1; router kv 240 150) &
+  (export CUDA_VISIBLE_DEVICES=0,1; router kv 250 150) &
   (export CUDA_VISIBLE_DEVICES=2,3; job ep2 220 120 $EP2) &
   job test_ep_gpu 150 60 python3 -m pytest -q -m gpu -p no:cacheprovider $TESTS/test_ep_models.py &
   job test_pp_gpu 150 60 python3 -m pytest -q -m gpu -p no:cacheprovider $TESTS/test_pp_models.py &
@@ -86,7 +86,7 @@ phase1() {  # the KV-limited router on GPUs 0-1 while GPUs 2-3 run EP=2 vs TP=2;
 
 router_phase() {
   phase1
-  router dp4 210 90 --rounds ${DP4_ROUNDS:-2}; gpus_idle
+  router dp4 200 90 --rounds ${DP4_ROUNDS:-1}; gpus_idle
   router dp2tp2 170 90 --rounds 1 --groups 32
   for n in test_ep_gpu test_pp_gpu; do TAIL=6 summary $n; done
   for n in kv ep2 dp4 dp2tp2; do summary $n; done
