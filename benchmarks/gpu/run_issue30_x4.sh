@@ -25,13 +25,17 @@ BUDGET=${BUDGET:-$([ -n "$SMOKE" ] && echo 3600 || echo 560)}
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader 2>/dev/null
 echo "commit $COMMIT, $(nproc) cores, budget ${BUDGET}s"
 
-gpus_idle() {  # wait (<= 30 s) until no process holds a GPU: the next job sizes its KV from free memory
+gpus_idle() {  # wait (<= 20 s) until every GPU is back to < 2 GiB used: the next job sizes its
+  # KV from free memory, and a killed job's processes may still be exiting (memory, not the
+  # process list: a container's nvidia-smi may not see its own processes)
   command -v nvidia-smi > /dev/null || return 0
-  for _ in $(seq 30); do
-    [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader)" ] && return
+  local used
+  for _ in $(seq 20); do
+    used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | sort -n | tail -1)
+    ((${used:-0} < 2048)) && return
     sleep 1
   done
-  echo "warning: GPU processes still alive after 30 s:"; nvidia-smi --query-compute-apps=pid,used_memory --format=csv
+  echo "warning: a GPU still has ${used} MiB in use after 20 s"
 }
 
 job() {  # NAME WANT_S MIN_S CMD...: CMD under `timeout` (<= WANT_S and what the budget has left)
