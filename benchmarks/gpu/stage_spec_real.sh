@@ -16,7 +16,7 @@ GGUF=$(python -c "import importlib.util,os;print(os.path.dirname(importlib.util.
 EXCLUDE=$(git rev-parse --git-common-dir)/info/exclude
 for d in /.gguf_a/ /.gguf_b/ /.whl/; do grep -qxF "$d" "$EXCLUDE" || echo "$d" >> "$EXCLUDE"; done
 ls .whl/xgrammar-*.whl > /dev/null || { echo "no .whl/: run benchmarks/gpu/fetch_wheels.sh first"; exit 1; }
-rm -rf .gguf_a .gguf_b && mkdir -p .gguf_a/whl .gguf_b
+mkdir -p .gguf_a/whl .gguf_b && rm -f .gguf_a/part_a .gguf_b/part_b .gguf_a/whl/*.whl
 head -c "$SPLIT" "$GGUF" > .gguf_a/part_a
 tail -c +$((SPLIT + 1)) "$GGUF" > .gguf_b/part_b
 [ -e .whl/gguf-0.19.0-py3-none-any.whl ] || python -m pip download -q --no-deps \
