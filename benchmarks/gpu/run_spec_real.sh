@@ -33,11 +33,11 @@ export SGDSL_CACHE=/tmp/sgdsl_cache
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
 echo "commit $(git rev-parse --short HEAD 2>/dev/null)"
 timeout ${T:-420} python3 benchmarks/gpu/bench_speculative_real.py --model-path $GGUF "$@" \
-  2>&1 | grep -v "it/s\]" | tee $OUT/spec_real.log
+  2>&1 | grep --line-buffered -v "it/s\]" | tee $OUT/spec_real.log
 rc=$?
 if [ -n "${SECOND:-}" ]; then  # e.g. SECOND="--dtype float32 --rows b": a second run's args
   timeout ${T2:-200} python3 benchmarks/gpu/bench_speculative_real.py --model-path $GGUF $SECOND \
-    2>&1 | grep -v "it/s\]" | tee $OUT/spec_real2.log
+    2>&1 | grep --line-buffered -v "it/s\]" | tee $OUT/spec_real2.log
 fi
 if [ "${RUN_TESTS:-0}" = 1 ]; then  # the tests load the embedded model: the same conversion
   M=$SGDSL_CACHE/models; [ -e $M/SmolLM2-135M-Instruct-98362432 ] || \
