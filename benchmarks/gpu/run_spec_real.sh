@@ -31,7 +31,7 @@ for d in runtime backends templates; do [ -e sgdsl/$d ] || ln -s ../$d sgdsl/$d;
 export PYTHONPATH=$PWD:$PWD/benchmarks/gpu:/tmp/site
 export SGDSL_CACHE=/tmp/sgdsl_cache
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
-echo "commit $(git rev-parse --short HEAD 2>/dev/null)"
+export COMMIT=$(git rev-parse --short HEAD 2>/dev/null); echo "commit $COMMIT"
 timeout ${T:-420} python3 benchmarks/gpu/bench_speculative_real.py --model-path $GGUF "$@" \
   2>&1 | grep --line-buffered -v "it/s\]" | tee $OUT/spec_real.log
 rc=$?
