@@ -9,11 +9,16 @@ error, and keeps its own request id (so cancelling one aborts only that one).
 The flush runs at the loop's next iteration: every task already scheduled when the first
 request arrives (the programs started by the same wakeup) reaches its request first. Waiting
 longer costs more than it gathers: while body threads hold the GIL, each extra loop iteration
-can wait a whole GIL switch interval (5 ms)."""
+can wait a whole GIL switch interval (5 ms). The exception is a burst announced on the loop's
+``BurstGate`` (``run_batch`` starting its programs): the flush then waits for the gate, so the
+burst goes out as one call (``burst.py`` says why)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, Awaitable, Callable
+
+from .burst import BurstGate, burst_gate
 
 _OPTION_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num",
                 "return_text_in_logprobs")
@@ -40,10 +45,14 @@ class Coalescer:
         self._pending: list[tuple[dict[str, Any], asyncio.Future]] = []
         self._flushing = False
         self._sending: set[asyncio.Task] = set()  # strong references while in flight
+        self._gate: BurstGate | None = None  # this loop's (made at the first request)
 
     async def submit(self, request: dict[str, Any]) -> Any:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
+        if self._gate is None:
+            self._gate = burst_gate(loop)
+        self._gate.last_arrival = time.monotonic()  # a burst holding the gate goes on
         self._pending.append((request, future))
         if not self._flushing:
             self._flushing = True
@@ -51,6 +60,8 @@ class Coalescer:
         return await future
 
     def _flush(self) -> None:
+        if self._gate is not None and self._gate.defer(self._flush):
+            return  # a burst is still arriving: all of it goes at once when the gate opens
         pending, self._pending, self._flushing = self._pending, [], False
         groups: dict[tuple, list[tuple[dict[str, Any], asyncio.Future]]] = {}
         for item in pending:

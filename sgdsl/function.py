@@ -10,6 +10,7 @@ from functools import partial
 from typing import Any, Callable, Collection, Iterator
 
 from sgdsl import ir
+from sgdsl.backends.burst import burst_gate
 from sgdsl.interpreter.executor import StateExecutor
 from sgdsl.interpreter.program_run import ProgramRun
 from sgdsl.interpreter.batch import Batch
@@ -137,7 +138,7 @@ class SglFunction:
             return ProgramState(StateExecutor(run))
         return Batch(batch_kwargs, make_state,
                      lambda state, kwargs: runner.submit(partial(self._body, state, (), kwargs)),
-                     limit, on_finish)
+                     limit, on_finish, (runner, loop, burst_gate(loop)))
 
     # ---- helpers ------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from ..disaggregation.bootstrap import next_bootstrap  # pd:
 from ..ipc.messages import Ready, TokenizedGenerateReq
 from ..sampling_params import SamplingParams
 from ..multimodal import request as mm_request
-from .encoder import ids_encoder
+from .encoder import ids_batch_encoder, ids_encoder
 
 CHECKED_MEMO_SIZE = 1024  # distinct (constraint, budget) pairs whose checks are remembered
 
@@ -43,6 +43,7 @@ class RequestBuilder:
         self.tokenizer = tokenizer
         self.mm = mm  # mm: the model's MultimodalProcessor (None: text-only)
         self._encode = ids_encoder(tokenizer)
+        self._encode_batch = ids_batch_encoder(tokenizer)
         self._token_bytes: int | None = None  # grammar: the longest token, in bytes
         # grammar: (kind, text, budget) -> (json_schema to send, the limits error or None)
         self._checked: OrderedDict[tuple, tuple[str, InvalidRequestError | None]] = OrderedDict()
@@ -71,12 +72,15 @@ class RequestBuilder:
         images = mm_request.per_prompt(image_data, n, batched)  # mm:
         with_mm = mm_request.process_all(self.mm, items, images, prompt is not None,
                                          self._tokenize if prompt is not None else self._check_ids)
+        encoded = self._tokenize_all(items, images) if prompt is not None else None
         specs = []
         for i, item in enumerate(items):
             mm = None
             if images[i]:  # mm: image tokens expanded, MmData built
                 ids, mm = with_mm[i]
                 mm_request.check_logprob_start(mm, starts[i] if lps[i] else -1)
+            elif encoded is not None:
+                ids = encoded[i] or self._empty()
             else:
                 ids = self._tokenize(item) if prompt is not None else self._check_ids(item)
             sp = self._params(params[i])
@@ -91,6 +95,14 @@ class RequestBuilder:
         if not text:
             raise InvalidRequestError("prompt must not be empty", field="prompt")
         return self._encode(text) or self._empty()
+
+    def _tokenize_all(self, texts: list[Any], images: list[Any]) -> list[list[int]] | None:
+        """A batch's text prompts (no images) in one tokenizer call: the Rust tokenizer runs
+        them in parallel without the GIL (256 chat prompts: one call instead of 256 on the
+        caller's loop, ahead of the whole batch's hand-off). None: some prompt is not plain."""
+        if len(texts) < 2 or any(images) or not all(isinstance(t, str) and t for t in texts):
+            return None  # checked (and refused) one by one, with the exact error
+        return self._encode_batch(texts)
 
     def _empty(self) -> list[int]:
         raise InvalidRequestError("prompt tokenizes to zero tokens", field="prompt")

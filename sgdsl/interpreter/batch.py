@@ -4,6 +4,12 @@ time, with their states handed back in input order.
 Completion comes from each run's ``when_done`` callback (no coroutine or future per program):
 the sync caller is woken only when the state it is waiting for is done, and the async caller
 once, when all are.
+
+While the first programs start, the batch holds its loop's ``BurstGate``: their requests reach
+the backend as one call (one prefill wave at the engine, as ``Engine.generate`` of the list),
+not in the 2-4 pieces the interleaved threads would otherwise produce. The hold ends when no
+body runs any more (each has returned or waits on a result), through the loop's call queue, so
+it comes after the last body's nodes.
 """
 from __future__ import annotations
 
@@ -11,8 +17,9 @@ import asyncio
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
-from sgdsl.interpreter.loop import threadsafe_future
-from sgdsl.interpreter.runner import current_runner, fast_switching
+from sgdsl.backends.burst import BurstGate
+from sgdsl.interpreter.loop import loop_calls, threadsafe_future
+from sgdsl.interpreter.runner import BodyRunner, current_runner, fast_switching
 
 if TYPE_CHECKING:
     from sgdsl.state import ProgramState
@@ -24,7 +31,11 @@ StartBody = Callable[["ProgramState", dict[str, Any]], None]
 class Batch:
     def __init__(self, kwargs_list: list[dict[str, Any]], make_state: MakeState,
                  start_body: StartBody, limit: int | None = None,
-                 on_finish: Callable[[], None] | None = None) -> None:
+                 on_finish: Callable[[], None] | None = None,
+                 burst: tuple[BodyRunner, asyncio.AbstractEventLoop, BurstGate] | None = None
+                 ) -> None:
+        """``burst``: the runner the bodies run on, the programs' loop and its gate, held
+        while the first programs start (None: no hold)."""
         self._items = [dict(kwargs) for kwargs in kwargs_list]
         self._make, self._start = make_state, start_body
         self._limit = limit
@@ -37,6 +48,11 @@ class Batch:
         self._on_all: Callable[[], None] | None = None
         self._on_finish = on_finish  # e.g. a progress bar's update
         self._fast = False  # holds a fast_switching reference
+        self._burst = burst
+        self._holding = False  # holds the gate of ``burst``
+        # NOTE: its own lock: _end_burst runs under the runner's lock, which wait() takes
+        # while holding _cond
+        self._burst_lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._items)
@@ -48,8 +64,18 @@ class Batch:
         if self._items:
             self._fast = True
             fast_switching(True)
-        for _ in range(min(self._limit or len(self._items), len(self._items))):
-            self._start_next()
+        first = min(self._limit or len(self._items), len(self._items))
+        if first > 1 and self._burst is not None:
+            self._holding = True
+            self._burst[2].hold()
+        try:
+            for _ in range(first):
+                self._start_next()
+        except BaseException:
+            self._end_burst()
+            raise
+        if self._holding:  # NOTE: after the submits, so the runner is not idle before them
+            self._burst[0].when_idle(self._end_burst)
 
     def wait(self, i: int) -> "ProgramState":
         """Block until program ``i`` is done; its state."""
@@ -87,6 +113,7 @@ class Batch:
         with self._cond:
             self._cancelled = True
         self._release_fast()
+        self._end_burst()
         for state in self.states:
             if state is not None:
                 state.cancel()
@@ -119,6 +146,17 @@ class Batch:
             on_all()
         if self._limit:
             self._start_next()
+
+    def _end_burst(self) -> None:
+        """Release the gate once, on the loop, behind the calls the bodies queued there."""
+        with self._burst_lock:
+            release, self._holding = self._holding, False
+        if release:
+            runner, loop, gate = self._burst
+            try:
+                loop_calls(loop)(gate.release)
+            except RuntimeError:  # the loop is closed: nothing left to flush
+                pass
 
     def _release_fast(self) -> None:
         with self._cond:

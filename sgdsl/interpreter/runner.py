@@ -75,6 +75,7 @@ class BodyRunner:
         self._fast = False  # holds a fast_switching reference (the monitor releases it)
         self._kick = threading.Event()
         self._monitor: threading.Thread | None = None
+        self._idle_callbacks: list[Callable[[], None]] = []
 
     def submit(self, body: Callable[[], None]) -> None:
         """Queue ``body`` (it must handle its own exceptions)."""
@@ -88,6 +89,26 @@ class BodyRunner:
             if len(self._queue) == 1:
                 self._ensure_monitor()
                 self._kick.set()
+
+    def when_idle(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once no body is queued or running (blocked bodies do not count):
+        at once if so now, else on the thread whose body returns or blocks last. It runs with
+        the runner's lock held, so it must be quick and must not call into the runner."""
+        with self._lock:
+            if not self._idle():
+                self._idle_callbacks.append(callback)
+                return
+        callback()
+
+    def _idle(self) -> bool:
+        return not self._queue and self._active + self._waking == 0
+
+    def _notify_idle(self) -> None:
+        """Lock held: fire the ``when_idle`` callbacks if idle now."""
+        if self._idle_callbacks and self._idle():
+            callbacks, self._idle_callbacks = self._idle_callbacks, []
+            for callback in callbacks:
+                callback()
 
     def run_here(self, submit: Callable[[], None]) -> None:
         """Call ``submit`` (which queues bodies), then run queued bodies on this thread as one
@@ -114,6 +135,7 @@ class BodyRunner:
                 self._active -= 1
                 if self._queue and self._active + self._waking == 0:
                     self._add_worker()
+                self._notify_idle()
 
     # ---- managed blocking (called by Signal.wait_for on runner threads) --------------------
 
@@ -122,6 +144,7 @@ class BodyRunner:
             self._active -= 1
             if self._queue and self._active + self._waking == 0:
                 self._add_worker()
+            self._notify_idle()
 
     def after_block(self) -> None:
         with self._lock:
@@ -153,6 +176,7 @@ class BodyRunner:
                 while not self._queue:
                     self._active -= 1
                     self._parked += 1
+                    self._notify_idle()
                     self._wake.wait()  # NOTE: no timeout: returns only when notified
                     self._parked -= 1
                     self._waking -= 1

@@ -210,3 +210,27 @@ def test_a_batch_restores_the_switch_interval_when_done_or_cancelled():
     while sys.getswitchinterval() != before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert sys.getswitchinterval() == before
+
+
+def test_when_idle_fires_once_every_body_has_returned_or_blocked():
+    runner = BodyRunner(handoff_seconds=60)
+    signal, state, fired = Signal(), {"go": False}, []
+    idle = threading.Event()
+
+    def waiter() -> None:  # blocks on the interpreter: does not keep the runner busy
+        signal.wait_for(lambda: state["go"])
+
+    runner.submit(waiter)  # on worker threads (run_here's caller would be the one blocked)
+    for i in range(3):
+        runner.submit(lambda i=i: fired.append(i))
+    runner.when_idle(lambda: (fired.append("idle"), idle.set()))
+    _wait(idle)
+    assert fired == [0, 1, 2, "idle"]
+    state["go"] = True
+    signal.notify()
+    seen = []
+    runner.when_idle(lambda: seen.append("now"))  # idle already: called at once
+    deadline = time.monotonic() + 5
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)  # the woken waiter may still be finishing
+    assert seen == ["now"]
