@@ -1,8 +1,9 @@
 """The compile worker process: builds one grammar backend, then compiles keys sent by its parent
 (``worker_pool.py``) one at a time, under a memory limit.
 
-Started as ``python -c "...worker import main; main()"`` (a fresh interpreter: never a fork of
-the scheduler, which has threads and maybe CUDA). It talks over its stdin/stdout pipes in
+Started as ``python -c "...worker import main; main()"`` would be (never a fork of the
+scheduler, which has threads and maybe CUDA): forked from the grammar zygote, a fresh
+interpreter that did the imports once (``zygote.py``), else a fresh interpreter. It talks over its stdin/stdout pipes in
 length-prefixed pickle frames:
 
 - parent -> worker, once: ``WorkerInit`` (how to build the backend, the memory budget);
@@ -39,6 +40,9 @@ FRAME_HEADER = struct.Struct(">Q")
 # Compiles are background work: on a busy host the scheduler's decode steps come first.
 WORKER_NICE = 5
 PARENT_ENV = "SGDSL_GRAMMAR_WORKER_PARENT"  # the pid that started us (see die_with_parent)
+# /proc/<pid>/comm of a compile worker: how ps, top and the tests tell one (its command line is
+# the zygote's when it was forked from one, zygote.py)
+WORKER_NAME = "sgdsl-compile"
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,7 @@ def main() -> None:
         os.nice(WORKER_NICE)
     except OSError:
         pass
+    set_process_name(WORKER_NAME)
     serve(_setup, _handle)
 
 
@@ -233,6 +238,18 @@ def die_with_parent() -> None:
         pass
     if str(os.getppid()) != os.environ.get(PARENT_ENV, str(os.getppid())):
         os._exit(0)  # the parent died before prctl: nobody will read our results
+
+
+def set_process_name(name: str) -> None:
+    """Linux: this process's name (``/proc/<pid>/comm``, 15 bytes at most)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from .worker import FRAME_HEADER, PARENT_ENV
+from .zygote import start_worker
 
 COMPILE_WORKER = "from sgdsl.runtime.grammar.compile.worker import main; main()"
 STARTUP_TIMEOUT_S = 120.0  # imports and the backend's tokenizer tables; slow on a loaded box
@@ -41,8 +42,9 @@ class WorkerHandle:
         env = {**os.environ, PARENT_ENV: str(os.getpid()), "OMP_NUM_THREADS": "1",
                "RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self.proc = subprocess.Popen([sys.executable, "-c", command], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, bufsize=0, env=env)
+        # NOTE: forked from this process's zygote where it can (zygote.py): the imports a
+        # worker needs cost seconds of CPU each time otherwise
+        self.proc = start_worker(command, env)
         self._in = self.proc.stdin.fileno()  # type: ignore[union-attr]
         self._out = self.proc.stdout.fileno()  # type: ignore[union-attr]
         self.baseline = 0  # VmData after its first compile (set by the pool)

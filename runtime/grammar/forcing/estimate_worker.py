@@ -31,7 +31,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..compile.worker import serve
+from ..compile.worker import serve, set_process_name
 
 _KEYS = 1024  # grammar keys kept
 # NOTE: each compiled within the compile workers' memory limit there; a few are enough (a
@@ -142,6 +142,7 @@ def _handle(estimator: _Estimator, message: tuple) -> tuple | None:
 
 
 def main() -> None:
+    set_process_name("sgdsl-estimate")
     serve(_Estimator, _handle)
 
 

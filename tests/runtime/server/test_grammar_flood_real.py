@@ -145,9 +145,13 @@ def _check_answers(answers: list[tuple[int, dict]]) -> None:
 
 
 def _is_worker(pid: int) -> bool:
+    """A compile worker: by its process name (its command line is the grammar zygote's when
+    it was forked from one; runtime/grammar/compile/zygote.py)."""
+    from sgdsl.runtime.grammar.compile.worker import WORKER_NAME
+
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"sgdsl.runtime.grammar.compile.worker" in f.read()
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip() == WORKER_NAME
     except OSError:
         return False
 
