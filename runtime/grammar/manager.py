@@ -166,7 +166,10 @@ class GrammarManager(GrammarSteps):
         its own copy meanwhile (never before: a key that fails its deadline or memory limit
         here must not run unbounded there)."""
         key = GrammarKey.from_constraint(*req.sampling_params.constraint)
-        if self.completion is not None and self.completion.may_estimate(req):
+        # NOTE: only grammars whose estimates go out (estimate.py; outlines' are searched
+        # here): the worker's copy of any other was a whole compile for nothing
+        if self.completion is not None and grammar.thread_safe_batch \
+                and self.completion.may_estimate(req):
             self.completion.jobs.prepare(key)
         return guard_keys(grammar, key, self.quote_tokens, self.compiler.backend.name)
 
