@@ -144,16 +144,19 @@ class GrammarSteps(Forcing):
         return requeue + (self._jump_batch(late, checker) if late else [])
 
     def _decide(self, req: Any, text: str, checker: Any, jumpers: list | None) -> bool:
-        """A handed row still running: it jumps forward where its grammar forces ``text``,
-        and a completion measurement due waits for the sampling launch (``deferred``). True
-        if forced tokens were appended to a request still running.
+        """A handed row still running: it jumps forward where its grammar forces ``text``; a
+        completion measurement due waits for the sampling launch (``deferred``) unless the row
+        jumps. True if forced tokens were appended to a request still running.
 
-        NOTE: measured after its jump, a request forced to complete finishes as well as
-        before it: every completion starts with the forced text, so the jump shortens the
-        budget and the completion alike. Not where the jump could use up the budget, nor for
-        a request owing logprobs (its forced tokens are scored by an extend, whose
-        bookkeeping a second forcing would overwrite): those are measured first, as the
-        jump must come before the read's stream output (it may respell the last token)."""
+        NOTE: a row that is due and jumps is measured here, before its jump, as on the
+        scheduler thread without a prefetch (``_settle``): measured after the jump it was not
+        the same decision. The jump's text ends where the grammar stops forcing, often in a
+        lone space (``"ok": `` -> ``'":'``, ``' '``), which the completion measured before it
+        spells with the value (``' false'``): one token more after the jump, so a budget
+        whose slack was 1 before the jump had 0 after it, and the overlapped engine forced
+        ``false}`` one step early where the synchronous one let the model sample ``true``
+        (the embedded model, benchmarks/RESULTS.md, spec-real row (d)). Such a row's matcher
+        is the scheduler thread's already (the prefetch does not fill jumping rows)."""
         if not (self.completion and self.completion.due(req)):
             if jumpers is not None and text:
                 jumpers.append((req, text))
@@ -161,12 +164,7 @@ class GrammarSteps(Forcing):
         if jumpers is None or not text:
             self.deferred.append(req)
             return False
-        budget = req.sampling_params.max_new_tokens - len(req.output_ids)
-        if req.return_logprob or budget <= len(text) + 1:
-            return self._settle(req, req.grammar, checker, jumpers, text)
-        jumpers.append((req, text))
-        self.deferred.append(req)
-        return False
+        return self._settle(req, req.grammar, checker, jumpers, text)
 
     def _advance(self, live: list[Any], checker: Any, jumpers: list[Any] | None) -> list[Any]:
         accepted = accept_token_grouped([r.grammar for r in live],
