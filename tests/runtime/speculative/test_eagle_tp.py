@@ -19,9 +19,10 @@ def test_eagle3_tp2_equals_non_speculative(tiny_model_dir, tmp_path, engine):
     base = json.loads((tiny_model_dir / "config.json").read_text())
     head = write_head(tmp_path / "head", base, eagle3=True)
     ref = [o["output_ids"] for o in engine.generate(input_ids=PROMPTS, sampling_params=PARAMS)]
-    # NOTE: dummy target weights as ``engine`` (drawn whole and sliced per rank: the same model)
+    # NOTE: dummy target weights as ``engine`` (drawn whole and sliced per rank: the same model);
+    # no grammar is sent: no grammar helper processes on either rank
     with Engine(str(tiny_model_dir), load_format="dummy", max_total_tokens=2048,
-                max_running_requests=8, num_threads=1, tp_size=2,
+                max_running_requests=8, num_threads=1, tp_size=2, grammar_backend="none",
                 speculative_algorithm="EAGLE3", speculative_draft_model_path=str(head),
                 speculative_num_steps=3, speculative_eagle_topk=2,
                 speculative_num_draft_tokens=4) as spec:
