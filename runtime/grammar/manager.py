@@ -87,16 +87,19 @@ class GrammarManager(GrammarSteps):
     # -- admission ------------------------------------------------------------------------------
     def warm(self, timeout_s: float = 120.0) -> bool:
         """At start-up: the compile workers up and one small schema through the whole path
-        (compile, load, guard), and the estimate worker starting, so the first request pays
-        no start-up. False if the workers did not come up within ``timeout_s``."""
-        if self.completion is not None and self.completion.jobs is not None:
-            self.completion.jobs.worker.start()
+        (compile, load, guard), and the estimate worker starting where estimates go to it, so
+        the first request pays no start-up. False if the workers did not come up within ``timeout_s``."""
         try:
             if not self.compiler.warm(timeout_s):
                 return False
             grammar = self.compiler.submit(WARM_PROBE).result()  # guarded as a request's is
         except InvalidRequestError:  # a backend without JSON schemas: the workers are up
             return True
+        # NOTE: only where this backend's estimates go out (estimate.py: outlines' are searched
+        # here, and ``_guard`` never names them to the worker): else it would idle all along
+        if self.completion is not None and self.completion.jobs is not None \
+                and grammar.thread_safe_batch:
+            self.completion.jobs.worker.start()
         guard_keys(grammar, WARM_PROBE, self.quote_tokens, self.compiler.backend.name)
         return True
 
