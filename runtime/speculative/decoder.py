@@ -48,6 +48,7 @@ class SpecDecoder:
         # tree verifies replay CUDA graphs where captured (after the drafter: an EAGLE
         # drafter installs its hidden-state capture in the target first)
         self.verify_graphs = VerifyGraphs.create(config, runner)
+        self.decode_graph_steps = 0  # chain verifies replayed on the target's decode graphs
 
     # -- the step -------------------------------------------------------------------------
     def launch(self, sched: Any) -> InflightStep | None:
@@ -92,6 +93,10 @@ class SpecDecoder:
         graphs = self.verify_graphs
         if graphs is not None and graphs.can_run(batch):
             return graphs.run(batch)
+        # NOTE: counted apart from the tree replays (``spec_verify_graph_steps``): a chain
+        # verify replays the decode graphs even with ``speculative_disable_cuda_graph``
+        decode = getattr(runner, "cuda_graph_runner", None)
+        self.decode_graph_steps += decode is not None and decode.can_run(batch)
         return runner.forward(batch)
 
     def _may_draft(self, req: Any) -> bool:
@@ -247,4 +252,5 @@ class SpecDecoder:
         graphs = self.verify_graphs
         return {**self.stats.as_dict(),
                 "spec_verify_graph_steps": graphs.replays if graphs is not None else 0,
+                "spec_verify_decode_graph_steps": self.decode_graph_steps,
                 "spec_draft_graph_steps": getattr(self.drafter, "graph_steps", 0)}

@@ -193,3 +193,26 @@ def test_graphs_follow_the_flags(tiny_model_dir):
                        ({"speculative_disable_cuda_graph": True}, True)):
         cfg = EngineConfig(str(tiny_model_dir), **standalone, **flags)
         assert draft_engine_config(cfg, target, 3).disable_cuda_graph is off
+
+
+def test_chain_verifies_on_the_decode_graphs_are_counted(make_harness):  # noqa: F811
+    """Chain verifies (DECODE rows) replay the target's decode graphs when the rows fit them:
+    ``spec_verify_decode_graph_steps`` counts those (``spec_verify_graph_steps`` only tree
+    replays), with the decode graph runner's own condition; more rows than it captured: none."""
+    from sgdsl.runtime.model.cuda_graph_runner import CudaGraphRunner
+
+    def decode_graphs(max_bs):  # the real ``can_run`` on captured sizes up to ``max_bs``
+        graphs = SimpleNamespace(max_bs=max_bs, graphs={max_bs: None})
+        graphs.can_run = lambda b: CudaGraphRunner.can_run(graphs, b)
+        return graphs
+
+    for max_bs, counted in ((8, True), (4, False)):  # a chain of 4 feeds 5 rows
+        h = make_harness()
+        h.runner.cuda_graph_runner = decode_graphs(max_bs)
+        _spec(h, ScriptedDrafter(wrong_at=None))
+        h.submit("a", [1, 2, 3], max_new_tokens=12, ignore_eos=True)
+        h.run()
+        stats = h.sched.stats()
+        assert stats["spec_verify_steps"] > 0 and stats["spec_verify_graph_steps"] == 0
+        assert stats["spec_verify_decode_graph_steps"] == (
+            stats["spec_verify_steps"] if counted else 0), max_bs
