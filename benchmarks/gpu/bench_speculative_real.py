@@ -15,7 +15,11 @@ Rows (one Engine per side, one after the other, so each has the device to itself
 Batch-1 decode tok/s = sum(n - 1) / sum(t(n tokens) - t(1 token)) over the prompts (both
 runs after a first one put the prompt in the radix cache), so prefill and request overhead
 cancel; tokens per verify step =
-completion_tokens / spec_verify_ct (meta_info). Greedy outputs of each side are compared with
+completion_tokens / spec_verify_ct (meta_info). NOTE: as SGLang's, ``spec_verify_ct`` counts a
+speculative engine's plain decode steps too (no draft, backoff, batch too large), and the
+completion tokens include jump-forward tokens: with a grammar it is tokens per decode step.
+Each row also prints the engine counters it moved (``spec_*`` deltas): verify steps, plain
+steps after an empty proposal, tokens per verified row, verifies replayed on CUDA graphs. Greedy outputs of each side are compared with
 the plain engine's token for token (the count of equal outputs is printed).
 
     python benchmarks/gpu/bench_speculative_real.py --model-path /tmp/x/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -123,20 +127,44 @@ def run_side(side: str, a: argparse.Namespace, model_dir: str, work: dict) -> di
     t0 = time.perf_counter()
     with open_engine(side, a, model_dir, grammar) as engine:
         print(f"[{side}] engine up in {time.perf_counter() - t0:.1f} s", flush=True)
-        if rows & {"b", "s"}:
-            res["b"] = batch1(engine, work["copy"], a.out_len)
-        if "c" in rows:
-            res["c"] = batched(engine, work["batch"], a.batch_out_len)
-        if "d" in rows and grammar:
-            res["d"] = batch1(engine, work["json"], a.json_out_len,
-                              json_schema=json.dumps(PERSON_SCHEMA))
+        jobs = {"b": lambda: batch1(engine, work["copy"], a.out_len),
+                "c": lambda: batched(engine, work["batch"], a.batch_out_len),
+                "d": lambda: batch1(engine, work["json"], a.json_out_len,
+                                    json_schema=json.dumps(PERSON_SCHEMA))}
+        for row in [r for r in "bcd" if r in rows or (r == "b" and "s" in rows)]:
+            if row == "d" and not grammar:
+                continue
+            before = spec_counters(engine)
+            res[row] = jobs[row]()
+            if before:
+                print(f"[{side}] row {row}: {counter_line(before, spec_counters(engine))}",
+                      flush=True)
         engine.check_idle_integrity()
-        stats = {k: v for k, v in engine.stats().items() if k.startswith("spec_")
-                 and not isinstance(v, (dict, list))}
+        stats = spec_counters(engine)
     print(f"[{side}] done at {time.perf_counter() - t0:.1f} s; {stats}", flush=True)
     if side == "standalone" and "b" in res:
         res["s"] = res.pop("b")
     return res
+
+
+def spec_counters(engine) -> dict:
+    """The engine's ``spec_*`` counters (empty for a non-speculative engine)."""
+    return {k: v for k, v in engine.stats().items() if k.startswith("spec_")
+            and isinstance(v, int)}
+
+
+def counter_line(before: dict, after: dict) -> str:
+    """What one row moved: verify steps (of them replayed on the verify / decode graphs), plain
+    steps after an empty proposal or decided up front, tokens per verified request row."""
+    d = {k: after[k] - before.get(k, 0) for k in after}
+    rows = d["spec_verify_rows"]
+    per_row = f"{d['spec_emitted_tokens'] / rows:.2f}" if rows else "-"
+    return (f"verify steps {d['spec_verify_steps']} (tree {d['spec_tree_steps']}; graphs: "
+            f"verify {d['spec_verify_graph_steps']}, decode "
+            f"{d.get('spec_verify_decode_graph_steps', 0)}), empty proposals "
+            f"{d['spec_empty_proposals']}, skipped {d['spec_skipped_steps']}, drafted "
+            f"{d['spec_draft_tokens']}, accepted {d['spec_accepted_tokens']}, tokens per "
+            f"verified row {per_row}, draft graph steps {d['spec_draft_graph_steps']}")
 
 
 def equal_count(want: list[list[int]], got: list[list[int]]) -> tuple[int, list[int]]:
