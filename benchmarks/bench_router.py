@@ -81,8 +81,13 @@ async def run_workload(url: str, prompts: list[str], args: argparse.Namespace,
                                  limits=limits) as client:
         async def one(prompt: str) -> None:
             async with sem:
-                r = await client.post("/generate", json={"text": prompt, "sampling_params": {
-                    "max_new_tokens": args.output_len, "temperature": 0, "ignore_eos": True}})
+                try:
+                    r = await client.post("/generate", json={"text": prompt, "sampling_params": {
+                        "max_new_tokens": args.output_len, "temperature": 0, "ignore_eos": True}})
+                except httpx.HTTPError as exc:  # counted with its reason, not the whole run lost
+                    totals["failed"] += 1
+                    errors.append(f"{type(exc).__name__}: {exc!r}")
+                    return
             if r.status_code != 200:
                 totals["failed"] += 1
                 errors.append(f"{r.status_code}: {r.text[:300]}")

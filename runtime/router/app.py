@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import InvalidRequestError
@@ -53,8 +54,10 @@ def build_state(config: RouterConfig) -> RouterState:
 
     metrics = RouterMetrics(snapshot)
     timeout = httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s)
+    # An idle upstream connection is dropped well before the workers' own 5 s keep-alive
+    # (uvicorn's default) closes it, so a request never goes out on one the worker is closing.
     client = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(
-        max_connections=None, max_keepalive_connections=256))
+        max_connections=None, max_keepalive_connections=256, keepalive_expiry=2.0))
     key = config.worker_api_key or config.api_key  # replicas of --dp-size share the key
     poller = LoadPoller(registry, client, {"Authorization": f"Bearer {key}"} if key else {}
                         ) if policy.needs_load else None
@@ -160,7 +163,10 @@ async def _invalid(request: Request, exc: Exception) -> Response:
 
 async def _routed(request: Request) -> Response:
     s, path = st(request), request.url.path
-    body = await request.body()
+    try:
+        body = await request.body()
+    except ClientDisconnect:  # the client left mid-upload: nobody to answer, nothing to log
+        return Response(status_code=499)
     if len(body) > s.config.max_body_bytes:  # a chunked upload has no content-length to check
         return json_error(path, 413, f"request body of {len(body)} bytes exceeds the limit of "
                                      f"{s.config.max_body_bytes} bytes")

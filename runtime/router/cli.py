@@ -82,7 +82,8 @@ def serve(config: RouterConfig, announce: Callable[[str], str] | None = None,
                 print(line, flush=True)
 
     uvicorn_config = uvicorn.Config(app, host=config.host, port=config.port,
-                                    log_level=config.log_level, access_log=False)
+                                    log_level=config.log_level, access_log=False,
+                                    timeout_keep_alive=config.keep_alive_timeout_s)
     Server(uvicorn_config).run()
 
 

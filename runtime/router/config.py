@@ -70,6 +70,10 @@ class RouterConfig:
     # timeouts (a dead or hung worker never holds a request forever)
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 600.0  # longest silence between two chunks of a worker's answer
+    # How long an idle client connection stays open. Longer than clients' own pool expiry
+    # (httpx 5 s, aiohttp 15 s, as nginx's 75 s): at uvicorn's 5 s the router closed idle
+    # connections just as a 5 s client pool reused them, and the request got a reset.
+    keep_alive_timeout_s: float = 75.0
     # health checks and the circuit breaker
     health_interval_s: float = 5.0
     health_timeout_s: float = 5.0
@@ -113,7 +117,7 @@ class RouterConfig:
             _check_range(name, getattr(self, name), 1, None)
         for name in ("backoff_base_s", "backoff_max_s", "connect_timeout_s", "read_timeout_s",
                      "health_interval_s", "health_timeout_s", "breaker_cooldown_s",
-                     "load_interval_s"):
+                     "load_interval_s", "keep_alive_timeout_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value <= 0:
                 raise InvalidRequestError(f"{name}: must be a positive number of seconds, "
