@@ -19,7 +19,8 @@ from ..config import EngineConfig
 from .args import ServerArgs
 
 _SERVER_FLAGS = {"host", "port", "api_key", "cors_origins", "graceful_timeout_s",
-                 "max_body_bytes", "log_level", "tool_call_parser", "reasoning_parser"}
+                 "keep_alive_timeout_s", "max_body_bytes", "log_level", "tool_call_parser",
+                 "reasoning_parser"}
 
 
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="allow this origin (repeatable; CORS is off without it)")
     parser.add_argument("--graceful-timeout-s", type=float, default=ServerArgs.graceful_timeout_s,
                         help="on SIGTERM, how long to wait for in-flight requests")
+    parser.add_argument("--keep-alive-timeout-s", type=float,
+                        default=ServerArgs.keep_alive_timeout_s,
+                        help="how long an idle client connection stays open")
     parser.add_argument("--max-body-bytes", type=int, default=ServerArgs.max_body_bytes)
     parser.add_argument("--log-level", default="warning")
     parser.add_argument("--tool-call-parser", default=None,
@@ -122,6 +126,13 @@ def _serve(engine: Any, args: ServerArgs) -> None:
                 url = dataclasses.replace(args, port=port).url
                 print(f"sgdsl server listening on {url} (model: {name})", flush=True)
 
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=args.graceful_timeout_s, access_log=False)
-    Server(config).run()
+    Server(uvicorn_config(app, args)).run()
+
+
+def uvicorn_config(app: Any, args: ServerArgs) -> Any:
+    """uvicorn's settings from the server's flags."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                          timeout_graceful_shutdown=args.graceful_timeout_s, access_log=False,
+                          timeout_keep_alive=args.keep_alive_timeout_s)

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from sgdsl.runtime.server.chat import ChatTemplate
-from sgdsl.runtime.server.cli import parse_args
+from sgdsl.runtime.server.cli import parse_args, uvicorn_config
 from sgdsl.runtime.server.engine_client import GenBatch
 from sgdsl.runtime.server.errors import APIError
 from sgdsl.runtime.server.openai_format import LogprobCursor, completion_logprobs, usage
@@ -110,6 +110,15 @@ def test_cli_maps_flags_to_configs() -> None:
     assert engine.schedule_policy == "fcfs" and engine.model == "/m"
     with pytest.raises(SystemExit):
         parse_args(["--schedule-policy", "nope"])
+
+
+def test_idle_connections_outlive_a_client_pool_expiry() -> None:
+    # uvicorn's own 5 s equals httpx's pool expiry: a client then reuses a connection the server
+    # is closing and meets a reset (the router's dp=4 ReadError); ours keeps them 75 s
+    _, server = parse_args([])
+    assert uvicorn_config(None, server).timeout_keep_alive == 75.0 > 5.0
+    _, server = parse_args(["--keep-alive-timeout-s", "9"])
+    assert uvicorn_config(None, server).timeout_keep_alive == 9.0
 
 
 def test_metrics_export_engine_stats() -> None:
