@@ -35,3 +35,23 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def tol(dtype: torch.dtype) -> float:
     return 2e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-4
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+    """A 3-layer random Llama (hidden 512, GQA 8:2 heads of 64) saved as a HF checkpoint; norms
+    near 1 and weights at 0.08 so decode logits stay well-conditioned in bf16."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=512, intermediate_size=1376, num_hidden_layers=3,
+                      num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+                      vocab_size=1000, max_position_embeddings=1024, tie_word_embeddings=False,
+                      eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.08) if p.dim() == 2 else p.uniform_(0.5, 1.5)  # norms too
+    path = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(path)
+    return path

@@ -33,24 +33,6 @@ def fusion_on(tmp_path, monkeypatch):
     monkeypatch.setenv(ON, "1")
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=512, intermediate_size=1376, num_hidden_layers=3,
-                      num_attention_heads=8, num_key_value_heads=2, head_dim=64,
-                      vocab_size=1000, max_position_embeddings=1024, tie_word_embeddings=False,
-                      eos_token_id=None, bos_token_id=None, pad_token_id=None)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.08) if p.dim() == 2 else p.uniform_(0.5, 1.5)  # norms too
-    path = tmp_path_factory.mktemp("tiny-llama-fusion")
-    model.save_pretrained(path)
-    return path
-
-
 def _layer(path, quant):
     from sgdsl.runtime.layers.linear import LinearBase
     from sgdsl.runtime.layers.quantization.base import QuantConfig
@@ -84,8 +66,8 @@ class _NoStore:
 
 
 @pytest.mark.parametrize("quant", [False, True], ids=["bf16", "fp8"])
-def test_fused_layer_matches_separate_kernels(tiny_dir, quant, fusion_on, monkeypatch):
-    layer = _layer(tiny_dir, quant)
+def test_fused_layer_matches_separate_kernels(tiny_llama_dir, quant, fusion_on, monkeypatch):
+    layer = _layer(tiny_llama_dir, quant)
     hidden = layer.input_layernorm.hidden_size
     h = torch.randn(1, hidden, device="cuda").bfloat16()
     res = torch.randn(1, hidden, device="cuda").bfloat16()
@@ -128,27 +110,27 @@ def _decode_logits(path, forced: list[int] | None, dtype: str = "bfloat16"
     return seq.out[1:], logits[1:]
 
 
-def test_model_decode_fused_vs_separate(tiny_dir, fusion_on, monkeypatch):
+def test_model_decode_fused_vs_separate(tiny_llama_dir, fusion_on, monkeypatch):
     """Teacher-forced on the fused run's tokens: the fused bf16 logits are as close to the
     fp32 model's (no fusion: fp32 weights keep cuBLAS) as the separate kernels' are."""
-    tokens, fused = _decode_logits(tiny_dir, None)
-    _, ref = _decode_logits(tiny_dir, tokens, "float32")
+    tokens, fused = _decode_logits(tiny_llama_dir, None)
+    _, ref = _decode_logits(tiny_llama_dir, tokens, "float32")
     monkeypatch.delenv(ON)
-    _, plain = _decode_logits(tiny_dir, tokens)
+    _, plain = _decode_logits(tiny_llama_dir, tokens)
     assert len(fused) == len(plain) == len(ref) == 16
     fused_err = max(rel_err(a, r) for a, r in zip(fused, ref))
     plain_err = max(rel_err(b, r) for b, r in zip(plain, ref))
     assert plain_err < 0.1 and fused_err < 1.5 * plain_err + 5e-3, (fused_err, plain_err)
 
 
-def test_model_decode_epilogues_vs_separate(tiny_dir, monkeypatch):
+def test_model_decode_epilogues_vs_separate(tiny_llama_dir, monkeypatch):
     """The products' epilogues (layers/gemv_epilogue.py: SiLU after gate_up, rotary + KV store
     after qkv; on by default) against the separate kernels (``SGDSL_GEMV_EPILOGUE=0``), as
     above: teacher-forced, each against the fp32 model's logits."""
-    tokens, fused = _decode_logits(tiny_dir, None)
-    _, ref = _decode_logits(tiny_dir, tokens, "float32")
+    tokens, fused = _decode_logits(tiny_llama_dir, None)
+    _, ref = _decode_logits(tiny_llama_dir, tokens, "float32")
     monkeypatch.setenv("SGDSL_GEMV_EPILOGUE", "0")
-    _, plain = _decode_logits(tiny_dir, tokens)
+    _, plain = _decode_logits(tiny_llama_dir, tokens)
     fused_err = max(rel_err(a, r) for a, r in zip(fused, ref))
     plain_err = max(rel_err(b, r) for b, r in zip(plain, ref))
     assert plain_err < 0.1 and fused_err < 1.5 * plain_err + 5e-3, (fused_err, plain_err)

@@ -213,24 +213,6 @@ def test_gpu_chain_in_cuda_graph_same_bits():
         assert torch.equal(out_off, out_on), f"replay {i}"
 
 
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=512, intermediate_size=1376, num_hidden_layers=3,
-                      num_attention_heads=8, num_key_value_heads=2, head_dim=64,
-                      vocab_size=1000, max_position_embeddings=1024, tie_word_embeddings=False,
-                      eos_token_id=None, bos_token_id=None, pad_token_id=None)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.08) if p.dim() == 2 else p.uniform_(0.5, 1.5)
-    path = tmp_path_factory.mktemp("tiny-llama-pdl")
-    model.save_pretrained(path)
-    return path
-
-
 def _decode_logits(path, on: bool) -> list[torch.Tensor]:
     import sys
     from pathlib import Path
@@ -262,13 +244,13 @@ def _decode_logits(path, on: bool) -> list[torch.Tensor]:
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
 @pytest.mark.parametrize("fusion", ["0", "1"], ids=["epilogues", "adds_folded"])
-def test_gpu_tiny_llama_decode_in_cuda_graphs_same_logits(tiny_llama, fusion, monkeypatch):
+def test_gpu_tiny_llama_decode_in_cuda_graphs_same_logits(tiny_llama_dir, fusion, monkeypatch):
     """Batch-1 decode with CUDA graphs (qkv + rotary + KV store, attention, o_proj, gate_up +
     SiLU, down; with ``SGDSL_GEMV_FUSION=1`` the adds in the products too): PDL's logits are
     the same bits, every step (greedy, so the same tokens too)."""
     _require_pdl()
     monkeypatch.setenv("SGDSL_GEMV_FUSION", fusion)
-    off, on = _decode_logits(tiny_llama, False), _decode_logits(tiny_llama, True)
+    off, on = _decode_logits(tiny_llama_dir, False), _decode_logits(tiny_llama_dir, True)
     assert len(off) == len(on) == 17
     for i, (a, b) in enumerate(zip(off, on)):
         assert torch.equal(a, b), f"step {i}"
