@@ -19,6 +19,9 @@ python -m pip download "${args[@]}" \
   jsonschema-specifications==2025.9.1
 # images (bench_vlm.py): the transformers image processors decode and resize with PIL
 python -m pip download "${args[@]}" pillow==13.0.0
+# the embedded model's GGUF conversion (bench_speculative_real.py; a pure-Python wheel)
+python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  -d .whl gguf==0.19.0
 # the server and the official clients, for benchmarks through `sgdsl serve` (the device has
 # httpx, anyio, h11, uvloop and aiohttp already); the versions the tests run here
 python -m pip download "${args[@]}" \
