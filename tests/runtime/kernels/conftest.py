@@ -55,3 +55,35 @@ def tiny_llama_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama")
     model.save_pretrained(path)
     return path
+
+
+def graph_decode(path, forced: list[int] | None = None, dtype: str = "bfloat16"
+                 ) -> tuple[list[int], list[torch.Tensor]]:
+    """A 40-token prompt's extend, then 16 decode steps replayed from CUDA graphs, on the model
+    at ``path``: the tokens out and every forward's logits (the extend's first). ``forced``: the
+    tokens to feed back instead of the sampled ones (the same inputs as another run)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks" / "gpu"))
+    from driver import Driver
+
+    from sgdsl.runtime.config import EngineConfig
+    from sgdsl.runtime.model.runner import ModelRunner
+
+    runner = ModelRunner(EngineConfig(model=str(path), dtype=dtype, device="cuda",
+                                      attention_backend="triton", max_total_tokens=2048,
+                                      max_running_requests=4, cuda_graph_max_bs=4))
+    assert runner.cuda_graph_runner is not None
+    logits, forward = [], runner.forward
+    # copies: a replayed graph's output is overwritten by the next replay
+    runner.forward = lambda batch: logits.append(forward(batch).float().clone()) or logits[-1]
+    d = Driver(runner)
+    seq = d.new_seq(torch.randint(0, 1000, (40,), generator=torch.Generator().manual_seed(2))
+                    .tolist())
+    d.extend([seq])
+    for i in range(16):
+        d.decode([seq])
+        if forced is not None:
+            seq.tokens[-1] = seq.out[-1] = forced[i]
+    return seq.out, logits

@@ -6,18 +6,15 @@ fusion (and the products' epilogues), on the same tokens, against the fp32 model
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from .conftest import rel_err
+from .conftest import graph_decode, rel_err
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks" / "gpu"))
 ON = "SGDSL_GEMV_FUSION"
 TILES = ["gemv:1,2048,4", "gemv:2,2048,1"]  # per norm-folding shape (qkv, gate_up)
 
@@ -88,26 +85,8 @@ def test_fused_layer_matches_separate_kernels(tiny_llama_dir, quant, fusion_on, 
 
 def _decode_logits(path, forced: list[int] | None, dtype: str = "bfloat16"
                    ) -> tuple[list[int], list[torch.Tensor]]:
-    from driver import Driver
-    from sgdsl.runtime.config import EngineConfig
-    from sgdsl.runtime.model.runner import ModelRunner
-
-    runner = ModelRunner(EngineConfig(model=str(path), dtype=dtype, device="cuda",
-                                      attention_backend="triton", max_total_tokens=2048,
-                                      max_running_requests=4, cuda_graph_max_bs=4))
-    assert runner.cuda_graph_runner is not None
-    logits, forward = [], runner.forward
-    # copies: a replayed graph's output is overwritten by the next replay
-    runner.forward = lambda batch: logits.append(forward(batch).float().clone()) or logits[-1]
-    d = Driver(runner)
-    seq = d.new_seq(torch.randint(0, 1000, (40,), generator=torch.Generator().manual_seed(2))
-                    .tolist())
-    d.extend([seq])
-    for i in range(16):
-        d.decode([seq])
-        if forced is not None:  # the same inputs as the other run
-            seq.tokens[-1] = seq.out[-1] = forced[i]
-    return seq.out[1:], logits[1:]
+    out, logits = graph_decode(path, forced, dtype)
+    return out[1:], logits[1:]
 
 
 def test_model_decode_fused_vs_separate(tiny_llama_dir, fusion_on, monkeypatch):

@@ -21,7 +21,7 @@ from sgdsl.runtime.kernels.qk_norm_rope import qk_norm_rope
 from sgdsl.runtime.kernels.rmsnorm import fused_add_rmsnorm, rmsnorm
 from sgdsl.runtime.layers.attention.base import KVStoreTarget
 
-from .conftest import ON_GPU
+from .conftest import ON_GPU, graph_decode
 from .paged import scattered_pool
 
 
@@ -214,31 +214,11 @@ def test_gpu_chain_in_cuda_graph_same_bits():
 
 
 def _decode_logits(path, on: bool) -> list[torch.Tensor]:
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks" / "gpu"))
-    from driver import Driver
-
-    from sgdsl.runtime.config import EngineConfig
-    from sgdsl.runtime.model.runner import ModelRunner
-
     pdl.set_enabled(on)
-    runner = ModelRunner(EngineConfig(model=str(path), dtype="bfloat16", device="cuda",
-                                      attention_backend="triton", max_total_tokens=2048,
-                                      max_running_requests=4, cuda_graph_max_bs=4))
-    assert runner.cuda_graph_runner is not None
-    logits, forward = [], runner.forward
-    # copies: a replayed graph's output is overwritten by the next replay
-    runner.forward = lambda batch: logits.append(forward(batch).float().clone()) or logits[-1]
-    d = Driver(runner)
-    seq = d.new_seq(torch.randint(0, 1000, (40,), generator=torch.Generator().manual_seed(2))
-                    .tolist())
-    d.extend([seq])
-    for _ in range(16):
-        d.decode([seq])
-    pdl.set_enabled(None)
-    return logits
+    try:
+        return graph_decode(path)[1]
+    finally:
+        pdl.set_enabled(None)
 
 
 @pytest.mark.gpu
