@@ -37,23 +37,34 @@ def tol(dtype: torch.dtype) -> float:
     return 2e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-4
 
 
-@pytest.fixture(scope="session")
-def tiny_llama_dir(tmp_path_factory):
-    """A 3-layer random Llama (hidden 512, GQA 8:2 heads of 64) saved as a HF checkpoint; norms
-    near 1 and weights at 0.08 so decode logits stay well-conditioned in bf16."""
+def save_tiny_llama(path, hidden: int = 512, intermediate: int = 1376, heads: int = 8,
+                    random_norms: bool = True):
+    """A 3-layer random Llama (GQA, 2 KV heads of 64, vocab 1000) saved at ``path`` as a HF
+    checkpoint; returns the HF model. Weights at 0.08, larger than HF's init, for a peaked,
+    tie-free argmax; ``random_norms``: norm weights in [0.5, 1.5] instead of ones."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=512, intermediate_size=1376, num_hidden_layers=3,
-                      num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=3,
+                      num_attention_heads=heads, num_key_value_heads=2, head_dim=64,
                       vocab_size=1000, max_position_embeddings=1024, tie_word_embeddings=False,
                       eos_token_id=None, bos_token_id=None, pad_token_id=None)
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():
         for p in model.parameters():
-            p.normal_(0, 0.08) if p.dim() == 2 else p.uniform_(0.5, 1.5)  # norms too
-    path = tmp_path_factory.mktemp("tiny-llama")
+            if p.dim() == 2:
+                p.normal_(0, 0.08)
+            elif random_norms:
+                p.uniform_(0.5, 1.5)
     model.save_pretrained(path)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+    """``save_tiny_llama``'s defaults (hidden 512, 8:2 heads), norms random."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    save_tiny_llama(path)
     return path
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from .conftest import save_tiny_llama
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -17,21 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks" / "gpu
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=384, intermediate_size=688, num_hidden_layers=3,
-                      num_attention_heads=6, num_key_value_heads=2, head_dim=64,
-                      vocab_size=1000, max_position_embeddings=1024, tie_word_embeddings=False,
-                      eos_token_id=None, bos_token_id=None, pad_token_id=None)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():  # larger weights than HF's init: a peaked, tie-free argmax
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.08)
     path = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(path)
-    return path, model
+    return path, save_tiny_llama(path, hidden=384, intermediate=688, heads=6, random_norms=False)
 
 
 def _scenario(model_dir, backend: str, graphs: bool, dtype: str = "float32") -> list[list[int]]:
