@@ -24,13 +24,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ModelLoadError
-from ..layers.linear import MergedColumnParallelLinear, QKVParallelLinear
+from ..layers.linear import QKVParallelLinear
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from ..layers.weight_slices import materialize
 from .forward_batch import ForwardBatch
 from .llama import LlamaAttention, LlamaMLP
-from .llama_weights import _packed_target, load_param
+from .llama_weights import _packed_target, load_param, unloaded_params
 from .model_config import ModelConfig
 
 EAGLE3_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
@@ -130,14 +130,7 @@ class EagleHead(nn.Module):
         return loaded
 
     def missing_weights(self, loaded: set[str]) -> list[str]:
-        missing = []
-        for name, module in self.named_modules():
-            for pname, _ in module.named_parameters(recurse=False):
-                full = f"{name}.{pname}" if name else pname
-                if isinstance(module, MergedColumnParallelLinear):
-                    missing += [f"{full}:{s}" for s in module.offsets if f"{full}:{s}" not in loaded]
-                elif full not in loaded:
-                    missing.append(full)
+        missing = unloaded_params(self, loaded)
         if self.lm_head is not None and "d2t" not in loaded:
             missing.append("d2t")
         return missing

@@ -66,15 +66,21 @@ class LlamaWeights:
 
     def missing_weights(self, loaded: set[str]) -> list[str]:
         """Parameters (or packed shards) that ``load_weights`` never filled."""
-        missing = []
-        for name, module in self.named_modules():
-            for pname, _ in module.named_parameters(recurse=False):
-                full = f"{name}.{pname}" if name else pname
-                if isinstance(module, MergedColumnParallelLinear):
-                    missing += [f"{full}:{s}" for s in module.offsets if f"{full}:{s}" not in loaded]
-                elif full not in loaded:
-                    missing.append(full)
-        return missing
+        return unloaded_params(self, loaded)
+
+
+def unloaded_params(model: nn.Module, loaded: set[str]) -> list[str]:
+    """``model``'s parameters (a packed projection's: each shard, ``name:shard``) not in
+    ``loaded``."""
+    missing = []
+    for name, module in model.named_modules():
+        for pname, _ in module.named_parameters(recurse=False):
+            full = f"{name}.{pname}" if name else pname
+            if isinstance(module, MergedColumnParallelLinear):
+                missing += [f"{full}:{s}" for s in module.offsets if f"{full}:{s}" not in loaded]
+            elif full not in loaded:
+                missing.append(full)
+    return missing
 
 
 def _packed_target(name: str) -> tuple[str, str] | None:
