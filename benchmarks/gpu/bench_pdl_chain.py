@@ -13,12 +13,11 @@ card's copy bandwidth, so the fixed per-kernel cost left is visible:
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
 from bench_tp import copy_tb_s
-from common import device_line, print_table
+from common import device_line, print_table, replay_us
 from sgdsl.runtime.kernels import pdl
 from sgdsl.runtime.kernels.decode_attention import decode_attention_fwd
 from sgdsl.runtime.kernels.gemv import gemv
@@ -83,17 +82,7 @@ def graph_us(m: dict, on: bool, replays: int = 20) -> tuple[float, torch.Tensor]
     with torch.cuda.graph(g):
         out = step(m)
     pdl.set_enabled(None)
-    for _ in range(3):
-        g.replay()
-    ts = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(ts), out.clone()
+    return replay_us(g, 3, replays), out.clone()
 
 
 def main() -> None:

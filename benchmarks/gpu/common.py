@@ -93,3 +93,21 @@ def time_decode(engine, ids: list[int], out_len: int) -> tuple[float, float]:
         times[n] = time.perf_counter() - t0
         assert len(out["output_ids"]) == n
     return times[1], (times[out_len] - times[1]) / (out_len - 1)
+
+
+def replay_us(graph: "torch.cuda.CUDAGraph", warmup: int, replays: int) -> float:
+    """Median microseconds of one replay of ``graph``, each timed between CUDA events, after
+    ``warmup`` untimed replays."""
+    import statistics
+
+    for _ in range(warmup):
+        graph.replay()
+    ts = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(ts)

@@ -13,12 +13,11 @@ import argparse
 import itertools
 import json
 import os
-import statistics
 from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
-from common import print_table
+from common import print_table, replay_us
 from sgdsl.runtime.kernels import decode_gemm
 from sgdsl.runtime.kernels.gemv import gemv
 from sgdsl.runtime.layers.quantization.fp8_utils import quantize_rows
@@ -73,18 +72,9 @@ def graph_us(step) -> float:
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         step()
-    for _ in range(2):
-        g.replay()
-    ts = []
-    for _ in range(7):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)
+    us = replay_us(g, 2, 7)
     del g
-    return statistics.median(ts)
+    return us
 
 
 def chain_us(pick: str, ws: list[tuple], x: torch.Tensor) -> float:
