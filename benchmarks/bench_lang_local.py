@@ -25,7 +25,6 @@ the other engineers' jobs; the step counts, call counts and CPU seconds are the 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -34,22 +33,12 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_engine_frontend as bef  # noqa: E402
+from person_programs import SCHEMA_TEXT, person_programs  # noqa: E402
 
-SCHEMA_TEXT = json.dumps(bef.SCHEMA)
 
 
 def programs() -> dict[str, Any]:
-    import sgdsl as sgl
-
-    @sgl.function
-    def constrained(s, prompt: str, budget: int):
-        s += prompt
-        s += sgl.gen("out", max_tokens=budget, json_schema=SCHEMA_TEXT, temperature=0.0)
-
-    @sgl.function
-    def free(s, prompt: str, budget: int):
-        s += prompt
-        s += sgl.gen("out", max_tokens=budget, ignore_eos=True, temperature=0.0)
+    constrained, free = person_programs()
     return {"json": constrained, "plain": free}
 
 

@@ -14,8 +14,11 @@ import re
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+from person_programs import person_programs  # noqa: E402
 from http_clients import (SCHEMA, SCHEMA_TEXT, Run, Workload, aiohttp_transport,  # noqa: F401
                           openai_run, raw_run, sampling, timed)
 
@@ -34,28 +37,13 @@ def engine_run(engine: Any, w: Workload) -> Run:
 
 # ---------------------------------------------------------------- (d) the language
 
-def _programs() -> tuple[Any, Any]:
-    import sgdsl as sgl
-
-    @sgl.function
-    def constrained(s, prompt: str, budget: int):
-        s += prompt
-        s += sgl.gen("out", max_tokens=budget, json_schema=SCHEMA_TEXT, temperature=0.0)
-
-    @sgl.function
-    def free(s, prompt: str, budget: int):
-        s += prompt
-        s += sgl.gen("out", max_tokens=budget, ignore_eos=True, temperature=0.0)
-    return constrained, free
-
-
 PROGRAMS: list[Any] = []
 
 
 def language_run(backend: Any, w: Workload) -> Run:
     """``run_batch`` of a ``@function`` with ``gen(json_schema=...)`` (or a free ``gen``)."""
     if not PROGRAMS:
-        PROGRAMS.extend(_programs())
+        PROGRAMS.extend(person_programs())
     program = PROGRAMS[0] if w.constrained else PROGRAMS[1]
     backend.flush_cache()
     batch = [{"prompt": t, "budget": b} for t, b in zip(w.texts, w.budgets)]
