@@ -5,13 +5,14 @@ Parameter names follow the HF checkpoint under ``visual.`` (``patch_embed.proj``
 ``blocks.N.{norm1,norm2,attn.qkv,attn.proj,mlp.{gate,up,down}_proj}``, ``merger.{ln_q,mlp.0,
 mlp.2}``). Input: the image processor's flattened patches ``[patches, C*T*P*P]`` of several
 images packed together and their ``grid_thw``; output: ``[tokens, out_hidden]`` in the
-images' order. Attention runs over ragged segments (windows or whole images), one SDPA call
-per segment length (``Segments``), so each segment attends only to itself, as HF's
-per-segment loop does, without a mask.
+images' order. Attention runs over ragged segments (windows or whole frames, contiguous in the
+window order): one varlen flash call per layer on the GPU, one SDPA call per segment length
+elsewhere (``vision_attention.py``). The residual stream is carried beside each block's output
+so every add is fused into the next norm (``RMSNorm(x, residual)``), the merger's included;
+the MLP runs zero-padded to aligned GEMMs (``vision_mlp.py``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,21 +22,11 @@ from torch import nn
 from ..kernels.dispatch import use_triton
 from ..layers.norm import RMSNorm  # HF's Qwen2RMSNorm; one fused kernel on the GPU
 from ..layers.upload import to_device
+from .vision_attention import Segments, segment_attention, varlen_supported
+from .vision_mlp import VisionMLP
 
 EPS = 1e-6
-
-
-class VisionMLP(nn.Module):
-    def __init__(self, dim: int, hidden: int, act: str) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(dim, hidden)
-        self.up_proj = nn.Linear(dim, hidden)
-        self.down_proj = nn.Linear(hidden, dim)
-        self.act = {"silu": F.silu, "gelu": F.gelu, "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
-                    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}[act]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+Rope = tuple[torch.Tensor, torch.Tensor]
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -51,48 +42,6 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return (x * cos + torch.cat((-x2, x1), dim=-1) * sin).to(dtype)
 
 
-@dataclass(frozen=True)
-class Segments:
-    """Ragged segments (windows or images) of a packed sequence, grouped by length: each
-    group's tokens (``index``, segment after segment) form an equal-length batch, so every
-    group is one unmasked SDPA call (flash on the GPU; a padded batch needs a mask, which
-    rules flash out). Built once per forward and shared by the blocks of that kind."""
-
-    groups: tuple[tuple[torch.Tensor | None, int], ...]  # (token index or None: all, length)
-
-    @classmethod
-    def of(cls, lens: torch.Tensor, device: torch.device) -> "Segments":
-        """``lens``: the segments' token counts, in packed order."""
-        lens = lens.cpu()
-        if bool((lens == lens[0]).all()):  # one group: the packed sequence itself
-            return cls(((None, int(lens[0])),))
-        starts = torch.cumsum(lens, 0) - lens
-        groups = []
-        for length in torch.unique(lens).tolist():
-            first = starts[lens == length]
-            index = (first[:, None] + torch.arange(length)).flatten()
-            groups.append((to_device(index, device), int(length)))
-        return cls(tuple(groups))
-
-
-def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segs: Segments,
-                      scale: float) -> torch.Tensor:
-    """Bidirectional attention within each segment of ``[tokens, heads, dim]`` tensors."""
-    heads, dim = q.shape[1:]
-
-    def attend(qg: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor, length: int) -> torch.Tensor:
-        qg, kg, vg = (t.reshape(-1, length, heads, dim).transpose(1, 2) for t in (qg, kg, vg))
-        out = F.scaled_dot_product_attention(qg, kg, vg, scale=scale)
-        return out.transpose(1, 2).reshape(-1, heads, dim)
-
-    if segs.groups[0][0] is None:
-        return attend(q, k, v, segs.groups[0][1])
-    out = torch.empty_like(q)
-    for index, length in segs.groups:
-        out[index] = attend(q[index], k[index], v[index], length)
-    return out
-
-
 class VisionAttention(nn.Module):
     def __init__(self, dim: int, heads: int) -> None:
         super().__init__()
@@ -100,8 +49,7 @@ class VisionAttention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor, segs: Segments, rope: tuple[torch.Tensor, torch.Tensor]
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, segs: Segments, rope: Rope) -> torch.Tensor:
         n = x.shape[0]
         q, k, v = self.qkv(x).view(n, 3, self.heads, self.head_dim).unbind(1)
         q, k = _rotate(q, *rope), _rotate(k, *rope)
@@ -117,10 +65,13 @@ class VisionBlock(nn.Module):
         self.attn = VisionAttention(cfg.hidden_size, cfg.num_heads)
         self.mlp = VisionMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
 
-    def forward(self, x: torch.Tensor, segs: Segments, rope: tuple[torch.Tensor, torch.Tensor]
-                ) -> torch.Tensor:
-        h, x = self.norm2(self.attn(self.norm1(x), segs, rope), x)  # fused: x + attn, norm
-        return x + self.mlp(h)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, segs: Segments,
+                rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """The hidden state is ``x + residual`` (``x`` alone for the first block); returns the
+        MLP's output and the residual it is to be added to (by the next norm)."""
+        h, residual = (self.norm1(x), x) if residual is None else self.norm1(x, residual)
+        h, residual = self.norm2(self.attn(h, segs, rope), residual)  # fused: + attn, norm
+        return self.mlp(h), residual
 
 
 class PatchMerger(nn.Module):
@@ -131,8 +82,9 @@ class PatchMerger(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(self.hidden, self.hidden), nn.GELU(),
                                  nn.Linear(self.hidden, out_dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mlp(self.ln_q(x).view(-1, self.hidden))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """Merges the hidden state ``x + residual`` (the last block's add, fused here)."""
+        return self.mlp(self.ln_q(x, residual)[0].view(-1, self.hidden))
 
 
 class PatchEmbed(nn.Module):
@@ -181,10 +133,13 @@ class Qwen2_5_VisionTransformer(nn.Module):
         rope = (emb.cos()[:, None, :], emb.sin()[:, None, :])
         # full attention: each frame of each image on its own
         frames = torch.tensor([h * w for t, h, w in grids for _ in range(t)])
-        full, windows = Segments.of(frames, x.device), Segments.of(window_lens, x.device)
+        varlen = varlen_supported(device, self.dtype)
+        full = Segments.of(frames, device, varlen)
+        windows = Segments.of(window_lens, device, varlen)
+        residual = None
         for i, block in enumerate(self.blocks):
-            x = block(x, full if i in self.full_blocks else windows, rope)
-        return self.merger(x)[torch.argsort(order)]
+            x, residual = block(x, residual, full if i in self.full_blocks else windows, rope)
+        return self.merger(x, residual)[torch.argsort(order)]
 
     def _by_unit(self, x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
         """Reorder rows by merge unit (2x2 patches stay together) into window order."""
@@ -204,7 +159,7 @@ class Qwen2_5_VisionTransformer(nn.Module):
     def rope_angles(self, positions: torch.Tensor) -> torch.Tensor:
         """``[patches, head_dim / 2]`` fp32: the row angles, then the column angles."""
         pos = positions.float()
-        inv = self.inv_freq.to(pos.device, non_blocking=True)  # 20 floats
+        inv = to_device(self.inv_freq, pos.device)  # 20 floats; pageable: waits for the queue
         return torch.cat([pos[:, :1] * inv, pos[:, 1:] * inv], dim=-1)
 
     def window_index(self, grids: list[tuple[int, int, int]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..layers.upload import to_device
+
 _PROBE = (97, 61)  # width, height of the load-time check's image (not a multiple of 28)
 
 
@@ -76,8 +78,10 @@ class PatchSpec:
         float32; patches in merge-block order, each frame repeated ``temporal`` times."""
         c = pixels.shape[2]
         x = (pixels.permute(2, 0, 1).double() * self.scale).float()
-        mean = torch.tensor(self.mean, dtype=torch.float32, device=x.device).view(c, 1, 1)
-        std = torch.tensor(self.std, dtype=torch.float32, device=x.device).view(c, 1, 1)
+        # NOTE: pinned and non-blocking: a tensor built on the device from a list is a
+        # pageable copy, which holds the host until the queued forward drains
+        mean = to_device(torch.tensor(self.mean, dtype=torch.float32), x.device).view(c, 1, 1)
+        std = to_device(torch.tensor(self.std, dtype=torch.float32), x.device).view(c, 1, 1)
         x = ((x - mean) / std).to(dtype)
         _, gh, gw = self.grid(pixels)
         p, m = self.patch, self.merge

@@ -1,7 +1,9 @@
 """On the GPU: the Qwen2.5-VL vision tower's device path (fused RMSNorm and add+norm, the
-rotary kernel, one SDPA call per segment length, pinned uploads) against transformers' tower on
-the same device, at head_dim 80 as in the 7B model, with images whose windows are partial; and
-the uint8 pixels cut into patches on the device equal the image processor's output."""
+rotary kernel, varlen flash attention in bf16 / per-length SDPA in fp32, the padded MLP, pinned
+uploads) against transformers' tower on the same device, at head_dim 80 as in the 7B model, with
+images whose windows are partial; the two attention paths against each other and the padded MLP
+against HF's three linears at the 7B size; and the uint8 pixels cut into patches on the device
+equal the image processor's output."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -74,3 +76,41 @@ def test_patches_cut_on_the_gpu_equal_the_processor(processor):
         pixels = torch.from_numpy(spec.resize(image)).cuda()
         got = spec.to_patches(pixels, torch.float32).cpu()
         assert got.shape == ref.shape and float((got - ref).abs().max()) <= 1e-6
+
+
+def test_varlen_flash_equals_per_length_sdpa():
+    """One varlen flash call over mixed segment lengths (a 1280x720 image's windows of 64,
+    32 and 16 patches, and a whole frame) equals the per-length SDPA path on the same bf16
+    q/k/v, v strided as the tower's qkv split leaves it."""
+    from sgdsl.runtime.model.vision_attention import Segments, segment_attention, varlen_supported
+
+    device = torch.device("cuda")
+    assert varlen_supported(device, torch.bfloat16)
+    lens = torch.tensor([64, 64, 32, 16, 64, 32, 600, 64, 16])
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    qkv = torch.randn(int(lens.sum()), 3, 16, 80, device=device, dtype=torch.bfloat16,
+                      generator=gen)
+    q, k, v = (t.contiguous() if i < 2 else t for i, t in enumerate(qkv.unbind(1)))
+    scale = 80 ** -0.5
+    got = segment_attention(q, k, v, Segments.of(lens, device, varlen=True), scale)
+    ref = segment_attention(q, k, v, Segments.of(lens, device, varlen=False), scale)
+    assert got.shape == ref.shape
+    assert float((got.float() - ref.float()).abs().max()) < 2e-2
+
+
+def test_padded_mlp_equals_the_plain_one_at_3420():
+    """The 7B tower's MLP (intermediate 3420, padded to 3456, one gate+up GEMM and the fused
+    silu_and_mul) against HF's three linears on the same bf16 weights."""
+    import torch.nn.functional as F
+
+    from sgdsl.runtime.model.vision_mlp import VisionMLP
+
+    torch.manual_seed(0)
+    mlp = VisionMLP(1280, 3420, "silu").to("cuda", torch.bfloat16)
+    assert mlp.padded == 3456 and mlp.gate_proj.weight.data_ptr() == mlp.gate_up_weight.data_ptr()
+    assert float(mlp.gate_up_weight[3420:3456].abs().sum()) == 0.0
+    x = torch.randn(300, 1280, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        ref = mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x)).float()
+        got = mlp(x).float()
+    assert float((got - ref).abs().max() / ref.abs().max()) < 2e-2
