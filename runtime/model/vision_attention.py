@@ -14,6 +14,8 @@ Two ways, picked once per forward by ``Segments.of``:
 """
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -22,15 +24,32 @@ import torch.nn.functional as F
 from ..layers.upload import to_device
 
 _HALF = (torch.float16, torch.bfloat16)
+logger = logging.getLogger(__name__)
 
 
 def varlen_supported(device: torch.device, dtype: torch.dtype) -> bool:
-    """Flash attention's varlen kernel takes this device and dtype (sm80+, fp16/bf16)."""
+    """Flash attention's varlen kernel takes this device and dtype (fp16/bf16 on a GPU where
+    a probe call runs)."""
     if device.type != "cuda" or dtype not in _HALF:
         return False
-    if not hasattr(torch.ops.aten, "_flash_attention_forward"):
+    return _varlen_runs(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _varlen_runs(index: int) -> bool:
+    """One tiny varlen call (once per device): a torch build without flash attention, or an
+    older GPU, falls back to the per-length SDPA path instead of failing the encoder."""
+    device = torch.device("cuda", index)
+    try:
+        q = torch.ones(4, 1, 8, device=device, dtype=torch.bfloat16)
+        cu = torch.arange(0, 5, 2, device=device, dtype=torch.int32)
+        torch.ops.aten._flash_attention_forward(q, q, q, cu, cu, 2, 2, 0.0, False, False,
+                                                scale=1.0)
+        return True
+    except (AttributeError, RuntimeError, TypeError, NotImplementedError) as exc:
+        logger.warning("vision attention: no varlen flash attention on %s (%s); one SDPA "
+                       "call per segment length instead", device, exc)
         return False
-    return torch.cuda.get_device_capability(device)[0] >= 8
 
 
 @dataclass(frozen=True)
