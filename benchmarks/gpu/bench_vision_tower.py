@@ -172,7 +172,7 @@ def main() -> None:
             tower(pixels, grids)
             torch.cuda.synchronize()
         print(f"\n### kernels of one forward (this tree)\n{device_line()}")
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15,
+        print(prof.key_averages().table(sort_by="device_time_total", row_limit=15,
                                         max_name_column_width=60))
 
 
