@@ -1,32 +1,41 @@
 """Multi-turn chat through a device KV pool far smaller than the working set: the radix cache
 alone vs the hierarchical cache (host pool), in one run (issue 26's acceptance).
 
-Each of ``--conversations`` clients opens with a ``--history``-token context and then sends
+Each of ``--conversations`` users opens with a ``--history``-token context and then sends
 ``--turns`` turns; turn t's prompt is the whole conversation so far (the previous prompt, the
 model's answer, a new ``--user-tokens`` user message), as a chat server sees it (token ids,
-greedy, ``--output-tokens`` per answer, ignore_eos). Every client starts together and sends its
-next turn as soon as the answer is in (a closed loop: the engine is always saturated, so mean
-TTFT is about conversations / throughput minus the answer's decode time), or, with
-``--think-time``, after a pause (a lighter load, where TTFT is mostly the prefill). With the
-device pool capped (``--device-tokens``, max_total_tokens) at a quarter of the working set or
-less, an LRU device cache loses a conversation's prefix unless its next turn comes soon; the
-host tier keeps it. Every engine gets the same options except the hierarchical cache's.
+greedy, ``--output-tokens`` per answer, ignore_eos). When users send their turns is the load
+point (``--rates``, see chat_load.py), each run in order in every engine, the cache flushed
+between them:
+
+- ``closed``: every user at once, the next turn as soon as the answer is in. The engine is
+  always saturated, so TTFT is mostly queueing (about conversations / throughput).
+- ``think:Z``: users who read and type for about Z s between turns (first turns spread over
+  Z s): about conversations / Z turns per second, every conversation live all run. Below
+  the radix engine's capacity, TTFT is what one turn costs amid the others' decodes.
+- a number R: conversations arriving at R per second (Poisson), thinking ``--think-time``.
+
+With the device pool capped (``--device-tokens``, max_total_tokens) at a quarter of the
+working set or less, an LRU device cache loses a conversation's prefix unless its next turn
+comes soon; the host tier keeps it. Every engine gets the same options except the
+hierarchical cache's.
 
 Engines (``--engines``): ``radix``, ``hicache`` and ``radix2``, a second radix run: its
 agreement with ``radix`` is the noise floor of the greedy comparison (bf16 and batch
-composition flip near-ties, and dummy weights make near-ties common). Per engine: wall time,
-requests/s, output tokens/s, TTFT p50/p99/mean, TTFT p50 of first turns and of later turns,
-the cached share of prompt tokens (and ``cacheable``: the most any cache could give, since first
-turns and each turn's new tokens are never cached), retractions and the HiCache counters; then
-the ratios and the answer agreement (first turns, and turns whose whole prompt was identical).
+composition flip near-ties, and dummy weights make near-ties common). Per engine and load
+point: offered and served turns/s, output tokens/s, TTFT p50/p99/mean, TTFT p50 of first turns
+and p50/p99 of later turns, the live working set (time-averaged context of the conversations
+in progress) over the device pool, the cached share of prompt tokens (and ``cacheable``: the
+most any cache could give), retractions and the HiCache counters; then per load point the
+ratios and the answer agreement (first turns, and turns whose whole prompt was identical).
 
     source benchmarks/gpu/device_env.sh && python3 benchmarks/gpu/bench_hicache.py
-    python3 benchmarks/gpu/bench_hicache.py --conversations 64 --device-tokens 40960 \\
-        --schedule-policy fcfs    # no LPM convoy: each turn waits behind every conversation
-    python3 benchmarks/gpu/bench_hicache.py --conversations 64 --device-tokens 40960 \\
-        --think-time 4 --engines radix,hicache    # a lighter load: TTFT is the prefill
+    python3 benchmarks/gpu/bench_hicache.py --conversations 96 --turns 3 --device-tokens 40960 \\
+        --hicache-ratio 10 --schedule-policy fcfs --engines radix,hicache \\
+        --rates think:16,think:8,closed    # light and heavy interactive loads, then saturation
     python benchmarks/gpu/bench_hicache.py --device cpu --tiny --conversations 6 --turns 3 \\
-        --history 200 --user-tokens 16 --output-tokens 4 --device-tokens 500   # CPU smoke
+        --history 200 --user-tokens 16 --output-tokens 4 --device-tokens 500 \\
+        --rates think:1,closed    # CPU smoke
 """
 from __future__ import annotations
 
@@ -34,7 +43,6 @@ import argparse
 import asyncio
 import hashlib
 import json
-import random
 import statistics
 import sys
 import tempfile
@@ -43,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from chat_load import LoadPoint, Occupancy, parse_points  # noqa: E402
 from common import CONFIGS, print_table, random_prompts  # noqa: E402
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
@@ -71,8 +80,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-running", type=int, default=128)
     ap.add_argument("--schedule-policy", default="lpm", choices=["lpm", "fcfs"])
     ap.add_argument("--think-time", type=float, default=0.0,
-                    help="mean seconds a client pauses before its next turn (0: none, the "
-                         "closed loop that saturates the engine; > 0: an open, lighter load)")
+                    help="mean seconds a user reads and types before the next turn "
+                         "(exponential; 0: none)")
+    ap.add_argument("--rates", default="closed",
+                    help="load points, run in order in each engine (chat_load.py): 'closed' "
+                         "(every conversation at once, the next turn right after the answer, "
+                         "or after --think-time), 'think:Z' (the users think Z s), or "
+                         "conversations arriving per second (Poisson), e.g. think:16,think:8,closed")
     ap.add_argument("--engines", default="radix,hicache,radix2",
                     help="comma list of radix, hicache, radix2 (a repeat of radix)")
     return ap.parse_args(argv)
@@ -103,26 +117,18 @@ def workload(a: argparse.Namespace) -> tuple[list[list[int]], list[list[list[int
     return histories, users
 
 
-def pauses(a: argparse.Namespace, conv: int) -> list[float]:
-    """Seconds a client waits before each turn (the same in every engine's run): with
-    ``--think-time``, the first turn starts uniformly within one think time and each later
-    one follows the answer after an exponential pause of that mean; else none."""
-    if a.think_time <= 0:
-        return [0.0] * a.turns
-    rng = random.Random(1000 + conv)
-    return [rng.uniform(0, a.think_time), *(rng.expovariate(1 / a.think_time)
-                                              for _ in range(a.turns - 1))]
-
-
 async def conversation(engine: Any, history: list[int], users: list[list[int]],
-                       out_tokens: int, turns: list[dict], answers: list[list[int]],
-                       waits: list[float]) -> None:
-    """One client: its turns in order; per turn its TTFT and meta_info (``turns``) and its
-    answer (``answers``)."""
+                       out_tokens: int, waits: list[float], t0: float, turns: list[dict],
+                       answers: list[list[int]], occupancy: Occupancy) -> None:
+    """One user: its turns in order, each ``waits[t]`` seconds after the previous answer (turn
+    0: after the run's start ``t0``); per turn its TTFT and meta_info (``turns``) and its answer
+    (``answers``); its span and final context go to ``occupancy``."""
     context = list(history)
     params = {"max_new_tokens": out_tokens, "ignore_eos": True, "temperature": 0.0}
+    await asyncio.sleep(max(0.0, t0 + waits[0] - time.perf_counter()))
+    begin = time.perf_counter()
     for t, (user, wait) in enumerate(zip(users, waits)):
-        if wait:
+        if t and wait:
             await asyncio.sleep(wait)
         context += user
         start = time.perf_counter()
@@ -136,12 +142,10 @@ async def conversation(engine: Any, history: list[int], users: list[list[int]],
         turns.append({"turn": t, "ttft": ttft, **meta})
         answers.append(list(out))
         context += out
+    occupancy.add(begin, time.perf_counter(), len(context))
 
 
-def run(a: argparse.Namespace, hicache: bool) -> tuple[dict[str, Any], list[list[list[int]]]]:
-    from sgdsl.runtime import Engine
-
-    histories, users = workload(a)
+def engine_kwargs(a: argparse.Namespace, hicache: bool) -> dict[str, Any]:
     longest = a.history + a.turns * (a.user_tokens + a.output_tokens)
     kw: dict[str, Any] = dict(load_format=a.load_format, device=a.device,
                               max_total_tokens=a.device_tokens, context_length=longest + 64,
@@ -150,25 +154,47 @@ def run(a: argparse.Namespace, hicache: bool) -> tuple[dict[str, Any], list[list
     if hicache:
         kw.update(enable_hierarchical_cache=True, hicache_ratio=a.hicache_ratio,
                   hicache_size=a.hicache_size, hicache_write_policy=a.write_policy)
-    with Engine(model=model_dir(a), **kw) as engine:
+    return kw
+
+
+def run(a: argparse.Namespace, hicache: bool, points: list[LoadPoint]
+        ) -> list[tuple[dict[str, Any], list[list[list[int]]]]]:
+    """One engine through every load point (the cache flushed before each): per point its
+    summary and every conversation's answers."""
+    from sgdsl.runtime import Engine
+
+    histories, users = workload(a)
+    out = []
+    with Engine(model=model_dir(a), **engine_kwargs(a, hicache)) as engine:
         engine.generate(input_ids=random_prompts(2, 64, seed=7),
                         sampling_params={"max_new_tokens": 4})  # warm-up
-        engine.flush_cache()
-        turns: list[dict] = []
-        answers: list[list[list[int]]] = [[] for _ in histories]
+        for point in points:
+            engine.flush_cache()
+            turns: list[dict] = []
+            answers: list[list[list[int]]] = [[] for _ in histories]
+            occupancy = Occupancy()
 
-        async def clients() -> None:
-            await asyncio.gather(*(conversation(engine, h, u, a.output_tokens, turns, o,
-                                                pauses(a, c))
-                                   for c, (h, u, o) in enumerate(zip(histories, users,
-                                                                     answers))))
+            async def clients() -> None:
+                t0 = time.perf_counter()
+                await asyncio.gather(*(
+                    conversation(engine, h, u, a.output_tokens, point.pauses(c, a.turns), t0,
+                                 turns, o, occupancy)
+                    for c, (h, u, o) in enumerate(zip(histories, users, answers))))
 
-        start = time.perf_counter()
-        asyncio.run(clients())
-        wall = time.perf_counter() - start
-        stats = engine.stats()
-        engine.check_idle_integrity()
-    return summarize(a, wall, turns, stats), answers
+            before = engine.stats()
+            start = time.perf_counter()
+            asyncio.run(clients())
+            wall = time.perf_counter() - start
+            stats = _delta(before, engine.stats())
+            engine.check_idle_integrity()
+            out.append((summarize(a, point, wall, turns, stats, occupancy), answers))
+    return out
+
+
+def _delta(before: dict, after: dict) -> dict:
+    """Counters over one load point (gauges such as averages are recomputed by the caller)."""
+    return {k: v - before.get(k, 0) if isinstance(v, (int, float)) else v
+            for k, v in after.items()}
 
 
 def cacheable(a: argparse.Namespace) -> float:
@@ -186,26 +212,36 @@ def _p50(xs: list[float]) -> float:
     return statistics.median(xs) if xs else 0.0
 
 
-def summarize(a: argparse.Namespace, wall: float, turns: list[dict],
-              stats: dict) -> dict[str, Any]:
-    ttfts = sorted(t["ttft"] for t in turns)
-    p99 = ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))]
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
+
+
+def summarize(a: argparse.Namespace, point: LoadPoint, wall: float, turns: list[dict],
+              stats: dict, occupancy: Occupancy) -> dict[str, Any]:
+    ttfts = [t["ttft"] for t in turns]
+    later = [t["ttft"] for t in turns if t["turn"] > 0]
     prompt = sum(t["prompt_tokens"] for t in turns)
-    return {"wall_s": wall, "req_s": len(turns) / wall,
+    loads = stats.get("hicache_loads_total", 0)
+    return {"load": point.name,
+            "offered_req_s": point.offered_turns_per_s(a.turns, a.conversations),
+            "wall_s": wall, "req_s": len(turns) / wall,
             "out_tok_s": sum(t["completion_tokens"] for t in turns) / wall,
-            "ttft_p50": statistics.median(ttfts), "ttft_p99": p99,
+            "ttft_p50": _pct(ttfts, 0.5), "ttft_p99": _pct(ttfts, 0.99),
             "ttft_mean": statistics.mean(ttfts),
             "p50_turn1": _p50([t["ttft"] for t in turns if t["turn"] == 0]),
-            "p50_later": _p50([t["ttft"] for t in turns if t["turn"] > 0]),
+            "p50_later": _pct(later, 0.5), "p99_later": _pct(later, 0.99),
+            "live_x_pool": occupancy.mean_live_tokens(wall) / a.device_tokens,
+            "peak_live": occupancy.peak_live(),
             "cached": sum(t["cached_tokens"] for t in turns) / prompt,
             "cacheable": cacheable(a),
             "retractions": stats.get("retractions_total", 0),
             "host_hits": stats.get("hicache_host_hit_tokens", 0),
-            "loads": stats.get("hicache_loads_total", 0),
+            "loads": loads,
             "h2d_gb": stats.get("hicache_bytes_host_to_device", 0) / 2**30,
             "d2h_gb": stats.get("hicache_bytes_device_to_host", 0) / 2**30,
-            "load_ms": 1e3 * stats.get("hicache_load_latency_avg_s", 0.0),
-            "load_s_total": stats.get("hicache_load_seconds_total", 0.0)}
+            "load_ms": 1e3 * stats.get("hicache_load_seconds_total", 0.0) / loads if loads
+            else 0.0}
 
 
 def agreement(x: list[list[list[int]]], y: list[list[list[int]]]) -> dict[str, str]:
@@ -226,27 +262,37 @@ def agreement(x: list[list[list[int]]], y: list[list[list[int]]]) -> dict[str, s
 
 def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
+    points = parse_points(a.rates, a.think_time)
     per_conv = a.history + a.turns * (a.user_tokens + a.output_tokens)
     working = a.conversations * per_conv
     print(f"working set {working} tokens = {working / a.device_tokens:.1f}x the device pool "
           f"({a.device_tokens}); {a.conversations} conversations x {a.turns} turns; "
-          f"schedule policy {a.schedule_policy}; think time {a.think_time} s", flush=True)
+          f"schedule policy {a.schedule_policy}; think time {a.think_time} s; load points "
+          + ", ".join(p.name for p in points), flush=True)
     names = [n.strip() for n in a.engines.split(",") if n.strip()]
-    runs = {n: run(a, hicache=n == "hicache") for n in names}
-    results = {n: r[0] for n, r in runs.items()}
-    keys = list(next(iter(results.values())))
+    runs = {n: run(a, n == "hicache", points) for n in names}
+    keys = list(runs[names[0]][0][0])
+    rows = [[n, *(r[0][k] for k in keys)] for i in range(len(points)) for n, rs in runs.items()
+            for r in [rs[i]]]
     print_table(f"multi-turn chat: radix cache vs hierarchical cache ({a.schedule_policy})",
-                ["engine", *keys], [[n, *(r[k] for k in keys)] for n, r in results.items()])
-    if "radix" in results and "hicache" in results:
-        base, hi = results["radix"], results["hicache"]
-        print(f"\nthroughput x{hi['req_s'] / base['req_s']:.2f} (hicache / radix), "
+                ["engine", *keys], rows)
+    for i, point in enumerate(points):
+        report(point, {n: rs[i] for n, rs in runs.items()})
+
+
+def report(point: LoadPoint, runs: dict[str, tuple[dict, list]]) -> None:
+    """One load point's ratios (hicache / radix) and answer agreement."""
+    if "radix" in runs and "hicache" in runs:
+        base, hi = runs["radix"][0], runs["hicache"][0]
+        print(f"\n[{point.name}] throughput x{hi['req_s'] / base['req_s']:.2f} (hicache / radix), "
               f"TTFT p50 x{base['ttft_p50'] / hi['ttft_p50']:.2f} lower, "
               f"p99 x{base['ttft_p99'] / hi['ttft_p99']:.2f} lower, "
-              f"mean x{base['ttft_mean'] / hi['ttft_mean']:.2f} lower")
+              f"mean x{base['ttft_mean'] / hi['ttft_mean']:.2f} lower, "
+              f"later turns p50 x{base['p50_later'] / max(hi['p50_later'], 1e-9):.2f} lower")
     for other in ("radix2", "hicache"):
         if "radix" in runs and other in runs:
             same = agreement(runs["radix"][1], runs[other][1])
-            print(f"identical answers, radix vs {other}: "
+            print(f"[{point.name}] identical answers, radix vs {other}: "
                   + ", ".join(f"{k} {v}" for k, v in same.items()))
 
 

@@ -1,0 +1,111 @@
+"""What one turn's TTFT costs by where its prefix's KV is: recomputed (a miss), on the device (a
+device hit), or in the host tier (a host hit: the load back plus the suffix's prefill), one
+request at a time on an idle engine, so each figure is that path's own cost and no queue's.
+
+Per repetition, with a fresh ``--prefix``-token context: (1) ``miss``: context + suffix A (the
+context is computed, cached and, write-through, copied to the host); (2) ``device hit``:
+context + suffix B; (3) a filler prompt that takes nearly the whole device pool, so LRU
+eviction demotes the context to the host; (4) ``host hit``: context + suffix C. The same
+misses on an engine without the tiers (``radix miss``) show what write-through adds to a miss.
+Each request generates one token (its latency is its TTFT); medians over ``--reps``.
+``cached_tokens_details`` confirms which tier served each hit.
+
+    python benchmarks/gpu/bench_hicache_tiers.py --device cpu --embedded --prefix 1024 --reps 5
+    source benchmarks/gpu/device_env.sh && python3 benchmarks/gpu/bench_hicache_tiers.py
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_hicache import model_dir  # noqa: E402
+from common import CONFIGS, print_table, random_prompts  # noqa: E402
+
+CASES = ("radix miss", "miss", "device hit", "host hit")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model-config", default=str(CONFIGS / "llama-3.1-8b"))
+    ap.add_argument("--load-format", default="dummy")
+    ap.add_argument("--tiny", action="store_true", help="the config at 2 layers, hidden 64")
+    ap.add_argument("--embedded", action="store_true",
+                    help="the embedded SmolLM2-135M with its weights (CPU dev box)")
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--prefix", type=int, default=2048, help="tokens of the cached context")
+    ap.add_argument("--suffix", type=int, default=64, help="new tokens of each turn")
+    ap.add_argument("--reps", type=int, default=8)
+    return ap.parse_args(argv)
+
+
+def engine_kw(a: argparse.Namespace, hicache: bool) -> dict[str, Any]:
+    if a.embedded:
+        from sgdsl.runtime.model.embedded import embedded_model_path
+
+        model, fmt = str(embedded_model_path()), "auto"
+    else:
+        model, fmt = model_dir(a), a.load_format
+    # NOTE: the pool holds two turns' prompts and a bit: the filler then evicts everything
+    pool = 2 * (a.prefix + a.suffix) + 256
+    kw = dict(model=model, load_format=fmt, device=a.device, max_total_tokens=pool,
+              context_length=pool, grammar_backend="none", max_running_requests=4)
+    if hicache:
+        kw.update(enable_hierarchical_cache=True, hicache_ratio=8)
+    return kw
+
+
+def _ttft(engine: Any, ids: list[int]) -> tuple[float, dict]:
+    start = time.perf_counter()
+    out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 1,
+                                                          "temperature": 0.0})
+    return time.perf_counter() - start, out["meta_info"]
+
+
+def measure(a: argparse.Namespace, hicache: bool) -> dict[str, list[tuple[float, dict]]]:
+    """Per case, (seconds, meta_info) of each repetition."""
+    from sgdsl.runtime import Engine
+
+    kw = engine_kw(a, hicache)
+    pool = kw["max_total_tokens"]
+    cases: dict[str, list] = {c: [] for c in CASES}
+    with Engine(**kw) as engine:
+        _ttft(engine, random_prompts(1, a.prefix, seed=5)[0])  # warm-up at full length
+        for rep in range(a.reps):
+            engine.flush_cache()
+            context = random_prompts(1, a.prefix, seed=100 + rep)[0]
+            a_, b_, c_ = random_prompts(3, a.suffix, seed=200 + rep)
+            if not hicache:
+                cases["radix miss"].append(_ttft(engine, context + a_))
+                continue
+            cases["miss"].append(_ttft(engine, context + a_))
+            cases["device hit"].append(_ttft(engine, context + b_))
+            _ttft(engine, random_prompts(1, pool - 64, seed=300 + rep)[0])  # evicts the context
+            cases["host hit"].append(_ttft(engine, context + c_))
+        engine.check_idle_integrity()
+    return cases
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
+    cases = {**measure(a, hicache=False), **{k: v for k, v in measure(a, True).items() if v}}
+    miss = statistics.median(s for s, _ in cases["radix miss"])
+    rows = []
+    for name in CASES:
+        secs = [s for s, _ in cases[name]]
+        tiers = cases[name][-1][1].get("cached_tokens_details") or {}
+        rows.append([name, 1e3 * statistics.median(secs), 1e3 * min(secs), 1e3 * max(secs),
+                     miss / statistics.median(secs), tiers.get("device", 0),
+                     tiers.get("host", 0)])
+    print_table(f"one turn's TTFT by tier: {a.prefix}-token context + {a.suffix} new tokens, "
+                f"{a.reps} reps, idle engine",
+                ["case", "median ms", "min ms", "max ms", "x faster than a miss",
+                 "device tokens (last rep)", "host tokens (last rep)"], rows)
+
+
+if __name__ == "__main__":
+    main()
