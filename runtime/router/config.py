@@ -53,6 +53,9 @@ class RouterConfig:
     chars_per_token: float = 4.0  # converts the text tree's characters to tokens
     decode_token_weight: float = 1.0  # cost of an output token in prompt-token units
     evict_weight: float = 1.0  # extra cost of a miss on a full KV (it evicts cached prefixes)
+    # queued work above the lightest worker's that is not counted against cache affinity, as a
+    # fraction of the mean work (widened by the lightest worker's KV pressure)
+    work_slack: float = 0.5
     default_output_tokens: int = 128  # a request's output estimate when it names no maximum
     load_interval_s: float = 0.05  # how often each worker's GET /load is polled
     # cache_aware (approximate radix tree of the text routed to each worker; also cost_aware's)
@@ -109,6 +112,7 @@ class RouterConfig:
         _check_range("chars_per_token", self.chars_per_token, 0.1, None)
         _check_range("decode_token_weight", self.decode_token_weight, 0.0, None)
         _check_range("evict_weight", self.evict_weight, 0.0, None)
+        _check_range("work_slack", self.work_slack, 0.0, None)
         for name in ("balance_abs_threshold", "max_retries", "default_output_tokens"):
             _check_range(name, getattr(self, name), 0, None)
         for name in ("max_tree_chars", "prefix_chars", "virtual_nodes", "health_failure_threshold",

@@ -1,23 +1,35 @@
-"""``cost_aware`` (the default): the worker that will have the least work once it has this request.
+"""``cost_aware`` (the default): cache affinity, unless the imbalance it leaves would idle a worker.
 
 For each available worker ``w``::
 
-    cost(w) = miss(w) + work(w)
+    cost(w) = miss(w) + excess(w)
     miss(w) = uncached(w) x (1 + evict_weight x kv_pressure(w))
-    work(w) = prefill tokens + decode_token_weight x decode tokens the worker still has
+    excess(w) = max(0, work(w) - work(lightest) - band)
+    band = min(work_slack x mean work x (1 + evict_weight x kv_pressure(lightest)),
+               2 x work(lightest))
 
 ``uncached(w)`` is the prompt's tokens not in ``w``'s prefix cache, predicted by the same
 approximate text tree as ``cache_aware`` (characters / characters per token, learned from the
-prompt token counts in the workers' answers, ``--chars-per-token`` at first); ``work(w)`` comes
-from the worker's ledger (its last ``GET /load`` + what was routed to it since, see ledger.py).
-A miss on a worker whose KV is full also evicts cached prefixes that later requests then
-recompute, hence the pressure term (``kv_pressure`` = 1 - free / total KV from ``/load``).
+prompt token counts in the workers' answers, ``--chars-per-token`` at first); ``work(w)`` is
+prefill tokens + ``decode_token_weight`` x decode tokens the worker still has, from its ledger
+(its last ``GET /load`` + what was routed to it since, see ledger.py). A miss on a worker whose
+KV is full also evicts cached prefixes that later requests then recompute, hence the pressure
+term (``kv_pressure`` = 1 - free / total KV from ``/load``).
 
-So cache affinity wins exactly when the work it saves exceeds the extra work already queued on
-the cached worker: with no shared prefixes this is least-work balancing (never the ``64
-requests apart`` drift of ``cache_aware``), with shared prefixes and a balanced load every
-group stays where its prefix is cached. Ties (all idle): the smaller tree (more cache room),
-then the first. Each worker's tree is bounded by what its KV can hold once ``/load`` told it.
+Why a band: a miss is work done (a full prefill, and on a full KV someone else's prefix lost),
+while an imbalance of queued work costs throughput only once the lighter worker runs dry. So
+queued work within the band (half the mean by default) is not counted: a group's requests stay
+on the worker that holds its prefix, and balance comes from where new prefixes go (costs within
+``_TIE_TOKENS``: the least work). Beyond the band every token of excess counts against what the
+cache saves, so a hot worker still overflows, and a worker running dry (the band is at most
+twice its own work) takes requests whatever the cache. When the lightest worker's KV is full
+too, sending it work evicts there as well and its batch cannot grow: the band widens with its
+pressure. (The previous rule, ``miss + work``, gave up the cache for any imbalance worth one
+prefill and lost 11 points of hit rate on a KV-limited H200 pair: benchmarks/RESULTS.md.)
+
+Each worker's tree is bounded to ``_TREE_KV`` x what its KV can hold once ``/load`` told it:
+a group whose prefix the worker has since evicted still finds its way back there (a miss
+anywhere, but going back keeps each group on one worker instead of a second copy elsewhere).
 """
 from __future__ import annotations
 
@@ -31,6 +43,9 @@ from .tree_policy import TreePolicy
 
 _PRIOR_TOKENS = 2000.0  # weight of --chars-per-token against the measured ratio
 _DECAY = 0.999  # per answer: the ratio follows the last few thousand answers
+_TIE_TOKENS = 16.0  # costs this close are equal: a few characters matched by chance decide nothing
+_BAND_PER_LOW = 2.0  # the band is at most this x the lightest worker's work: an idle one gets none
+_TREE_KV = 2.0  # each worker's tree remembers this many times what its KV holds (stickiness)
 
 
 class CostAwarePolicy(TreePolicy):
@@ -55,19 +70,24 @@ class CostAwarePolicy(TreePolicy):
 
     def select(self, workers: Sequence[Worker], text: str, output_tokens: int = 0) -> Choice:
         c = self.config
-        weight, per_token = c.decode_token_weight, self.chars_per_token
-        rows = []
-        for i, w in enumerate(workers):
-            tree = self._bounded_tree(w)
-            uncached = (len(text) - (tree.match(text) if text else 0)) / per_token
-            work = w.ledger.work(weight)
-            rows.append((uncached * self._miss_factor(w) + work, tree.size, i, uncached, work))
-        cost, _, i, uncached, work = min(rows)
+        per_token = self.chars_per_token
+        uncached = [(len(text) - (self._bounded_tree(w).match(text) if text else 0)) / per_token
+                    for w in workers]
+        works = [w.ledger.work(c.decode_token_weight) for w in workers]
+        low = min(works)
+        lightest = workers[works.index(low)]
+        band = min(c.work_slack * sum(works) / len(works) * self._miss_factor(lightest),
+                   _BAND_PER_LOW * low)
+        costs = [u * self._miss_factor(w) + max(0.0, work - low - band)
+                 for u, w, work in zip(uncached, workers, works)]
+        best = min(costs)
+        i = min((k for k, cost in enumerate(costs) if cost <= best + _TIE_TOKENS),
+                key=lambda k: (works[k], self.tree(workers[k].url).size, k))
         worker = workers[i]
         self.tree(worker.url).insert(text)
         # "affinity": a worker with less work was passed over for the cache.
-        reason = "affinity" if work > min(r[4] for r in rows) else "least_work"
-        return Choice(worker, reason, prefill=uncached,
+        reason = "affinity" if works[i] > low else "least_work"
+        return Choice(worker, reason, prefill=uncached[i],
                       decode=output_tokens or c.default_output_tokens)
 
     def _miss_factor(self, worker: Worker) -> float:
@@ -75,12 +95,12 @@ class CostAwarePolicy(TreePolicy):
         return 1.0 + self.config.evict_weight * (report.kv_pressure if report else 0.0)
 
     def _bounded_tree(self, worker: Worker) -> TextTree:
-        """The worker's tree, bounded by its KV (a prefix the KV cannot hold is not cached)."""
+        """The worker's tree, bounded by ``_TREE_KV`` x its KV."""
         tree = self.tree(worker.url)
         report = worker.ledger.report
         if report is not None and report.kv_total:
             tree.max_chars = max(1, min(self.config.max_tree_chars,
-                                        int(report.kv_total * self.chars_per_token)))
+                                        int(_TREE_KV * report.kv_total * self.chars_per_token)))
         return tree
 
     def describe(self) -> dict:

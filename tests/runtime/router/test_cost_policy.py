@@ -117,6 +117,37 @@ def test_a_full_kv_makes_a_miss_cost_more():
     assert p.select(ws, system + "c", 8).worker is ws[0]
 
 
+def test_affinity_holds_while_the_imbalance_is_within_the_band():
+    p, ws = setup(n=2)
+    system = "a long shared system prompt " * 40  # ~1100 characters = tokens here
+    report(ws[0]), report(ws[1])
+    assert p.select(ws, system + "first", 8).worker is ws[0]
+    # Both KVs full (as on a KV-limited pair): ws[0] has more queued work than ws[1] by more
+    # than the prefill it would save there (the old ``miss + work`` rule moved the group),
+    # but less than the band (half the mean work, doubled by ws[1]'s pressure): it stays.
+    report(ws[0], prefill=4000, kv_total=50_000, kv_free=0)
+    report(ws[1], prefill=1500, kv_total=50_000, kv_free=0)
+    choice = p.select(ws, system + "second", 8)
+    assert choice.worker is ws[0] and choice.reason == "affinity"
+    # With free KV on ws[1] the band is half as wide: the same imbalance now overflows.
+    report(ws[1], prefill=1500, kv_total=50_000, kv_free=50_000)
+    p.trees[ws[1].url].evict(0)
+    assert p.select(ws, system + "third", 8).worker is ws[1]
+    # A worker about to run dry takes the request whatever the cache (no band is left).
+    p.trees[ws[1].url].evict(0)
+    report(ws[0], prefill=4000, kv_total=50_000, kv_free=0)
+    report(ws[1], prefill=0, kv_total=50_000, kv_free=0)
+    assert p.select(ws, system + "fourth", 8).worker is ws[1]
+
+
+def test_new_prefixes_go_to_the_least_work_despite_chance_matches():
+    p, ws = setup(n=2)
+    report(ws[0], prefill=300), report(ws[1], prefill=900)
+    p.tree(ws[1].url).insert("Q" + "z" * 50)  # shares 10 characters with the next prompt
+    choice = p.select(ws, "Q" + "z" * 9 + "y" * 400, 8)
+    assert choice.worker is ws[0] and choice.reason == "least_work"
+
+
 def test_stale_reports_are_corrected_by_optimistic_bookings():
     p, ws = setup(n=2)
     rng = random.Random(2)
