@@ -6,7 +6,9 @@ Per repetition, with a fresh ``--prefix``-token context: (1) ``miss``: context +
 context is computed, cached and, write-through, copied to the host); (2) ``device hit``:
 context + suffix B; (3) a filler prompt that takes nearly the whole device pool, so LRU
 eviction demotes the context to the host; (4) ``host hit``: context + suffix C. The same
-misses on an engine without the tiers (``radix miss``) show what write-through adds to a miss.
+misses on an engine without the tiers (``radix miss``) show what write-through adds to a miss;
+a third engine with SGDSL_HICACHE_DIRECT_RUNS=0 (``gathered``: every move gathers the host
+runs and scatters them, the copy path before pool-to-pool copies) shows what those save.
 Each request generates one token (its latency is its TTFT); medians over ``--reps``.
 ``cached_tokens_details`` confirms which tier served each hit.
 
@@ -16,6 +18,7 @@ Each request generates one token (its latency is its TTFT); medians over ``--rep
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -26,7 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_hicache import model_dir  # noqa: E402
 from common import CONFIGS, print_table, random_prompts  # noqa: E402
 
-CASES = ("radix miss", "miss", "device hit", "host hit")
+from sgdsl.runtime.cache.hicache import transfer  # noqa: E402
+
+ENGINES = {"radix": ({}, ""), "hicache": ({"enable_hierarchical_cache": True,
+                                            "hicache_ratio": 8}, ""),
+           "gathered": ({"enable_hierarchical_cache": True, "hicache_ratio": 8}, "0")}
+CASES = ("radix miss", "miss", "device hit", "host hit", "gathered miss", "gathered host hit")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -43,20 +51,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def engine_kw(a: argparse.Namespace, hicache: bool) -> dict[str, Any]:
+def engine_kw(a: argparse.Namespace, extra: dict[str, Any]) -> dict[str, Any]:
     if a.embedded:
         from sgdsl.runtime.model.embedded import embedded_model_path
 
         model, fmt = str(embedded_model_path()), "auto"
     else:
         model, fmt = model_dir(a), a.load_format
-    # NOTE: the pool holds two turns' prompts and a bit: the filler then evicts everything
-    pool = 2 * (a.prefix + a.suffix) + 256
-    kw = dict(model=model, load_format=fmt, device=a.device, max_total_tokens=pool,
-              context_length=pool, grammar_backend="none", max_running_requests=4)
-    if hicache:
-        kw.update(enable_hierarchical_cache=True, hicache_ratio=8)
-    return kw
+    # NOTE: the pool holds the context and two suffixes and a bit (the device hit shares the
+    # context): a filler prompt of nearly the pool's size then evicts everything
+    pool = a.prefix + 2 * a.suffix + 128
+    return dict(model=model, load_format=fmt, device=a.device, max_total_tokens=pool,
+                context_length=pool, grammar_backend="none", max_running_requests=4, **extra)
 
 
 def _ttft(engine: Any, ids: list[int]) -> tuple[float, dict]:
@@ -66,33 +72,37 @@ def _ttft(engine: Any, ids: list[int]) -> tuple[float, dict]:
     return time.perf_counter() - start, out["meta_info"]
 
 
-def measure(a: argparse.Namespace, hicache: bool) -> dict[str, list[tuple[float, dict]]]:
-    """Per case, (seconds, meta_info) of each repetition."""
+def measure(a: argparse.Namespace, name: str) -> dict[str, list[tuple[float, dict]]]:
+    """Per case, (seconds, meta_info) of each repetition on engine ``name`` (ENGINES)."""
     from sgdsl.runtime import Engine
 
-    kw = engine_kw(a, hicache)
+    extra, direct_runs = ENGINES[name]
+    kw = engine_kw(a, extra)
     pool = kw["max_total_tokens"]
-    cases: dict[str, list] = {c: [] for c in CASES}
+    cases: dict[str, list] = {}
+    # NOTE: read by the scheduler process the Engine spawns (transfer.py, at import)
+    os.environ["SGDSL_HICACHE_DIRECT_RUNS"] = direct_runs or str(transfer.DIRECT_RUNS)
+    prefix = "" if name == "hicache" else f"{name} "
     with Engine(**kw) as engine:
         _ttft(engine, random_prompts(1, a.prefix, seed=5)[0])  # warm-up at full length
         for rep in range(a.reps):
             engine.flush_cache()
             context = random_prompts(1, a.prefix, seed=100 + rep)[0]
             a_, b_, c_ = random_prompts(3, a.suffix, seed=200 + rep)
-            if not hicache:
-                cases["radix miss"].append(_ttft(engine, context + a_))
+            cases.setdefault(prefix + "miss", []).append(_ttft(engine, context + a_))
+            if name == "radix":
                 continue
-            cases["miss"].append(_ttft(engine, context + a_))
-            cases["device hit"].append(_ttft(engine, context + b_))
+            if name == "hicache":
+                cases.setdefault("device hit", []).append(_ttft(engine, context + b_))
             _ttft(engine, random_prompts(1, pool - 64, seed=300 + rep)[0])  # evicts the context
-            cases["host hit"].append(_ttft(engine, context + c_))
+            cases.setdefault(prefix + "host hit", []).append(_ttft(engine, context + c_))
         engine.check_idle_integrity()
     return cases
 
 
 def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
-    cases = {**measure(a, hicache=False), **{k: v for k, v in measure(a, True).items() if v}}
+    cases = {k: v for name in ENGINES for k, v in measure(a, name).items()}
     miss = statistics.median(s for s, _ in cases["radix miss"])
     rows = []
     for name in CASES:

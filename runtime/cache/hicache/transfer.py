@@ -32,11 +32,19 @@ scheduler): from pageable memory CUDA may stage the copy synchronously, and the 
 first waits for the step in flight, so the host could wait for that step on every backup and
 load.
 
+Where host and device slots are *both* contiguous over a stretch (``pair_runs``: a node's
+slots mostly are, both allocators hand out runs), the stretch moves as one copy straight from
+pool to pool: one pass over the bytes, with no gather buffer and no scatter (``index_copy_``)
+kernel. A load or backup of at most ``DIRECT_RUNS`` such stretches goes that way (on the CPU a
+2,048-token load of SmolLM2's KV went from ~214 ms to ~30 ms, a plain memcpy's cost); more
+fragmented ones take the host runs into one contiguous tensor and scatter it.
+
 Fragmented host slots (more than ``MAX_RUNS`` runs) go through pinned staging instead (a host
 gather or scatter, then one copy per layer).
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -52,6 +60,10 @@ MAX_RUNS = 128  # past this many runs, staging: one host gather beats thousands 
 # first layer is not queued behind the first load's last layer (the prefill's first layer
 # waits for the first layer of every load).
 LOAD_STREAMS = 4
+# NOTE: up to this many stretches contiguous on both sides, copy stretch to stretch (one pass,
+# no scatter kernel); past it the per-copy overhead (a launch each, per layer, K and V) wins.
+# SGDSL_HICACHE_DIRECT_RUNS=0 turns it off (A/B of the two paths: bench_hicache_tiers.py).
+DIRECT_RUNS = int(os.environ.get("SGDSL_HICACHE_DIRECT_RUNS", "64"))
 
 
 @dataclass
@@ -74,6 +86,19 @@ def runs(slots: torch.Tensor) -> list[tuple[int, int, int]]:
     return [(s, f, e - s) for s, e, f in zip(starts, ends, first)]
 
 
+def pair_runs(a: torch.Tensor, b: torch.Tensor) -> list[tuple[int, int, int]]:
+    """``(first of a, first of b, length)`` of each stretch where ``a`` and ``b`` both ascend
+    by one (slot ids of the same tokens in two pools)."""
+    n = int(a.numel())
+    if n == 0:
+        return []
+    step = (a[1:] - a[:-1] != 1) | (b[1:] - b[:-1] != 1)
+    cuts = (torch.nonzero(step).flatten() + 1).tolist()
+    starts, ends = [0, *cuts], [*cuts, n]
+    return [(x, y, e - s) for s, e, x, y in zip(starts, ends, a[starts].tolist(),
+                                                 b[starts].tolist())]
+
+
 class KVTransfer:
     def __init__(self, device_pool: TokenKVPool, host_pool: HostKVPool) -> None:
         self.dev = device_pool
@@ -85,8 +110,16 @@ class KVTransfer:
         self._turn = 0
         self.pending: list[_Backup] = []
         self._timed: list[tuple[Any, Any]] = []  # CUDA: (start, end) events of loads in flight
-        self.bytes_d2h = self.bytes_h2d = self.loads = 0
+        self.bytes_d2h = self.bytes_h2d = self.loads = self.direct_moves = 0
         self.load_seconds = 0.0
+
+    def _direct(self, a: torch.Tensor, b: torch.Tensor) -> list[tuple[int, int, int]] | None:
+        """The stretches to copy pool to pool, or None when too many (the gather path)."""
+        pairs = pair_runs(a, b)
+        if len(pairs) > DIRECT_RUNS:
+            return None
+        self.direct_moves += 1
+        return pairs
 
     def _pairs(self, layer: int) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
         """(device buffer, host buffer) of the layer's K and V, as raw rows."""
@@ -99,29 +132,36 @@ class KVTransfer:
         """Copy device rows to host rows; ``done()`` runs once the host rows hold them.
         Returns the pending backup (its ``landed`` turns True then), or None when done."""
         self.bytes_d2h += int(dev_slots.numel()) * self.host.bytes_per_token
-        parts = runs(host_slots)
+        direct = self._direct(dev_slots, host_slots)
+        parts = runs(host_slots) if direct is None else None
         if not self.cuda:
-            self._copy_out(dev_slots, parts, None)
+            self._copy_out(dev_slots, parts, None, direct)
             done()
             return None
         staging = None
-        if len(parts) > MAX_RUNS:
+        if direct is None and len(parts) > MAX_RUNS:
             staging = torch.empty((self.dev.num_layers, 2, int(dev_slots.numel()),
                                    *self.host.row_shape), dtype=self.host.raw_dtype,
                                   pin_memory=True)
         with torch.cuda.stream(self.write_stream):
             self.write_stream.wait_stream(torch.cuda.current_stream(self.dev.device))
-            self._copy_out(to_device(dev_slots, self.dev.device), parts, staging)
+            idx = None if direct is not None else to_device(dev_slots, self.dev.device)
+            self._copy_out(idx, parts, staging, direct)
             event = torch.cuda.Event()
             event.record(self.write_stream)
         backup = _Backup(event, staging, host_slots, done)
         self.pending.append(backup)
         return backup
 
-    def _copy_out(self, idx: torch.Tensor, parts: list, staging: torch.Tensor | None) -> None:
+    def _copy_out(self, idx: torch.Tensor | None, parts: list | None,
+                  staging: torch.Tensor | None, direct: list | None) -> None:
         async_ = self.cuda
         for layer in range(self.dev.num_layers):
             for which, (dev, host) in enumerate(self._pairs(layer)):
+                if direct is not None:  # (device first, host first, length) stretches
+                    for d, h, m in direct:
+                        host[h:h + m].copy_(dev[d:d + m], non_blocking=async_)
+                    continue
                 rows = dev.index_select(0, idx)
                 if staging is not None:
                     staging[layer, which].copy_(rows, non_blocking=async_)
@@ -169,13 +209,14 @@ class KVTransfer:
         start = time.perf_counter()
         self.bytes_h2d += int(host_slots.numel()) * self.host.bytes_per_token
         self.loads += 1
-        parts = runs(host_slots)
+        direct = self._direct(host_slots, dev_slots)
+        parts = runs(host_slots) if direct is None else None
         if not self.cuda:
-            self._copy_in(dev_slots, parts, None)
+            self._copy_in(dev_slots, parts, None, direct)
             self.load_seconds += time.perf_counter() - start
             return None
         staging = None
-        if len(parts) > MAX_RUNS:
+        if direct is None and len(parts) > MAX_RUNS:
             for event in after:  # NOTE: the gather reads the host rows on the CPU: they must
                 event.synchronize()  # have landed (the host waits, on this rare path only)
             staging = self.host.gather(host_slots, out=torch.empty(
@@ -190,7 +231,8 @@ class KVTransfer:
                 stream.wait_event(event)
             begin = torch.cuda.Event(enable_timing=True)
             begin.record(stream)
-            layers = self._copy_in(to_device(dev_slots, self.dev.device), parts, staging)
+            idx = None if direct is not None else to_device(dev_slots, self.dev.device)
+            layers = self._copy_in(idx, parts, staging, direct)
             end = torch.cuda.Event(enable_timing=True)
             end.record(stream)
         self.dev.await_layers(layers)
@@ -199,15 +241,21 @@ class KVTransfer:
         self._timed.append((begin, end))
         return end
 
-    def _copy_in(self, idx: torch.Tensor, parts: list, staging: torch.Tensor | None) -> list:
+    def _copy_in(self, idx: torch.Tensor | None, parts: list | None,
+                 staging: torch.Tensor | None, direct: list | None) -> list:
         """The copies of every layer; on CUDA an event after each layer's (returned)."""
-        async_, n, events = self.cuda, int(idx.numel()), []
+        async_, events = self.cuda, []
         for layer in range(self.dev.num_layers):
             for which, (dev, host) in enumerate(self._pairs(layer)):
+                if direct is not None:  # (host first, device first, length) stretches
+                    for h, d, m in direct:
+                        dev[d:d + m].copy_(host[h:h + m], non_blocking=async_)
+                    continue
                 if staging is not None:
                     rows = staging[layer, which].to(dev.device, non_blocking=async_)
                 else:
-                    rows = torch.empty((n, *dev.shape[1:]), dtype=dev.dtype, device=dev.device)
+                    rows = torch.empty((int(idx.numel()), *dev.shape[1:]), dtype=dev.dtype,
+                                       device=dev.device)
                     for off, first, m in parts:
                         rows[off:off + m].copy_(host[first:first + m], non_blocking=async_)
                 dev.index_copy_(0, idx, rows)
@@ -220,6 +268,7 @@ class KVTransfer:
         return {"hicache_bytes_device_to_host": self.bytes_d2h,
                 "hicache_bytes_host_to_device": self.bytes_h2d,
                 "hicache_loads_total": self.loads,
+                "hicache_direct_moves_total": self.direct_moves,
                 "hicache_load_seconds_total": self.load_seconds,
                 "hicache_load_latency_avg_s": self.load_seconds / self.loads if self.loads else 0.0,
                 "hicache_pending_backups": len(self.pending)}

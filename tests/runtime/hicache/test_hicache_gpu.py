@@ -52,9 +52,14 @@ def _serve(tree: HiRadixCache, seq: list[int], check: bool = True) -> int:
 
 
 @pytest.mark.parametrize("policy", ["write_through", "write_back"])
-@pytest.mark.parametrize("max_runs", [transfer.MAX_RUNS, 0])  # 0: every copy via staging
-def test_rounds_through_a_cuda_pool(policy, max_runs, monkeypatch):
-    monkeypatch.setattr(transfer, "MAX_RUNS", max_runs)
+# direct: pool to pool where both sides run; runs: host runs gathered and scattered; staging:
+# every copy through pinned staging
+@pytest.mark.parametrize("path", ["direct", "runs", "staging"])
+def test_rounds_through_a_cuda_pool(policy, path, monkeypatch):
+    if path != "direct":
+        monkeypatch.setattr(transfer, "DIRECT_RUNS", 0)
+    if path == "staging":
+        monkeypatch.setattr(transfer, "MAX_RUNS", 0)
     pool = TokenKVPool(120, LAYERS, HEADS, DIM, torch.float32, "cuda")
     tree = HiRadixCache(pool, HostKVPool(600, pool, pin_memory=True), policy)
     seqs = _seqs(10, 40, shared=10, seed=3)
@@ -173,6 +178,7 @@ def test_load_after_pending_backup_is_ordered_on_the_device(staged_load, monkeyp
     _serve(tree, a, check=False)
     _serve(tree, b, check=False)  # demotes a while its backup may be in flight
     if staged_load:
+        monkeypatch.setattr(transfer, "DIRECT_RUNS", 0)
         monkeypatch.setattr(transfer, "MAX_RUNS", 0)
     assert _serve(tree, a) == 29  # loads it back; the values are checked on the device
     tree.check_integrity(idle=True)

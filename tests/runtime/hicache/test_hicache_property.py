@@ -11,6 +11,7 @@ import zlib
 import pytest
 import torch
 
+from sgdsl.runtime.cache.hicache import transfer
 from sgdsl.runtime.cache.hicache.storage import PAGE_TOKENS, FileStorage
 from sgdsl.runtime.cache.hicache.tree import HiRadixCache
 from sgdsl.runtime.cache.host_pool import HostKVPool
@@ -50,7 +51,10 @@ def _extend(tree: HiRadixCache, req: _Req) -> bool:
 
 @pytest.mark.parametrize("policy", ["write_through", "write_back", "write_through_selective"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_random_requests_keep_every_tier_consistent(policy, seed, tmp_path):
+@pytest.mark.parametrize("direct_runs", [transfer.DIRECT_RUNS, 0])  # 0: every move gathers
+def test_random_requests_keep_every_tier_consistent(policy, seed, direct_runs, tmp_path,
+                                                    monkeypatch):
+    monkeypatch.setattr(transfer, "DIRECT_RUNS", direct_runs)
     rng = random.Random(seed)
     pool = TokenKVPool(160, 2, 1, 2, torch.float64, "cpu")
     storage = FileStorage(tmp_path, f"prop-{policy}", 1 << 20, (2, 2, PAGE_TOKENS, 1, 2),
@@ -82,4 +86,5 @@ def test_random_requests_keep_every_tier_consistent(policy, seed, tmp_path):
     stats = tree.hicache_stats()
     assert stats["hicache_demoted_tokens"] + stats["hicache_dropped_tokens"] > 0
     assert stats["hicache_loads_total"] > 0  # host (and storage) hits were loaded and checked
+    assert (stats["hicache_direct_moves_total"] > 0) == (direct_runs > 0)  # the path tested
     tree.close()

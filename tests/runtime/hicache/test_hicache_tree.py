@@ -10,7 +10,8 @@ import torch
 
 from sgdsl.runtime.cache.host_pool import HostKVPool
 from sgdsl.runtime.cache.hicache.storage import PAGE_TOKENS, FileStorage
-from sgdsl.runtime.cache.hicache.transfer import runs
+from sgdsl.runtime.cache.hicache import transfer
+from sgdsl.runtime.cache.hicache.transfer import KVTransfer, pair_runs, runs
 from sgdsl.runtime.cache.hicache.tree import HiRadixCache
 from sgdsl.runtime.cache.pool import TokenKVPool
 
@@ -143,6 +144,39 @@ def test_host_slots_move_as_contiguous_runs():
     host.defragment()
     assert runs(host.alloc(4)) == [(0, 12, 4)]
     host.check_integrity()
+
+
+def test_pair_runs_cut_where_either_side_jumps():
+    a, b = torch.tensor([4, 5, 6, 7, 9, 10]), torch.tensor([20, 21, 30, 31, 32, 33])
+    assert pair_runs(a, b) == [(4, 20, 2), (6, 30, 2), (9, 32, 2)]
+    assert pair_runs(b, a) == [(20, 4, 2), (30, 6, 2), (32, 9, 2)]
+    empty = torch.empty(0, dtype=torch.int64)
+    assert pair_runs(empty, empty) == []
+
+
+@pytest.mark.parametrize("direct_runs", [transfer.DIRECT_RUNS, 0])  # pool to pool, or gathered
+def test_backup_and_load_keep_rows_in_either_copy_path(direct_runs, monkeypatch):
+    monkeypatch.setattr(transfer, "DIRECT_RUNS", direct_runs)
+    dev = TokenKVPool(64, 2, 2, 4, torch.float32, "cpu")
+    host = HostKVPool(128, dev, pin_memory=False)
+    moves = KVTransfer(dev, host)
+    for layer in range(2):  # every row, layer, K and V distinct
+        rows = torch.arange(65 * 8, dtype=torch.float32).view(65, 2, 4) + 1000 * layer
+        dev.k_buffer[layer].copy_(rows)
+        dev.v_buffer[layer].copy_(-rows)
+    src = torch.tensor([3, 4, 5, 10, 11, 40, 2, 7])  # runs on one side, not the other
+    held = torch.tensor([100, 101, 102, 103, 5, 6, 7, 50])
+    landed = []
+    assert moves.backup(src, held, lambda: landed.append(True)) is None and landed
+    for layer in range(2):
+        assert torch.equal(host.k_buffer[layer][held], dev.k_buffer[layer][src])
+        assert torch.equal(host.v_buffer[layer][held], dev.v_buffer[layer][src])
+    back = torch.tensor([20, 21, 22, 23, 24, 25, 26, 60])
+    assert moves.load(held, back, []) is None  # the CPU copies at once
+    for layer in range(2):
+        assert torch.equal(dev.k_buffer[layer][back], dev.k_buffer[layer][src])
+        assert torch.equal(dev.v_buffer[layer][back], dev.v_buffer[layer][src])
+    assert moves.direct_moves == (2 if direct_runs else 0)
 
 
 class _Event:
