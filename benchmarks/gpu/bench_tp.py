@@ -12,6 +12,8 @@ Needs 2 GPUs (the device tool's nvidia-h200-x2 kind):
   python bench_tp.py --runs 8b-tp1,8b-tp2,70b-tp2,70b-offline
 Programmatic dependent launch (runtime/kernels/pdl.py, ``SGDSL_PDL``) A/B in one run:
   python bench_tp.py --runs 8b-tp1,8b-tp4 --pdl both    (or a run named 8b-tp4-pdl)
+The TP decode chain's switches (bench_tp_chain.py) A/B through the Engine, a row per variant:
+  python bench_tp.py --runs 8b-tp4 --chain base,new
 """
 from __future__ import annotations
 
@@ -45,17 +47,23 @@ def copy_tb_s() -> float:
 
 
 @contextlib.contextmanager
-def pdl_env(on: bool):
-    """``SGDSL_PDL`` for the engines started inside (their rank processes read it)."""
-    old = os.environ.get("SGDSL_PDL")
-    os.environ["SGDSL_PDL"] = "1" if on else "0"
+def env_set(values: dict[str, str]):
+    """Environment variables for the engines started inside (their rank processes read them)."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        if old is None:
-            os.environ.pop("SGDSL_PDL", None)
-        else:
-            os.environ["SGDSL_PDL"] = old
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def pdl_env(on: bool):
+    """``SGDSL_PDL`` for the engines started inside."""
+    return env_set({"SGDSL_PDL": "1" if on else "0"})
 
 
 def decode_tok_s(model: str, tp: int, prompt_len: int, out_len: int,
@@ -72,13 +80,16 @@ def decode_tok_s(model: str, tp: int, prompt_len: int, out_len: int,
 
 
 def decode_row(model: str, tp: int, a: argparse.Namespace, custom_ar: bool = True,
-               pdl: bool = False) -> list:
-    with pdl_env(pdl):
+               pdl: bool = False, chain: str = "") -> list:
+    from bench_tp_chain import VARIANTS
+
+    with pdl_env(pdl), env_set(VARIANTS[chain] if chain else {}):
         tok_s = decode_tok_s(model, tp, a.prompt_len, a.out_len, custom_ar)
     floor = HBM_TB_S * 1e12 / (2 * PARAMS[model] / tp)  # bf16: 2 bytes per weight
     measured = a.copy_tb_s * 1e12 / (2 * PARAMS[model] / tp)
     ar = "" if tp == 1 else (" custom all-reduce" if custom_ar else " NCCL only")
     ar += " PDL" if pdl else ""
+    ar += f" chain={chain}" if chain else ""
     return [f"{model} TP={tp} batch-1 decode{ar}", tok_s, floor, tok_s / floor, measured,
             tok_s / measured]
 
@@ -105,10 +116,12 @@ def decode_rows(run: str, a: argparse.Namespace) -> list:
     name, pdl_run = (run[:-4], True) if run.endswith("-pdl") else (run, False)
     size, tp = name.split("-tp")
     rows = []
+    chains = a.chain.split(",") if a.chain else [""]
     for pdl in ([True] if pdl_run else both[a.pdl]):
         for on in (both[a.custom_ar] if int(tp) > 1 else [True]):
-            rows.append(decode_row(f"llama-3.1-{size}", int(tp), a, on, pdl))
-            print(rows[-1], flush=True)
+            for chain in chains:
+                rows.append(decode_row(f"llama-3.1-{size}", int(tp), a, on, pdl, chain))
+                print(rows[-1], flush=True)
     return rows
 
 
@@ -123,6 +136,9 @@ def main() -> None:
     ap.add_argument("--pdl", choices=["on", "off", "both"], default="off",
                     help="decode runs with programmatic dependent launch (SGDSL_PDL=1), "
                          "without, or both rows; a run named like 8b-tp4-pdl is on")
+    ap.add_argument("--chain", default="",
+                    help="comma-separated variants of the TP decode chain's switches "
+                         "(bench_tp_chain.VARIANTS: base, new, ...), a row each")
     a = ap.parse_args()
     assert torch.cuda.device_count() >= 2 or a.runs == "8b-tp1", "needs 2 GPUs"
     a.copy_tb_s = copy_tb_s()

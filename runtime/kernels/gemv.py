@@ -17,9 +17,11 @@ loads in flight are the block's. Measured and dropped (H100, 2026-11-24, 32-laye
 next block loaded ahead (register double-buffering) and a partial sum per weight element
 instead of per vector (fewer instructions in the SASS) were no faster.
 
-With PDL (``pdl.py``, ``SGDSL_PDL=1``) each program issues its first weight block's loads before
-waiting for the previous kernel, and x, the residual and the output after: the weight, its
-scales and the bias must not be written by the kernels of the step (parameters are not).
+With PDL (``pdl.py``, ``SGDSL_PDL=1``) each program issues its first weight blocks' loads (one, or
+``SGDSL_GEMV_PRE`` blocks: ``pdl.pre_blocks``) before waiting for the previous kernel, and x, the
+residual and the output after: the weight, its scales and the bias must not be written by the
+kernels of the step (parameters are not). The sums are the same in either case (the blocks are
+added in the loop's order).
 """
 from __future__ import annotations
 
@@ -78,10 +80,23 @@ def _load_x(X, NW, k0, K, offs_k, offs_rows, NORM: tl.constexpr, EVEN_K: tl.cons
 
 
 @triton.jit
+def _pre_blocks(w_ptrs, mask_rows, offs_k, K, PRE: tl.constexpr, BLOCK_K: tl.constexpr,
+                EVEN: tl.constexpr):
+    """The first ``PRE`` weight blocks of the rows at ``w_ptrs``, as a tuple: loads issued
+    before PDL's wait (``pre_blocks``; the launcher keeps PRE within K's blocks)."""
+    ws = ()
+    for b in tl.static_range(PRE):
+        mask = mask_rows & (offs_k[None, :, :] < K - b * BLOCK_K)
+        ws = ws + (_load_w(w_ptrs + b * BLOCK_K, mask, EVEN),)
+    return ws
+
+
+@triton.jit
 def _gemv_kernel(X, W, S, Out, NW, Bias, Res, N, K, stride_wn, eps, HAS_SCALE: tl.constexpr,
                  NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                  EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr):
+                 BLOCK_K: tl.constexpr, VEC: tl.constexpr, PRE: tl.constexpr,
+                 PDL: tl.constexpr):
     # Tiles are [BLOCK_N, BLOCK_K // VEC, VEC]: one 16-byte vector of a row on the last axis, so
     # each thread sums its own vector in registers and keeps BLOCK_K // VEC partial sums per
     # row, not BLOCK_K (the accumulator would otherwise cap the loads in flight per thread).
@@ -95,15 +110,16 @@ def _gemv_kernel(X, W, S, Out, NW, Bias, Res, N, K, stride_wn, eps, HAS_SCALE: t
     # once, after the loop) from x loaded once per program ([1, ...]: broadcast to the rows)
     sq = tl.zeros((1, BLOCK_K // VEC, VEC), dtype=tl.float32)
     k_first = 0
-    if PDL:  # the first block's weight loads in flight before the wait (pdl.py), x after it
-        w = _load_w(w_ptrs, mask_n & (offs_k[None, :, :] < K), even)
-        w_ptrs += BLOCK_K
+    if PDL:  # the first PRE blocks' weight loads in flight before the wait (pdl.py), x after
+        ws = _pre_blocks(w_ptrs, mask_n, offs_k, K, PRE, BLOCK_K, even)
+        w_ptrs += PRE * BLOCK_K
         pdl.enter(PDL)
-        x, x_sq = _load_x(X, NW, 0, K, offs_k, offs_n, NORM, EVEN_K)
-        if NORM:
-            sq += x_sq
-        acc += tl.sum(w.to(tl.float32) * x, axis=2)  # the loop's first step, the same sums
-        k_first = BLOCK_K
+        for b in tl.static_range(PRE):  # the loop's first PRE steps, the same sums in order
+            x, x_sq = _load_x(X, NW, b * BLOCK_K, K, offs_k, offs_n, NORM, EVEN_K)
+            if NORM:
+                sq += x_sq
+            acc += tl.sum(ws[b].to(tl.float32) * x, axis=2)
+        k_first = PRE * BLOCK_K
     for k0 in range(k_first, K, BLOCK_K):
         w = _load_w(w_ptrs, mask_n & (offs_k[None, :, :] < K - k0), even)
         w_ptrs += BLOCK_K
@@ -156,12 +172,14 @@ def gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None,
     block_n, block_bytes, warps = tile or default_tile(n, k, w.element_size())
     block_k = block_bytes // w.element_size()
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    on = pdl.enabled(x)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, w, scale if scale is not None else w, out, _or(norm_w, w), _or(bias, w),
         _or(residual, w), n, k, w.stride(0), eps, HAS_SCALE=scale is not None,
         NORM=norm is not None, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
         EVEN_N=n % block_n == 0, EVEN_K=k % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k,
-        VEC=16 // w.element_size(), num_warps=warps, num_stages=1, **pdl.launch(pdl.enabled(x)))
+        VEC=16 // w.element_size(), PRE=pdl.pre_blocks(k, block_k, on), num_warps=warps,
+        num_stages=1, **pdl.launch(on))
     return out
 
 

@@ -17,8 +17,9 @@ Rounding is the separate kernels': each product rounded to x's dtype (then + bia
 silu(gate) rounded before the product with up, the rotation in fp32 rounded once, an fp8 pool
 storing the rounded k (or v) divided by its scale, clamped to E4M3's range.
 
-PDL (``pdl.py``): the weights' first block, the scales and the biases are read before the wait
-for the previous kernel (parameters only), cos/sin, the slot and x after it.
+PDL (``pdl.py``): the weights' first block (or ``SGDSL_GEMV_PAIRS_PRE`` blocks,
+``pdl.pre_blocks``), the scales and the biases are read before the wait for the previous kernel
+(parameters only), cos/sin, the slot and x after it.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import triton
 import triton.language as tl
 
 from . import pdl
-from .gemv import Tile, _load_w, _load_x
+from .gemv import Tile, _load_w, _load_x, _pre_blocks
 
 SILU, ROPE = 0, 1
 
@@ -103,7 +104,7 @@ def _pairs_kernel(X, W, S, Out, NW, Bias, Cos, Sin, K_Buf, V_Buf, Loc, n_pairs, 
                   NORM: tl.constexpr, HAS_BIAS: tl.constexpr, STORE: tl.constexpr,
                   QUANT: tl.constexpr, EVEN_P: tl.constexpr, EVEN_K: tl.constexpr,
                   BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr,
-                  PDL: tl.constexpr):
+                  PRE: tl.constexpr, PDL: tl.constexpr):
     offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     mask_p = offs_p < n_pairs
     row_a, row_b = _rows(offs_p, n_pairs, HALF, EPILOGUE)
@@ -116,11 +117,10 @@ def _pairs_kernel(X, W, S, Out, NW, Bias, Cos, Sin, K_Buf, V_Buf, Loc, n_pairs, 
     pb = W + row_b[:, None, None].to(tl.int64) * stride_wn + offs_k[None, :, :]
     even: tl.constexpr = EVEN_P and EVEN_K
     if PDL:  # weights, scales and biases before the wait (pdl.py); cos, sin, slot and x after
-        mask_w = mask_p[:, None, None] & (offs_k[None, :, :] < K)
-        wa = _load_w(pa, mask_w, even)
-        wb = _load_w(pb, mask_w, even)
-        pa += BLOCK_K
-        pb += BLOCK_K
+        was = _pre_blocks(pa, mask_p[:, None, None], offs_k, K, PRE, BLOCK_K, even)
+        wbs = _pre_blocks(pb, mask_p[:, None, None], offs_k, K, PRE, BLOCK_K, even)
+        pa += PRE * BLOCK_K
+        pb += PRE * BLOCK_K
         pdl.enter(PDL)
     j = offs_p % HALF
     if EPILOGUE == 1:
@@ -132,13 +132,14 @@ def _pairs_kernel(X, W, S, Out, NW, Bias, Cos, Sin, K_Buf, V_Buf, Loc, n_pairs, 
     acc_b = tl.zeros((BLOCK_P, BLOCK_K // VEC), dtype=tl.float32)
     sq = tl.zeros((1, BLOCK_K // VEC, VEC), dtype=tl.float32)
     k_first = 0
-    if PDL:  # the loop's first step, the same sums
-        x, x_sq = _load_x(X, NW, 0, K, offs_k, offs_p, NORM, EVEN_K)
-        if NORM:
-            sq += x_sq
-        acc_a += tl.sum(wa.to(tl.float32) * x, axis=2)
-        acc_b += tl.sum(wb.to(tl.float32) * x, axis=2)
-        k_first = BLOCK_K
+    if PDL:  # the loop's first PRE steps, the same sums in order
+        for i in tl.static_range(PRE):
+            x, x_sq = _load_x(X, NW, i * BLOCK_K, K, offs_k, offs_p, NORM, EVEN_K)
+            if NORM:
+                sq += x_sq
+            acc_a += tl.sum(was[i].to(tl.float32) * x, axis=2)
+            acc_b += tl.sum(wbs[i].to(tl.float32) * x, axis=2)
+        k_first = PRE * BLOCK_K
     for k0 in range(k_first, K, BLOCK_K):
         mask_w = mask_p[:, None, None] & (offs_k[None, :, :] < K - k0)
         wa = _load_w(pa, mask_w, even)
@@ -203,6 +204,7 @@ def _launch(epilogue: int, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor
     else:
         k_buf = v_buf = loc = w  # placeholders: never read
         inv = 1.0, 1.0
+    on = pdl.enabled(x)
     _pairs_kernel[(triton.cdiv(n // 2, pairs_per),)](
         x, w, scale if scale is not None else w, out, norm_w if norm_w is not None else w,
         bias if bias is not None else w, cos, sin, k_buf, v_buf, loc, n // 2, k, w.stride(0),
@@ -210,8 +212,9 @@ def _launch(epilogue: int, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor
         EPILOGUE=epilogue, HALF=half, HAS_SCALE=scale is not None, NORM=norm is not None,
         HAS_BIAS=bias is not None, STORE=store is not None,
         QUANT=store is not None and k_buf.dtype == torch.float8_e4m3fn, EVEN_P=(n // 2) % pairs_per == 0,
-        EVEN_K=k % block_k == 0, BLOCK_P=pairs_per, BLOCK_K=block_k,
-        VEC=16 // w.element_size(), num_warps=warps, num_stages=1, **pdl.launch(pdl.enabled(x)))
+        EVEN_K=k % block_k == 0, BLOCK_P=pairs_per, BLOCK_K=block_k, VEC=16 // w.element_size(),
+        PRE=pdl.pre_blocks(k, block_k, on, "SGDSL_GEMV_PAIRS_PRE"), num_warps=warps,
+        num_stages=1, **pdl.launch(on))
     return out
 
 

@@ -11,7 +11,8 @@ The contract every kernel here keeps (``PDL`` constexpr on):
   previous grid has completed and its memory is visible, and since that grid waited for its
   own predecessor the same way, every earlier kernel has completed too.
 - Before ``enter`` a program reads only what no kernel of the step writes: weights (the
-  matrix-vector products issue their first weight block's loads there, ``gemv.py``).
+  matrix-vector products issue their first weight blocks' loads there, ``gemv.py``; how many:
+  ``pre_blocks``).
 - ``enter`` then lets the next kernel launch (``gdc_launch_dependents``): it starts once every
   program of this one has passed its wait (all of them resident), so its blocks fill SMs as
   this kernel's last blocks leave.
@@ -102,6 +103,24 @@ def enabled(x: torch.Tensor) -> bool:
 def all_reduce_enabled(x: torch.Tensor) -> bool:
     """PDL for the barrier-free all-reduce too (``SGDSL_PDL_ALL_REDUCE``, on by default)."""
     return enabled(x) and _env_on("SGDSL_PDL_ALL_REDUCE", "1")
+
+
+def pre_blocks(k: int, block_k: int, on: bool, env: str = "SGDSL_GEMV_PRE") -> int:
+    """How many weight blocks (of ``block_k`` elements, along ``k``) each matrix-vector program
+    loads before PDL's wait: ``env`` (``SGDSL_GEMV_PRE`` for ``gemv.py``,
+    ``SGDSL_GEMV_PAIRS_PRE`` for ``gemv_pairs.py``; default 1, as first built), within the
+    row's blocks; 1 without PDL (the kernel's one variant then).
+    Why more than one: the weights do not depend on the kernel before, so a program can hold
+    several blocks in registers while that kernel (above all the all-reduce's wait for its
+    peers) finishes; each block costs a thread 16 bytes of registers per row (fewer programs
+    resident at once), so the best count is measured (``benchmarks/gpu/run_tp_chain.sh``)."""
+    if not on:
+        return 1
+    try:
+        want = int(os.environ.get(env, "1"))
+    except ValueError:
+        want = 1
+    return max(1, min(want, triton.cdiv(k, block_k)))
 
 
 def launch(on: bool) -> dict:

@@ -6,8 +6,12 @@
   ``LlamaAttention`` at one token without q/k norms (Llama, Mistral, Mixtral, Qwen2).
 
 Where the structure allows it, as ``gemv_fusion``: one row, bf16/fp16 activations, the Triton
-path, tensor-parallel size 1, and weights ``decode_linear`` would give the matrix-vector kernel
-anyway (plain bf16/fp16, or fp8 with per-channel scales). Each separate kernel cost ~1.2-1.3 us
+path, and weights ``decode_linear`` would give the matrix-vector kernel anyway (plain bf16/fp16,
+or fp8 with per-channel scales). Under tensor parallelism too (both products are column-
+parallel: a rank's gate and up rows pair up, as do the rotary halves of its own heads, and its
+KV pool holds its kv heads): two launches fewer per layer at TP=2/4/8, where each launch weighs
+more against ~4x smaller products; ``SGDSL_GEMV_EPILOGUE_TP=0`` keeps the separate kernels
+there (first written for tp 1 only). Each separate kernel cost ~1.2-1.3 us
 plus a ~0.4 us launch gap per layer in a Llama-3.1-8B step (H100, 2026-11-24 profiles); with
 the epilogues the fp8 step's products + epilogues took 2860 us of kernels against 2966 us
 (H100, 2026-11-26, ``profile_decode.py``). ``SGDSL_GEMV_EPILOGUE=0`` turns it off
@@ -33,6 +37,11 @@ def enabled(x: torch.Tensor) -> bool:
     """Whether ``x`` (a product's input rows) is one bf16/fp16 row on the Triton path."""
     return (x.dim() == 2 and x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16)
             and use_triton(x) and os.environ.get("SGDSL_GEMV_EPILOGUE", "1") not in ("0", "false"))
+
+
+def _sharded() -> bool:
+    """Whether the epilogues also run on a TP rank's shard (``SGDSL_GEMV_EPILOGUE_TP``)."""
+    return os.environ.get("SGDSL_GEMV_EPILOGUE_TP", "1") not in ("0", "false")
 
 
 def _pair_tile(args: gemv_fusion.Gemv, norm_args: gemv_fusion.Gemv | None
@@ -77,7 +86,7 @@ def gate_up_act(x: torch.Tensor, gate_up: LinearBase, norm: RMSNorm | None = Non
     not folded); None where the epilogue does not apply."""
     from ..kernels.gemv_pairs import gemv_silu
 
-    args = gemv_fusion.gemv_args(gate_up) if enabled(x) else None
+    args = gemv_fusion.gemv_args(gate_up, sharded=_sharded()) if enabled(x) else None
     if args is None:
         return None
     x, fold = _norm(x, norm, norm_args)
@@ -93,7 +102,7 @@ def qkv_rope(x: torch.Tensor, qkv: LinearBase, heads: tuple[int, int], rope: Rop
     ``[1, (q_heads + 2 * kv_heads) * head_dim]``; None where the epilogue does not apply."""
     from ..kernels.gemv_pairs import gemv_rope
 
-    args = gemv_fusion.gemv_args(qkv) if enabled(x) else None
+    args = gemv_fusion.gemv_args(qkv, sharded=_sharded()) if enabled(x) else None
     if args is None:
         return None
     x, fold = _norm(x, norm, norm_args)

@@ -30,7 +30,7 @@ import os
 import torch
 
 from ..kernels.dispatch import use_triton
-from .linear import LinearBase
+from .linear import ColumnParallelLinear, LinearBase
 from .norm import RMSNorm
 from .quantization.base import UnquantizedLinearMethod
 
@@ -43,18 +43,21 @@ def enabled(x: torch.Tensor) -> bool:
             and use_triton(x) and os.environ.get("SGDSL_GEMV_FUSION", "") in ("1", "true"))
 
 
-def gemv_args(linear: LinearBase, norm: bool = False) -> Gemv | None:
+def gemv_args(linear: LinearBase, norm: bool = False, sharded: bool = False) -> Gemv | None:
     """(weight, per-channel scale or None, tile) where ``linear`` runs one row through the
     matrix-vector kernel at tensor-parallel size 1; None otherwise. ``norm``: the tile with an
     RMSNorm folded in (``norm_tile``), None where the separate norm kernel is the faster.
+    ``sharded``: a column-parallel layer (not gathered) at any TP size too: its rank's product
+    is a plain one-row product of its rows (an epilogue over output rows stays correct; a
+    residual add into a row-parallel product would not, so those stay None).
     Memoized on the layer (eager decode asks every step) until the weight or the GEMM
     overrides change."""
-    key = (linear.weight.data_ptr(), norm, os.environ.get("SGDSL_DECODE_GEMM"),
+    key = (linear.weight.data_ptr(), norm, sharded, os.environ.get("SGDSL_DECODE_GEMM"),
            os.environ.get("SGDSL_DECODE_GEMM_TABLE"))
     memo = linear.__dict__.setdefault("_gemv_args", {})
     if key not in memo:
         memo.clear()
-        memo[key] = _gemv_args(linear, norm)
+        memo[key] = _gemv_args(linear, norm, sharded)
     return memo[key]
 
 
@@ -73,12 +76,14 @@ def norm_tile(w: torch.Tensor) -> tuple[int, int, int] | None:
     return tuple(int(v) for v in pick.split(":")[1].split(","))
 
 
-def _gemv_args(linear: LinearBase, norm: bool) -> Gemv | None:
+def _gemv_args(linear: LinearBase, norm: bool, sharded: bool) -> Gemv | None:
     from ..kernels.decode_gemm import one_row_tile
     from .quantization.fp8 import Fp8LinearMethod
 
     method, w = linear.quant_method, linear.weight
-    if linear.tp_size != 1 or w.dim() != 2:
+    local = linear.tp_size == 1 or (sharded and isinstance(linear, ColumnParallelLinear)
+                                    and not linear.gather_output)
+    if not local or w.dim() != 2:
         return None
     if isinstance(method, UnquantizedLinearMethod) and w.element_size() == 2:
         scale = None

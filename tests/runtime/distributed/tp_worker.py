@@ -154,3 +154,56 @@ def run_rank_pdl(rank: int, size: int, init_method: str, model_dir: str, prompt:
         _leave_custom_ar()
     finally:
         destroy_tp_group()
+
+
+# The TP decode chain's switches (tp-chain): as first built, and all on (kernels/pdl.py,
+# kernels/lamport_all_reduce.py, layers/gemv_epilogue.py)
+CHAIN_MODES = {
+    "base": {"SGDSL_GEMV_EPILOGUE_TP": "0", "SGDSL_LAMPORT_SPIN": "serial",
+             "SGDSL_GEMV_PRE": "1", "SGDSL_GEMV_PAIRS_PRE": "1"},
+    "new": {"SGDSL_GEMV_EPILOGUE_TP": "1", "SGDSL_LAMPORT_SPIN": "all",
+            "SGDSL_GEMV_PRE": "4", "SGDSL_GEMV_PAIRS_PRE": "2"},
+}
+
+
+def run_rank_chain(rank: int, size: int, init_method: str, model_dir: str, prompt: list[int],
+                   results) -> None:
+    """On GPU ``rank``, bf16, the barrier-free all-reduce and PDL where supported, batch-1
+    decode in CUDA graphs: rank 0's logits under each of ``CHAIN_MODES``, and how many qkv
+    products ran with the rotary epilogue (eager calls)."""
+    import os
+
+    from sgdsl.runtime.config import EngineConfig
+    from sgdsl.runtime.distributed import custom_all_reduce
+    from sgdsl.runtime.distributed.state import destroy_tp_group, get_tp_group, init_tp_group
+    from sgdsl.runtime.kernels import gemv_pairs
+    from sgdsl.runtime.model.runner import ModelRunner
+
+    init_tp_group(rank, size, torch.device(f"cuda:{rank}"), init_method, timeout_s=120)
+    launch, ropes = gemv_pairs._launch, []
+
+    def counted(epilogue, *args, **kwargs):
+        ropes.append(epilogue)
+        return launch(epilogue, *args, **kwargs)
+
+    gemv_pairs._launch = counted
+    try:
+        for mode, env in CHAIN_MODES.items():
+            custom_all_reduce.uninstall_all()
+            os.environ.update(env)
+            ropes.clear()
+            runner = ModelRunner(EngineConfig(
+                model=model_dir, device="cuda", dtype="bfloat16", max_total_tokens=256,
+                max_running_requests=4, tp_size=size))
+            logits = logits_of(runner, [prompt], steps=8)
+            used = custom_all_reduce.lookup(get_tp_group())
+            calls = dict(used.calls) if used is not None else {}
+            results.put((rank, mode, calls, ropes.count(gemv_pairs.ROPE),
+                         [t.float().cpu().numpy() for t in logits] if rank == 0 else None))
+            del runner, used
+        _leave_custom_ar()
+    finally:
+        gemv_pairs._launch = launch
+        for name in CHAIN_MODES["base"]:
+            os.environ.pop(name, None)
+        destroy_tp_group()

@@ -2,8 +2,8 @@
 with PDL on as off (PDL changes only when a kernel starts, never what it computes).
 
 Under Triton's interpreter (CPU) the PDL variants' code runs with the wait a no-op: the
-matrix-vector products' first weight block loaded before the wait and summed outside the loop,
-the launch keyword. On the GPU (``-m gpu``): the same kernels eagerly, a chain of products
+matrix-vector products' first weight block (or first three: ``SGDSL_GEMV_PRE``) loaded before
+the wait and summed outside the loop, the launch keyword. On the GPU (``-m gpu``): the same kernels eagerly, a chain of products
 feeding each other at Llama-3.1-8B TP=4 shapes replayed in a CUDA graph (a missing wait would
 read a stale input), and a small bf16 Llama's decode logits with CUDA graphs."""
 from __future__ import annotations
@@ -65,10 +65,30 @@ def test_switch_and_launch_keywords(monkeypatch):
         assert pdl.enabled(y) == pdl.supported(y.device.index or 0)
 
 
+@pytest.fixture(params=[1, 3], ids=["pre1", "pre3"])
+def pre(request, monkeypatch):
+    """Weight blocks loaded before the wait (``pdl.pre_blocks``): the first only, or three
+    (clamped to the row's blocks where it has fewer): the same bits either way."""
+    monkeypatch.setenv("SGDSL_GEMV_PRE", str(request.param))
+    monkeypatch.setenv("SGDSL_GEMV_PAIRS_PRE", str(request.param))
+    return request.param
+
+
+def test_pre_blocks_within_the_row(monkeypatch):
+    assert pdl.pre_blocks(4096, 1024, True) == 1  # default: the first block, as first built
+    monkeypatch.setenv("SGDSL_GEMV_PRE", "4")
+    assert pdl.pre_blocks(4096, 1024, True) == 4
+    assert pdl.pre_blocks(1024, 1024, True) == 1  # one block in the row
+    assert pdl.pre_blocks(3584, 1024, True) == 4  # 3.5 blocks: the last one partial
+    assert pdl.pre_blocks(4096, 1024, False) == 1  # no PDL: one compiled variant
+    monkeypatch.setenv("SGDSL_GEMV_PAIRS_PRE", "2")
+    assert pdl.pre_blocks(4096, 1024, True, "SGDSL_GEMV_PAIRS_PRE") == 2
+
+
 @pytest.mark.parametrize("n,k,tile", [(10, 300, (2, 256, 1)), (6, 1024, None),
                                       (5, 1024 + 96, (2, 512, 2))])
 @pytest.mark.parametrize("fused", [False, True], ids=["plain", "norm_bias_res"])
-def test_gemv(device, dtype, n, k, tile, fused):
+def test_gemv(device, dtype, n, k, tile, fused, pre):
     gen = torch.Generator().manual_seed(n + k)
     x = torch.randn(1, k, generator=gen).to(dtype).to(device)
     w = (torch.randn(n, k, generator=gen) * k ** -0.5).to(dtype).to(device)
@@ -81,7 +101,7 @@ def test_gemv(device, dtype, n, k, tile, fused):
 
 
 @pytest.mark.parametrize("tile", [None, (2, 128, 1)])
-def test_gemv_pairs(device, dtype, tile):
+def test_gemv_pairs(device, dtype, tile, pre):
     gen = torch.Generator().manual_seed(5)
     k, q_heads, kv_heads, d = 300, 2, 1, 8
     x = torch.randn(1, k, generator=gen).to(dtype).to(device)
