@@ -23,8 +23,6 @@ server, the launch-to-launch gaps and the slowest iterations with where their ti
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
 import random
 import signal
@@ -32,7 +30,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +38,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_router import _tiny_model_dir  # noqa: E402  (benchmarks/ is not a package)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import hop_report  # noqa: E402
+import pd_client  # noqa: E402
 import step_trace_report  # noqa: E402
 
 from sgdsl.runtime.launcher.replicas import gpu_slices, launch, stop_replicas  # noqa: E402
@@ -73,8 +72,18 @@ def start_servers(argvs: list[list[str]], gpus: list[str | None],
         if not s.url:
             stop_replicas(servers)
             raise RuntimeError(f"server {s.index} did not start:\n{''.join(s.lines)}")
-        threading.Thread(target=s.proc.stdout.read, daemon=True).start()
+        threading.Thread(target=_keep_hops, args=(s.proc.stdout,), daemon=True).start()
     return servers
+
+
+HOP_LINES: list[str] = []  # the servers' and router's "[hops] ..." lines (long GC pauses)
+
+
+def _keep_hops(stream: Any) -> None:
+    """Read a child's output to its end, keeping its hop-times lines."""
+    for line in stream:
+        if line.startswith("[hops]"):
+            HOP_LINES.append(line.rstrip())
 
 
 def start_router(flags: list[str]) -> tuple[subprocess.Popen, str]:
@@ -83,7 +92,7 @@ def start_router(flags: list[str]) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:
         if "listening on " in line:
-            threading.Thread(target=proc.stdout.read, daemon=True).start()
+            threading.Thread(target=_keep_hops, args=(proc.stdout,), daemon=True).start()
             return proc, line.split("listening on ")[1].split()[0]
     raise RuntimeError("router did not start")
 
@@ -101,36 +110,11 @@ def workload(args: argparse.Namespace, vocab: int) -> list[tuple[float, str, lis
     return out
 
 
-async def one(client: httpx.AsyncClient, at: float, ids: list[int], n_out: int,
-              t0: float) -> dict[str, Any]:
-    await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
-    body = {"input_ids": ids, "stream": True, "sampling_params": {
-        "max_new_tokens": n_out, "temperature": 0, "ignore_eos": True}}
-    sent, stamps, tokens = time.perf_counter(), [], 0
-    async with client.stream("POST", "/generate", json=body) as r:
-        if r.status_code != 200:
-            return {"error": f"{r.status_code}: {(await r.aread())[:200]!r}"}
-        async for line in r.aiter_lines():
-            if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            if "error" in chunk:
-                return {"error": str(chunk["error"])[:200]}
-            stamps.append(time.perf_counter())
-            tokens = chunk.get("meta_info", {}).get("completion_tokens", tokens)
-    if not stamps:
-        return {"error": "no chunk"}
-    return {"ttft": stamps[0] - sent, "itl": [b - a for a, b in zip(stamps, stamps[1:])],
-            "prompt": len(ids), "output": tokens}
-
-
-async def run(url: str, reqs: list, args: argparse.Namespace) -> dict[str, Any]:
-    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=1024)
-    async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as client:
-        t0 = time.perf_counter()
-        results = await asyncio.gather(*(one(client, at, ids, n, t0) for at, _, ids, n in reqs))
-        wall = time.perf_counter() - t0
-    row: dict[str, Any] = {"wall_s": wall, "failed": sum("error" in r for r in results)}
+def run(url: str, reqs: list, args: argparse.Namespace) -> dict[str, Any]:
+    arrivals = [(at, ids, n) for at, _, ids, n in reqs]
+    results, wall, cpu = pd_client.run_split(url, arrivals, args.client_procs)
+    row: dict[str, Any] = {"wall_s": wall, "client_cpu_s": cpu,
+                           "failed": sum("error" in r for r in results)}
     errors = [r["error"] for r in results if "error" in r]
     if errors:
         print(f"  {len(errors)} failed, the first: {errors[0]}", flush=True)
@@ -148,6 +132,8 @@ async def run(url: str, reqs: list, args: argparse.Namespace) -> dict[str, Any]:
                     "itl_p50": pct(itl, 50), "itl_p99": pct(itl, 99),
                     "itl0_p99": pct(first, 99), "itl_rest_p99": pct(rest, 99),
                     "itl_max": max(itl, default=float("nan"))}
+        if args.hop_times:
+            row[cls]["hops"] = hop_report.summarize(mine, f"hops {cls}")
     return row
 
 
@@ -189,9 +175,11 @@ def measure(mode: str, args: argparse.Namespace, model: list[str], gpus: list) -
         vocab = httpx.get(f"{servers[0].url}/get_model_info", timeout=60).json().get(
             "vocab_size") or 32000
         warm = workload(argparse.Namespace(**{**vars(args), "duration": 2.0, "seed": 99}), vocab)
-        asyncio.run(run(url, warm[:4], args))  # first requests (graphs, allocator) unmeasured
-        row = asyncio.run(run(url, workload(args, vocab), args))
+        run(url, warm[:4], args)  # first requests (graphs, allocator) unmeasured
+        row = run(url, workload(args, vocab), args)
         row["stats"] = [server_stats(s.url) for s in servers]
+        row["gc"] = list(HOP_LINES)
+        HOP_LINES.clear()
         row["mode"] = mode
         return row
     finally:
@@ -228,7 +216,13 @@ def report(rows: list[dict]) -> None:
         print(f"{row['mode']:<10} servers: {row.get('stats')}")
         print(f"{row['mode']:<10} total {row['total_tok_s']:.0f} tok/s, output "
               f"{row['output_tok_s']:.0f} tok/s, wall {row['wall_s']:.1f} s, "
-              f"failed {row['failed']}")
+              f"failed {row['failed']}, client CPU {row['client_cpu_s']:.1f} s")
+        for cls in ("long", "chat"):
+            if "hops" in row[cls]:
+                print(f"{row['mode']:<10} {row[cls]['hops']}")
+        if row.get("gc"):
+            print(f"{row['mode']:<10} {len(row['gc'])} GC pauses >= 2 ms, the longest: "
+                  + "; ".join(sorted(row["gc"], key=lambda l: -float(l.split("ms=")[1].split()[0]))[:3]))
     by = {r["mode"]: r for r in rows}
     co = by.get("colocated")
     for name in ("pd", "pd-gloo"):
@@ -260,6 +254,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--server-args", default="", help="extra flags for every server")
     p.add_argument("--router-args", default="", help="extra flags for the routers")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--client-procs", type=int, default=1,
+                   help="client processes the arrivals are dealt to (1: this one)")
+    p.add_argument("--hop-times", action="store_true",
+                   help="$SGDSL_HOP_TIMES=1 on servers and routers: report which hop "
+                   "(scheduler, main process, server, router, client) each large gap came from")
     p.add_argument("--trace", default="", help="folder: each server's step trace "
                    "($SGDSL_STEP_TRACE), summarized after its run")
     return p.parse_args(argv)
@@ -267,6 +266,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.hop_times:  # inherited by every server and router started from here
+        os.environ["SGDSL_HOP_TIMES"] = "1"
     model = (["--model", _tiny_model_dir(), "--load-format", "dummy"] if args.tiny else
              [*(["--model", args.model] if args.model else []), "--load-format", args.load_format])
     gpus = gpu_slices(2, 1, "auto")

@@ -122,6 +122,7 @@ class ReqOut:
 @dataclass
 class BatchTokenOut:
     outs: list[ReqOut] = field(default_factory=list)
+    sent_at: float | None = None  # hops: when the scheduler sent it ($SGDSL_HOP_TIMES only)
 
 
 def dumps(msg: Any) -> bytes:

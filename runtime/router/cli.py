@@ -12,6 +12,7 @@ import sys
 import typing
 from typing import Any, Callable, Sequence
 
+from .. import hop_times  # hops:
 from ..errors import InvalidRequestError
 from . import pd_config
 from .config import POLICIES, RouterConfig
@@ -69,6 +70,7 @@ def serve(config: RouterConfig, announce: Callable[[str], str] | None = None,
     from .app import create_app
 
     app = create_app(config, on_shutdown)
+    hop_times.watch_gc("router")  # hops: long collections on stderr ($SGDSL_HOP_TIMES)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:

@@ -20,6 +20,7 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .. import hop_times  # hops:
 from ..server.errors import error_body, protocol_of
 from ..server.sse import DONE, SSEResponse
 from .config import RouterConfig
@@ -217,10 +218,10 @@ class Proxy:
                      up: Upstream) -> AsyncIterator[bytes]:
         started, tail, status = time.monotonic(), first[-2:], str(resp.status_code)
         try:
-            yield first
+            yield _hop_stamped(first, tail)
             async for chunk in chunks:
                 tail = (tail + chunk)[-2:]
-                yield chunk
+                yield _hop_stamped(chunk, tail)
         except Exception as exc:  # noqa: BLE001 - whatever broke, the client gets a reason
             worker.breaker.on_failure()
             self.metrics.worker_errors.labels(worker=worker.url, kind="stream_broken").inc()
@@ -257,6 +258,13 @@ class Proxy:
                 return w, 0, f"{type(exc).__name__}: {exc}"
 
         return list(await asyncio.gather(*(one(w) for w in workers)))
+
+
+def _hop_stamped(chunk: bytes, tail: bytes) -> bytes:
+    """hops: ``chunk`` + when it left, after a whole event ($SGDSL_HOP_TIMES only)."""
+    if hop_times.ENABLED and tail == b"\n\n":
+        return chunk + hop_times.router_comment(time.time())
+    return chunk
 
 
 async def _unless_down(worker: Worker, awaitable: Any) -> Any:

@@ -25,6 +25,7 @@ import time
 import traceback
 from typing import Any, Iterator
 
+from .. import hop_times  # hops:
 from ..config import EngineConfig
 from ..distributed.heartbeat import Heartbeats
 from ..ipc import messages as m
@@ -66,6 +67,7 @@ def run_scheduler_process(config: EngineConfig, paths: IpcPaths | None, parent_p
     if not config.disable_gc_freeze:
         freeze_startup_objects()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    hop_times.watch_gc("scheduler")  # hops: long collections on stderr ($SGDSL_HOP_TIMES)
     if leader:
         chan.send(ready)
     try:

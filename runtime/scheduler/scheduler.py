@@ -34,6 +34,7 @@ from .stepping import Stepping
 from ..disaggregation import make_pd  # pd:
 from ..disaggregation.shards import Verdicts  # pd:
 from . import tp_sync
+from .. import hop_times  # hops: per-chunk timestamps ($SGDSL_HOP_TIMES)
 
 # NOTE: share of a running request's remaining tokens that admission keeps free for its decode.
 # Starts cautious, decays as decode proceeds without trouble (stepping.py), jumps back up after
@@ -376,4 +377,4 @@ class Scheduler(Stepping):
             if req.finished or (req.stream and req.output_ids[req.sent_ids:]):
                 outs.append(make_out(req))
         if outs:
-            self.send(m.BatchTokenOut(outs))
+            self.send(m.BatchTokenOut(outs, hop_times.now()))  # hops: stamped when debugging

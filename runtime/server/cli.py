@@ -15,6 +15,7 @@ import sys
 import typing
 from typing import Any, Sequence
 
+from .. import hop_times  # hops:
 from ..config import EngineConfig
 from .args import ServerArgs
 
@@ -117,6 +118,7 @@ def _serve(engine: Any, args: ServerArgs) -> None:
 
     app = create_app(engine, args, on_shutdown=engine.shutdown)
     name = app.state.ctx.model_name
+    hop_times.watch_gc("server")  # hops: long collections on stderr ($SGDSL_HOP_TIMES)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:

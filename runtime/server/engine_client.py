@@ -221,6 +221,20 @@ class EngineClient:
     async def stream(self, batch: GenBatch) -> AsyncIterator[tuple[int, dict[str, Any]]]:
         """Chunks of all items as they come, as (item index, cumulative chunk). Closing the
         iterator early aborts the unfinished items."""
+        if len(batch.items) == 1:
+            # NOTE: one item (every streamed chat turn) needs no merging: a pump task and a
+            # queue per stream cost a task switch per chunk on the loop all streams share.
+            item, ended = batch.items[0], False
+            chunks = self._item_stream(batch, item)
+            try:
+                async for chunk in chunks:
+                    yield 0, chunk
+                ended = True
+            finally:
+                if not ended:  # closed early or failed: free the scheduler's work
+                    self.abort([item.rid])
+                await chunks.aclose()
+            return
         queue: asyncio.Queue[tuple[int, dict[str, Any] | None, BaseException | None]] = (
             asyncio.Queue())
         finished: set[int] = set()

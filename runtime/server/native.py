@@ -3,6 +3,7 @@ SGLang's own ``RuntimeEndpoint`` client can drive this server unchanged."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
@@ -101,7 +102,10 @@ async def _stream_events(c: ServerContext, batch: GenBatch, is_batch: bool
         out = dict(chunk)
         if is_batch:
             out["index"] = index
-        yield sse_data(out)
+        stamps = out["meta_info"].get("hop_times")
+        if stamps is not None:  # hops: + when this loop wrote it ($SGDSL_HOP_TIMES)
+            stamps.append(time.time())
+        yield sse_data(out, may_hold_nonfinite=batch.return_logprob)
     yield DONE
 
 

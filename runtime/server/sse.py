@@ -10,11 +10,28 @@ from starlette.types import Receive, Scope, Send
 
 from .errors import sse_error_event
 
+try:
+    import orjson
+except ImportError:  # pragma: no cover - depends on the installation
+    orjson = None  # type: ignore[assignment]
+
 DONE = b"data: [DONE]\n\n"
 
 
-def sse_data(obj: Any) -> bytes:
-    """``data: {json}`` (OpenAI and SGLang-native style)."""
+def sse_data(obj: Any, may_hold_nonfinite: bool = True) -> bytes:
+    """``data: {json}`` (OpenAI and SGLang-native style). Callers that know ``obj`` holds no
+    non-finite float (no logprobs) pass ``may_hold_nonfinite=False``: orjson then writes it.
+
+    NOTE: a native stream's chunk is cumulative (its text and output_ids so far), so at 256
+    tokens ``json.dumps`` took ~70 us of the server loop per chunk against orjson's ~8 us: at
+    a few thousand chunks a second, the largest single cost of the loop every stream shares.
+    ``json.dumps`` stays where logprobs may be -inf or NaN (it writes them, orjson would write
+    null) and for what orjson refuses."""
+    if orjson is not None and not may_hold_nonfinite:
+        try:
+            return b"data: " + orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS) + b"\n\n"
+        except TypeError:  # an integer past 64 bits, a lone surrogate, an unknown type
+            pass
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
 

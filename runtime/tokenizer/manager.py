@@ -11,6 +11,7 @@ import asyncio
 import functools
 import dataclasses
 import itertools
+import time
 import multiprocessing as mp
 from typing import Any, AsyncIterator, Callable
 
@@ -120,10 +121,12 @@ class TokenizerManager:
         while True:
             msg = await self.chan.recv()
             if isinstance(msg, m.BatchTokenOut):
+                hops = (msg.sent_at, time.time()) if msg.sent_at is not None else None  # hops:
                 for out in msg.outs:
                     state = self.states.get(out.rid)
                     if state is not None:
                         state.apply(out)
+                        state.hops = hops
                         if state.finish_reason is not None:
                             del self.states[out.rid]
             elif isinstance(msg, m.RpcResp):

@@ -50,6 +50,7 @@ class ReqState:
     created: float = field(default_factory=time.perf_counter)
     e2e_latency: float | None = None  # seconds from arrival to the finish (SGLang's meta field)
     on_done: Any = None  # called with this state once finished or failed (submitter.py)
+    hops: tuple[float, float] | None = None  # hops: (sched, recv) of the last step's outputs
 
     def apply(self, out: ReqOut) -> None:
         self.output_ids.extend(out.new_ids)
@@ -217,4 +218,6 @@ class ReqState:
         chunk = self.to_dict(text, self._sent_logprobs)
         self._sent_logprobs = len(self.output_token_logprobs)
         chunk["delta"] = delta
+        if self.hops is not None:  # hops: + when this chunk was built ($SGDSL_HOP_TIMES)
+            chunk["meta_info"]["hop_times"] = [*self.hops, time.time()]
         return chunk

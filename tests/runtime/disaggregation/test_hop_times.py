@@ -1,0 +1,125 @@
+"""Hop times ($SGDSL_HOP_TIMES=1, runtime/hop_times.py) through a real PD set-up on loopback:
+a prefill and a decode server (``sgdsl serve`` processes of the tiny random model) and a PD
+router (``python -m sgdsl.runtime.router``), all three with the variable set. Every streamed
+native chunk carries its scheduler/receive/build/write times and the router's comment; the
+official OpenAI client streams through the same router unharmed; the benchmark's client
+(``benchmarks/gpu/pd_client.py``, split over two processes) and its report
+(``hop_report.py``) read them. No timing is asserted: only that each stamp is there, in hop
+order."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import openai
+import pytest
+
+from processes import descendants, free_port, pid_alive
+
+pytestmark = pytest.mark.slow
+TIMEOUT = 120.0
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks" / "gpu"))
+import hop_report  # noqa: E402
+import pd_client  # noqa: E402
+
+SLACK_S = 0.05  # time.time() is one clock for every process here; allow for its resolution
+
+
+def _spawn(args: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "SGDSL_HOP_TIMES": "1"}
+    return subprocess.Popen([sys.executable, "-m", *args, "--host", "127.0.0.1", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def _server(model_dir: Path, mode: str, port: int = 0) -> subprocess.Popen:
+    return _spawn(["sgdsl.runtime.launcher", "--model", str(model_dir), "--load-format", "dummy",
+                   "--num-threads", "1", "--max-total-tokens", "4096",
+                   "--grammar-compile-workers", "1", "--disaggregation-mode", mode,
+                   "--disaggregation-timeout-s", "30",
+                   *(["--disaggregation-bootstrap-port", str(port)] if port else [])])
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    kids = descendants(proc.pid)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while [k for k in kids if pid_alive(k)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [k for k in kids if pid_alive(k)], "processes left behind"
+
+
+def _url_of(proc: subprocess.Popen) -> str:
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "listening on" in line:
+            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+            return line.split("listening on ")[1].split()[0]
+    raise AssertionError("did not start:\n" + "".join(lines[-40:]))
+
+
+@pytest.fixture(scope="module")
+def router(tiny_model_dir) -> Iterator[str]:
+    port = free_port()
+    procs = [_server(tiny_model_dir, "prefill", port), _server(tiny_model_dir, "decode")]
+    try:
+        prefill, decode = (_url_of(p) for p in procs)
+        procs.append(_spawn(["sgdsl.runtime.router", "--pd-disaggregation", "--prefill",
+                             prefill, str(port), "--decode", decode]))
+        yield _url_of(procs[-1])
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+
+
+def _stream_lines(url: str) -> list[str]:
+    body = {"text": "The history of the river valley", "stream": True,
+            "sampling_params": {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}}
+    with httpx.stream("POST", f"{url}/generate", json=body, timeout=TIMEOUT) as r:
+        assert r.status_code == 200
+        return [line for line in r.iter_lines() if line]
+
+
+def test_every_chunk_carries_its_hop_times_in_order(router):
+    lines = _stream_lines(router)
+    events = [json.loads(line[5:]) for line in lines
+              if line.startswith("data:") and line != "data: [DONE]"]
+    assert events and events[-1]["meta_info"]["completion_tokens"] == 12
+    for i, line in enumerate(lines[:-1]):  # the router's time follows each event it passed on
+        if line.startswith("data:") and line != "data: [DONE]":
+            assert pd_client.ROUTER_PREFIX.strip() in lines[i + 1], lines[i:i + 2]
+    for event in events[1:]:  # (the first chunk's token came from the prefill server)
+        stamps = event["meta_info"]["hop_times"]
+        assert len(stamps) == len(hop_report.SERVER_HOPS)
+        assert all(b >= a - SLACK_S for a, b in zip(stamps, stamps[1:])), stamps
+
+
+def test_openai_client_streams_through_the_stamped_router(router):
+    client = openai.OpenAI(base_url=f"{router}/v1", api_key="none", timeout=TIMEOUT)
+    stream = client.chat.completions.create(
+        model=client.models.list().data[0].id, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8,
+        temperature=0.0, stream=True, extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert chunks and chunks[-1].choices[-1].finish_reason == "length"
+
+
+def test_bench_client_split_over_processes_reports_where_gaps_were_born(router):
+    arrivals = [(0.05 * i, list(range(1000, 1000 + 16 + 8 * i)), 8) for i in range(4)]
+    results, wall, cpu = pd_client.run_split(router, arrivals, procs=2)
+    assert wall > 0 and cpu >= 0
+    assert [r["prompt"] for r in results] == [len(ids) for _, ids, _ in arrivals]  # in order
+    assert all(r["output"] == 8 and r["events"] for r in results)
+    names, pairs = hop_report.pairs(results)
+    assert names == [*hop_report.SERVER_HOPS, "router", "client"] and pairs
+    report = hop_report.summarize(results, "hops")
+    assert "sched -> recv" in report and "router -> client" in report and "born there" in report
