@@ -7,10 +7,15 @@ of its router), each chunk of a streamed native ``/generate`` carries, in its ``
 ``hop_times``: wall-clock seconds (``time.time()``: comparable between the processes of one
 machine) at
 
-- ``sched``: the scheduler sent the step's outputs (``BatchTokenOut.sent_at``),
+- ``sched``: the scheduler sent the outputs of the oldest step in the chunk
+  (``BatchTokenOut.sent_at``),
 - ``recv``: the TokenizerManager received them,
 - ``detok``: the chunk was built (detokenized, on the engine's loop),
 - ``server``: the server's loop encoded it for the response;
+
+and ``hop_steps``: [the scheduler steps whose outputs the chunk carries, how many times its
+text was held back (an incomplete character, a possible stop string)]: a chunk of several
+steps without holds is one the main process took up late;
 
 and a router forwarding the stream adds an SSE comment line ``: router <time>`` after each
 event it passes on (clients ignore comments). ``benchmarks/gpu/bench_pd.py --hop-times``

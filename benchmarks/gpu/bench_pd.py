@@ -176,10 +176,10 @@ def measure(mode: str, args: argparse.Namespace, model: list[str], gpus: list) -
             "vocab_size") or 32000
         warm = workload(argparse.Namespace(**{**vars(args), "duration": 2.0, "seed": 99}), vocab)
         run(url, warm[:4], args)  # first requests (graphs, allocator) unmeasured
-        row = run(url, workload(args, vocab), args)
-        row["stats"] = [server_stats(s.url) for s in servers]
-        row["gc"] = list(HOP_LINES)
         HOP_LINES.clear()
+        row = run(url, workload(args, vocab), args)
+        row["gc"] = list(HOP_LINES)
+        row["stats"] = [server_stats(s.url) for s in servers]
         row["mode"] = mode
         return row
     finally:
@@ -221,8 +221,9 @@ def report(rows: list[dict]) -> None:
             if "hops" in row[cls]:
                 print(f"{row['mode']:<10} {row[cls]['hops']}")
         if row.get("gc"):
-            print(f"{row['mode']:<10} {len(row['gc'])} GC pauses >= 2 ms, the longest: "
-                  + "; ".join(sorted(row["gc"], key=lambda l: -float(l.split("ms=")[1].split()[0]))[:3]))
+            longest = sorted(row["gc"], key=lambda g: -float(g.split("ms=")[1].split()[0]))
+            print(f"{row['mode']:<10} {len(row['gc'])} GC pauses >= 2 ms during the run, "
+                  f"the longest: " + "; ".join(longest[:3]))
     by = {r["mode"]: r for r in rows}
     co = by.get("colocated")
     for name in ("pd", "pd-gloo"):

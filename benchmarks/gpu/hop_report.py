@@ -25,7 +25,7 @@ def hop_names(events: list[list]) -> list[str]:
 
 def times(event: list, names: list[str]) -> list[float] | None:
     """The event's time at every hop of ``names`` (None if one is missing)."""
-    t_client, _, hops, t_router = event
+    t_client, _, hops, t_router = event[:4]
     if hops is None or len(hops) < len(SERVER_HOPS):
         return None
     row = list(hops[:len(SERVER_HOPS)])
@@ -37,8 +37,8 @@ def times(event: list, names: list[str]) -> list[float] | None:
 
 
 def pairs(results: list[dict[str, Any]]) -> tuple[list[str], list[tuple]]:
-    """(hop names, [(times of chunk i-1, times of chunk i, tokens of chunk i)]) over every
-    stream's consecutive chunks."""
+    """(hop names, [(times of chunk i-1, times of chunk i, tokens of chunk i, its hop steps
+    [steps, text holds])]) over every stream's consecutive chunks."""
     names: list[str] = []
     out = []
     for r in results:
@@ -46,10 +46,10 @@ def pairs(results: list[dict[str, Any]]) -> tuple[list[str], list[tuple]]:
         if not events:
             continue
         names = names or hop_names(events)
-        rows = [(times(e, names), e[1]) for e in events]
-        for (a, n_a), (b, n_b) in zip(rows, rows[1:]):
+        rows = [(times(e, names), e[1], e[4] or (0, 0)) for e in events]
+        for (a, n_a, _), (b, n_b, steps) in zip(rows, rows[1:]):
             if a is not None and b is not None:
-                out.append((a, b, n_b - n_a))
+                out.append((a, b, n_b - n_a, steps))
     return names, out
 
 
@@ -60,6 +60,11 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
 
 
+def _mean(xs: Any) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
 def summarize(results: list[dict[str, Any]], label: str) -> str:
     names, rows = pairs(results)
     if not rows:
@@ -67,13 +72,13 @@ def summarize(results: list[dict[str, Any]], label: str) -> str:
     lines = [f"{label}: {len(rows)} gaps; hop latency from the previous hop, ms "
              "(p50 / p99 / max):"]
     for h in range(1, len(names)):
-        lat = [b[h] - b[h - 1] for _, b, _ in rows]
+        lat = [b[h] - b[h - 1] for _, b, *_ in rows]
         lines.append(f"  {names[h - 1]:>6} -> {names[h]:<6} {pct(lat, 50) * 1e3:8.2f} "
                      f"{pct(lat, 99) * 1e3:8.2f} {max(lat) * 1e3:8.2f}")
-    gaps = [[b[h] - a[h] for h in range(len(names))] for a, b, _ in rows]
+    gaps = [[b[h] - a[h] for h in range(len(names))] for a, b, *_ in rows]
     client = [g[-1] for g in gaps]
     p99 = pct(client, 99)
-    tail = [(g, n) for g, n in zip(gaps, (n for _, _, n in rows)) if g[-1] >= p99]
+    tail = [(g, row) for g, row in zip(gaps, rows) if g[-1] >= p99]
     lines.append(f"  gap p50/p99 per hop, ms: " + ", ".join(
         f"{name} {pct([g[h] for g in gaps], 50) * 1e3:.1f}/"
         f"{pct([g[h] for g in gaps], 99) * 1e3:.1f}" for h, name in enumerate(names)))
@@ -83,6 +88,9 @@ def summarize(results: list[dict[str, Any]], label: str) -> str:
                  f"hop, ms (born there: count): " + ", ".join(
                      f"{name} {sum(a[h] for a in added) / len(added) * 1e3:.1f} "
                      f"({born.count(h)})" for h, name in enumerate(names)))
-    lines.append(f"  tokens per chunk: all {sum(n for *_, n in rows) / len(rows):.2f}, "
-                 f"those gaps {sum(n for _, n in tail) / len(tail):.2f}")
+    tail_rows = [r for _, r in tail]
+    lines.append("  per chunk, all / those gaps: " + ", ".join(
+        f"{what} {_mean(f(r) for r in rows):.2f} / {_mean(f(r) for r in tail_rows):.2f}"
+        for what, f in (("tokens", lambda r: r[2]), ("steps", lambda r: r[3][0]),
+                        ("share with text held back", lambda r: r[3][1] > 0))))
     return "\n".join(lines)

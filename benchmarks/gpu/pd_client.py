@@ -35,7 +35,8 @@ ROUTER_PREFIX = ": router "
 async def one(client: httpx.AsyncClient, at: float, ids: list[int], n_out: int,
               t0: float) -> dict[str, Any]:
     """One streamed request sent at wall-clock ``t0 + at``: its TTFT, gaps and chunk events
-    (client time, completion tokens so far, hop times or None, router time or None)."""
+    (client time, completion tokens so far, hop times or None, router time or None, hop
+    steps or None)."""
     await asyncio.sleep(max(0.0, t0 + at - time.time()))
     body = {"input_ids": ids, "stream": True, "sampling_params": {
         "max_new_tokens": n_out, "temperature": 0, "ignore_eos": True}}
@@ -55,7 +56,7 @@ async def one(client: httpx.AsyncClient, at: float, ids: list[int], n_out: int,
                 return {"error": str(chunk["error"])[:200]}
             meta = chunk.get("meta_info", {})
             tokens = meta.get("completion_tokens", tokens)
-            events.append([now, tokens, meta.get("hop_times"), None])
+            events.append([now, tokens, meta.get("hop_times"), None, meta.get("hop_steps")])
     if not events:
         return {"error": "no chunk"}
     stamps = [e[0] for e in events]

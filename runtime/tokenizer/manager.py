@@ -126,7 +126,9 @@ class TokenizerManager:
                     state = self.states.get(out.rid)
                     if state is not None:
                         state.apply(out)
-                        state.hops = hops
+                        if hops is not None:  # hops: the oldest step not yet in a chunk
+                            state.hop_steps += 1
+                            state.hops = state.hops or hops
                         if state.finish_reason is not None:
                             del self.states[out.rid]
             elif isinstance(msg, m.RpcResp):

@@ -50,7 +50,11 @@ class ReqState:
     created: float = field(default_factory=time.perf_counter)
     e2e_latency: float | None = None  # seconds from arrival to the finish (SGLang's meta field)
     on_done: Any = None  # called with this state once finished or failed (submitter.py)
-    hops: tuple[float, float] | None = None  # hops: (sched, recv) of the last step's outputs
+    # hops: (sched, recv) of the oldest step not yet in a chunk; steps since the last chunk
+    # and the times a step's text was held back (no chunk)
+    hops: tuple[float, float] | None = None
+    hop_steps: int = 0
+    hop_held: int = 0
 
     def apply(self, out: ReqOut) -> None:
         self.output_ids.extend(out.new_ids)
@@ -214,10 +218,13 @@ class ReqState:
         else:
             text = self._trimmer.emitted
             if not delta:  # nothing to deliver: its logprobs go with the next chunk
+                self.hop_held += self.hops is not None  # hops:
                 return None
         chunk = self.to_dict(text, self._sent_logprobs)
         self._sent_logprobs = len(self.output_token_logprobs)
         chunk["delta"] = delta
         if self.hops is not None:  # hops: + when this chunk was built ($SGDSL_HOP_TIMES)
             chunk["meta_info"]["hop_times"] = [*self.hops, time.time()]
+            chunk["meta_info"]["hop_steps"] = [self.hop_steps, self.hop_held]
+            self.hops, self.hop_steps, self.hop_held = None, 0, 0
         return chunk

@@ -102,6 +102,8 @@ def test_every_chunk_carries_its_hop_times_in_order(router):
         stamps = event["meta_info"]["hop_times"]
         assert len(stamps) == len(hop_report.SERVER_HOPS)
         assert all(b >= a - SLACK_S for a, b in zip(stamps, stamps[1:])), stamps
+        steps, held = event["meta_info"]["hop_steps"]
+        assert steps >= 1 and 0 <= held < steps
 
 
 def test_openai_client_streams_through_the_stamped_router(router):
