@@ -11,6 +11,7 @@ The switches (tp-chain; defaults in brackets):
   products' epilogues on each rank's shard (0: separate kernels under TP, as first built).
 - ``SGDSL_GEMV_PRE`` / ``SGDSL_GEMV_PAIRS_PRE`` [1 / 1]: weight blocks each matrix-vector
   program loads before PDL's wait (gemv.py / gemv_pairs.py).
+- ``SGDSL_PDL_TRIGGER`` [wait]: ``early``: each kernel lets the next launch before its own wait.
 
     python bench_tp_chain.py --tp 4 --model llama-3.1-8b           # ~1 min on 4x H200
     python bench_tp_chain.py --tp 4 --model llama-3.1-70b --variants base,new,new-pre8
@@ -33,17 +34,29 @@ from common import device_line, model_dir, print_table
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 BASE = {"SGDSL_LAMPORT_SPIN": "serial", "SGDSL_LAMPORT_VEC": "0", "SGDSL_GEMV_EPILOGUE_TP": "0",
-        "SGDSL_GEMV_PRE": "1", "SGDSL_GEMV_PAIRS_PRE": "1"}
+        "SGDSL_GEMV_PRE": "1", "SGDSL_GEMV_PAIRS_PRE": "1", "SGDSL_PDL_TRIGGER": "wait"}
 AR = {**BASE, "SGDSL_LAMPORT_SPIN": "all", "SGDSL_LAMPORT_VEC": "1"}
 EPI = {**AR, "SGDSL_GEMV_EPILOGUE_TP": "1"}
+
+
+def _pre(gemv: int, pairs: int, early: bool = False) -> dict[str, str]:
+    return {**EPI, "SGDSL_GEMV_PRE": str(gemv), "SGDSL_GEMV_PAIRS_PRE": str(pairs),
+            "SGDSL_PDL_TRIGGER": "early" if early else "wait"}
+
+
 VARIANTS = {
     "base": BASE,  # the chain as before tp-chain
     "ar": AR,  # + the all-reduce's one spin and vectors
-    "ar+epi": EPI,  # + the epilogues on each rank's shard
-    "new": {**EPI, "SGDSL_GEMV_PRE": "4", "SGDSL_GEMV_PAIRS_PRE": "2"},
-    "new-pre2": {**EPI, "SGDSL_GEMV_PRE": "2", "SGDSL_GEMV_PAIRS_PRE": "2"},
-    "new-pre4": {**EPI, "SGDSL_GEMV_PRE": "4", "SGDSL_GEMV_PAIRS_PRE": "4"},
-    "new-pre8": {**EPI, "SGDSL_GEMV_PRE": "8", "SGDSL_GEMV_PAIRS_PRE": "4"},
+    "ar+epi": EPI,  # + the epilogues on each rank's shard (main's defaults now)
+    "early": _pre(1, 1, early=True),  # + the next grid launched before each wait
+    "new": _pre(4, 2),  # + weight blocks before the wait: 4 (gemv) / 2 (pairs)
+    "new-pre2": _pre(2, 2),
+    "new-pre4": _pre(4, 4),
+    "new-pre8": _pre(8, 4),
+    "new-pre8x8": _pre(8, 8),
+    "new-early": _pre(4, 2, early=True),
+    "new-pre4-early": _pre(4, 4, early=True),
+    "new-pre8x8-early": _pre(8, 8, early=True),
     "pre4-only": {**BASE, "SGDSL_GEMV_PRE": "4", "SGDSL_GEMV_PAIRS_PRE": "2"},
 }
 
@@ -143,7 +156,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tp", type=int, default=4)
     ap.add_argument("--model", default="llama-3.1-8b")
-    ap.add_argument("--variants", default="base,ar,ar+epi,new,new-pre4,new-pre8",
+    ap.add_argument("--variants", default="base,ar,ar+epi,early,new,new-pre4,new-early",
                     help=f"comma-separated, of {sorted(VARIANTS)}")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=200, help="replays timed per variant a round")

@@ -11,7 +11,8 @@
 #     TP=4 (logits within bf16 rounding), and PDL's bits at TP=4
 #  3. (~60 s) bench_tp_chain.py 8B TP=4: every variant on one loaded model (GPU time per token)
 #  4. (~80 s) bench_tp_chain.py 70B TP=4: base, the new chain, and more blocks before the wait
-#  5. (what is left) bench_tp.py 8B TP=1 and TP=4 through the Engine with the new chain
+#  5. (what is left) bench_tp.py 8B TP=1 and TP=4 through the Engine with every switch on
+#     (new-pre4-early: SGDSL_GEMV_PRE=4, SGDSL_GEMV_PAIRS_PRE=4, SGDSL_PDL_TRIGGER=early)
 # A job with less than its minimum left is skipped (said in the output).
 set -o pipefail
 cd "$(dirname "$0")/../.."
@@ -46,10 +47,10 @@ D=tests/runtime/distributed
 wait
 job t_models 110 60 $PYTEST -m gpu -s $D/test_tp_models.py -k "chain or pdl_same"
 job chain_8b 90 45 python3 benchmarks/gpu/bench_tp_chain.py --tp 4 --model llama-3.1-8b \
-  --variants base,ar,ar+epi,new,new-pre4,new-pre8 --rounds 2 --steps 200
+  --variants base,ar,ar+epi,early,new,new-pre4,new-early,new-pre4-early --rounds 2 --steps 200
 job chain_70b 110 70 python3 benchmarks/gpu/bench_tp_chain.py --tp 4 --model llama-3.1-70b \
-  --variants base,ar+epi,new,new-pre8 --rounds 2 --steps 40
-job engine 100 60 python3 benchmarks/gpu/bench_tp.py --runs 8b-tp1,8b-tp4 --pdl on --chain new
+  --variants base,ar+epi,new-pre4,new-pre8x8,new-pre4-early --rounds 2 --steps 40
+job engine 100 60 python3 benchmarks/gpu/bench_tp.py --runs 8b-tp1,8b-tp4 --pdl on --chain new-pre4-early
 
 for t in t_allreduce t_kernels t_pairs t_models; do
   echo "=== $t"; show $t "passed|failed|error|Error|skipped|max \|new" 8

@@ -15,7 +15,8 @@ The contract every kernel here keeps (``PDL`` constexpr on):
   ``pre_blocks``).
 - ``enter`` then lets the next kernel launch (``gdc_launch_dependents``): it starts once every
   program of this one has passed its wait (all of them resident), so its blocks fill SMs as
-  this kernel's last blocks leave.
+  this kernel's last blocks leave. (``SGDSL_PDL_TRIGGER=early``: before the wait instead,
+  ``early_trigger``.)
 A kernel that is not converted is launched without PDL and waits for its predecessor fully.
 
 On by default where supported (a GPU of compute capability 9.0+, a Triton with ``gdc_wait`` and
@@ -45,8 +46,12 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
 if _HAS_GDC and not _INTERPRET:
     @triton.jit
     def enter(PDL: tl.constexpr):
-        """Wait for the previous grid (its memory visible), then let the next one launch."""
-        if PDL:
+        """Wait for the previous grid (its memory visible), then let the next one launch
+        (``PDL == EARLY``: let it launch first, then wait)."""
+        if PDL == 2:
+            gdc_launch_dependents()
+            gdc_wait()
+        elif PDL:
             gdc_wait()
             gdc_launch_dependents()
 else:
@@ -123,7 +128,24 @@ def pre_blocks(k: int, block_k: int, on: bool, env: str = "SGDSL_GEMV_PRE") -> i
     return max(1, min(want, triton.cdiv(k, block_k)))
 
 
+EARLY = 2  # the ``PDL`` constexpr's value for "launch the next grid before waiting"
+
+
+def early_trigger() -> bool:
+    """``SGDSL_PDL_TRIGGER=early``: each kernel lets the next one launch before its own wait,
+    not after it (default ``wait``). Correct either way (a grid's wait still returns only once
+    the grid before it has completed, and that one completed only after its own predecessor;
+    before its wait a program reads only weights), and no deadlock: a grid launches only once
+    every program of the one before has started. Early, a chain of small grids (the all-
+    reduce, qkv, attention's two stages) gets its successors resident sooner, so e.g. o_proj's
+    weight blocks stream during attention rather than after it; the cost: waiting programs
+    hold SM slots that the running grid's later programs could have used."""
+    return os.environ.get("SGDSL_PDL_TRIGGER", "wait").strip().lower() == "early"
+
+
 def launch(on: bool) -> dict:
     """The launch keywords for a kernel with ``PDL=on``: ``launch_pdl`` only when on, so a
-    Triton without the option never sees it."""
-    return {"PDL": on, "launch_pdl": True} if on else {"PDL": False}
+    Triton without the option never sees it (``PDL`` is ``EARLY`` with ``early_trigger``)."""
+    if not on:
+        return {"PDL": False}
+    return {"PDL": EARLY if early_trigger() else True, "launch_pdl": True}

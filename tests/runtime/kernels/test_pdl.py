@@ -53,6 +53,10 @@ def test_switch_and_launch_keywords(monkeypatch):
     x = torch.zeros(1)
     assert pdl.launch(False) == {"PDL": False}  # no launch_pdl: older Tritons never see it
     assert pdl.launch(True) == {"PDL": True, "launch_pdl": True}
+    monkeypatch.setenv("SGDSL_PDL_TRIGGER", "early")
+    assert pdl.launch(True) == {"PDL": pdl.EARLY, "launch_pdl": True}
+    assert pdl.launch(False) == {"PDL": False}
+    monkeypatch.delenv("SGDSL_PDL_TRIGGER")
     pdl.set_enabled(False)
     assert not pdl.enabled(x) and not pdl.all_reduce_enabled(x)
     pdl.set_enabled(True)
@@ -68,9 +72,12 @@ def test_switch_and_launch_keywords(monkeypatch):
 @pytest.fixture(params=[1, 3], ids=["pre1", "pre3"])
 def pre(request, monkeypatch):
     """Weight blocks loaded before the wait (``pdl.pre_blocks``): the first only, or three
-    (clamped to the row's blocks where it has fewer): the same bits either way."""
+    (clamped to the row's blocks where it has fewer; and the next grid let launch before the
+    wait, ``SGDSL_PDL_TRIGGER=early``): the same bits either way."""
     monkeypatch.setenv("SGDSL_GEMV_PRE", str(request.param))
     monkeypatch.setenv("SGDSL_GEMV_PAIRS_PRE", str(request.param))
+    if request.param > 1:
+        monkeypatch.setenv("SGDSL_PDL_TRIGGER", "early")
     return request.param
 
 
