@@ -12,6 +12,8 @@ The switches (tp-chain; defaults in brackets):
 - ``SGDSL_GEMV_PRE`` / ``SGDSL_GEMV_PAIRS_PRE`` [1 / 1]: weight blocks each matrix-vector
   program loads before PDL's wait (gemv.py / gemv_pairs.py).
 - ``SGDSL_PDL_TRIGGER`` [wait]: ``early``: each kernel lets the next launch before its own wait.
+- ``SGDSL_ATTN_PRE`` [0]: decode attention reads the page table and the earlier tokens' K/V
+  before its wait.
 
     python bench_tp_chain.py --tp 4 --model llama-3.1-8b           # ~1 min on 4x H200
     python bench_tp_chain.py --tp 4 --model llama-3.1-70b --variants base,new,new-pre8
@@ -34,29 +36,36 @@ from common import device_line, model_dir, print_table
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 BASE = {"SGDSL_LAMPORT_SPIN": "serial", "SGDSL_LAMPORT_VEC": "0", "SGDSL_GEMV_EPILOGUE_TP": "0",
-        "SGDSL_GEMV_PRE": "1", "SGDSL_GEMV_PAIRS_PRE": "1", "SGDSL_PDL_TRIGGER": "wait"}
+        "SGDSL_GEMV_PRE": "1", "SGDSL_GEMV_PAIRS_PRE": "1", "SGDSL_PDL_TRIGGER": "wait",
+        "SGDSL_ATTN_PRE": "0"}
 AR = {**BASE, "SGDSL_LAMPORT_SPIN": "all", "SGDSL_LAMPORT_VEC": "1"}
 EPI = {**AR, "SGDSL_GEMV_EPILOGUE_TP": "1"}
 
 
-def _pre(gemv: int, pairs: int, early: bool = False) -> dict[str, str]:
+def _on(gemv: int = 1, pairs: int = 1, early: bool = False, attn: bool = False
+        ) -> dict[str, str]:
+    """Main's defaults (``EPI``) with the off-by-default switches set."""
     return {**EPI, "SGDSL_GEMV_PRE": str(gemv), "SGDSL_GEMV_PAIRS_PRE": str(pairs),
-            "SGDSL_PDL_TRIGGER": "early" if early else "wait"}
+            "SGDSL_PDL_TRIGGER": "early" if early else "wait",
+            "SGDSL_ATTN_PRE": "1" if attn else "0"}
 
 
 VARIANTS = {
     "base": BASE,  # the chain as before tp-chain
     "ar": AR,  # + the all-reduce's one spin and vectors
     "ar+epi": EPI,  # + the epilogues on each rank's shard (main's defaults now)
-    "early": _pre(1, 1, early=True),  # + the next grid launched before each wait
-    "new": _pre(4, 2),  # + weight blocks before the wait: 4 (gemv) / 2 (pairs)
-    "new-pre2": _pre(2, 2),
-    "new-pre4": _pre(4, 4),
-    "new-pre8": _pre(8, 4),
-    "new-pre8x8": _pre(8, 8),
-    "new-early": _pre(4, 2, early=True),
-    "new-pre4-early": _pre(4, 4, early=True),
-    "new-pre8x8-early": _pre(8, 8, early=True),
+    "early": _on(early=True),  # + the next grid launched before each wait
+    "attn": _on(attn=True),  # + attention's K/V of earlier tokens read before the wait
+    "new": _on(4, 2),  # + weight blocks before the wait: 4 (gemv) / 2 (pairs)
+    "new-pre2": _on(2, 2),
+    "new-pre4": _on(4, 4),
+    "new-pre8": _on(8, 4),
+    "new-pre8x8": _on(8, 8),
+    "new-early": _on(4, 2, early=True),
+    "new-pre4-early": _on(4, 4, early=True),
+    "new-pre8x8-early": _on(8, 8, early=True),
+    "all": _on(4, 4, early=True, attn=True),
+    "all-pre8x8": _on(8, 8, early=True, attn=True),
     "pre4-only": {**BASE, "SGDSL_GEMV_PRE": "4", "SGDSL_GEMV_PAIRS_PRE": "2"},
 }
 
@@ -156,7 +165,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tp", type=int, default=4)
     ap.add_argument("--model", default="llama-3.1-8b")
-    ap.add_argument("--variants", default="base,ar,ar+epi,early,new,new-pre4,new-early",
+    ap.add_argument("--variants", default="base,ar,ar+epi,early,attn,new-pre4,all",
                     help=f"comma-separated, of {sorted(VARIANTS)}")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=200, help="replays timed per variant a round")

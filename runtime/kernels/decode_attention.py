@@ -22,6 +22,8 @@ into further split slots, and stage 2 merges them all (``decode_merge`` with mor
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -32,27 +34,10 @@ _MIN_BLOCK_H = 16  # tl.dot needs at least 16 rows
 
 
 @triton.jit
-def _decode_stage1(
-    Q, K_Buf, V_Buf, Req_to_token, Req_idx, Seq_lens, Starts, Num_splits, Mid_o, Mid_lse,
-    sm_scale, v_scale, min_per_split,
-    stride_qb, stride_qh, stride_kbs, stride_kh, stride_vbs, stride_vh, stride_rt,
-    stride_mob, stride_moh, stride_mos, stride_lb, stride_lh,
-    q_head_num,
-    KV_GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, MAX_SPLITS: tl.constexpr,
-    PRECISION: tl.constexpr, HAS_STARTS: tl.constexpr, SPLITS_IN_KERNEL: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    pdl.enter(PDL)
-    cur_batch = tl.program_id(0)
-    cur_kv_head = tl.program_id(1)
-    split_id = tl.program_id(2)
-
-    offs_h = cur_kv_head * KV_GROUP + tl.arange(0, BLOCK_H)
-    mask_h = (tl.arange(0, BLOCK_H) < KV_GROUP) & (offs_h < q_head_num)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < HEAD_DIM
-
+def _split_range(Req_idx, Seq_lens, Starts, Num_splits, min_per_split, cur_batch, split_id,
+                 HAS_STARTS: tl.constexpr, SPLITS_IN_KERNEL: tl.constexpr,
+                 MAX_SPLITS: tl.constexpr):
+    """This program's request row, its length, and the tokens ``[start, end)`` of its split."""
     seq_len = tl.load(Seq_lens + cur_batch).to(tl.int32)
     req_row = tl.load(Req_idx + cur_batch).to(tl.int64)
     first = 0
@@ -66,16 +51,96 @@ def _decode_stage1(
     per_split = tl.cdiv(seq_len - first, num_splits)
     start = first + per_split * split_id
     end = tl.minimum(start + per_split, seq_len)
+    return req_row, seq_len, start, end
 
-    q = tl.load(Q + cur_batch * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :],
-                mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+
+@triton.jit
+def _load_kv(K_Buf, V_Buf, Req_to_token, req_row, stride_rt, offs_n, mask_n, cur_kv_head,
+             stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, mask_d):
+    """K (``[D, N]``) and V (``[N, D]``) of the tokens ``offs_n`` (``mask_n``) of one kv head."""
+    slots = tl.load(Req_to_token + req_row * stride_rt + offs_n, mask=mask_n, other=0)
+    k = tl.load(K_Buf + slots[None, :] * stride_kbs + cur_kv_head * stride_kh + offs_d[:, None],
+                mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+    v = tl.load(V_Buf + slots[:, None] * stride_vbs + cur_kv_head * stride_vh + offs_d[None, :],
+                mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+    return k, v
+
+
+@triton.jit
+def _attend(q, k, v, offs_n, end, mask_h, m_i, l_i, acc, sm_scale, PRECISION: tl.constexpr):
+    """One block of keys folded into the running softmax (``m_i``, ``l_i``) and output: the
+    loop's step below with k and v loaded already (the same operations in the same order)."""
+    mask_n = offs_n < end
+    qk = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * sm_scale
+    qk = tl.where(mask_h[:, None] & mask_n[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m_i - m_safe)
+    p = tl.exp(qk - m_safe[:, None])
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _decode_stage1(
+    Q, K_Buf, V_Buf, Req_to_token, Req_idx, Seq_lens, Starts, Num_splits, Mid_o, Mid_lse,
+    sm_scale, v_scale, min_per_split,
+    stride_qb, stride_qh, stride_kbs, stride_kh, stride_vbs, stride_vh, stride_rt,
+    stride_mob, stride_moh, stride_mos, stride_lb, stride_lh,
+    q_head_num,
+    KV_GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, MAX_SPLITS: tl.constexpr,
+    PRECISION: tl.constexpr, HAS_STARTS: tl.constexpr, SPLITS_IN_KERNEL: tl.constexpr,
+    PRE_KV: tl.constexpr, PDL: tl.constexpr,
+):
+    cur_batch = tl.program_id(0)
+    cur_kv_head = tl.program_id(1)
+    split_id = tl.program_id(2)
+    offs_h = cur_kv_head * KV_GROUP + tl.arange(0, BLOCK_H)
+    mask_h = (tl.arange(0, BLOCK_H) < KV_GROUP) & (offs_h < q_head_num)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    if PRE_KV:
+        # Before PDL's wait (pdl.py), what no kernel of this step writes: the batch's lengths
+        # and rows (graph inputs), the page table and K/V of the tokens before the newest one
+        # (earlier steps'), for the split's first block; the newest token (its slot, stored by
+        # the qkv product just before) and q after the wait.
+        req_row, seq_len, start, end = _split_range(
+            Req_idx, Seq_lens, Starts, Num_splits, min_per_split, cur_batch, split_id,
+            HAS_STARTS, SPLITS_IN_KERNEL, MAX_SPLITS)
+        offs_n = start + tl.arange(0, BLOCK_N)
+        old = (offs_n < end) & (offs_n < seq_len - 1)
+        k, v = _load_kv(K_Buf, V_Buf, Req_to_token, req_row, stride_rt, offs_n, old,
+                        cur_kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, mask_d)
+        pdl.enter(PDL)
+        newest = (offs_n < end) & (offs_n == seq_len - 1)
+        k_new, v_new = _load_kv(K_Buf, V_Buf, Req_to_token, req_row, stride_rt, offs_n, newest,
+                                cur_kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh,
+                                offs_d, mask_d)
+        q = tl.load(Q + cur_batch * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :],
+                    mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+        k = tl.where(newest[None, :], k_new, k)
+        v = tl.where(newest[:, None], v_new, v)
+        if start < end:  # the loop's first step, the same sums
+            m_i, l_i, acc = _attend(q, k, v, offs_n, end, mask_h, m_i, l_i, acc, sm_scale,
+                                    PRECISION)
+        first_block = start + BLOCK_N
+    else:
+        pdl.enter(PDL)
+        req_row, seq_len, start, end = _split_range(
+            Req_idx, Seq_lens, Starts, Num_splits, min_per_split, cur_batch, split_id,
+            HAS_STARTS, SPLITS_IN_KERNEL, MAX_SPLITS)
+        q = tl.load(Q + cur_batch * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :],
+                    mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+        first_block = start
 
     # NOTE: splits past num_splits (or empty ones) run zero iterations and write lse=-inf,
     # which stage 2 weighs by exp(-inf) = 0.
-    for n0 in range(start, end, BLOCK_N):
+    for n0 in range(first_block, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < end
         slots = tl.load(Req_to_token + req_row * stride_rt + offs_n, mask=mask_n, other=0)
@@ -126,6 +191,13 @@ def _decode_stage2(
     out = tl.sum(tl.where(w[:, None] > 0, parts * w[:, None], 0.0), 0) / tl.sum(w, 0)
     tl.store(O + cur_batch * stride_ob + cur_head * stride_oh + offs_d,
              out.to(O.dtype.element_ty), mask=mask_d)
+
+
+def _pre_kv(num_kv_splits: torch.Tensor | None) -> bool:
+    """Whether stage 1 reads the page table and the earlier tokens' K/V before PDL's wait
+    (``SGDSL_ATTN_PRE=1``; off by default until measured): only with the split count computed
+    in the kernel (a ``num_kv_splits`` tensor is written by a kernel of the step)."""
+    return num_kv_splits is None and os.environ.get("SGDSL_ATTN_PRE", "0") not in ("", "0")
 
 
 def num_kv_splits_for(seq_lens: torch.Tensor, max_kv_splits: int,
@@ -194,6 +266,7 @@ def decode_stage1(
     block_h = max(_MIN_BLOCK_H, triton.next_power_of_2(group))
     block_d = triton.next_power_of_2(head_dim)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    on = pdl.enabled(q)
     _decode_stage1[(bs, kv_heads, max_kv_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens,
         starts if starts is not None else seq_lens,
@@ -205,8 +278,8 @@ def decode_stage1(
         num_heads,
         KV_GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=head_dim,
         MAX_SPLITS=max_kv_splits, PRECISION=precision, HAS_STARTS=starts is not None,
-        SPLITS_IN_KERNEL=num_kv_splits is None, num_warps=4, num_stages=2,
-        **pdl.launch(pdl.enabled(q)),
+        SPLITS_IN_KERNEL=num_kv_splits is None, PRE_KV=on and _pre_kv(num_kv_splits),
+        num_warps=4, num_stages=2, **pdl.launch(on),
     )
 
 

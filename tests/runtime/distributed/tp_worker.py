@@ -161,10 +161,10 @@ def run_rank_pdl(rank: int, size: int, init_method: str, model_dir: str, prompt:
 CHAIN_MODES = {
     "base": {"SGDSL_GEMV_EPILOGUE_TP": "0", "SGDSL_LAMPORT_SPIN": "serial",
              "SGDSL_LAMPORT_VEC": "0", "SGDSL_GEMV_PRE": "1", "SGDSL_GEMV_PAIRS_PRE": "1",
-             "SGDSL_PDL_TRIGGER": "wait"},
+             "SGDSL_PDL_TRIGGER": "wait", "SGDSL_ATTN_PRE": "0"},
     "new": {"SGDSL_GEMV_EPILOGUE_TP": "1", "SGDSL_LAMPORT_SPIN": "all",
             "SGDSL_LAMPORT_VEC": "1", "SGDSL_GEMV_PRE": "4", "SGDSL_GEMV_PAIRS_PRE": "4",
-            "SGDSL_PDL_TRIGGER": "early"},
+            "SGDSL_PDL_TRIGGER": "early", "SGDSL_ATTN_PRE": "1"},
 }
 
 

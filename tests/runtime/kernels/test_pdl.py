@@ -151,7 +151,11 @@ def test_norm_activation_store_rope(device, dtype):
     _assert_same_bits(_both(store_and_rope))
 
 
-def test_decode_attention(device, dtype):
+@pytest.mark.parametrize("pre_kv", ["0", "1"])
+def test_decode_attention(device, dtype, monkeypatch, pre_kv):
+    """``SGDSL_ATTN_PRE=1``: the page table and the earlier tokens' K/V read before the wait
+    (the newest token's after it): the same bits."""
+    monkeypatch.setenv("SGDSL_ATTN_PRE", pre_kv)
     gen = torch.Generator().manual_seed(7)
     lens = [5, 40]
     k_buf, v_buf, r2t, rows = scattered_pool(lens, 2, 16, dtype, device, gen)
