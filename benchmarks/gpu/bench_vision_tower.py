@@ -8,7 +8,10 @@ Variants (the same module and weights; each old piece put back by patching it in
   length, scattered back);
 - ``unpadded MLP``: gate, up, down at HF's 3420 (leading dims not 16-byte aligned), separate
   silu and product, as before;
-- ``previous path``: both.
+- ``previous path``: both;
+- ``probe: full layers on cuDNN SDPA`` (GPU only): the four full-attention layers' equal-length
+  frames as one batched SDPA call on cuDNN's kernel instead of flash (not in the runtime: a
+  measurement for the next step).
 
 Reported: ms per forward, ms per image, TFLOP/s on the weights' FLOPs (as ``bench_vlm
 --profile`` reports the encoder), and the projection to workload A's 256 images. GEMM rows:
@@ -61,7 +64,23 @@ def unpadded_mlp(tower) -> dict:
         b.mlp.down_proj.weight, b.mlp.down_proj.bias)] for b in tower.blocks}
 
 
-def patched(varlen: bool, padded: bool, plain: dict):
+def cudnn_frames(base):
+    """``segment_attention`` with equal-length frames (the full-attention layers) as one
+    batched SDPA call on cuDNN's kernel (a probe for a next step; windows as ``base``)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def attend(q, k, v, segs, scale):
+        length = segs.max_len
+        if segs.cu is None or length < 1024 or length * (segs.cu.numel() - 1) != q.shape[0]:
+            return base(q, k, v, segs, scale)
+        qg, kg, vg = (t.reshape(-1, length, *t.shape[1:]).transpose(1, 2) for t in (q, k, v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            out = F.scaled_dot_product_attention(qg, kg, vg, scale=scale)
+        return out.transpose(1, 2).reshape(q.shape)
+    return attend
+
+
+def patched(varlen: bool, padded: bool, plain: dict, cudnn: bool = False):
     """Context: the tower's attention and MLP as in the variant."""
     import contextlib
 
@@ -74,15 +93,17 @@ def patched(varlen: bool, padded: bool, plain: dict):
 
     @contextlib.contextmanager
     def ctx():
-        saved = vis.varlen_supported, VisionMLP.forward
+        saved = vis.varlen_supported, VisionMLP.forward, vis.segment_attention
         if not varlen:
             vis.varlen_supported = lambda *a: False
         if not padded:
             VisionMLP.forward = old_mlp
+        if cudnn:
+            vis.segment_attention = cudnn_frames(vis.segment_attention)
         try:
             yield
         finally:
-            vis.varlen_supported, VisionMLP.forward = saved
+            vis.varlen_supported, VisionMLP.forward, vis.segment_attention = saved
     return ctx()
 
 
@@ -149,12 +170,20 @@ def main() -> None:
     pixels = torch.randn(patches, cin, device=args.device, dtype=dtype)
     flops = weight_flops(cfg, patches)
     rows, outs = [], {}
-    for name, varlen, padded in (("this tree", True, True), ("per-length SDPA", False, True),
-                                 ("unpadded MLP", True, False), ("previous path", False, False)):
-        with torch.inference_mode(), patched(varlen, padded, plain):
-            ms = time_ms(lambda: tower(pixels, grids), args.device, args.iters)
-            outs[name] = tower(pixels, grids).float()
-        diff = float((outs[name] - outs["this tree"]).abs().max() / outs["this tree"].abs().max())
+    variants = [("this tree", True, True, False), ("per-length SDPA", False, True, False),
+                ("unpadded MLP", True, False, False), ("previous path", False, False, False)]
+    if args.device == "cuda":
+        variants.append(("probe: full layers on cuDNN SDPA", True, True, True))
+    for name, varlen, padded, cudnn in variants:
+        try:
+            with torch.inference_mode(), patched(varlen, padded, plain, cudnn):
+                ms = time_ms(lambda: tower(pixels, grids), args.device, args.iters)
+                outs[name] = tower(pixels, grids).float()
+        except RuntimeError as exc:  # the probe's backend may be missing: say so, go on
+            rows.append([name, f"n/a: {str(exc)[:60]}", "", "", "", ""])
+            continue
+        ref = outs["this tree"]
+        diff = float((outs[name] - ref).abs().max() / ref.abs().max())
         rows.append([name, ms, ms / args.images, flops / ms / 1e9, 256 * ms / args.images / 1e3,
                      diff])
     print_table(f"Qwen2.5-VL-7B vision tower{' (tiny dims)' if args.tiny else ''}: {args.images} x "
