@@ -68,6 +68,9 @@ class GenResult:
 
     text: str
     meta_info: Mapping[str, Any] = field(default_factory=dict)
+    # True when the backend itself validated ``text`` against the request's json_schema (the
+    # sgdsl runtime's backstop): the interpreter then parses it without validating it again
+    schema_checked: bool = False
 
 
 @dataclass(frozen=True)

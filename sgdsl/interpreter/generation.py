@@ -77,6 +77,7 @@ async def generate_checked(ex: "StateExecutor", params: ir.SamplingParams,
         params = params.replace(n=1)
     checked = Checked(False, "")
     for attempt in range(attempts):
+        vouched = False
         if attempt and params.resolved("temperature") == 0:
             # NOTE: a greedy retry would repeat the same output; sample instead.
             params = params.replace(temperature=RETRY_TEMPERATURE)
@@ -85,8 +86,9 @@ async def generate_checked(ex: "StateExecutor", params: ir.SamplingParams,
         else:
             results = await ex.backend.generate(ex.context(), params, plan.native)
             text, meta = results[0].text, dict(results[0].meta_info)
+            vouched = results[0].schema_checked
         ex.run.usage.add(meta)
-        checked = plan.check(text)
+        checked = plan.check_result(text, vouched)
         if checked.ok or not plan.retry:
             meta["attempts"] = attempt + 1
             if not checked.ok:
@@ -129,7 +131,7 @@ async def _gen_n(ex: "StateExecutor", name: str | None, params: ir.SamplingParam
         results = await ex.backend.generate(ex.context(), params, plan.native)
         metas = [dict(r.meta_info) for r in results]
         ex.run.usage.add(_sum_meta(metas))
-        checked = [plan.check(r.text) for r in results]
+        checked = [plan.check_result(r.text, r.schema_checked) for r in results]
     else:  # one request per sample, concurrently
         pairs = await asyncio.gather(*(generate_checked(ex, params, plan) for _ in range(n)))
         checked, metas = [c for c, _ in pairs], [m for _, m in pairs]

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import Any, Callable
 
 from sgdsl.backends.base import Backend
 from sgdsl.errors import UnsupportedError
-from sgdsl.interpreter.validate import check_json
+from sgdsl.interpreter.validate import check_json, parse_json
 from sgdsl.ir import Constraint
 
 MAX_ATTEMPTS = 3
@@ -50,6 +51,14 @@ class Plan:
     check: Callable[[str], Checked]
     retry: bool
     kind: str | None = None
+    parse: Callable[[str], Checked] | None = None  # ``check`` without validation (below)
+
+    def check_result(self, text: str, schema_checked: bool = False) -> Checked:
+        """``check(text)``; only ``parse`` when the backend already validated the text against
+        the json_schema (``GenResult.schema_checked``)."""
+        if schema_checked and self.parse is not None:
+            return self.parse(text)
+        return self.check(text)
 
 
 def _plain(text: str) -> Checked:
@@ -70,7 +79,9 @@ def plan_constraint(backend: Backend, constraint: Constraint | None) -> Plan:
         return Plan(constraint, _plain, False, kind)
     check = _checker(constraint)
     if kind in native:
-        return Plan(constraint, check, False, kind)
+        parse = (functools.partial(_parse_schema, model=constraint.model)
+                 if kind == "json_schema" else None)
+        return Plan(constraint, check, False, kind, parse)
     if kind in ("dtype", "choices") and "regex" in native:
         return Plan(Constraint("regex", to_regex(constraint)), check, False, kind)
     if kind == "ebnf":
@@ -125,6 +136,15 @@ def _check_choice(text: str, choices: tuple[str, ...]) -> Checked:
     if text.strip() in choices:
         return Checked(True, text.strip(), text.strip())
     return Checked(False, text, reason=f"is not one of {list(choices)!r}")
+
+
+def _parse_schema(text: str, model: type | None) -> Checked:
+    """A json_schema output the backend validated: parsed (into the pydantic model, if any)."""
+    try:
+        parsed, cleaned = parse_json(text, model)
+    except ValueError as exc:
+        return Checked(False, text, reason=f"is not valid against the JSON schema: {exc}")
+    return Checked(True, cleaned, parsed)
 
 
 def _check_schema(text: str, schema: Any, model: type | None) -> Checked:

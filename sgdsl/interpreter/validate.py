@@ -23,12 +23,21 @@ def extract_json(text: str) -> str:
     return (match.group(1) if match else text).strip()
 
 
-def check_json(text: str, schema: str | dict[str, Any], model: type | None = None) -> tuple[Any, str]:
-    """Parse ``text`` and validate it; returns (value, cleaned text) or raises ValueError."""
+def parse_json(text: str, model: type | None = None) -> tuple[Any, str]:
+    """Parse ``text`` (into ``model`` when it is a pydantic model); returns (value, cleaned
+    text) or raises ValueError."""
     cleaned = extract_json(text)
     value = json.loads(cleaned)
     if model is not None and hasattr(model, "model_validate"):
         return model.model_validate(value), cleaned
+    return value, cleaned
+
+
+def check_json(text: str, schema: str | dict[str, Any], model: type | None = None) -> tuple[Any, str]:
+    """Parse ``text`` and validate it; returns (value, cleaned text) or raises ValueError."""
+    if model is not None and hasattr(model, "model_validate"):
+        return parse_json(text, model)
+    value, cleaned = parse_json(text)
     schema_text = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
     validator = _validator(schema_text)
     if validator is None:

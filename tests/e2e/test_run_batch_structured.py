@@ -42,3 +42,33 @@ def test_run_batch_refused_program_fails_alone(runtime_backend):
     for state in states[:1] + states[2:]:
         assert state.error() is None
         jsonschema.validate(json.loads(state["out"]), SCHEMA)
+
+
+def test_run_batch_parses_the_runtimes_checked_outputs_without_validating_again(
+        runtime_backend, monkeypatch):
+    """The runtime validates every json_schema output its grammar ended against the original
+    schema (its backstop), so the interpreter only parses those; the others (cut by length)
+    it still validates itself."""
+    from sgdsl.interpreter import lowering
+
+    validated: list[str] = []
+    real = lowering.check_json
+
+    def counting(text, schema, model=None):
+        validated.append(text)
+        return real(text, schema, model)
+    monkeypatch.setattr(lowering, "check_json", counting)
+    states = person.run_batch([{"name": n, "top_p": 1.0} for n in NAMES],
+                              backend=runtime_backend)
+    cut = []
+    for state in states:
+        assert state.error() is None
+        meta = state.get_meta_info("out")
+        assert state.get_parsed("out") == json.loads(state["out"])
+        reason = meta["finish_reason"]
+        if reason["type"] != "stop" or isinstance(reason.get("matched"), str):
+            cut.append(state["out"])
+        else:
+            jsonschema.validate(state.get_parsed("out"), SCHEMA)
+    assert sorted(validated) == sorted(cut)
+    assert len(cut) < len(NAMES)  # most outputs end by the grammar here

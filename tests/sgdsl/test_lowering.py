@@ -197,3 +197,26 @@ def test_check_json_reports_as_jsonschema_and_refuses_a_bad_schema():
             check_json('{"n": 5}', form)
     with pytest.raises(jsonschema.SchemaError):
         check_json('{"n": 5}', {"type": "nonsense"})
+
+
+def test_only_the_sgdsl_runtimes_checked_outputs_skip_validation():
+    """``schema_checked``: an output the sgdsl runtime's backstop validated (a constrained
+    output of it carries ``forced_token_positions``; the grammar ended it on a token) is only
+    parsed; an SGLang server's, or one cut by length or a stop string, is validated here."""
+    from sgdsl.backends.srt import result_of
+    from sgdsl.interpreter.lowering import Checked, plan_constraint
+    from sgdsl.ir import Constraint
+
+    def out(reason, **meta):
+        return {"text": '{"a": 1}', "meta_info": {"finish_reason": reason, **meta}}
+    ended = {"type": "stop", "matched": 2}
+    assert result_of(out(ended, forced_token_positions=[]), json_schema=True).schema_checked
+    assert not result_of(out(ended, forced_token_positions=[])).schema_checked  # no schema sent
+    assert not result_of(out(ended), json_schema=True).schema_checked  # an SGLang server
+    for reason in ({"type": "length", "length": 8}, {"type": "stop", "matched": "}"}):
+        assert not result_of(out(reason, forced_token_positions=[]), True).schema_checked
+    backend = ScriptedBackend(capabilities=Capabilities(constraints=frozenset({"json_schema"})))
+    plan = plan_constraint(backend, Constraint("json_schema", '{"type": "integer", "minimum": 5}'))
+    assert plan.check_result("3", schema_checked=True) == Checked(True, "3", 3)
+    assert not plan.check_result("3").ok  # not vouched for: validated
+    assert not plan.check_result("{", schema_checked=True).ok  # still parsed
