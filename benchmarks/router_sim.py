@@ -255,12 +255,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("shapes", nargs="*", default=list(SHAPES), help=f"of {list(SHAPES)}")
     p.add_argument("--policies", default="cost_aware,round_robin,cache_aware")
     p.add_argument("--seeds", type=int, default=1, help="workload seeds (mean reported)")
+    p.add_argument("--prefill-s", type=float, default=Timing.prefill_s, help="per token")
+    p.add_argument("--decode-s", type=float, default=Timing.decode_s, help="per request a step")
     args = p.parse_args(argv)
+    timing = Timing(prefill_s=args.prefill_s, decode_s=args.decode_s)
     for name in args.shapes:
         print(f"{name}: {SHAPES[name]}")
         rows = []
         for spec in args.policies.split(","):
-            runs = [simulate(spec, replace(SHAPES[name], seed=s)) for s in range(args.seeds)]
+            runs = [simulate(spec, replace(SHAPES[name], seed=s), timing)
+                    for s in range(args.seeds)]
             rows.append({k: (sum(r[k] for r in runs) / len(runs) if k != "policy" else spec)
                          for k in runs[0]})
         rr = next((r for r in rows if r["policy"] == "round_robin"), rows[0])
