@@ -94,6 +94,8 @@ def _decode_stage1(
     PRECISION: tl.constexpr, HAS_STARTS: tl.constexpr, SPLITS_IN_KERNEL: tl.constexpr,
     PRE_KV: tl.constexpr, PDL: tl.constexpr,
 ):
+    if not PRE_KV:
+        pdl.enter(PDL)
     cur_batch = tl.program_id(0)
     cur_kv_head = tl.program_id(1)
     split_id = tl.program_id(2)
@@ -101,9 +103,6 @@ def _decode_stage1(
     mask_h = (tl.arange(0, BLOCK_H) < KV_GROUP) & (offs_h < q_head_num)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     if PRE_KV:
         # Before PDL's wait (pdl.py), what no kernel of this step writes: the batch's lengths
         # and rows (graph inputs), the page table and K/V of the tokens before the newest one
@@ -125,17 +124,22 @@ def _decode_stage1(
                     mask=mask_h[:, None] & mask_d[None, :], other=0.0)
         k = tl.where(newest[None, :], k_new, k)
         v = tl.where(newest[:, None], v_new, v)
+        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
         if start < end:  # the loop's first step, the same sums
             m_i, l_i, acc = _attend(q, k, v, offs_n, end, mask_h, m_i, l_i, acc, sm_scale,
                                     PRECISION)
         first_block = start + BLOCK_N
     else:
-        pdl.enter(PDL)
         req_row, seq_len, start, end = _split_range(
             Req_idx, Seq_lens, Starts, Num_splits, min_per_split, cur_batch, split_id,
             HAS_STARTS, SPLITS_IN_KERNEL, MAX_SPLITS)
         q = tl.load(Q + cur_batch * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :],
                     mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
         first_block = start
 
     # NOTE: splits past num_splits (or empty ones) run zero iterations and write lse=-inf,
