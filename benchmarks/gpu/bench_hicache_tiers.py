@@ -7,7 +7,7 @@ context is computed, cached and, write-through, copied to the host); (2) ``devic
 context + suffix B; (3) a filler prompt that takes nearly the whole device pool, so LRU
 eviction demotes the context to the host; (4) ``host hit``: context + suffix C. The same
 misses on an engine without the tiers (``radix miss``) show what write-through adds to a miss;
-a third engine with SGDSL_HICACHE_DIRECT_RUNS=0 (``gathered``: every move gathers the host
+a third engine with SGDSL_HICACHE_DIRECT=0 (``gathered``: every move gathers the host
 runs and scatters them, the copy path before pool-to-pool copies) shows what those save.
 Each request generates one token (its latency is its TTFT); medians over ``--reps``.
 ``cached_tokens_details`` confirms which tier served each hit.
@@ -76,12 +76,12 @@ def measure(a: argparse.Namespace, name: str) -> dict[str, list[tuple[float, dic
     """Per case, (seconds, meta_info) of each repetition on engine ``name`` (ENGINES)."""
     from sgdsl.runtime import Engine
 
-    extra, direct_runs = ENGINES[name]
+    extra, direct = ENGINES[name]
     kw = engine_kw(a, extra)
     pool = kw["max_total_tokens"]
     cases: dict[str, list] = {}
     # NOTE: read by the scheduler process the Engine spawns (transfer.py, at import)
-    os.environ["SGDSL_HICACHE_DIRECT_RUNS"] = direct_runs or str(transfer.DIRECT_RUNS)
+    os.environ["SGDSL_HICACHE_DIRECT"] = direct or ("1" if transfer.DIRECT else "0")
     prefix = "" if name == "hicache" else f"{name} "
     with Engine(**kw) as engine:
         _ttft(engine, random_prompts(1, a.prefix, seed=5)[0])  # warm-up at full length

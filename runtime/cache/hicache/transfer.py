@@ -32,12 +32,17 @@ scheduler): from pageable memory CUDA may stage the copy synchronously, and the 
 first waits for the step in flight, so the host could wait for that step on every backup and
 load.
 
-Where host and device slots are *both* contiguous over a stretch (``pair_runs``: a node's
-slots mostly are, both allocators hand out runs), the stretch moves as one copy straight from
-pool to pool: one pass over the bytes, with no gather buffer and no scatter (``index_copy_``)
-kernel. A load or backup of at most ``DIRECT_RUNS`` such stretches goes that way (on the CPU a
-2,048-token load of SmolLM2's KV went from ~214 ms to ~30 ms, a plain memcpy's cost); more
-fragmented ones take the host runs into one contiguous tensor and scatter it.
+Where host and device slots are *both* contiguous over a stretch (``pair_runs``: a prefill's
+slots are, in both pools), the stretch moves as one copy straight from pool to pool: one pass
+over the bytes, with no gather buffer and no scatter (``index_copy_``) kernel. On CUDA only
+stretches of at least ``MIN_DIRECT_TOKENS`` go that way (each copy is a launch per layer, K and
+V; a decode step gives each running request one slot, so an answer's slots interleave with the
+other requests' and come as 1-token stretches): the other tokens take the gathered path below.
+CUDA splits a move so only where that takes no more copies per layer than gathering it all
+(on the device the gather is cheap: the DMA is the cost either way). On the CPU every stretch
+goes pool to pool (a copy costs microseconds, the index kernels ~0.1 ms a token: a 2,048-token
+load of SmolLM2's KV went from ~147-214 ms to ~29-32 ms, a plain memcpy's cost).
+SGDSL_HICACHE_DIRECT=0 turns pool-to-pool copies off (A/B: bench_hicache_tiers.py).
 
 Fragmented host slots (more than ``MAX_RUNS`` runs) go through pinned staging instead (a host
 gather or scatter, then one copy per layer).
@@ -60,10 +65,10 @@ MAX_RUNS = 128  # past this many runs, staging: one host gather beats thousands 
 # first layer is not queued behind the first load's last layer (the prefill's first layer
 # waits for the first layer of every load).
 LOAD_STREAMS = 4
-# NOTE: up to this many stretches contiguous on both sides, copy stretch to stretch (one pass,
-# no scatter kernel); past it the per-copy overhead (a launch each, per layer, K and V) wins.
-# SGDSL_HICACHE_DIRECT_RUNS=0 turns it off (A/B of the two paths: bench_hicache_tiers.py).
-DIRECT_RUNS = int(os.environ.get("SGDSL_HICACHE_DIRECT_RUNS", "64"))
+DIRECT = os.environ.get("SGDSL_HICACHE_DIRECT", "1") != "0"  # pool-to-pool copies (above)
+MIN_DIRECT_TOKENS = 16  # CUDA: shorter stretches gather (a launch per layer each otherwise)
+MIN_DIRECT_TOKENS_CPU = 1  # the CPU: every stretch
+_EMPTY = torch.empty(0, dtype=torch.int64)
 
 
 @dataclass
@@ -86,17 +91,32 @@ def runs(slots: torch.Tensor) -> list[tuple[int, int, int]]:
     return [(s, f, e - s) for s, e, f in zip(starts, ends, first)]
 
 
-def pair_runs(a: torch.Tensor, b: torch.Tensor) -> list[tuple[int, int, int]]:
-    """``(first of a, first of b, length)`` of each stretch where ``a`` and ``b`` both ascend
-    by one (slot ids of the same tokens in two pools)."""
+def pair_runs(a: torch.Tensor, b: torch.Tensor) -> list[tuple[int, int, int, int]]:
+    """``(offset, first of a, first of b, length)`` of each stretch where ``a`` and ``b`` both
+    ascend by one (slot ids of the same tokens in two pools)."""
     n = int(a.numel())
     if n == 0:
         return []
     step = (a[1:] - a[:-1] != 1) | (b[1:] - b[:-1] != 1)
     cuts = (torch.nonzero(step).flatten() + 1).tolist()
     starts, ends = [0, *cuts], [*cuts, n]
-    return [(x, y, e - s) for s, e, x, y in zip(starts, ends, a[starts].tolist(),
-                                                 b[starts].tolist())]
+    return [(s, x, y, e - s) for s, e, x, y in zip(starts, ends, a[starts].tolist(),
+                                                    b[starts].tolist())]
+
+
+def split(src: torch.Tensor, dst: torch.Tensor, least: int | None
+          ) -> tuple[list[tuple[int, int, int]], torch.Tensor, torch.Tensor]:
+    """The stretches of at least ``least`` tokens (None: none) to copy pool to pool, as
+    ``(first of src, first of dst, length)``, and the other tokens' ``src``/``dst`` slots."""
+    if least is None:
+        return [], src, dst
+    stretches = pair_runs(src, dst)
+    direct = [(x, y, m) for _, x, y, m in stretches if m >= least]
+    if len(direct) == len(stretches):
+        return direct, _EMPTY, _EMPTY
+    lengths = torch.tensor([m for *_, m in stretches])
+    rest = (lengths < least).repeat_interleave(lengths)
+    return direct, src[rest], dst[rest]
 
 
 class KVTransfer:
@@ -110,16 +130,22 @@ class KVTransfer:
         self._turn = 0
         self.pending: list[_Backup] = []
         self._timed: list[tuple[Any, Any]] = []  # CUDA: (start, end) events of loads in flight
-        self.bytes_d2h = self.bytes_h2d = self.loads = self.direct_moves = 0
+        self.bytes_d2h = self.bytes_h2d = self.loads = self.backups = self.direct_moves = 0
         self.load_seconds = 0.0
 
-    def _direct(self, a: torch.Tensor, b: torch.Tensor) -> list[tuple[int, int, int]] | None:
-        """The stretches to copy pool to pool, or None when too many (the gather path)."""
-        pairs = pair_runs(a, b)
-        if len(pairs) > DIRECT_RUNS:
-            return None
-        self.direct_moves += 1
-        return pairs
+    def _plan(self, dev_slots: torch.Tensor, host_slots: torch.Tensor
+              ) -> tuple[list, torch.Tensor, torch.Tensor]:
+        """``split`` of a move: ``(device first, host first, length)`` stretches to copy pool to
+        pool, and the other tokens' device and host slots. On CUDA only if that takes no more
+        copies per layer than gathering every token does (each copy is a launch)."""
+        least = (MIN_DIRECT_TOKENS if self.cuda else MIN_DIRECT_TOKENS_CPU) if DIRECT else None
+        direct, rest_dev, rest_host = split(dev_slots, host_slots, least)
+        if self.cuda and direct:
+            rest = len(runs(rest_host)) + 1 if rest_host.numel() else 0
+            if len(direct) + rest > len(runs(host_slots)) + 1:
+                direct, rest_dev, rest_host = [], dev_slots, host_slots
+        self.direct_moves += bool(direct)
+        return direct, rest_dev, rest_host
 
     def _pairs(self, layer: int) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
         """(device buffer, host buffer) of the layer's K and V, as raw rows."""
@@ -132,35 +158,38 @@ class KVTransfer:
         """Copy device rows to host rows; ``done()`` runs once the host rows hold them.
         Returns the pending backup (its ``landed`` turns True then), or None when done."""
         self.bytes_d2h += int(dev_slots.numel()) * self.host.bytes_per_token
-        direct = self._direct(dev_slots, host_slots)
-        parts = runs(host_slots) if direct is None else None
+        self.backups += 1
+        direct, dev_slots, host_slots = self._plan(dev_slots, host_slots)  # the rest: gathered
+        parts = runs(host_slots)
         if not self.cuda:
-            self._copy_out(dev_slots, parts, None, direct)
+            self._copy_out(direct, dev_slots if parts else None, parts, None)
             done()
             return None
         staging = None
-        if direct is None and len(parts) > MAX_RUNS:
+        if len(parts) > MAX_RUNS:
             staging = torch.empty((self.dev.num_layers, 2, int(dev_slots.numel()),
                                    *self.host.row_shape), dtype=self.host.raw_dtype,
                                   pin_memory=True)
         with torch.cuda.stream(self.write_stream):
             self.write_stream.wait_stream(torch.cuda.current_stream(self.dev.device))
-            idx = None if direct is not None else to_device(dev_slots, self.dev.device)
-            self._copy_out(idx, parts, staging, direct)
+            idx = to_device(dev_slots, self.dev.device) if parts else None
+            self._copy_out(direct, idx, parts, staging)
             event = torch.cuda.Event()
             event.record(self.write_stream)
         backup = _Backup(event, staging, host_slots, done)
         self.pending.append(backup)
         return backup
 
-    def _copy_out(self, idx: torch.Tensor | None, parts: list | None,
-                  staging: torch.Tensor | None, direct: list | None) -> None:
+    def _copy_out(self, direct: list, idx: torch.Tensor | None, parts: list,
+                  staging: torch.Tensor | None) -> None:
+        """``direct``: (device first, host first, length) stretches; ``idx``/``parts``: the
+        other tokens' device slots and host runs (None/empty: no other tokens)."""
         async_ = self.cuda
         for layer in range(self.dev.num_layers):
             for which, (dev, host) in enumerate(self._pairs(layer)):
-                if direct is not None:  # (device first, host first, length) stretches
-                    for d, h, m in direct:
-                        host[h:h + m].copy_(dev[d:d + m], non_blocking=async_)
+                for d, h, m in direct:
+                    host[h:h + m].copy_(dev[d:d + m], non_blocking=async_)
+                if idx is None:
                     continue
                 rows = dev.index_select(0, idx)
                 if staging is not None:
@@ -209,14 +238,14 @@ class KVTransfer:
         start = time.perf_counter()
         self.bytes_h2d += int(host_slots.numel()) * self.host.bytes_per_token
         self.loads += 1
-        direct = self._direct(host_slots, dev_slots)
-        parts = runs(host_slots) if direct is None else None
+        direct, dev_slots, host_slots = self._plan(dev_slots, host_slots)  # the rest: gathered
+        parts = runs(host_slots)
         if not self.cuda:
-            self._copy_in(dev_slots, parts, None, direct)
+            self._copy_in(direct, dev_slots if parts else None, parts, None)
             self.load_seconds += time.perf_counter() - start
             return None
         staging = None
-        if direct is None and len(parts) > MAX_RUNS:
+        if len(parts) > MAX_RUNS:
             for event in after:  # NOTE: the gather reads the host rows on the CPU: they must
                 event.synchronize()  # have landed (the host waits, on this rare path only)
             staging = self.host.gather(host_slots, out=torch.empty(
@@ -231,8 +260,8 @@ class KVTransfer:
                 stream.wait_event(event)
             begin = torch.cuda.Event(enable_timing=True)
             begin.record(stream)
-            idx = None if direct is not None else to_device(dev_slots, self.dev.device)
-            layers = self._copy_in(idx, parts, staging, direct)
+            idx = to_device(dev_slots, self.dev.device) if parts else None
+            layers = self._copy_in(direct, idx, parts, staging)
             end = torch.cuda.Event(enable_timing=True)
             end.record(stream)
         self.dev.await_layers(layers)
@@ -241,15 +270,17 @@ class KVTransfer:
         self._timed.append((begin, end))
         return end
 
-    def _copy_in(self, idx: torch.Tensor | None, parts: list | None,
-                 staging: torch.Tensor | None, direct: list | None) -> list:
-        """The copies of every layer; on CUDA an event after each layer's (returned)."""
+    def _copy_in(self, direct: list, idx: torch.Tensor | None, parts: list,
+                 staging: torch.Tensor | None) -> list:
+        """The copies of every layer (``direct``: (device first, host first, length)
+        stretches; ``idx``/``parts``: the other tokens' device slots and host runs); on CUDA
+        an event after each layer's (returned)."""
         async_, events = self.cuda, []
         for layer in range(self.dev.num_layers):
             for which, (dev, host) in enumerate(self._pairs(layer)):
-                if direct is not None:  # (host first, device first, length) stretches
-                    for h, d, m in direct:
-                        dev[d:d + m].copy_(host[h:h + m], non_blocking=async_)
+                for d, h, m in direct:
+                    dev[d:d + m].copy_(host[h:h + m], non_blocking=async_)
+                if idx is None:
                     continue
                 if staging is not None:
                     rows = staging[layer, which].to(dev.device, non_blocking=async_)
@@ -268,6 +299,8 @@ class KVTransfer:
         return {"hicache_bytes_device_to_host": self.bytes_d2h,
                 "hicache_bytes_host_to_device": self.bytes_h2d,
                 "hicache_loads_total": self.loads,
+                "hicache_backups_total": self.backups,
+                # loads + backups with a part copied pool to pool (``split``)
                 "hicache_direct_moves_total": self.direct_moves,
                 "hicache_load_seconds_total": self.load_seconds,
                 "hicache_load_latency_avg_s": self.load_seconds / self.loads if self.loads else 0.0,

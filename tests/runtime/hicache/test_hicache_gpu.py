@@ -51,15 +51,18 @@ def _serve(tree: HiRadixCache, seq: list[int], check: bool = True) -> int:
     return host
 
 
+# default: stretches of 16+ tokens pool to pool, the rest gathered; all-direct: every stretch
+# pool to pool; runs: host runs gathered and scattered (SGDSL_HICACHE_DIRECT=0); staging:
+# through pinned staging; default+staging: the gathered rest through staging
+CUDA_PATHS = {"default": {}, "all-direct": {"MIN_DIRECT_TOKENS": 1}, "runs": {"DIRECT": False},
+              "staging": {"DIRECT": False, "MAX_RUNS": 0}, "default+staging": {"MAX_RUNS": 0}}
+
+
 @pytest.mark.parametrize("policy", ["write_through", "write_back"])
-# direct: pool to pool where both sides run; runs: host runs gathered and scattered; staging:
-# every copy through pinned staging
-@pytest.mark.parametrize("path", ["direct", "runs", "staging"])
+@pytest.mark.parametrize("path", list(CUDA_PATHS))
 def test_rounds_through_a_cuda_pool(policy, path, monkeypatch):
-    if path != "direct":
-        monkeypatch.setattr(transfer, "DIRECT_RUNS", 0)
-    if path == "staging":
-        monkeypatch.setattr(transfer, "MAX_RUNS", 0)
+    for name, value in CUDA_PATHS[path].items():
+        monkeypatch.setattr(transfer, name, value)
     pool = TokenKVPool(120, LAYERS, HEADS, DIM, torch.float32, "cuda")
     tree = HiRadixCache(pool, HostKVPool(600, pool, pin_memory=True), policy)
     seqs = _seqs(10, 40, shared=10, seed=3)
@@ -178,7 +181,7 @@ def test_load_after_pending_backup_is_ordered_on_the_device(staged_load, monkeyp
     _serve(tree, a, check=False)
     _serve(tree, b, check=False)  # demotes a while its backup may be in flight
     if staged_load:
-        monkeypatch.setattr(transfer, "DIRECT_RUNS", 0)
+        monkeypatch.setattr(transfer, "DIRECT", False)
         monkeypatch.setattr(transfer, "MAX_RUNS", 0)
     assert _serve(tree, a) == 29  # loads it back; the values are checked on the device
     tree.check_integrity(idle=True)

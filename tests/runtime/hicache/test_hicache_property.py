@@ -17,6 +17,8 @@ from sgdsl.runtime.cache.hicache.tree import HiRadixCache
 from sgdsl.runtime.cache.host_pool import HostKVPool
 from sgdsl.runtime.cache.pool import TokenKVPool
 
+from .test_hicache_tree import COPY_PATHS
+
 
 def _kv(prefix: list[int]) -> float:
     return float(zlib.crc32(str(prefix).encode()))  # exact in float64
@@ -51,10 +53,10 @@ def _extend(tree: HiRadixCache, req: _Req) -> bool:
 
 @pytest.mark.parametrize("policy", ["write_through", "write_back", "write_through_selective"])
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("direct_runs", [transfer.DIRECT_RUNS, 0])  # 0: every move gathers
-def test_random_requests_keep_every_tier_consistent(policy, seed, direct_runs, tmp_path,
-                                                    monkeypatch):
-    monkeypatch.setattr(transfer, "DIRECT_RUNS", direct_runs)
+@pytest.mark.parametrize("path", list(COPY_PATHS))  # pool to pool, mixed, gathered
+def test_random_requests_keep_every_tier_consistent(policy, seed, path, tmp_path, monkeypatch):
+    for name, value in COPY_PATHS[path].items():
+        monkeypatch.setattr(transfer, name, value)
     rng = random.Random(seed)
     pool = TokenKVPool(160, 2, 1, 2, torch.float64, "cpu")
     storage = FileStorage(tmp_path, f"prop-{policy}", 1 << 20, (2, 2, PAGE_TOKENS, 1, 2),
@@ -86,5 +88,5 @@ def test_random_requests_keep_every_tier_consistent(policy, seed, direct_runs, t
     stats = tree.hicache_stats()
     assert stats["hicache_demoted_tokens"] + stats["hicache_dropped_tokens"] > 0
     assert stats["hicache_loads_total"] > 0  # host (and storage) hits were loaded and checked
-    assert (stats["hicache_direct_moves_total"] > 0) == (direct_runs > 0)  # the path tested
+    assert (stats["hicache_direct_moves_total"] > 0) == (path != "gathered")  # the path tested
     tree.close()

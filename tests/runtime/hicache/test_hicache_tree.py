@@ -11,7 +11,7 @@ import torch
 from sgdsl.runtime.cache.host_pool import HostKVPool
 from sgdsl.runtime.cache.hicache.storage import PAGE_TOKENS, FileStorage
 from sgdsl.runtime.cache.hicache import transfer
-from sgdsl.runtime.cache.hicache.transfer import KVTransfer, pair_runs, runs
+from sgdsl.runtime.cache.hicache.transfer import KVTransfer, pair_runs, runs, split
 from sgdsl.runtime.cache.hicache.tree import HiRadixCache
 from sgdsl.runtime.cache.pool import TokenKVPool
 
@@ -148,15 +148,51 @@ def test_host_slots_move_as_contiguous_runs():
 
 def test_pair_runs_cut_where_either_side_jumps():
     a, b = torch.tensor([4, 5, 6, 7, 9, 10]), torch.tensor([20, 21, 30, 31, 32, 33])
-    assert pair_runs(a, b) == [(4, 20, 2), (6, 30, 2), (9, 32, 2)]
-    assert pair_runs(b, a) == [(20, 4, 2), (30, 6, 2), (32, 9, 2)]
+    assert pair_runs(a, b) == [(0, 4, 20, 2), (2, 6, 30, 2), (4, 9, 32, 2)]
+    assert pair_runs(b, a) == [(0, 20, 4, 2), (2, 30, 6, 2), (4, 32, 9, 2)]
     empty = torch.empty(0, dtype=torch.int64)
     assert pair_runs(empty, empty) == []
 
 
-@pytest.mark.parametrize("direct_runs", [transfer.DIRECT_RUNS, 0])  # pool to pool, or gathered
-def test_backup_and_load_keep_rows_in_either_copy_path(direct_runs, monkeypatch):
-    monkeypatch.setattr(transfer, "DIRECT_RUNS", direct_runs)
+def test_split_copies_long_stretches_and_gathers_the_rest():
+    src = torch.tensor([0, 1, 2, 3, 8, 20, 21, 22, 5])
+    dst = torch.tensor([50, 51, 52, 53, 60, 70, 71, 72, 9])
+    direct, rest_src, rest_dst = split(src, dst, 3)
+    assert direct == [(0, 50, 4), (20, 70, 3)]
+    assert rest_src.tolist() == [8, 5] and rest_dst.tolist() == [60, 9]
+    direct, rest_src, _ = split(src, dst, 1)
+    assert len(direct) == 4 and rest_src.numel() == 0
+    direct, rest_src, rest_dst = split(src, dst, None)  # off: everything gathers
+    assert direct == [] and rest_src is src and rest_dst is dst
+
+
+def test_cuda_plan_splits_only_when_it_takes_no_more_copies(monkeypatch):
+    """The plan a CUDA pool gets (only the plan: no copy runs): pool to pool where that is no
+    more copies per layer than gathering every token."""
+    dev = TokenKVPool(300, 1, 1, 1, torch.float32, "cpu")
+    moves = KVTransfer(dev, HostKVPool(600, dev, pin_memory=False))
+    moves.cuda = True
+    monkeypatch.setattr(transfer, "MIN_DIRECT_TOKENS", 16)
+    two = torch.cat([torch.arange(0, 32), torch.arange(50, 82)])
+    host = torch.cat([torch.arange(100, 132), torch.arange(200, 232)])
+    direct, rest_dev, _ = moves._plan(two, host)  # 2 copies vs 2 runs + the scatter
+    assert direct == [(0, 100, 32), (50, 200, 32)] and rest_dev.numel() == 0
+    strided = torch.cat([torch.arange(0, 32), torch.tensor([40, 42, 44])])  # + an answer
+    direct, rest_dev, rest_host = moves._plan(strided, torch.arange(100, 135))
+    assert direct == [] and rest_dev.tolist() == strided.tolist()  # 1 + 1 + 1 > 1 + 1
+    assert rest_host.tolist() == list(range(100, 135))
+    assert moves.direct_moves == 1
+
+
+# direct: every stretch pool to pool (the CPU's default); mixed: 1- and 2-token stretches
+# gathered (as CUDA does below MIN_DIRECT_TOKENS); gathered: SGDSL_HICACHE_DIRECT=0
+COPY_PATHS = {"direct": {}, "mixed": {"MIN_DIRECT_TOKENS_CPU": 3}, "gathered": {"DIRECT": False}}
+
+
+@pytest.mark.parametrize("path", list(COPY_PATHS))
+def test_backup_and_load_keep_rows_in_every_copy_path(path, monkeypatch):
+    for name, value in COPY_PATHS[path].items():
+        monkeypatch.setattr(transfer, name, value)
     dev = TokenKVPool(64, 2, 2, 4, torch.float32, "cpu")
     host = HostKVPool(128, dev, pin_memory=False)
     moves = KVTransfer(dev, host)
@@ -176,7 +212,7 @@ def test_backup_and_load_keep_rows_in_either_copy_path(direct_runs, monkeypatch)
     for layer in range(2):
         assert torch.equal(dev.k_buffer[layer][back], dev.k_buffer[layer][src])
         assert torch.equal(dev.v_buffer[layer][back], dev.v_buffer[layer][src])
-    assert moves.direct_moves == (2 if direct_runs else 0)
+    assert moves.direct_moves == (0 if path == "gathered" else 2)
 
 
 class _Event:
