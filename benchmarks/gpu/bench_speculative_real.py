@@ -155,14 +155,17 @@ def spec_counters(engine) -> dict:
 
 def counter_line(before: dict, after: dict) -> str:
     """What one row moved: verify steps (of them replayed on the verify / decode graphs), plain
-    steps after an empty proposal or decided up front, tokens per verified request row."""
+    steps after an empty proposal (read synchronously), predicted empty (overlapped) or decided
+    up front (of them by the cost gate), tokens per verified request row."""
     d = {k: after[k] - before.get(k, 0) for k in after}
     rows = d["spec_verify_rows"]
     per_row = f"{d['spec_emitted_tokens'] / rows:.2f}" if rows else "-"
     return (f"verify steps {d['spec_verify_steps']} (tree {d['spec_tree_steps']}; graphs: "
             f"verify {d['spec_verify_graph_steps']}, decode "
             f"{d.get('spec_verify_decode_graph_steps', 0)}), empty proposals "
-            f"{d['spec_empty_proposals']}, skipped {d['spec_skipped_steps']}, drafted "
+            f"{d['spec_empty_proposals']}, predicted empty {d.get('spec_predicted_empty', 0)}, "
+            f"skipped {d['spec_skipped_steps']} (cost gate {d.get('spec_cost_off_steps', 0)}, "
+            f"losses {d.get('spec_cost_losses', 0)}), drafted "
             f"{d['spec_draft_tokens']}, accepted {d['spec_accepted_tokens']}, tokens per "
             f"verified row {per_row}, draft graph steps {d['spec_draft_graph_steps']}")
 

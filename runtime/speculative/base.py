@@ -116,6 +116,13 @@ class Drafter(ABC):
         """One tree per request in ``reqs`` (same order), at most ``max_tokens`` nodes each.
         An empty tree means no speculation for that request this step."""
 
+    def predict(self, reqs: Sequence[Any], max_tokens: int) -> list[DraftTree] | None:
+        """What ``propose`` would draft from each request's ids as they are now, cheaply and
+        without changing what ``propose`` returns later (prediction.py: whether to read the
+        step in flight for a speculative step). None: no cheap guess (a draft model), taken
+        to mean a draft whenever the request may draft."""
+        return None
+
     def release(self, rid: str) -> None:
         """Forget request ``rid`` (finished, aborted or retracted); free what it held."""
 

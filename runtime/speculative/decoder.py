@@ -10,10 +10,13 @@ one-token rows, exactly a decode step for them.
 
 NOTE: the step is read synchronously (no overlap scheduling for a speculative step): the next
 step's draft depends on this step's accepted tokens, and the KV columns of the next step on how
-many were accepted. A step in flight is read first. When speculation does not pay (more
-decoding requests than ``speculative_max_batch_size``, or no request has a draft) the scheduler
-runs its plain, overlapped decode step instead. Per request, a low recent acceptance backs off
-(stats.Backoff). Logprobs are computed for accepted tokens (from the verify logits).
+many were accepted. A step in flight is read first, but only when some request is predicted to
+draft from the state known before that read (prediction.py); otherwise, and when speculation
+does not pay (more decoding requests than ``speculative_max_batch_size``, or a measured rate
+below plain decoding's at this batch size: cost.py), the scheduler runs its plain, overlapped
+decode step, so an engine that cannot speculate runs as a plain one. Per request, a low recent
+acceptance backs off (stats.Backoff). Logprobs are computed for accepted tokens (from the
+verify logits).
 """
 from __future__ import annotations
 
@@ -29,8 +32,11 @@ from ..model.forward_batch import ForwardMode
 from ..scheduler.inflight import InflightStep
 from ..scheduler.stepping import MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY
 from .accept import commit_kv, record_logprobs, row_of_emitted, walk
+from .append import append_emitted, truncate_to_ids
 from .base import Drafter, DraftTree, EMPTY_TREE
+from .cost import CostGate
 from .grammar_drafts import check_draft, draft_limit
+from .prediction import expect_drafts
 from .registry import build_drafter
 from .stats import Backoff, SpecStats
 from .verify_batch import VerifyLayout, build_verify
@@ -49,33 +55,60 @@ class SpecDecoder:
         # drafter installs its hidden-state capture in the target first)
         self.verify_graphs = VerifyGraphs.create(config, runner)
         self.decode_graph_steps = 0  # chain verifies replayed on the target's decode graphs
+        # per batch: speculation only while it beats plain decoding's measured rate (cost.py)
+        self.cost = CostGate(config.speculative_min_speedup)
 
     # -- the step -------------------------------------------------------------------------
     def launch(self, sched: Any) -> InflightStep | None:
         """Run one speculative step (forward, accept, append, outputs); None: the scheduler
-        runs its plain decode step instead (a step in flight may have been read)."""
+        runs its plain decode step instead (overlapped: the step in flight is read only when
+        some request is predicted to draft, prediction.py)."""
         running = sched.running
+        forwards = sched.counters["forward_steps"]
+        self.cost.tick(forwards)
         if len(running) > self.max_batch or not any(
-                self._may_draft(r) for r in running.reqs):
+                self._may_draft(r) for r in running.reqs) or not self.cost.allow(len(running)):
             self.stats.skipped_steps += 1
-            for req in running.reqs:  # a plain step counts toward each backoff's wait
-                if req.spec_backoff is not None:
-                    req.spec_backoff.skip()
-            return None
-        if sched.pending is not None:
-            sched._read(sched.pending)
+            return self._plain(sched, forwards)
+        pending = sched.pending
+        if pending is not None:
+            if not expect_drafts(self, sched, running.reqs, pending):
+                self.stats.predicted_empty += 1
+                return self._plain(sched, forwards)
+            sched._read(pending)
         if not running:
             return None
         reqs = list(running.reqs)
         trees, masks = self._drafts(sched, reqs)
         # jump-forward tokens without KV (``pending_forced``) are fed ahead of the root
         total = sum(r.seq_len - r.kv_len for r in reqs) + sum(map(len, trees))
-        if not any(trees) or sched.memory.available() < total:
+        emitted = self.stats.emitted_tokens
+        if not any(trees) or sched.memory.available() < total or not self._verify(
+                sched, reqs, trees, masks):
             self.stats.empty_proposals += 1  # a plain step after all (read synchronously)
+            self.cost.launched(True, len(reqs), len(reqs), forwards)
             return None
+        self.cost.launched(True, self.stats.emitted_tokens - emitted, len(reqs), forwards)
+        sched.ratio = max(sched.ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)  # as decode
+        return InflightStep.launched(ForwardMode.DECODE, [], True)
+
+    def _plain(self, sched: Any, forwards: int) -> None:
+        """The scheduler's plain decode step runs: it counts toward each backoff's wait."""
+        running = sched.running
+        for req in running.reqs:
+            if req.spec_backoff is not None:
+                req.spec_backoff.skip()
+        self.cost.launched(False, len(running), len(running), forwards,
+                           refill=sched.pending is None)
+        return None
+
+    def _verify(self, sched: Any, reqs: list[Any], trees: list[DraftTree],
+                masks: list[Any]) -> bool:
+        """The verify forward over every request's tree, the samples, the accepted tokens.
+        False: KV ran short (cannot happen after launch's check; a plain step if it does)."""
         built = build_verify(reqs, trees, sched.memory, sched.device)
-        if built is None:  # NOTE: cannot happen after the check above; a plain step if it does
-            return None
+        if built is None:
+            return False
         batch, layout = built
         logits = self._forward(sched.runner, batch)
         verify = logits if not layout.fed_extra else logits.index_select(
@@ -84,8 +117,7 @@ class SpecDecoder:
         self.stats.verify_steps += 1
         self.stats.tree_steps += batch.mode is ForwardMode.TARGET_VERIFY
         self._accept(sched, reqs, trees, layout, logits, ids)
-        sched.ratio = max(sched.ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)  # as decode
-        return InflightStep.launched(ForwardMode.DECODE, [], True)
+        return True
 
     def _forward(self, runner: Any, batch: Any) -> torch.Tensor:
         """The verify forward: chains on the decode graphs (``runner.forward``), trees on the
@@ -178,12 +210,17 @@ class SpecDecoder:
     # -- accepting ------------------------------------------------------------------------
     def _accept(self, sched: Any, reqs: list[Any], trees: list[DraftTree],
                 layout: VerifyLayout, logits: torch.Tensor, ids: list[int]) -> None:
+        settled: set[int] = set()  # requests whose grammar step was taken while appending
         for i, (req, tree) in enumerate(zip(reqs, trees)):
             first, at = layout.first[i], layout.compact[i]
             path, emitted = walk(tree, ids[at:at + len(tree) + 1])
             commit_kv(sched.memory, req, layout.kv_lens[i], len(tree), path,
                       layout.slots[first:first + len(tree) + 1])
-            n = self._append(sched, req, emitted)
+            n, forced = append_emitted(sched, req, emitted)
+            if forced:  # a forced completion after a draft token: it finished (append.py)
+                self.stats.forced_between += 1
+                settled.add(id(req))
+                truncate_to_ids(sched.memory, req, layout.kv_lens[i], emitted[:len(path)])
             if req.return_logprob:
                 record_logprobs(req, logits, row_of_emitted(first, path)[:n], emitted[:n])
             accepted = min(len(path), n)
@@ -193,27 +230,11 @@ class SpecDecoder:
             if len(tree):
                 self._observe(req, accepted)
         self._sync_running(sched, reqs, logits.shape[-1])
-        self._after_tokens(sched, reqs)
+        self._after_tokens(sched, reqs, settled)
 
     def _observe(self, req: Any, accepted: int) -> None:
         req.spec_backoff = req.spec_backoff or Backoff()
         req.spec_backoff.update(accepted, self.threshold)
-
-    @staticmethod
-    def _append(sched: Any, req: Any, emitted: list[int]) -> int:
-        """Append up to the first finish; constrained requests' matchers take all but the
-        last appended token here (the last goes through the grammar's own step)."""
-        n = 0
-        for token in emitted:
-            req.output_ids.append(token)
-            n += 1
-            req.finish_reason = sched.checker.check(req)
-            if req.finish_reason is not None:
-                break
-        if req.grammar is not None and n > 1 and not req.grammar.accept_tokens(emitted[:n - 1]):
-            req.finish_reason = {"type": "abort",
-                                 "message": "a verified draft token does not fit the grammar"}
-        return n
 
     @staticmethod
     def _sync_running(sched: Any, reqs: list[Any], vocab: int) -> None:
@@ -229,10 +250,11 @@ class SpecDecoder:
             running.info = sched.sampler.new_info(reqs, vocab)
 
     @staticmethod
-    def _after_tokens(sched: Any, reqs: list[Any]) -> None:
+    def _after_tokens(sched: Any, reqs: list[Any], settled: set[int]) -> None:
         """As a decode step's read: grammar steps on the last tokens (jump-forward, forced
-        completion, termination), leavers out, outputs sent."""
-        constrained = [r for r in reqs if r.grammar is not None]
+        completion, termination) but for the requests ``settled`` already, leavers out,
+        outputs sent."""
+        constrained = [r for r in reqs if r.grammar is not None and id(r) not in settled]
         if constrained:
             for req in sched.grammar.after_sample(constrained, sched.checker, len(reqs)):
                 sched._jumped(req)
@@ -250,7 +272,7 @@ class SpecDecoder:
 
     def stats_dict(self) -> dict:
         graphs = self.verify_graphs
-        return {**self.stats.as_dict(),
+        return {**self.stats.as_dict(), **self.cost.as_dict(),
                 "spec_verify_graph_steps": graphs.replays if graphs is not None else 0,
                 "spec_verify_decode_graph_steps": self.decode_graph_steps,
                 "spec_draft_graph_steps": getattr(self.drafter, "graph_steps", 0)}

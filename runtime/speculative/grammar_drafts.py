@@ -7,9 +7,10 @@ sampling then applies row ``j`` to the logits that choose the token after ``j`` 
 exactly the mask the non-speculative step would use there. The draft is cut before the first
 token the grammar rejects, and before any token after which the non-speculative path would not
 sample the next token itself (the grammar is terminated or allows only a stop token, a
-jump-forward would append forced text, or a forced completion is due): those steps stay the
-grammar's own, taken on the last emitted token exactly as in a normal decode step
-(``GrammarManager.after_sample``). Grammar drafts are chains (the first branch of a tree).
+jump-forward would append forced text, or - for requests with logprobs or penalties - a forced
+completion is due): those steps stay the grammar's own, taken on the last emitted token exactly
+as in a normal decode step (``GrammarManager.after_sample``). Other requests' completion
+measurements are made between the accepted tokens (append.py), so they never cut a draft. Grammar drafts are chains (the first branch of a tree).
 """
 from __future__ import annotations
 
@@ -19,19 +20,32 @@ import torch
 
 from ..grammar.base import allocate_bitmask
 from ..grammar.forcing.jump_forward import stop_only_row
+from .append import measures_inline
 from .base import DraftTree, EMPTY_TREE
 
 
 def draft_limit(req: Any, manager: Any, max_tokens: int) -> int:
     """Draft tokens the request may take before its forced completion needs a measurement:
     every emitted token but the last must land before ``check_at`` (none before the first
-    measurement)."""
-    if manager.completion is None:
+    measurement). Requests measured between their draft tokens (append.py) are not cut."""
+    if manager.completion is None or measures_inline(req, manager):
         return max_tokens
     budget = req.completion
     if budget is None:
         return 0
     return max(min(max_tokens, budget.check_at - len(req.output_ids) - 1), 0)
+
+
+def draft_limit_after(req: Any, manager: Any, max_tokens: int, ahead: int) -> int:
+    """``draft_limit`` once ``ahead`` more tokens (in flight) are appended. A measurement due
+    by then is made when they are read, and where it sets the next one is not known yet."""
+    budget = req.completion
+    if manager.completion is None or not ahead or measures_inline(req, manager):
+        return draft_limit(req, manager, max_tokens)
+    n = len(req.output_ids) + ahead
+    if budget is None or budget.check_at <= n:
+        return max_tokens
+    return max(min(max_tokens, budget.check_at - n - 1), 0)
 
 
 def first_chain(tree: DraftTree) -> DraftTree:

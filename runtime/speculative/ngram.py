@@ -104,6 +104,11 @@ class NgramDrafter(Drafter):
         conts = index.continuations(max_tokens, self.breadth)
         return branches_tree(conts, max_tokens)
 
+    def predict(self, reqs: Sequence[Any], max_tokens: int) -> list[DraftTree]:
+        """The same lookup on the ids known now (the index keeps them: the next ``propose``
+        only extends it)."""
+        return self.propose(reqs, max_tokens)
+
     def release(self, rid: str) -> None:
         self.indexes.pop(rid, None)
 

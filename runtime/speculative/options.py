@@ -33,6 +33,8 @@ def check_speculative(config: Any) -> None:
         raise _bad(config, "speculative_max_batch_size", "must be >= 0")
     if not 0 <= config.speculative_min_accept_per_step:
         raise _bad(config, "speculative_min_accept_per_step", "must be >= 0")
+    if not 0 <= config.speculative_min_speedup:
+        raise _bad(config, "speculative_min_speedup", "must be >= 0 (0: not measured)")
 
 
 def _fill_sizes(config: Any, algo: str) -> None:

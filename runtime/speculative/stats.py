@@ -20,6 +20,8 @@ class SpecStats:
         self.emitted_tokens = 0
         self.skipped_steps = 0  # plain decode steps decided up front (batch too large...)
         self.empty_proposals = 0  # plain steps after a proposal drafted nothing (or no KV)
+        self.predicted_empty = 0  # plain overlapped steps: no draft predicted (prediction.py)
+        self.forced_between = 0  # forced completions measured between draft tokens (append.py)
 
     def observe(self, drafted: int, accepted: int, emitted: int) -> None:
         self.verify_rows += 1
@@ -47,6 +49,8 @@ class SpecStats:
                 "spec_emitted_tokens": self.emitted_tokens,
                 "spec_skipped_steps": self.skipped_steps,
                 "spec_empty_proposals": self.empty_proposals,
+                "spec_predicted_empty": self.predicted_empty,
+                "spec_forced_between_drafts": self.forced_between,
                 "spec_accept_rate": self.accepted_tokens / self.draft_tokens
                 if self.draft_tokens else 0.0,
                 "spec_tokens_per_row": self.emitted_tokens / rows if rows else 0.0,

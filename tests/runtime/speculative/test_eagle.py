@@ -34,7 +34,8 @@ def _config(dirs, algo: str, **kw):
     return EngineConfig(model=str(dirs["target"]), device="cpu", num_threads=1,
                         max_running_requests=4, max_total_tokens=1024, speculative_algorithm=algo,
                         speculative_draft_model_path=str(dirs[algo]), speculative_num_steps=STEPS,
-                        speculative_eagle_topk=TOPK, speculative_num_draft_tokens=TOKENS, **kw)
+                        speculative_eagle_topk=TOPK, speculative_num_draft_tokens=TOKENS,
+                        speculative_min_speedup=0, **kw)
 
 
 def _target(config):

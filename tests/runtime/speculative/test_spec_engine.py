@@ -51,7 +51,8 @@ def spec_engine():
     # NOTE: prefill in chunks of 64 (the plain engine, shared with other tests, in one chunk);
     # one grammar compile worker (two grammars here; each worker is a process importing torch)
     engine = Engine(speculative_algorithm="ngram", speculative_num_draft_tokens=4,
-                    chunked_prefill_size=64, num_threads=1, grammar_compile_workers=1)
+                    chunked_prefill_size=64, num_threads=1, grammar_compile_workers=1,
+                    speculative_min_speedup=0)  # the cost gate off: steps are counted
     yield engine
     engine.shutdown()
 
@@ -124,3 +125,29 @@ def test_abort_mid_stream(pair):
     while spec.stats()["num_running_reqs"] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert spec.stats()["num_running_reqs"] == 0  # the teardown checks the idle invariant
+
+
+
+# NOTE: a schema no other test uses: forced completion shares estimates between requests of
+# one grammar, so both engines see the same requests of it, in the same order
+COPY = {"title": "spec-json copy", "type": "object",
+        "properties": {"text": {"type": "string"}}, "required": ["text"]}
+
+
+def test_json_forced_completions_between_draft_tokens(pair):
+    """Budgets that force the completion while the copied string is being drafted: the
+    measurement is made between accepted draft tokens (append.py), and the outputs are the
+    plain engine's."""
+    plain, spec = pair
+    prompt = chat(f"Repeat this text as JSON, with the key text: {FOX} {FOX}")
+    before = spec.stats()
+    for n in (13, 16, 19, 25):
+        params = {"temperature": 0, "max_new_tokens": n, "json_schema": json.dumps(COPY)}
+        want, got = plain.generate(prompt, params), spec.generate(prompt, params)
+        assert got["output_ids"] == want["output_ids"], (n, got["text"], want["text"])
+        assert got["meta_info"]["forced_token_positions"] == \
+            want["meta_info"]["forced_token_positions"]
+        json.loads(got["text"])
+    after = spec.stats()
+    assert after["spec_forced_between_drafts"] - before["spec_forced_between_drafts"] >= 2
+    assert after["spec_accepted_tokens"] - before["spec_accepted_tokens"] >= 12

@@ -97,7 +97,7 @@ def reference(dirs) -> tuple[list[list[int]], list[list[int]]]:
 @pytest.mark.parametrize("algo", list(SPECS))
 def test_graphs_equal_eager_and_non_speculative(dirs, reference, algo):
     draft = {"STANDALONE": dirs["target"]}.get(algo, dirs.get(algo))
-    kw = dict(SPECS[algo], speculative_algorithm=algo,
+    kw = dict(SPECS[algo], speculative_algorithm=algo, speculative_min_speedup=0,
               speculative_draft_model_path=None if draft is None else str(draft))
     prompts, ref = reference
     graphed, g = _generate(dirs, prompts, **kw)

@@ -43,7 +43,8 @@ def engines(tiny16):
     plain = Engine(str(tiny16), **common)
     spec = Engine(str(tiny16), speculative_algorithm="ngram", speculative_num_draft_tokens=2,
                   speculative_ngram_max_bfs_breadth=2, speculative_max_batch_size=N,
-                  speculative_min_accept_per_step=0.0, **common)
+                  speculative_min_accept_per_step=0.0, speculative_min_speedup=0,
+                  **common)
     yield plain, spec
     for engine in (plain, spec):
         engine.check_idle_integrity()

@@ -81,6 +81,7 @@ class TreeStandIn:
 
 
 def _spec(h, drafter: Drafter, k: int = 4, **cfg) -> Drafter:
+    cfg.setdefault("speculative_min_speedup", 0)  # the cost gate (cost.py) off: steps counted
     config = EngineConfig(speculative_algorithm="ngram", speculative_num_draft_tokens=k, **cfg)
     h.sched.spec = SpecDecoder(config, h.runner, drafter=drafter)
     return drafter
