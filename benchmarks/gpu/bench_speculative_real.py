@@ -58,6 +58,9 @@ def parse_args() -> argparse.Namespace:
                     help="KV slots (default: 131072 on cuda, the byte budget on cpu)")
     ap.add_argument("--num-threads", type=int, default=None)
     ap.add_argument("--disable-cuda-graph", action="store_true")
+    ap.add_argument("--min-speedup", type=float, default=None,
+                    help="speculative_min_speedup of the speculative engines (default: the "
+                         "engine's, 1.0: the cost gate on; 0: off)")
     return ap.parse_args()
 
 
@@ -71,6 +74,8 @@ def open_engine(side: str, a: argparse.Namespace, model_dir: str, grammar: bool)
     total = a.max_total_tokens or (131072 if a.device == "cuda" else None)
     if total:
         kw["max_total_tokens"] = total
+    if side != "plain" and a.min_speedup is not None:
+        kw["speculative_min_speedup"] = a.min_speedup
     if side == "ngram":
         kw.update(speculative_algorithm="NGRAM", speculative_num_draft_tokens=a.draft_tokens)
     elif side == "standalone":
@@ -167,7 +172,9 @@ def counter_line(before: dict, after: dict) -> str:
             f"skipped {d['spec_skipped_steps']} (cost gate {d.get('spec_cost_off_steps', 0)}, "
             f"losses {d.get('spec_cost_losses', 0)}), drafted "
             f"{d['spec_draft_tokens']}, accepted {d['spec_accepted_tokens']}, tokens per "
-            f"verified row {per_row}, draft graph steps {d['spec_draft_graph_steps']}")
+            f"verified row {per_row}, draft graph steps {d['spec_draft_graph_steps']}, grammar: "
+            f"step ends {d.get('spec_grammar_step_ends', 0)}, forced between drafts "
+            f"{d.get('spec_forced_between_drafts', 0)}")
 
 
 def equal_count(want: list[list[int]], got: list[list[int]]) -> tuple[int, list[int]]:

@@ -79,12 +79,12 @@ class SpecDecoder:
         if not running:
             return None
         reqs = list(running.reqs)
-        trees, masks = self._drafts(sched, reqs)
+        trees, masks, ends = self._drafts(sched, reqs)
         # jump-forward tokens without KV (``pending_forced``) are fed ahead of the root
         total = sum(r.seq_len - r.kv_len for r in reqs) + sum(map(len, trees))
         emitted = self.stats.emitted_tokens
         if not any(trees) or sched.memory.available() < total or not self._verify(
-                sched, reqs, trees, masks):
+                sched, reqs, trees, masks, ends):
             self.stats.empty_proposals += 1  # a plain step after all (read synchronously)
             self.cost.launched(True, len(reqs), len(reqs), forwards)
             return None
@@ -103,7 +103,7 @@ class SpecDecoder:
         return None
 
     def _verify(self, sched: Any, reqs: list[Any], trees: list[DraftTree],
-                masks: list[Any]) -> bool:
+                masks: list[Any], ends: list[bool]) -> bool:
         """The verify forward over every request's tree, the samples, the accepted tokens.
         False: KV ran short (cannot happen after launch's check; a plain step if it does)."""
         built = build_verify(reqs, trees, sched.memory, sched.device)
@@ -116,7 +116,7 @@ class SpecDecoder:
         ids = self._sample(sched, reqs, trees, verify, masks)
         self.stats.verify_steps += 1
         self.stats.tree_steps += batch.mode is ForwardMode.TARGET_VERIFY
-        self._accept(sched, reqs, trees, layout, logits, ids)
+        self._accept(sched, reqs, trees, layout, logits, ids, ends)
         return True
 
     def _forward(self, runner: Any, batch: Any) -> torch.Tensor:
@@ -135,8 +135,10 @@ class SpecDecoder:
         backoff = req.spec_backoff
         return req.remaining_tokens > 1 and (backoff is None or backoff.wait == 0)
 
-    def _drafts(self, sched: Any, reqs: list[Any]) -> tuple[list[DraftTree], list[Any]]:
-        """A (possibly empty) tree per request and, for constrained ones, its mask rows."""
+    def _drafts(self, sched: Any, reqs: list[Any]
+                ) -> tuple[list[DraftTree], list[Any], list[bool]]:
+        """A (possibly empty) tree per request and, for constrained ones, its mask rows and
+        whether its last token hands the next step to the grammar (grammar_drafts.py)."""
         limits = [self._limit(r) for r in reqs]
         asking = [i for i, n in enumerate(limits) if n > 0]
         proposed = self.drafter.propose([reqs[i] for i in asking], self.k) if asking else []
@@ -146,6 +148,7 @@ class SpecDecoder:
             if not tree:  # NOTE: nothing to draft counts as nothing accepted: a request
                 self._observe(reqs[i], 0)  # that never drafts stops costing the overlap
         masks: list[Any] = [None] * len(reqs)
+        ends = [False] * len(reqs)  # the draft's last token hands the next step to the grammar
         manager = sched.grammar
         if manager is not None:
             jump = manager.jump_forward and (manager.jump_max_batch is None
@@ -153,8 +156,9 @@ class SpecDecoder:
             for i, req in enumerate(reqs):
                 if req.grammar is not None:
                     limit = draft_limit(req, manager, len(trees[i]))
-                    trees[i], masks[i] = check_draft(req, trees[i], manager, jump, limit)
-        return trees, masks
+                    trees[i], masks[i], ends[i] = check_draft(req, trees[i], manager, jump,
+                                                              limit)
+        return trees, masks, ends
 
     def _limit(self, req: Any) -> int:
         """Draft tokens this request may take now: 0 while backing off; never past its
@@ -209,13 +213,18 @@ class SpecDecoder:
 
     # -- accepting ------------------------------------------------------------------------
     def _accept(self, sched: Any, reqs: list[Any], trees: list[DraftTree],
-                layout: VerifyLayout, logits: torch.Tensor, ids: list[int]) -> None:
+                layout: VerifyLayout, logits: torch.Tensor, ids: list[int],
+                ends: list[bool]) -> None:
         settled: set[int] = set()  # requests whose grammar step was taken while appending
         for i, (req, tree) in enumerate(zip(reqs, trees)):
             first, at = layout.first[i], layout.compact[i]
             path, emitted = walk(tree, ids[at:at + len(tree) + 1])
             commit_kv(sched.memory, req, layout.kv_lens[i], len(tree), path,
                       layout.slots[first:first + len(tree) + 1])
+            if ends[i] and len(path) == len(tree):  # the grammar's step follows the last
+                emitted.pop()  # draft token, not a sample; that token is the newest, so
+                sched.memory.truncate(req, req.kv_len - 1)  # its KV is the next step's
+                self.stats.step_ends += 1
             n, forced = append_emitted(sched, req, emitted)
             if forced:  # a forced completion after a draft token: it finished (append.py)
                 self.stats.forced_between += 1

@@ -5,12 +5,15 @@ The matcher accepts the draft token by token (each checked against the mask of t
 is in), filling the mask row of every state on the way, then rolls back: the verify step's
 sampling then applies row ``j`` to the logits that choose the token after ``j`` draft tokens,
 exactly the mask the non-speculative step would use there. The draft is cut before the first
-token the grammar rejects, and before any token after which the non-speculative path would not
-sample the next token itself (the grammar is terminated or allows only a stop token, a
-jump-forward would append forced text, or - for requests with logprobs or penalties - a forced
-completion is due): those steps stay the grammar's own, taken on the last emitted token exactly
-as in a normal decode step (``GrammarManager.after_sample``). Other requests' completion
-measurements are made between the accepted tokens (append.py), so they never cut a draft. Grammar drafts are chains (the first branch of a tree).
+token the grammar rejects, and after any token after which the non-speculative path would not
+sample the next token itself (the grammar is terminated or allows only a stop token, or a
+jump-forward would append forced text): that token ends the draft, and when it is accepted the
+verify's sample after it is dropped (``ends_in_step``), so it is the last token emitted and the
+grammar's own step (``GrammarManager.after_sample``: the jump, the stop) follows it exactly as
+in a normal decode step. For requests with logprobs or penalties the draft is also cut where a
+forced completion is due; other requests' completion measurements are made between the
+accepted tokens (append.py), so they never cut a draft. Grammar drafts are chains (the first
+branch of a tree).
 """
 from __future__ import annotations
 
@@ -57,29 +60,33 @@ def first_chain(tree: DraftTree) -> DraftTree:
 
 
 def check_draft(req: Any, tree: DraftTree, manager: Any, jump: bool,
-                limit: int) -> tuple[DraftTree, torch.Tensor]:
-    """The accepted prefix of the draft (a chain) and its mask rows ``[len + 1, words]``."""
+                limit: int) -> tuple[DraftTree, torch.Tensor, bool]:
+    """The accepted prefix of the draft (a chain), its mask rows ``[len + 1, words]`` and
+    whether its last token is one after which the grammar steps in: then the sample after it
+    is not the model's to make (the verify drops it, ``ends_in_step``) and its mask row
+    allows everything (that sample is never used)."""
     grammar = req.grammar
     chain = first_chain(tree).prefix(limit)
     vocab, eos = manager.vocab_size, manager.eos
     rows = allocate_bitmask(len(chain) + 1, vocab)
     grammar.fill_bitmask(rows, 0)
-    n = 0
+    n, steps_in = 0, False
     for token in chain.tokens:
         if not _allowed(rows[n], token) or not grammar.accept_token(token):
             break
-        if _grammar_steps_in(grammar, jump):
-            grammar.rollback(1)
-            break
-        grammar.fill_bitmask(rows, n + 1)
-        if not req.return_logprob and grammar.is_completed() and stop_only_row(
-                rows[n + 1], vocab, eos):
-            grammar.rollback(1)
-            break
         n += 1
+        if _grammar_steps_in(grammar, jump):
+            steps_in = True
+            break
+        grammar.fill_bitmask(rows, n)
+        if not req.return_logprob and grammar.is_completed() and stop_only_row(
+                rows[n], vocab, eos):
+            rows[n].numpy().fill(-1)
+            steps_in = True
+            break
     if n:
         grammar.rollback(n)
-    return (chain.prefix(n) if n else EMPTY_TREE), rows[:n + 1]
+    return (chain.prefix(n) if n else EMPTY_TREE), rows[:n + 1], steps_in
 
 
 def _grammar_steps_in(grammar: Any, jump: bool) -> bool:

@@ -47,7 +47,7 @@ def expect_drafts(decoder: Any, sched: Any, reqs: list[Any], inflight: Any) -> b
         req, skip = reqs[i], ahead[i]
         chain = first_chain(guess).prefix(limits[i] + skip)
         if req.grammar is not None and len(chain) > skip:
-            chain, _ = check_draft(req, chain, manager, jump, len(chain))
+            chain, _, _ = check_draft(req, chain, manager, jump, len(chain))
         if len(chain) > skip:
             return True
     return False

@@ -21,6 +21,7 @@ class SpecStats:
         self.skipped_steps = 0  # plain decode steps decided up front (batch too large...)
         self.empty_proposals = 0  # plain steps after a proposal drafted nothing (or no KV)
         self.predicted_empty = 0  # plain overlapped steps: no draft predicted (prediction.py)
+        self.step_ends = 0  # accepted drafts ending where the grammar steps in (jump, stop)
         self.forced_between = 0  # forced completions measured between draft tokens (append.py)
 
     def observe(self, drafted: int, accepted: int, emitted: int) -> None:
@@ -51,6 +52,7 @@ class SpecStats:
                 "spec_empty_proposals": self.empty_proposals,
                 "spec_predicted_empty": self.predicted_empty,
                 "spec_forced_between_drafts": self.forced_between,
+                "spec_grammar_step_ends": self.step_ends,
                 "spec_accept_rate": self.accepted_tokens / self.draft_tokens
                 if self.draft_tokens else 0.0,
                 "spec_tokens_per_row": self.emitted_tokens / rows if rows else 0.0,
