@@ -11,6 +11,7 @@
 #     3. (~100 s) bench_tp_chain.py 8B TP=4: the variants on one loaded model (GPU us per token)
 #     4. (what is left, >= 60 s) the same at 70B TP=4, fewer variants
 #   bash benchmarks/gpu/run_tp_chain.sh engine [VARIANT]   (default VARIANT: all)
+#   SMOKE=1 bash benchmarks/gpu/run_tp_chain.sh sweep   (a CPU check of the script's plumbing)
 #     bench_tp.py through the Engine (the rows): 8B TP=1, 8B TP=4 and 70B TP=4 with
 #     the variant's switches (bench_tp_chain.VARIANTS), then 8B TP=4 as main had it (base)
 set -o pipefail
@@ -41,6 +42,14 @@ PYTEST="python3 -m pytest -q -p no:cacheprovider"
 K=tests/runtime/kernels
 D=tests/runtime/distributed
 CHAIN="python3 benchmarks/gpu/bench_tp_chain.py --tp 4 --rounds 2"
+STEPS_8B=200 STEPS_70B=30
+# SMOKE=1: the script's plumbing on a CPU (tests collected only, the sweeps on a tiny model)
+if [ -n "$SMOKE" ]; then
+  PYTEST+=" --collect-only"
+  CHAIN="python3 benchmarks/gpu/bench_tp_chain.py --tiny --tp 2 --rounds 1"
+  STEPS_8B=2 STEPS_70B=1
+  export OMP_NUM_THREADS=1
+fi
 
 sweep() {
   (export CUDA_VISIBLE_DEVICES=0,1; job t_allreduce 80 40 $PYTEST -m gpu $D/test_custom_all_reduce.py) &
@@ -48,9 +57,9 @@ sweep() {
   (export CUDA_VISIBLE_DEVICES=3; job t_pairs 80 40 $PYTEST $K/test_gemv_pairs.py) &
   wait
   job t_models 80 50 $PYTEST -m gpu -s $D/test_tp_models.py -k chain
-  job chain_8b 110 60 $CHAIN --model llama-3.1-8b --steps 200 \
+  job chain_8b 110 60 $CHAIN --model llama-3.1-8b --steps $STEPS_8B \
     --variants base,ar,ar+epi,early,attn,new-pre4,all
-  job chain_70b 120 60 $CHAIN --model llama-3.1-70b --steps 30 \
+  job chain_70b 120 60 $CHAIN --model llama-3.1-70b --steps $STEPS_70B \
     --variants base,ar+epi,all,all-pre8x8
   for t in t_allreduce t_kernels t_pairs t_models; do
     echo "=== $t"; show $t "passed|failed|rror|skipped|max \|new" 8
