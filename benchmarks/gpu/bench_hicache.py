@@ -81,12 +81,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--schedule-policy", default="lpm", choices=["lpm", "fcfs"])
     ap.add_argument("--think-time", type=float, default=0.0,
                     help="mean seconds a user reads and types before the next turn "
-                         "(exponential; 0: none)")
+                         "(uniform in [Z/2, 3Z/2]; 0: none)")
     ap.add_argument("--rates", default="closed",
                     help="load points, run in order in each engine (chat_load.py): 'closed' "
                          "(every conversation at once, the next turn right after the answer, "
                          "or after --think-time), 'think:Z' (the users think Z s), or "
-                         "conversations arriving per second (Poisson), e.g. think:16,think:8,closed")
+                         "conversations arriving per second (Poisson), e.g. "
+                         "think:16,think:8,closed")
     ap.add_argument("--engines", default="radix,hicache,radix2",
                     help="comma list of radix, hicache, radix2 (a repeat of radix)")
     return ap.parse_args(argv)
