@@ -104,8 +104,9 @@ class Replica:
         queued += sum(r.uncached - r.prefilled for r in self.running)
         decode = sum(r.output - r.generated for r in (*self.waiting, *self.running))
         kv = self.shape.kv_tokens
+        held = self.private + self.shape.prefix * sum(1 for n in self.pins.values() if n)
         return LoadReport(len(self.waiting), len(self.running), queued, decode,
-                          self.private / kv, kv, max(0, kv - self.used()))
+                          held / kv, kv, max(0, kv - self.used()))
 
     def _admit(self) -> None:
         """FIFO, except that a request whose prefix another request is computing right now

@@ -4,7 +4,7 @@ For each available worker ``w``::
 
     cost(w) = miss(w) + excess(w)
     miss(w) = uncached(w) x (1 + evict_weight x kv_pressure(w))
-    excess(w) = max(0, work(w) - work(lightest) - band)
+    excess(w) = room(lightest) x max(0, work(w) - work(lightest) - band)
     band = min(work_slack x mean work x (1 + evict_weight x kv_pressure(lightest)),
                2 x work(lightest))
 
@@ -24,8 +24,11 @@ on the worker that holds its prefix, and balance comes from where new prefixes g
 cache saves, so a hot worker still overflows, and a worker running dry (the band is at most
 twice its own work) takes requests whatever the cache. When the lightest worker's KV is full
 too, sending it work evicts there as well and its batch cannot grow: the band widens with its
-pressure. (The previous rule, ``miss + work``, gave up the cache for any imbalance worth one
-prefill and lost 11 points of hit rate on a KV-limited H200 pair: benchmarks/RESULTS.md.)
+pressure. And the excess is worth only what the lightest worker can start at once: ``room`` =
+1 - ``kv_usage`` (the fraction of its KV its requests do not hold); a worker whose running
+requests fill its KV would queue the work as the busier one does. (The previous rule, ``miss +
+work``, gave up the cache for any imbalance worth one prefill and lost 11 points of hit rate on
+a KV-limited H200 pair: benchmarks/RESULTS.md.)
 
 Each worker's tree is bounded to ``_TREE_KV`` x what its KV can hold once ``/load`` told it:
 a group whose prefix the worker has since evicted still finds its way back there (a miss
@@ -78,7 +81,8 @@ class CostAwarePolicy(TreePolicy):
         lightest = workers[works.index(low)]
         band = min(c.work_slack * sum(works) / len(works) * self._miss_factor(lightest),
                    _BAND_PER_LOW * low)
-        costs = [u * self._miss_factor(w) + max(0.0, work - low - band)
+        room = self._room(lightest)
+        costs = [u * self._miss_factor(w) + room * max(0.0, work - low - band)
                  for u, w, work in zip(uncached, workers, works)]
         best = min(costs)
         i = min((k for k, cost in enumerate(costs) if cost <= best + _TIE_TOKENS),
@@ -89,6 +93,15 @@ class CostAwarePolicy(TreePolicy):
         reason = "affinity" if works[i] > low else "least_work"
         return Choice(worker, reason, prefill=uncached[i],
                       decode=output_tokens or c.default_output_tokens)
+
+    @staticmethod
+    def _room(worker: Worker) -> float:
+        """The fraction of the worker's KV its requests do not hold: what work sent to it can
+        use at once (the rest would wait in its queue as it would elsewhere)."""
+        report = worker.ledger.report
+        if report is None or not report.kv_total:
+            return 1.0
+        return 1.0 - min(1.0, max(0.0, report.kv_usage))
 
     def _miss_factor(self, worker: Worker) -> float:
         report = worker.ledger.report

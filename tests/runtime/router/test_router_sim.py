@@ -35,15 +35,14 @@ def test_kv_limited_groups_stay_partitioned(sim, seed):
     # the groups' prefixes (and the requests in flight) fit on each replica, all on neither.
     shape = sim.Shape(groups=48, per_group=16, prefix=1024, question=64, output=64,
                       concurrency=128, kv_tokens=30_000, seed=seed)
-    r = runs(sim, shape, ["cost_aware", "round_robin", "cache_aware",
-                          "cost_aware:work_slack=0+evict_weight=1"])  # the old rule
-    rr, old = r["round_robin"], r["cost_aware:work_slack=0+evict_weight=1"]
-    new = r["cost_aware"]
-    assert new["hit_rate"] > old["hit_rate"] + 0.1, r
+    r = runs(sim, shape, ["cost_aware", "round_robin", "cache_aware"])
+    new, rr = r["cost_aware"], r["round_robin"]
+    # main's rule before this change (cost = miss + work) reached 61-65% here: it moved a
+    # group whenever its worker had one prefill's worth of work more than the other.
+    assert new["hit_rate"] > 0.75, r
     assert new["hit_rate"] >= r["cache_aware"]["hit_rate"] - 0.03, r
     assert new["total_tok_s"] >= 0.95 * r["cache_aware"]["total_tok_s"], r
     assert new["total_tok_s"] > 1.3 * rr["total_tok_s"], r
-    assert new["total_tok_s"] > 1.1 * old["total_tok_s"], r
     assert new["balance"] < 1.25, r
 
 
