@@ -51,10 +51,11 @@ def _serve(tree: HiRadixCache, seq: list[int], check: bool = True) -> int:
     return host
 
 
-# default: stretches of 16+ tokens pool to pool, the rest gathered; all-direct: every stretch
-# pool to pool; runs: host runs gathered and scattered (SGDSL_HICACHE_DIRECT=0); staging:
-# through pinned staging; default+staging: the gathered rest through staging
-CUDA_PATHS = {"default": {}, "all-direct": {"MIN_DIRECT_TOKENS": 1}, "runs": {"DIRECT": False},
+# default: stretches of 16+ tokens pool to pool, the rest gathered (where that is no more
+# copies); least-1: stretches of any length; runs: host runs gathered and scattered
+# (SGDSL_HICACHE_DIRECT=0); staging: through pinned staging; default+staging: the gathered
+# rest through staging
+CUDA_PATHS = {"default": {}, "least-1": {"MIN_DIRECT_TOKENS": 1}, "runs": {"DIRECT": False},
               "staging": {"DIRECT": False, "MAX_RUNS": 0}, "default+staging": {"MAX_RUNS": 0}}
 
 
@@ -70,7 +71,10 @@ def test_rounds_through_a_cuda_pool(policy, path, monkeypatch):
         _serve(tree, seq)
     loaded = sum(_serve(tree, seq) for seq in seqs)
     assert loaded > 200
-    assert tree.hicache_stats()["hicache_load_seconds_total"] > 0
+    stats = tree.hicache_stats()
+    assert stats["hicache_load_seconds_total"] > 0
+    # a fresh prefill's slots run in both pools: its write-through goes pool to pool
+    assert (stats["hicache_direct_moves_total"] > 0) == ("DIRECT" not in CUDA_PATHS[path])
     tree.close()
 
 
