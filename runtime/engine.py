@@ -15,7 +15,7 @@ import os
 import queue
 import threading
 import weakref
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 from .config import EngineConfig
 from .errors import EngineDeadError
@@ -23,7 +23,7 @@ from .ipc import messages as m
 from .mailbox import Mailboxes
 from .quiet_tqdm import import_tqdm_auto_quietly
 from .scheduler.process import freeze_startup_objects
-from .submitter import Submitter
+from .submitter import HandoffLimits, Submitter
 from .tokenizer.manager import TokenizerManager
 from .tokenizer.request_builder import GenerateSpec, RequestBuilder
 
@@ -161,24 +161,58 @@ class Engine:
             specs, batched = self._build(*args)
         if stream:
             return self._async_stream(specs[0])
-        many = _many(specs, batched)
-        if not many and not self.config.disable_request_coalescing:
-            return await self._submit_one(specs[0])  # travels with this loop turn's others
-        fut = asyncio.run_coroutine_threadsafe(self._tm.generate(specs, not many), self._loop)
-        return self._shape(await asyncio.wrap_future(fut), specs, batched)
+        return await self._start(specs, batched)
 
-    async def _submit_one(self, spec: GenerateSpec) -> dict:
+    def generate_nowait(self, prompt: str | list[str] | None = None,
+                        sampling_params: Any = None,
+                        input_ids: list[int] | list[list[int]] | None = None,
+                        return_logprob: bool | list[bool] = False,
+                        logprob_start_len: int | list[int] = -1,
+                        top_logprobs_num: int | list[int] = 0,
+                        return_text_in_logprobs: bool = False,
+                        rid: str | list[str] | None = None) -> asyncio.Future:
+        """``async_generate`` (not streamed, no images) started now, on the running loop: the
+        request is built and validated in this call (bad input raises here, nothing is sent)
+        and a single request joins this loop turn's hand-off (submitter.py). Returns a future
+        of what ``async_generate`` returns; cancelling it aborts the request. A server calls
+        this from the handler step that parsed the request, so a burst read in one poll of
+        its sockets is in the same hand-off (``await async_generate`` submits a turn later)."""
+        specs, batched = self._build(prompt, sampling_params, input_ids, return_logprob,
+                                     logprob_start_len, top_logprobs_num,
+                                     return_text_in_logprobs, False, rid)
+        return self._start(specs, batched)
+
+    def hold_handoff(self) -> Callable[[], None]:
+        """Keep the running loop's next hand-off of single requests until the returned
+        ``release()`` is called (once, on that loop): for requests about to be submitted (a
+        burst's prompts being encoded off the loop), so they travel with those waiting."""
+        return self._submitter(asyncio.get_running_loop()).hold()
+
+    def _start(self, specs: list[GenerateSpec], batched: bool) -> asyncio.Future:
         loop = asyncio.get_running_loop()
+        many = _many(specs, batched)
+        if many or self.config.disable_request_coalescing:
+            return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(
+                self._generate(specs, many), self._loop), loop=loop)
+        rid = specs[0].rid
+        future = self._submitter(loop).submit(specs[0])  # travels with this loop turn's others
+        # the caller went away: free the scheduler's work (a no-op if it was never sent)
+        future.add_done_callback(lambda f: f.cancelled() and self.abort(rid))
+        return future
+
+    async def _generate(self, specs: list[GenerateSpec], many: bool) -> Any:
+        results = await self._tm.generate(specs, not many)
+        return results if many else results[0]
+
+    def _submitter(self, loop: asyncio.AbstractEventLoop) -> Submitter:
         submitter = self._submitters.get(loop)
         if submitter is None:  # once per caller loop
             with self._submitters_lock:  # stats() may be listing them from another thread
+                limits = HandoffLimits(self.config.chunked_prefill_size,
+                                       self.config.max_running_requests)
                 submitter = self._submitters.setdefault(loop, Submitter(
-                    loop, self._loop, self._tm.submit, self._mailboxes.of(loop)))
-        try:
-            return await submitter.submit(spec)
-        except asyncio.CancelledError:  # the caller went away: free the scheduler's work
-            self.abort(spec.rid)
-            raise
+                    loop, self._loop, self._tm.submit, self._mailboxes.of(loop), limits))
+        return submitter
 
     def _sync_stream(self, spec: GenerateSpec) -> Iterator[dict]:
         q: queue.Queue = queue.Queue()

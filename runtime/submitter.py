@@ -1,22 +1,33 @@
-"""``Submitter``: single requests issued on one caller loop during the same turn of that loop go
-to the engine's loop in one hand-off, and from there to the scheduler in one message.
+"""``Submitter``: single requests issued on one caller loop while that loop keeps accepting more
+go to the engine's loop in one hand-off, and from there to the scheduler in one message.
 
 A server answers every HTTP request with its own ``async_generate`` call. One call each cost a
 cross-thread hop (a task and a chained future on the engine loop, a self-pipe write), a ZMQ
 message and a wake-up back per request, all while the server's loop parsed the next requests:
 a burst of 256 reached the scheduler as a trickle, which admitted it in more, smaller prefill
-waves with decode steps between them (issue 29: 256 HTTP requests at 0.84-0.92x of one list
-call on an H100). The calls of one loop turn (a burst parsed in one pass) now travel together.
+waves with decode steps between them (issue 29).
 
-Nothing waits for company: the hand-off runs at the caller loop's next turn (``call_soon``),
-so a lone request is delayed by one loop iteration. Each request still gets its own result or
-error as soon as it finishes (not when the slowest of its group does), through the caller
-loop's ``Mailbox`` (one wake-up per engine-loop pass); a request cancelled before the hand-off
-is never sent.
+When the hand-off goes (no timer, no window): a check runs at the loop's next turn after a
+submission. It hands everything off unless the turn before it brought new submissions: then
+the loop is still working through a burst it has already read (the requests of one poll of the
+sockets run their handlers one turn after the next poll), and the check looks again at the next
+turn. So a lone request waits two loop turns (microseconds on an idle loop), and a burst read
+over consecutive turns travels together instead of its first request going alone (issue 29
+item 1: 3-6 hand-offs per burst of 256, the first a single request, before). Bounds, so that
+nothing waits behind a stream that never pauses: a group is handed off at once when it holds a
+prefill batch's tokens or a running batch's requests (the scheduler could not take more in one
+step), or after ``MAX_DEFERRALS`` looks. ``hold()`` (released by the returned callable) keeps
+the hand-off for work about to submit (a burst's prompts being encoded off the loop, which come
+back together a few turns later).
+
+Each request still gets its own result or error as soon as it finishes (not when the slowest of
+its group does), through the caller loop's ``Mailbox`` (one wake-up per engine-loop pass); a
+request cancelled before the hand-off is never sent.
 """
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from .errors import EngineDeadError
@@ -24,6 +35,18 @@ from .mailbox import Mailbox
 
 # engine loop: start(specs, settle) tracks and sends them; settle(index, result or exception)
 Start = Callable[[list[Any], Callable[[int, Any], None]], None]
+# NOTE: a stream that never pauses still goes every few turns (each turn of a busy server loop
+# runs a whole poll's worth of requests, so this is a few groups, not a few requests).
+MAX_DEFERRALS = 4
+
+
+@dataclass(frozen=True)
+class HandoffLimits:
+    """A pending group this large goes at once: ``tokens`` prompt tokens (the scheduler's
+    prefill batch) or ``requests`` requests (its running batch)."""
+
+    tokens: int
+    requests: int
 
 
 class _Slot:
@@ -45,27 +68,75 @@ class _Slot:
 
 class Submitter:
     """One per caller loop: ``submit(spec)`` on that loop; the pending specs go to ``start``
-    on the engine loop at the caller loop's next turn."""
+    on the engine loop once the caller loop has taken in what it was given (see the module)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, engine_loop: asyncio.AbstractEventLoop,
-                 start: Start, box: Mailbox) -> None:
+                 start: Start, box: Mailbox, limits: HandoffLimits | None = None) -> None:
         self.loop = loop
         self.engine_loop = engine_loop
         self.start = start
         self.box = box
+        self.limits = limits
         self._pending: list[tuple[Any, asyncio.Future]] = []
+        self._tokens = 0  # prompt tokens pending
+        self._fresh = False  # a submission since the last check
+        self._looks = 0  # checks that deferred the pending group
+        self._holds = 0
+        self._scheduled = False
         self.handoffs = 0  # hand-offs to the engine loop so far (stats: submit_handoffs)
         self.requests = 0  # requests handed off (stats: submit_requests)
 
     def submit(self, spec: Any) -> asyncio.Future:
         future = self.loop.create_future()
         self._pending.append((spec, future))
-        if len(self._pending) == 1:
-            self.loop.call_soon(self._flush)
+        self._tokens += _prompt_tokens(spec)
+        self._fresh = True
+        self._schedule()
         return future
+
+    def hold(self) -> Callable[[], None]:
+        """Keep the next hand-off until the returned ``release()`` (call it once, on this
+        loop): for requests on their way (their prompts being encoded)."""
+        self._holds += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._holds -= 1
+                if self._holds == 0 and self._pending:
+                    self._fresh = True  # the held work has just submitted (or failed)
+                    self._schedule()
+        return release
+
+    def _schedule(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._check)
+
+    def _check(self) -> None:
+        self._scheduled = False
+        if not self._pending:
+            return
+        if not self._full() and self._looks < MAX_DEFERRALS:
+            if self._holds:  # release() looks again
+                return
+            if self._fresh:  # the loop is still taking a burst in: look again next turn
+                self._fresh = False
+                self._looks += 1
+                self._schedule()
+                return
+        self._flush()
+
+    def _full(self) -> bool:
+        limits = self.limits
+        return limits is not None and (self._tokens >= limits.tokens
+                                       or len(self._pending) >= limits.requests)
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
+        self._tokens, self._fresh, self._looks = 0, False, 0
         live = [(spec, fut) for spec, fut in pending if not fut.done()]  # cancelled: not sent
         if not live:
             return
@@ -79,3 +150,8 @@ class Submitter:
         except RuntimeError:  # the engine's loop is closed
             for slot in slots:
                 slot.put_nowait(EngineDeadError("the engine was shut down"))
+
+
+def _prompt_tokens(spec: Any) -> int:
+    reqs = getattr(spec, "reqs", None)
+    return sum(len(r.input_ids) for r in reqs) if reqs else 0

@@ -66,7 +66,8 @@ class ServerContext:
                    tool_format=_tool_format(args, template.source),
                    reasoning=get_reasoning_format(args.reasoning_parser),
                    encode=ids_encoder(tok),
-                   batcher=None if tok is None else EncodeBatcher(ids_batch_encoder(tok)))
+                   batcher=None if tok is None else EncodeBatcher(
+                       ids_batch_encoder(tok), getattr(engine, "hold_handoff", None)))
 
     def check_model(self, model: str | None) -> None:
         """Unknown model names are a 404, as with the hosted APIs. ``default`` (SGLang's

@@ -143,7 +143,10 @@ class EngineClient:
         if ``request``'s client goes away first. A request that failed while it ran raises its
         error, or with ``per_request_errors`` (an answer that is a list) is its own output,
         with the error in its finish_reason as the Engine's list calls report it."""
-        work = asyncio.ensure_future(self._collect(batch, per_request_errors))
+        # submitted in this step (see _start_single); a list answer's errors stay in it
+        single = None if per_request_errors else self._start_single(batch)
+        work = single if single is not None else asyncio.ensure_future(
+            self._collect(batch, per_request_errors))
         watch = asyncio.ensure_future(wait_disconnect(request)) if request is not None else None
         try:
             done, _ = await asyncio.wait({work} | ({watch} if watch else set()),
@@ -156,10 +159,33 @@ class EngineClient:
             if watch is not None:
                 watch.cancel()
         if work in done:
-            return work.result()
+            return [work.result()] if single is not None else work.result()
         work.cancel()
         self.abort([it.rid for it in batch.items])
         raise ClientDisconnected()
+
+    def _start_single(self, batch: GenBatch) -> asyncio.Future | None:
+        """One text or ids prompt, started now through ``Engine.generate_nowait`` (None: not
+        such a batch, or an engine without it). NOTE: in the handler's own step, not in a task
+        of its own: a task ran a loop turn later, after the next poll of the sockets had begun
+        the next requests, so a burst reached the submitter in more pieces (issue 29)."""
+        nowait = getattr(self.engine, "generate_nowait", None)
+        if nowait is None or len(batch.items) != 1 or batch.items[0].image_data:
+            return None
+        item = batch.items[0]
+        kw = batch.engine_kwargs(item, False)
+        del kw["stream"]
+        start = time.perf_counter()
+        future = nowait(**kw)
+        self.live.add(item.rid)
+
+        def finished(f: asyncio.Future) -> None:
+            self.live.discard(item.rid)
+            if not f.cancelled() and f.exception() is None:
+                self.metrics.observe_output(f.result().get("meta_info", {}),
+                                            time.perf_counter() - start)
+        future.add_done_callback(finished)
+        return future
 
     async def _collect(self, batch: GenBatch, per_request_errors: bool) -> list[dict[str, Any]]:
         # NOTE: non-streaming engine calls, not a stream read to its end: a stream detokenizes

@@ -110,3 +110,56 @@ def test_long_chat_prompts_of_a_burst_are_encoded_together_each_its_own(served):
         alone = [client.post("/v1/chat/completions", json=b).json()["usage"]["prompt_tokens"]
                  for b in bodies]
     assert together == alone and len(set(alone)) == 5
+
+
+async def _post_at_once(url: str, path: str, bodies: list[dict[str, Any]]) -> list[Any]:
+    """Each body on its own keep-alive connection, opened first; then every request is written
+    in one pass (no await between the writes), as a burst of clients sends them."""
+    host, port = url.removeprefix("http://").split(":")
+    conns = [await asyncio.open_connection(host, int(port)) for _ in bodies]
+    for (_, writer), body in zip(conns, bodies):
+        data = json.dumps(body).encode()
+        writer.write(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json"
+                     f"\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+    outs = []
+    for reader, writer in conns:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode().lower()
+        assert head.startswith("http/1.1 200"), head
+        length = int(head.split("content-length:")[1].split("\r\n")[0])
+        outs.append(json.loads(await reader.readexactly(length)))
+        writer.close()
+    return outs
+
+
+@pytest.mark.parametrize("route", ["native", "chat"])
+def test_a_burst_of_32_reaches_the_scheduler_in_one_or_two_handoffs(served, route):
+    """32 posts written at once reach the Engine in at most two hand-offs (one when the server
+    reads them in consecutive turns of its loop; two if the client is interrupted in the middle
+    of its writes), so the scheduler prefills them in as few waves as one list call. The chat
+    prompts are long (encoded off the loop, together), so the encode's hold is exercised."""
+    url, engine = served
+    _wait_idle(engine)
+    if route == "native":
+        path, bodies = "/generate", [{"input_ids": PROMPT + [30 + i], "sampling_params": {
+            "max_new_tokens": 2, "temperature": 0.0, "ignore_eos": True}} for i in range(32)]
+    else:
+        path, bodies = "/v1/chat/completions", [
+            {**_chat(2), "messages": [{"role": "user", "content": f"{i} " + "word " * 240}]}
+            for i in range(32)]
+    before = engine.stats()
+    outs = asyncio.run(_post_at_once(url, path, bodies))
+    after = engine.stats()
+    tokens = [len(o["output_ids"]) if route == "native" else o["usage"]["completion_tokens"]
+              for o in outs]
+    assert tokens == [2] * 32
+    assert after["submit_requests"] - before["submit_requests"] == 32
+    handoffs = after["submit_handoffs"] - before["submit_handoffs"]
+    assert 1 <= handoffs <= 2, handoffs
+    # prefill waves as for one list call of the same prompts (a prefill batch's tokens each),
+    # one more at most per extra hand-off
+    prompt_tokens = sum(len(PROMPT) + 1 if route == "native" else o["usage"]["prompt_tokens"]
+                        for o in outs)
+    waves = -(-prompt_tokens // engine.config.chunked_prefill_size)
+    assert after["extend_steps"] - before["extend_steps"] <= waves + handoffs - 1, (
+        after["extend_steps"] - before["extend_steps"], waves, handoffs)
+    engine.check_idle_integrity()
