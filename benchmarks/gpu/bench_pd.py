@@ -6,8 +6,13 @@ plain servers, ``sgdsl router`` over both). The workload mixes two classes arriv
 total rate (Poisson): long prompts (``--long-in`` tokens in, ``--long-out`` out) and chat turns
 (``--chat-in`` in, ``--chat-out`` out), random token ids, ignore_eos, streamed over native
 ``/generate``. Reported per set-up and class: TTFT p50/p99 (first chunk), ITL p50/p99 (gaps
-between chunks), and the total throughput ((prompt + output tokens) / wall); then pd /
-colocated ratios (ITL, TTFT: lower is better; throughput: higher is better). ``pd-gloo``
+between chunks), tokITL p50/p99 (per token, as SGLang's bench_serving counts a native stream:
+a chunk of k new tokens is k gaps of 1/k of its wait; with random token ids a dummy model's
+tokens are often incomplete UTF-8 characters, whose text the server holds back until the next
+token, so a chunk gap spans several steps), and the total throughput ((prompt + output tokens)
+/ wall); then pd / colocated ratios (ITL, TTFT: lower is better; throughput: higher is
+better). ``--client-procs N`` deals the arrivals to N client processes; ``--hop-times`` reports
+which hop each large gap was born in (hop_report.py). ``pd-gloo``
 (in ``--modes``) is ``pd`` over the host-staged gloo transfer, which puts no NCCL kernel on
 either GPU: comparing the two isolates what the NCCL transfer does to the decode loop.
 ``--trace DIR`` records every server's scheduler steps ($SGDSL_STEP_TRACE) and prints, per
@@ -132,6 +137,8 @@ def run(url: str, reqs: list, args: argparse.Namespace) -> dict[str, Any]:
                     "itl_p50": pct(itl, 50), "itl_p99": pct(itl, 99),
                     "itl0_p99": pct(first, 99), "itl_rest_p99": pct(rest, 99),
                     "itl_max": max(itl, default=float("nan"))}
+        tok = [x for r in mine for x in r["tok_itl"]]  # per token (SGLang's bench_serving)
+        row[cls].update(tok_itl_p50=pct(tok, 50), tok_itl_p99=pct(tok, 99))
         if args.hop_times:
             row[cls]["hops"] = hop_report.summarize(mine, f"hops {cls}")
     return row
@@ -205,14 +212,16 @@ def server_stats(url: str) -> dict:
 def report(rows: list[dict]) -> None:
     print(f"{'mode':<10} {'class':<5} {'n':>4} {'TTFT p50':>9} {'TTFT p99':>9} "
           f"{'ITL p50':>8} {'ITL p99':>8} {'1st gap p99':>11} {'later p99':>9} "
-          f"{'ITL max':>8}   (ms)")
+          f"{'ITL max':>8} {'tokITL p50':>10} {'tokITL p99':>10}   (ms; ITL: between chunks, "
+          f"tokITL: per token)")
     for row in rows:
         for cls in ("long", "chat"):
             c = row[cls]
             print(f"{row['mode']:<10} {cls:<5} {c['n']:>4} {c['ttft_p50'] * 1e3:>9.1f} "
                   f"{c['ttft_p99'] * 1e3:>9.1f} {c['itl_p50'] * 1e3:>8.1f} "
                   f"{c['itl_p99'] * 1e3:>8.1f} {c['itl0_p99'] * 1e3:>11.1f} "
-                  f"{c['itl_rest_p99'] * 1e3:>9.1f} {c['itl_max'] * 1e3:>8.1f}")
+                  f"{c['itl_rest_p99'] * 1e3:>9.1f} {c['itl_max'] * 1e3:>8.1f} "
+                  f"{c['tok_itl_p50'] * 1e3:>10.1f} {c['tok_itl_p99'] * 1e3:>10.1f}")
         print(f"{row['mode']:<10} servers: {row.get('stats')}")
         print(f"{row['mode']:<10} total {row['total_tok_s']:.0f} tok/s, output "
               f"{row['output_tok_s']:.0f} tok/s, wall {row['wall_s']:.1f} s, "
@@ -232,7 +241,8 @@ def report(rows: list[dict]) -> None:
             continue
         for cls in ("long", "chat"):
             print(f"ratio {name}/colocated {cls}: ITL p99 "
-                  f"{pd[cls]['itl_p99'] / co[cls]['itl_p99']:.2f}x, "
+                  f"{pd[cls]['itl_p99'] / co[cls]['itl_p99']:.2f}x (per token "
+                  f"{pd[cls]['tok_itl_p99'] / co[cls]['tok_itl_p99']:.2f}x), "
                   f"TTFT p99 {pd[cls]['ttft_p99'] / co[cls]['ttft_p99']:.2f}x")
         print(f"ratio {name}/colocated total throughput "
               f"{pd['total_tok_s'] / co['total_tok_s']:.2f}x")

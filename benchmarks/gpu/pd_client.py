@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import multiprocessing
 import time
 from typing import Any
@@ -61,8 +62,21 @@ async def one(client: httpx.AsyncClient, at: float, ids: list[int], n_out: int,
         return {"error": "no chunk"}
     stamps = [e[0] for e in events]
     return {"ttft": stamps[0] - sent, "itl": [b - a for a, b in zip(stamps, stamps[1:])],
-            "prompt": len(ids), "output": tokens,
+            "tok_itl": token_itl(events), "prompt": len(ids), "output": tokens,
             "events": events if events[0][2] is not None else None}
+
+
+def token_itl(events: list[list]) -> list[float]:
+    """Inter-token latencies as SGLang's bench_serving counts them on a native stream: a chunk
+    of k new tokens gives k gaps of (its time - the previous chunk's) / k; a chunk without new
+    tokens counts nothing. (A server that holds a token's text back, an incomplete UTF-8
+    character, sends its chunk with the next one: one gap per chunk would count the wait once,
+    as long as several steps.)"""
+    out: list[float] = []
+    for (t_a, n_a, *_), (t_b, n_b, *_) in zip(events, events[1:]):
+        if n_b > n_a:
+            out.extend([(t_b - t_a) / (n_b - n_a)] * (n_b - n_a))
+    return out
 
 
 def _router_time(events: list[list], t: float) -> None:
@@ -74,6 +88,8 @@ def _router_time(events: list[list], t: float) -> None:
 
 async def run_share(url: str, arrivals: list[Arrival], t0: float) -> list[dict[str, Any]]:
     """Every arrival of this share against ``url``, timed from wall-clock ``t0``."""
+    gc.collect()
+    gc.freeze()  # the imports and the workload: no full collection walks them mid-run
     limits = httpx.Limits(max_connections=4096, max_keepalive_connections=1024)
     async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as client:
         return list(await asyncio.gather(*(one(client, at, ids, n, t0)

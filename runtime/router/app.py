@@ -177,7 +177,8 @@ async def _routed(request: Request) -> Response:
     if not isinstance(payload, dict):
         return json_error(path, 400, "the request body must be a JSON object")
     up = Upstream("POST", path, request.url.query, body, s.proxy.headers_for(request),
-                  routing_text(path, payload), output_tokens=output_budget(path, payload))
+                  routing_text(path, payload), output_tokens=output_budget(path, payload),
+                  stream=payload.get("stream") is True)
     return await s.proxy.forward(request, up)
 
 

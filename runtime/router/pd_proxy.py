@@ -98,7 +98,8 @@ class PDProxy(Proxy):
         # does not watch its client, so a prefill half abandoned then would keep its KV until
         # its timeout; a plain request is aborted as soon as the router closes it.
         plain = {k: v for k, v in payload.items() if k != "stream_options"}
-        p_up = dataclasses.replace(up, body=json.dumps({**plain, **boot, "stream": False}).encode())
+        p_up = dataclasses.replace(up, body=json.dumps({**plain, **boot, "stream": False}).encode(),
+                                   stream=False)
         d_up = dataclasses.replace(up, body=json.dumps({**payload, **boot}).encode())
         p_task = asyncio.ensure_future(self._prefill_leg(prefill, p_up))
         d_task = asyncio.ensure_future(self._attempt(decode, request, d_up))

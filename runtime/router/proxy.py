@@ -26,6 +26,7 @@ from ..server.sse import DONE, SSEResponse
 from .config import RouterConfig
 from .metrics import RouterMetrics
 from .policies import Choice, Policy
+from .raw_response import RawResponse, open_raw
 from .registry import WorkerRegistry
 from .request_text import answered_prompt_tokens
 from .worker import Worker
@@ -49,6 +50,7 @@ class Upstream:
     route_text: str  # what the policy routes on; "" for info routes
     use_policy: bool = True
     output_tokens: int = 0  # the request's output budget (0: not given)
+    stream: bool = False  # the body asks for a stream: relayed over a RawResponse
 
 
 class AttemptFailed(Exception):
@@ -152,12 +154,18 @@ class Proxy:
                 worker.finish(ticket)
                 worker.breaker.release()  # a no-op unless this half-open trial ended unjudged
 
-    async def _send(self, worker: Worker, up: Upstream) -> httpx.Response:
-        url = worker.url + up.path + (f"?{up.query}" if up.query else "")
-        req = self.client.build_request(up.method, url, content=up.body or None,
-                                        headers=up.headers)
+    async def _send(self, worker: Worker, up: Upstream) -> httpx.Response | RawResponse:
+        target = up.path + (f"?{up.query}" if up.query else "")
+        if up.stream and worker.url.startswith("http://"):
+            c = self.config
+            sending = open_raw(worker.url, up.method, target, up.body, up.headers,
+                               c.connect_timeout_s, c.read_timeout_s)
+        else:
+            sending = self.client.send(self.client.build_request(
+                up.method, worker.url + target, content=up.body or None, headers=up.headers),
+                stream=True)
         try:
-            resp = await _unless_down(worker, self.client.send(req, stream=True))
+            resp = await _unless_down(worker, sending)
         except (httpx.HTTPError, WorkerDown) as exc:
             raise self._failed(worker, "connect", f"{type(exc).__name__}: {exc}") from exc
         if resp.status_code in RETRYABLE_STATUS:
