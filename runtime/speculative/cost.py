@@ -15,7 +15,7 @@ batch sizes (1, 2-3, 4-7, ...: a batch that shrinks as requests finish keeps its
 Once a batch size has a few speculative samples it needs plain ones too (if plain steps did
 not come by themselves, as when every request always drafts, the gate runs a few); when the
 speculative rate falls below ``min_speedup`` times the plain rate speculation is off for
-``wait`` steps (doubling on each loss, up to ``_MAX_WAIT``; halving on each win), then probed
+``wait`` steps (16, doubling on each loss up to ``_MAX_WAIT``; halving on each win), then probed
 again with fresh samples. ``min_speedup`` 0 turns the gate off. Only when tokens come changes;
 which tokens (greedy or sampled: the same distribution) never does.
 """
@@ -25,8 +25,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-_MIN_WAIT, _MAX_WAIT = 8, 512  # plain steps between probes after a loss
-_SPEC_SAMPLES = 3  # speculative intervals measured before comparing (after each wait)
+# plain steps between probes after a loss: a probe that loses again costs two speculative
+# steps, so a draft that always loses costs about 2 * log2(steps / 16) of them in all
+_MIN_WAIT, _MAX_WAIT = 16, 512
+_SPEC_SAMPLES = 2  # speculative intervals measured before comparing (after each wait)
 _PLAIN_SAMPLES = 2
 _ALPHA = 0.25  # weight of the newest interval in the moving averages
 

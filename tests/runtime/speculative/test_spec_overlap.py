@@ -155,7 +155,7 @@ def test_cost_gate_intervals():
         forwards += 1
         clock.now += dt
 
-    for _ in range(3):
+    for _ in range(2):
         assert gate.allow(1)
         step(True, 3, 4.0)  # 0.75 tokens per unit
     gate.tick(forwards)
@@ -168,8 +168,8 @@ def test_cost_gate_intervals():
     assert gate.plain[1].n == 2  # (bucket 1: batch 1)  # the refill's interval dropped
     step(True, 3, 4.0)
     gate.tick(forwards)
-    assert gate.losses == 1 and gate.wait == 8
-    assert [gate.allow(1) for _ in range(9)] == [False] * 8 + [True]
+    assert gate.losses == 1 and gate.wait == 16
+    assert [gate.allow(1) for _ in range(17)] == [False] * 16 + [True]
     forwards += 5  # a prefill and more between two launches: the interval is dropped
     before = gate.spec[1].n
     gate.launched(True, 3, 1, forwards)
