@@ -11,6 +11,9 @@ total and output token throughput, and the prefix-cache hit rate summed over the
 requests a replica served) and each policy's throughput over round_robin's; ``--baseline`` adds
 the same workload on one replica alone (its hit rate is the ceiling routing can reach).
 
+``--client-procs N`` splits the prompts and the concurrency over N client processes (one
+asyncio+httpx process at 256 in flight spends most of a core: it capped the GPU runs).
+
 A policy may carry router options: ``cost_aware:decode_token_weight=4+evict_weight=0`` runs
 ``sgdsl router --policy cost_aware --decode-token-weight 4 --evict-weight 0`` (so variants
 compare in one run). benchmarks/gpu/run_router_suite.sh runs issue 30's three workloads.
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import random
 import shutil
@@ -105,6 +109,42 @@ async def run_workload(url: str, prompts: list[str], args: argparse.Namespace,
     return totals
 
 
+def _client_process(url: str, prompts: list[str], options: dict[str, Any],
+                    headers: dict[str, str], barrier: Any, results: Any) -> None:
+    """One of ``--client-procs`` client processes: its share of the prompts and concurrency."""
+    args = argparse.Namespace(**options)
+    barrier.wait()  # all start together, after their imports
+    started = time.time()
+    totals = asyncio.run(run_workload(url, prompts, args, headers))
+    results.put((started, time.time(), totals))
+
+
+def run_clients(url: str, prompts: list[str], args: argparse.Namespace,
+                headers: dict[str, str]) -> dict[str, float]:
+    """The workload from ``--client-procs`` processes (prompt k to process k mod N, the
+    concurrency split among them). One asyncio+httpx process spends ~17 ms of CPU a request at
+    256 in flight (H200 dp=4: 17-19 CPU s per 24-30 s round): near one core, it caps what the
+    replicas can show."""
+    n = max(1, min(args.client_procs, args.concurrency, len(prompts)))
+    if n == 1:
+        return asyncio.run(run_workload(url, prompts, args, headers))
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(n + 1), ctx.Queue()
+    procs = [ctx.Process(target=_client_process, daemon=True, args=(
+        url, prompts[k::n], {**vars(args), "concurrency": args.concurrency // n
+                             + (k < args.concurrency % n)}, headers, barrier, results))
+        for k in range(n)]
+    for proc in procs:
+        proc.start()
+    barrier.wait()
+    parts = [results.get() for _ in procs]
+    for proc in procs:
+        proc.join()
+    totals = {key: sum(p[2][key] for p in parts) for key in parts[0][2]}
+    totals["seconds"] = max(p[1] for p in parts) - min(p[0] for p in parts)
+    return totals
+
+
 def cache_counters(workers: list[str], headers: dict[str, str]) -> tuple[float, float]:
     """(hit tokens, prompt tokens) summed over the replicas' /metrics."""
     hit = prompt = 0.0
@@ -123,7 +163,7 @@ def measure(label: str, url: str, workers: list[str], prompts: list[str],
     for w in workers:
         httpx.post(f"{w}/flush_cache", headers=headers, timeout=60).raise_for_status()
     hit0, prompt0 = cache_counters(workers, headers)
-    t = asyncio.run(run_workload(url, prompts, args, headers))
+    t = run_clients(url, prompts, args, headers)
     hit1, prompt1 = cache_counters(workers, headers)
     tokens = t["prompt_tokens"] + t["completion_tokens"]
     return {"label": label, "seconds": t["seconds"], "failed": int(t["failed"]),
@@ -275,6 +315,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--concurrency", type=int, default=256)
     p.add_argument("--rounds", type=int, default=1, help="runs per policy (median reported)")
+    p.add_argument("--client-procs", type=int, default=1,
+                   help="client processes sharing the prompts and the concurrency")
     p.add_argument("--warmup", type=int, default=4, help="requests per replica before measuring")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)

@@ -13,7 +13,9 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
 echo "commit $COMMIT"
 # ROUTER_MODEL="--tiny" (+ small shapes as extra arguments, which win): a CPU dry run of a workload
 MODEL=${ROUTER_MODEL:-"--model benchmarks/gpu/configs/llama-3.1-8b --load-format dummy"}
-RUN="python3 benchmarks/bench_router.py $MODEL --rounds 2 --question-len 128 --system-prompt-len 2048"
+# 4 client processes: one asyncio+httpx client spent 17-19 CPU s per 24-30 s dp=4 round (H200),
+# near a core, which capped every policy alike.
+RUN="python3 benchmarks/bench_router.py $MODEL --rounds 2 --question-len 128 --system-prompt-len 2048 --client-procs 4"
 # ROUTER_TIMEOUT=0: no time limit of its own (a caller's `timeout` then kills the whole process
 # group; a nested `timeout` would start a group of its own that the caller's could not reach).
 [ "${ROUTER_TIMEOUT:-560}" != 0 ] && RUN="timeout ${ROUTER_TIMEOUT:-560} $RUN"
