@@ -87,9 +87,11 @@ class EngineConfig:
     # of them), tokens dispatched to their experts' ranks with all-to-all (layers/moe/dispatch.py)
     ep_size: int = 1
     # How tokens reach their experts at ep_size > 1: all_to_all (dispatch and combine between
-    # the EP ranks), or all_reduce (SGLang's --moe-a2a-backend none: every rank computes its own
-    # experts for all tokens, one all-reduce sums them; no dispatch, no host sync)
-    ep_dispatch: Literal["all_to_all", "all_reduce"] = "all_to_all"
+    # the EP ranks), all_reduce (SGLang's --moe-a2a-backend none: every rank computes its own
+    # experts for all tokens, one all-reduce sums them; no dispatch, no host sync), or auto:
+    # all_reduce in decode CUDA graphs and below ep_a2a_min_tokens tokens, all_to_all above
+    ep_dispatch: Literal["auto", "all_to_all", "all_reduce"] = "auto"
+    ep_a2a_min_tokens: int = 1024
     # TP all-reduces of decode-sized messages go one-/two-shot over NVLink peer-to-peer
     # (distributed/custom_all_reduce.py) where every GPU pair has P2P; NCCL otherwise.
     disable_custom_all_reduce: bool = False
@@ -210,6 +212,8 @@ def _check_parallel(config: EngineConfig) -> None:
     if config.tp_size % config.ep_size:
         raise bad("ep_size", f"must divide tp_size={config.tp_size} (the experts are split over "
                              "ep_size of the tp_size ranks, as in SGLang)")
+    if config.ep_a2a_min_tokens < 1:
+        raise bad("ep_a2a_min_tokens", "must be >= 1")
     _check_pipeline(config, bad)  # pp:
     if not config.rank_hang_timeout_s > 0:
         raise bad("rank_hang_timeout_s", "must be > 0")

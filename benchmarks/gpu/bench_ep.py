@@ -1,5 +1,5 @@
 """Expert parallelism (issue 30 item 4): Qwen3-30B-A3B (128 experts, top-8; dummy bf16 weights)
-on 4 GPUs at TP=4 vs EP=4 (all-to-all dispatch) vs EP=4 in the all_reduce mode, in one run,
+on 4 GPUs at TP=4 vs EP=4 (default dispatch: auto) vs EP=4 in the all_reduce mode, in one run,
 through the Engine (one process per rank, NCCL, CUDA graphs, overlap on), greedy:
 - batch-1 decode tok/s = (out - 1) / (t(out tokens) - t(1 token)) (prefill cancels);
 - offline: ``--num`` prompts of ``--in-len`` random tokens, ``--out-len`` out each, all at
@@ -9,7 +9,8 @@ TP=4's (same dummy model; bf16 rounding may legitimately split them late).
 
 Needs 4 GPUs (the device tool's nvidia-h100-x4 kind); from the repository root:
   source benchmarks/gpu/device_env.sh && python benchmarks/gpu/bench_ep.py
-On 2 GPUs: ``--layouts tp2,ep2`` (the first layout is the ratios' reference). ``--smoke``
+On 2 GPUs: ``--layouts tp2,ep2`` (the first layout is the ratios' reference; ``ep2-a2a``: the
+all-to-all everywhere, as ``ep2`` ran before the auto mode). ``--smoke``
 checks the script on CPU (gloo, a shrunken config). benchmarks/gpu/run_issue30_x4.sh runs it.
 """
 from __future__ import annotations
@@ -19,10 +20,14 @@ import argparse
 import layouts
 
 MODEL = "qwen3-30b-a3b"
-LAYOUTS = {"tp4": dict(tp_size=4), "ep4": dict(tp_size=4, ep_size=4),
-           "ep4-allreduce": dict(tp_size=4, ep_size=4, ep_dispatch="all_reduce"),
-           "tp4-ep2": dict(tp_size=4, ep_size=2),
-           "tp2": dict(tp_size=2), "ep2": dict(tp_size=2, ep_size=2)}
+# epN: the default ep_dispatch (auto: all-reduce in decode graphs and small batches, variable
+# all-to-all for prefill); -a2a: all-to-all everywhere (padded in graphs; "ep2"/"ep4" before
+# the auto mode, RESULTS.md's 108.3 tok/s EP=2 row); -allreduce: the all-reduce everywhere
+LAYOUTS = {"tp4": dict(tp_size=4), "tp2": dict(tp_size=2), "tp4-ep2": dict(tp_size=4, ep_size=2)}
+for _n in (2, 4):
+    LAYOUTS[f"ep{_n}"] = dict(tp_size=_n, ep_size=_n)
+    for _name, _mode in (("a2a", "all_to_all"), ("allreduce", "all_reduce"), ("auto", "auto")):
+        LAYOUTS[f"ep{_n}-{_name}"] = dict(tp_size=_n, ep_size=_n, ep_dispatch=_mode)
 
 
 def main() -> None:

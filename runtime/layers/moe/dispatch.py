@@ -12,11 +12,18 @@ there completes them. The rows go back by the reverse all-to-all, the sender sum
 k rows times its routing weights (fp32), and an all-gather over the EP group gives every rank
 all ``T`` outputs again.
 
-The other mode, ``all_reduce`` (SGLang's ``--moe-a2a-backend none``): every rank computes
-its own experts' pairs of all ``T`` tokens (the others' pairs are skipped: expert id
-E_local in the fused kernel, weight 0 on the torch path) and one all-reduce over the TP group
-sums the experts' and the MoE-TP slices' parts. No dispatch and no host sync; each rank's
-share of the work is whatever the routing gives its experts.
+The other path, ``all_reduce`` (SGLang's ``--moe-a2a-backend none``): every rank computes
+its own experts' pairs of all ``T`` tokens (the routing kernel hands it local ids, the others'
+pairs marked E_local: skipped by the fused kernel, weight 0 on the torch path) and one
+all-reduce over the TP group sums the experts' and the MoE-TP slices' parts. No dispatch, no
+host sync, the launches of plain TP: one (custom, NVLink) all-reduce per layer. The
+all-to-all path costs 3 all-to-alls and an all-gather (NCCL) plus ~30 small indexing launches
+per layer; at decode sizes that latency is the whole step (2x H200, Qwen3-30B-A3B batch 1:
+0.23x TP=2), and since the tokens are already on every rank it moves more bytes as well.
+
+``ep_dispatch`` (``DispatchPolicy``): ``auto`` (default) takes the all_reduce path inside CUDA
+graphs and for batches under ``ep_a2a_min_tokens`` tokens, the variable all-to-all above;
+``all_to_all`` and ``all_reduce`` force one (``all_to_all``: the padded layout in graphs).
 
 Two layouts of the all-to-all send buffer:
 - variable (eager: CPU, GPU prefill): rows sorted by destination, the per-destination counts
@@ -39,19 +46,40 @@ from ...distributed.collectives import all_gather, all_reduce, all_to_all, excha
 from ...distributed.state import TPGroup
 from ...kernels.dispatch import use_triton
 
-# all_to_all (above) or all_reduce (``local_experts_moe``); set from EngineConfig.ep_dispatch
-# by the model runner before it builds the model
-_MODE = ["all_to_all"]
+MODES = ("auto", "all_to_all", "all_reduce")
 
 
-def set_ep_dispatch(mode: str) -> None:
-    if mode not in ("all_to_all", "all_reduce"):
-        raise ValueError(f"ep_dispatch={mode!r}: expected all_to_all or all_reduce")
-    _MODE[0] = mode
+@dataclass(frozen=True)
+class DispatchPolicy:
+    """``EngineConfig.ep_dispatch`` / ``ep_a2a_min_tokens``: which path a MoE layer's tokens
+    take at ep_size > 1 (``path``); every rank sees the same T, so all ranks pick alike."""
+
+    mode: str = "auto"
+    a2a_min_tokens: int = 1024
+
+    def path(self, x: torch.Tensor) -> str:
+        """``all_reduce``, ``padded`` (equal-split all-to-all) or ``variable`` (exact splits).
+        auto: all_reduce inside CUDA graphs and below ``a2a_min_tokens`` tokens (decode), the
+        variable all-to-all for larger eager batches (prefill)."""
+        padded = use_padded_layout(x)
+        if self.mode == "all_reduce" or (
+                self.mode == "auto" and (padded or x.shape[0] < self.a2a_min_tokens)):
+            return "all_reduce"
+        return "padded" if padded else "variable"
 
 
-def ep_dispatch() -> str:
-    return _MODE[0]
+# set from EngineConfig by the model runner before it builds the model (read by FusedMoE)
+_POLICY = [DispatchPolicy()]
+
+
+def set_ep_dispatch(mode: str, a2a_min_tokens: int = DispatchPolicy.a2a_min_tokens) -> None:
+    if mode not in MODES:
+        raise ValueError(f"ep_dispatch={mode!r}: expected one of {', '.join(MODES)}")
+    _POLICY[0] = DispatchPolicy(mode, a2a_min_tokens)
+
+
+def ep_dispatch() -> DispatchPolicy:
+    return _POLICY[0]
 
 
 _PADDED = [False]
@@ -134,16 +162,14 @@ def expert_parallel_moe(layer, x: torch.Tensor, weights: torch.Tensor, ids: torc
 
 
 def local_experts_moe(layer, x: torch.Tensor, weights: torch.Tensor,
-                      ids: torch.Tensor) -> torch.Tensor:
-    """``all_reduce`` mode: this rank's experts' part of every token's output, summed over the
-    TP group (``[T, H]``, complete on every rank)."""
-    local = ids.long() - layer.first_expert
-    mine = (local >= 0) & (local < layer.num_local_experts)
-    if use_triton(x):  # the fused kernel skips expert id E_local (zero rows)
-        local_ids = torch.where(mine, local, layer.num_local_experts).to(torch.int32)
+                      local_ids: torch.Tensor) -> torch.Tensor:
+    """``all_reduce`` path: this rank's experts' part of every token's output, summed over the
+    TP group (``[T, H]``, complete on every rank). ``local_ids``: routing ids local to this
+    rank, ``num_local_experts`` for another rank's expert (``select_experts(local=)``)."""
+    if use_triton(x):  # the fused kernel skips expert id E_local (no weight reads)
         out = layer.quant_method.apply(layer, x, weights, local_ids, sum_experts=True)
-    else:  # the torch path: weight 0 on expert 0 (wasted work, CPU tests only)
-        local_ids = torch.where(mine, local, 0).to(torch.int32)
-        out = layer.quant_method.apply(layer, x, torch.where(mine, weights, 0.0), local_ids,
-                                       sum_experts=True)
+    else:  # the torch path: weight 0 on expert 0 (wasted work, CPU only)
+        mine = local_ids < layer.num_local_experts
+        out = layer.quant_method.apply(layer, x, torch.where(mine, weights, 0.0),
+                                       torch.where(mine, local_ids, 0), sum_experts=True)
     return all_reduce(out)

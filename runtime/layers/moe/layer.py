@@ -5,7 +5,8 @@ by rows, down by columns), so each rank computes a partial sum of every token's 
 all-reduce after the weighted combine completes it. Expert parallelism (``ep_size`` > 1) gives
 each EP rank ``num_experts / ep_size`` whole experts (split by intermediate dim only over the
 ``tp_size / ep_size`` ranks of its MoE-TP group) and moves the tokens to them, or computes
-its experts' part of every token and all-reduces (``ep_dispatch``; see dispatch.py).
+its experts' part of every token and all-reduces (``ep_dispatch``: by default the all-reduce
+for decode and CUDA graphs, the all-to-all for large batches; see dispatch.py).
 The expert weights and the product come from the quant method (unquantized, or fp8; see
 ``layers/quantization``).
 """
@@ -18,7 +19,7 @@ from ...distributed.collectives import all_reduce
 from ...distributed.state import get_ep_group, get_moe_tp_group, get_tp_group
 from ...errors import ModelLoadError
 from ..quantization.base import QuantConfig
-from .dispatch import ep_dispatch, expert_parallel_moe, local_experts_moe, use_padded_layout
+from .dispatch import ep_dispatch, expert_parallel_moe, local_experts_moe
 from .method import UnquantizedMoEMethod
 from .router import select_experts
 
@@ -69,13 +70,18 @@ class FusedMoE(nn.Module):
                 sum_experts: bool = True) -> torch.Tensor:
         """``[T, H]``; ``sum_experts=False`` allows ``[T, k, H]``, the weighted expert rows
         left for the caller to sum (see ``MoEMethod.apply``; expert parallelism always sums)."""
-        weights, ids = select_experts(router_logits, self.top_k, self.renormalize)
         if self.ep.size > 1:
-            if self.ep_dispatch == "all_reduce":
+            # NOTE: a CUDA graph cannot hold the host-side split sizes: the policy picks the
+            # all_reduce path or the padded all-to-all there
+            path = self.ep_dispatch.path(x)
+            if path == "all_reduce":  # ids local to this rank's experts
+                weights, ids = select_experts(router_logits, self.top_k, self.renormalize,
+                                              (self.first_expert, self.num_local_experts))
                 return local_experts_moe(self, x, weights, ids)
-            # NOTE: a CUDA graph cannot hold the host-side split sizes: padded layout there
+            weights, ids = select_experts(router_logits, self.top_k, self.renormalize)
             return expert_parallel_moe(self, x, weights, ids, self.ep, get_moe_tp_group(),
-                                       use_padded_layout(x))
+                                       path == "padded")
+        weights, ids = select_experts(router_logits, self.top_k, self.renormalize)
         # NOTE: under TP the rows are summed before the all-reduce (k times fewer bytes).
         sum_experts = sum_experts or (self.reduce_results and self.tp_size > 1)
         out = self.quant_method.apply(self, x, weights, ids, sum_experts=sum_experts)

@@ -6,6 +6,8 @@ then checks one FusedMoE layer's padded dispatch (the CUDA-graph layout) and var
 against the single-process product."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from .tp_worker import model_test_module
@@ -18,8 +20,11 @@ def runner_config(model_dir: str, device: str, **parallel):
     there, the tiny models' margins keep greedy tokens apart)."""
     from sgdsl.runtime.config import EngineConfig
 
+    # ep_a2a_min_tokens=8: ep_dispatch=auto prefills these prompts (22 tokens) over the
+    # variable all-to-all and decodes them (3 tokens; graphs: always) over the all-reduce
     return EngineConfig(model=model_dir, device=device, dtype="float32", max_total_tokens=256,
-                        max_running_requests=4, cuda_graph_max_bs=4, **parallel)
+                        max_running_requests=4, cuda_graph_max_bs=4, ep_a2a_min_tokens=8,
+                        **parallel)
 
 
 def greedy(runner, prompts: list[list[int]]) -> tuple[list[list[int]], list[torch.Tensor]]:
@@ -39,7 +44,8 @@ def moe_layer_check(device: torch.device, seed: int = 0) -> dict[str, float]:
     from the plain torch product
     of the whole layer (every expert), on this rank's group (9 tokens: uneven chunks), relative
     to the largest output (on GPU the fused kernel, and the padding rows it skips)."""
-    from sgdsl.runtime.layers.moe.dispatch import expert_parallel_moe, local_experts_moe
+    from sgdsl.runtime.layers.moe.dispatch import (expert_parallel_moe, local_experts_moe,
+                                                   padded_layout)
     from sgdsl.runtime.layers.moe.layer import FusedMoE
     from sgdsl.runtime.layers.moe.reference import moe_reference
     from sgdsl.runtime.layers.moe.router import select_experts
@@ -62,8 +68,15 @@ def moe_layer_check(device: torch.device, seed: int = 0) -> dict[str, float]:
         got = expert_parallel_moe(layer, x, weights, ids, get_ep_group(), get_moe_tp_group(),
                                   padded)
         out[name] = float((got - want).abs().max() / want.abs().max())
-    got = local_experts_moe(layer, x, weights, ids)
+    local = select_experts(logits, 3, True, (layer.first_expert, layer.num_local_experts))
+    got = local_experts_moe(layer, x, *local)
     out["all_reduce"] = float((got - want).abs().max() / want.abs().max())
+    # the layer's own choice under the runner's policy, eager (auto: 9 >= 8 tokens, the
+    # variable all-to-all) and as CUDA graphs run it (auto: the all-reduce)
+    for name, ctx in (("forward", contextlib.nullcontext()), ("forward_graph", padded_layout())):
+        with ctx:
+            got = layer(x, logits)
+        out[name] = float((got - want).abs().max() / want.abs().max())
     return out
 
 

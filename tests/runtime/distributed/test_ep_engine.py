@@ -48,4 +48,7 @@ def test_server_takes_ep_size():
     from sgdsl.runtime.server.cli import parse_args
 
     engine, _ = parse_args(["--model", "m", "--tp-size", "4", "--ep-size", "2"])
-    assert (engine.tp_size, engine.ep_size) == (4, 2)
+    assert (engine.tp_size, engine.ep_size, engine.ep_dispatch) == (4, 2, "auto")
+    engine, _ = parse_args(["--model", "m", "--tp-size", "2", "--ep-size", "2", "--ep-dispatch",
+                            "all_to_all", "--ep-a2a-min-tokens", "64"])  # the old behaviour
+    assert (engine.ep_dispatch, engine.ep_a2a_min_tokens) == ("all_to_all", 64)

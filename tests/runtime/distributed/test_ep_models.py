@@ -1,7 +1,9 @@
 """Expert parallelism on CPU (gloo, rank processes): tiny random Qwen3-MoE (8 experts, top-3,
 renormalized, a sparse and a dense layer) and Mixtral (8 experts, top-2, w1/w2/w3 names,
 sharded checkpoint) at EP=2 (TP=2), EP=4 (TP=4) and EP=2 over TP=4 (each expert split again
-over 2 ranks), all-to-all dispatch, and EP=2 over TP=4 in the all_reduce mode, decode greedily
+over 2 ranks), all-to-all dispatch, EP=2 over TP=4 in the all_reduce mode, and EP=2/EP=4 in
+the default auto mode (prefill over the all-to-all, decode and CUDA graphs' graph-safe shapes
+over the all-reduce), decode greedily
 token for token as EP=1 (TP=1) does (also in the padded all-to-all layout CUDA graphs use),
 logits within 1e-4; each rank holds only its experts.
 One FusedMoE layer's padded dispatch (the CUDA-graph layout), variable dispatch and
@@ -14,6 +16,7 @@ import torch
 
 from sgdsl.runtime.config import EngineConfig
 from sgdsl.runtime.errors import InvalidRequestError, ModelLoadError
+from sgdsl.runtime.layers.moe.dispatch import DispatchPolicy, padded_layout
 from sgdsl.runtime.layers.moe.layer import check_expert_split
 from sgdsl.runtime.model.runner import ModelRunner
 
@@ -24,7 +27,8 @@ from processes import free_port, run_ranks
 RANKS = 4
 EXPERTS = 8
 # (tp_size, ep_size, ep_dispatch)
-LAYOUTS = [(2, 2, "all_to_all"), (4, 4, "all_to_all"), (4, 2, "all_to_all"), (4, 2, "all_reduce")]
+LAYOUTS = [(2, 2, "all_to_all"), (4, 4, "all_to_all"), (4, 2, "all_to_all"), (4, 2, "all_reduce"),
+           (2, 2, "auto"), (4, 4, "auto")]
 PROMPTS = [[5, 17, 200, 3, 99, 42, 7], [11, 12], [249, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]]
 CASES = {
     "qwen3_moe": ("qwen3_moe", dict(head_dim=32, num_experts=EXPERTS, num_experts_per_tok=3,
@@ -82,6 +86,22 @@ def check_against_tp1(model_dirs: list[str], device: str, atol: float, rel: floa
         assert len(checks) == layout[0]
         for diffs in checks:
             assert max(diffs.values()) < rel, (layout, diffs)
+
+
+def test_auto_policy_paths():
+    """auto: the all-reduce for CUDA graphs (and their warm-up: padded_layout) and small eager
+    batches, the variable all-to-all from ep_a2a_min_tokens on; the forced modes stay forced."""
+    small, large = torch.zeros(7, 4), torch.zeros(8, 4)
+    auto = DispatchPolicy("auto", 8)
+    assert (auto.path(small), auto.path(large)) == ("all_reduce", "variable")
+    a2a, ar = DispatchPolicy("all_to_all", 8), DispatchPolicy("all_reduce", 8)
+    assert (a2a.path(small), ar.path(large)) == ("variable", "all_reduce")
+    with padded_layout():
+        assert (auto.path(large), a2a.path(small), ar.path(large)) == (
+            "all_reduce", "padded", "all_reduce")
+    assert EngineConfig(model="x").ep_dispatch == "auto"
+    with pytest.raises(InvalidRequestError, match="ep_a2a_min_tokens"):
+        EngineConfig(model="x", ep_a2a_min_tokens=0)
 
 
 def test_bad_layouts_fail_clearly(model_dirs, tmp_path):

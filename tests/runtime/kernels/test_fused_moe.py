@@ -61,6 +61,24 @@ def test_topk_softmax_kernel(device, experts, top_k, renorm):
     assert torch.allclose(weights.double().cpu(), want_w.cpu(), atol=1e-6)
 
 
+@pytest.mark.parametrize("first,count", [(0, 4), (4, 4), (96, 32)])
+def test_topk_softmax_local_ids(device, first, count):
+    """Expert parallelism's all_reduce path: ids local to one rank's experts ``[first,
+    first + count)``, ``count`` for the others; weights as without; the torch path agrees."""
+    experts = 128 if count == 32 else 8
+    gen = torch.Generator().manual_seed(first)
+    logits = torch.randn(6, experts, generator=gen).to(device)
+    w_all, ids_all = topk_softmax(logits, 4, True)
+    weights, ids = topk_softmax(logits, 4, True, local=(first, count))
+    rel = ids_all.long() - first
+    want = torch.where((rel >= 0) & (rel < count), rel, count)
+    assert ids.dtype == torch.int32 and torch.equal(ids.long().cpu(), want.cpu())
+    assert torch.equal(weights.cpu(), w_all.cpu())
+    cpu_w, cpu_ids = select_experts(logits.cpu(), 4, True, local=(first, count))
+    assert torch.equal(cpu_ids, want.int().cpu())
+    assert torch.allclose(cpu_w.double(), weights.double().cpu(), atol=1e-6)
+
+
 @pytest.mark.parametrize("pair_blocks", [32, 0])  # decode layout / sorted by expert
 @pytest.mark.parametrize("tokens,experts,top_k,hidden,inter", [
     (1, 8, 2, 64, 32), (5, 4, 2, 48, 40), (33, 8, 3, 64, 64)])
