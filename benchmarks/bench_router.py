@@ -199,6 +199,18 @@ def served_balance(url: str, headers: dict[str, str]) -> float:
     return max(served) / max(1, min(served))
 
 
+def decisions(url: str, headers: dict[str, str]) -> dict[str, int]:
+    """The router's choices by reason (its /metrics), e.g. cost_aware's ``affinity`` (a worker
+    with less work passed over for the cache) and ``least_work``."""
+    counts: dict[str, int] = {}
+    text = httpx.get(f"{url}/metrics", headers=headers, timeout=30).text
+    for line in text.splitlines():
+        if line.startswith("sgdsl_router_policy_decisions_total{"):
+            reason = line.split('reason="', 1)[1].split('"', 1)[0]
+            counts[reason] = counts.get(reason, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return counts
+
+
 def with_router(policy: str, workers: list[str], args: argparse.Namespace,
                 prompts: list[str], headers: dict[str, str]) -> dict[str, Any]:
     """A fresh ``sgdsl router`` process (as deployed: its own interpreter, not this one's)."""
@@ -221,6 +233,7 @@ def with_router(policy: str, workers: list[str], args: argparse.Namespace,
         # The router is one Python process: near 1 CPU-second per second, it is the bottleneck.
         row["router_cpu_s"] = cpu_seconds(proc.pid) - cpu
         row["balance"] = served_balance(url, headers)
+        row["decisions"] = decisions(url, headers)
         return row
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -344,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"round {k + 1} {policy}: {row['total_tok_s']:.1f} tok/s, hit rate "
                       f"{row['hit_rate']:.1%}, balance {row['balance']:.2f}; CPU s over "
                       f"{row['seconds']:.1f} s: router {row['router_cpu_s']:.1f}, client "
-                      f"{row['client_cpu_s']:.1f}", flush=True)
+                      f"{row['client_cpu_s']:.1f}; decisions {row['decisions']}", flush=True)
         rows = [_median(r) for r in runs.values()]
         if args.baseline:
             rows.append(measure("one replica", workers[0], workers[:1], prompts, args, headers))

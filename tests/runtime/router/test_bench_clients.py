@@ -31,13 +31,32 @@ def _stub() -> tuple[FastAPI, dict]:
     return app, seen
 
 
-def test_client_processes_send_every_prompt_once_within_the_concurrency():
+def _load():
     spec = importlib.util.spec_from_file_location("bench_router", _PATH)
     bench = importlib.util.module_from_spec(spec)
     sys.modules["bench_router"] = bench  # the client processes unpickle their target by name
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_decisions_are_summed_by_reason_from_the_router_metrics(monkeypatch):
+    from sgdsl.runtime.router.metrics import RouterMetrics
+
+    bench = _load()
+    sys.modules.pop("bench_router", None)
+    metrics = RouterMetrics()
+    for worker, reason, n in (("a", "affinity", 3), ("b", "affinity", 2), ("b", "least_work", 7)):
+        metrics.decisions.labels(policy="cost_aware", worker=f"http://{worker}:1",
+                                 reason=reason).inc(n)
+    answer = type("Answer", (), {"text": metrics.render().decode()})
+    monkeypatch.setattr(bench.httpx, "get", lambda *args, **kwargs: answer)
+    assert bench.decisions("http://router", {}) == {"affinity": 5, "least_work": 7}
+
+
+def test_client_processes_send_every_prompt_once_within_the_concurrency():
     sys.path.insert(0, str(_PATH.parent))
     try:
-        spec.loader.exec_module(bench)
+        bench = _load()
         app, seen = _stub()
         server = ThreadServer(app)
         url = server.start()
