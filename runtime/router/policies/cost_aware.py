@@ -89,8 +89,10 @@ class CostAwarePolicy(TreePolicy):
                 key=lambda k: (works[k], self.tree(workers[k].url).size, k))
         worker = workers[i]
         self.tree(worker.url).insert(text)
-        # "affinity": a worker with less work was passed over for the cache.
-        reason = "affinity" if works[i] > low else "least_work"
+        # "affinity": a worker with less work was passed over for the cache; "overflow": a
+        # worker with more of the prompt cached was passed over for the balance.
+        reason = ("overflow" if uncached[i] > min(uncached) + _TIE_TOKENS
+                  else "affinity" if works[i] > low else "least_work")
         return Choice(worker, reason, prefill=uncached[i],
                       decode=output_tokens or c.default_output_tokens)
 

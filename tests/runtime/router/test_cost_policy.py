@@ -100,7 +100,7 @@ def test_a_hot_worker_overflows_to_the_other_when_the_load_outweighs_the_cache()
     assert choice.prefill < 20  # only the question is uncached
     report(ws[0], prefill=5000)  # hot: recomputing the prefix elsewhere is cheaper
     choice = p.select(ws, system + "third", 8)
-    assert choice.worker is ws[1] and choice.reason == "least_work"
+    assert choice.worker is ws[1] and choice.reason == "overflow"
     assert choice.prefill > 1000
 
 
