@@ -11,7 +11,11 @@
 #     3. (~100 s) bench_tp_chain.py 8B TP=4: the variants on one loaded model (GPU us per token)
 #     4. (what is left, >= 60 s) the same at 70B TP=4, fewer variants
 #   bash benchmarks/gpu/run_tp_chain.sh engine [VARIANT]   (default VARIANT: all)
-#   SMOKE=1 bash benchmarks/gpu/run_tp_chain.sh sweep   (a CPU check of the script's plumbing)
+#   bash benchmarks/gpu/run_tp_chain.sh final
+#     the variants not yet measured on a GPU (the early trigger, attention's prefetch, both)
+#     against main's defaults at 8B TP=4, each checked for the same logits bits; then
+#     bench_tp.py 8B TP=1 + TP=4 and 70B TP=4 through the Engine with the fastest of them
+#   SMOKE=1 bash benchmarks/gpu/run_tp_chain.sh sweep|final   (a CPU check of the plumbing)
 #     bench_tp.py through the Engine (the rows): 8B TP=1, 8B TP=4 and 70B TP=4 with
 #     the variant's switches (bench_tp_chain.VARIANTS), then 8B TP=4 as main had it (base)
 set -o pipefail
@@ -70,6 +74,23 @@ sweep() {
   done
 }
 
+final() {  # the variants not yet measured, against main's defaults (new), then the Engine rows
+  # with the fastest of them that kept the bits (bench_tp_chain --json)
+  job chain_8b 130 60 $CHAIN --model llama-3.1-8b --steps $STEPS_8B \
+    --variants new,ar+epi,new-early,new-attn,all,pre4x1 --json "$OUT/chain_8b.json"
+  local best
+  best=$(python3 -c "import json; print(json.load(open('$OUT/chain_8b.json'))['best'])" \
+         2> /dev/null || echo new)
+  echo "=== chain_8b (fastest with the same bits: $best)"; show chain_8b "^\||^## |^round|copy|rror" 40
+  [ -n "$SMOKE" ] && return
+  job engine_8b 150 80 python3 benchmarks/gpu/bench_tp.py --runs 8b-tp1,8b-tp4 --pdl on \
+    --chain "$best"
+  job engine_70b 150 70 python3 benchmarks/gpu/bench_tp.py --runs 70b-tp4 --pdl on --chain "$best"
+  for b in engine_8b engine_70b; do
+    echo "=== $b"; show $b "^\||^## |copy|rror" 20
+  done
+}
+
 engine() {
   local v=${1:-all}
   job engine_new 200 120 python3 benchmarks/gpu/bench_tp.py --runs 8b-tp1,8b-tp4,70b-tp4 \
@@ -82,7 +103,8 @@ engine() {
 
 case "${1:-sweep}" in
   sweep) sweep ;;
+  final) final ;;
   engine) engine "$2" ;;
-  *) echo "usage: $0 sweep|engine [VARIANT]"; exit 2 ;;
+  *) echo "usage: $0 sweep|final|engine [VARIANT]"; exit 2 ;;
 esac
 echo "done at ${SECONDS}s"

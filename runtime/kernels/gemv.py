@@ -17,8 +17,8 @@ loads in flight are the block's. Measured and dropped (H100, 2026-11-24, 32-laye
 next block loaded ahead (register double-buffering) and a partial sum per weight element
 instead of per vector (fewer instructions in the SASS) were no faster.
 
-With PDL (``pdl.py``, ``SGDSL_PDL=1``) each program issues its first weight blocks' loads (one, or
-``SGDSL_GEMV_PRE`` blocks: ``pdl.pre_blocks``) before waiting for the previous kernel, and x, the
+With PDL (``pdl.py``, ``SGDSL_PDL=1``) each program issues its first weight blocks' loads
+(``SGDSL_GEMV_PRE`` blocks, default 4: ``pdl.pre_blocks``) before waiting for the previous kernel, and x, the
 residual and the output after: the weight, its scales and the bias must not be written by the
 kernels of the step (parameters are not). The sums are the same in either case (the blocks are
 added in the loop's order).

@@ -17,7 +17,7 @@ Rounding is the separate kernels': each product rounded to x's dtype (then + bia
 silu(gate) rounded before the product with up, the rotation in fp32 rounded once, an fp8 pool
 storing the rounded k (or v) divided by its scale, clamped to E4M3's range.
 
-PDL (``pdl.py``): the weights' first block (or ``SGDSL_GEMV_PAIRS_PRE`` blocks,
+PDL (``pdl.py``): the weights' first blocks (``SGDSL_GEMV_PAIRS_PRE``, default 2,
 ``pdl.pre_blocks``), the scales and the biases are read before the wait for the previous kernel
 (parameters only), cos/sin, the slot and x after it.
 """

@@ -110,19 +110,25 @@ def all_reduce_enabled(x: torch.Tensor) -> bool:
     return enabled(x) and _env_on("SGDSL_PDL_ALL_REDUCE", "1")
 
 
+PRE_DEFAULTS = {"SGDSL_GEMV_PRE": 4, "SGDSL_GEMV_PAIRS_PRE": 2}
+
+
 def pre_blocks(k: int, block_k: int, on: bool, env: str = "SGDSL_GEMV_PRE") -> int:
     """How many weight blocks (of ``block_k`` elements, along ``k``) each matrix-vector program
-    loads before PDL's wait: ``env`` (``SGDSL_GEMV_PRE`` for ``gemv.py``,
-    ``SGDSL_GEMV_PAIRS_PRE`` for ``gemv_pairs.py``; default 1, as first built), within the
+    loads before PDL's wait: ``env`` (``SGDSL_GEMV_PRE`` for ``gemv.py``, default 4;
+    ``SGDSL_GEMV_PAIRS_PRE`` for ``gemv_pairs.py``, default 2; 1: as first built), within the
     row's blocks; 1 without PDL (the kernel's one variant then).
     Why more than one: the weights do not depend on the kernel before, so a program can hold
     several blocks in registers while that kernel (above all the all-reduce's wait for its
     peers) finishes; each block costs a thread 16 bytes of registers per row (fewer programs
-    resident at once), so the best count is measured (``benchmarks/gpu/run_tp_chain.sh``)."""
+    resident at once). Measured (4x H200, ``bench_tp_chain.py``, Llama-3.1-8B TP=4 decode step,
+    graph alone): 1/1 blocks 1721 us, 4/2 1706, 4/4 1734, 8/4 1734 (the pair kernel at 4
+    blocks: 56 registers a thread, 9 programs an SM instead of 12); 70B TP=4: 4/2 = 1/1
+    (10240 us), 8/8 10410."""
     if not on:
         return 1
     try:
-        want = int(os.environ.get(env, "1"))
+        want = int(os.environ.get(env, PRE_DEFAULTS.get(env, 1)))
     except ValueError:
         want = 1
     return max(1, min(want, triton.cdiv(k, block_k)))

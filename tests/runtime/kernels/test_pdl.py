@@ -82,7 +82,12 @@ def pre(request, monkeypatch):
 
 
 def test_pre_blocks_within_the_row(monkeypatch):
-    assert pdl.pre_blocks(4096, 1024, True) == 1  # default: the first block, as first built
+    monkeypatch.delenv("SGDSL_GEMV_PRE", raising=False)
+    monkeypatch.delenv("SGDSL_GEMV_PAIRS_PRE", raising=False)
+    assert pdl.pre_blocks(4096, 1024, True) == 4  # the defaults: 4 (gemv), 2 (pairs)
+    assert pdl.pre_blocks(4096, 1024, True, "SGDSL_GEMV_PAIRS_PRE") == 2
+    monkeypatch.setenv("SGDSL_GEMV_PRE", "1")  # as first built
+    assert pdl.pre_blocks(4096, 1024, True) == 1
     monkeypatch.setenv("SGDSL_GEMV_PRE", "4")
     assert pdl.pre_blocks(4096, 1024, True) == 4
     assert pdl.pre_blocks(1024, 1024, True) == 1  # one block in the row
