@@ -146,7 +146,9 @@ def run_side(side: str, a: argparse.Namespace, model_dir: str, work: dict) -> di
                       flush=True)
         engine.check_idle_integrity()
         stats = spec_counters(engine)
-    print(f"[{side}] done at {time.perf_counter() - t0:.1f} s; {stats}", flush=True)
+        rates = {k: round(v, 2) for k, v in engine.stats().items()  # the cost gate's last look
+                 if k in ("spec_cost_spec_rate", "spec_cost_plain_rate")}
+    print(f"[{side}] done at {time.perf_counter() - t0:.1f} s; {stats} {rates}", flush=True)
     if side == "standalone" and "b" in res:
         res["s"] = res.pop("b")
     return res

@@ -14,10 +14,11 @@ batch sizes (1, 2-3, 4-7, ...: a batch that shrinks as requests finish keeps its
 
 Once a batch size has a few speculative samples it needs plain ones too (if plain steps did
 not come by themselves, as when every request always drafts, the gate runs a few); when the
-speculative rate falls below ``min_speedup`` times the plain rate speculation is off for
-``wait`` steps (16, doubling on each loss up to ``_MAX_WAIT``; halving on each win), then probed
-again with fresh samples. ``min_speedup`` 0 turns the gate off. Only when tokens come changes;
-which tokens (greedy or sampled: the same distribution) never does.
+speculative rate falls below ``min_speedup`` times the plain rate (over two samples, or one that
+falls far below) speculation is off for ``wait`` steps (16, doubling on each loss up to
+``_MAX_WAIT``; halving on each win), then probed again with fresh samples. ``min_speedup`` 0
+turns the gate off. Only when tokens come changes; which tokens (greedy or sampled: the same
+distribution) never does.
 """
 from __future__ import annotations
 
@@ -25,10 +26,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-# plain steps between probes after a loss: a probe that loses again costs two speculative
-# steps, so a draft that always loses costs about 2 * log2(steps / 16) of them in all
-_MIN_WAIT, _MAX_WAIT = 16, 512
-_SPEC_SAMPLES = 2  # speculative intervals measured before comparing (after each wait)
+# plain steps between probes after a loss: a probe that clearly loses again costs one
+# speculative step, so a draft that always loses costs about log2(steps / 16) of them in all
+_MIN_WAIT, _MAX_WAIT = 16, 1024
+_SPEC_SAMPLES = 2  # speculative intervals measured before a close comparison (after each wait)
+_CLEAR_LOSS = 0.8  # below this share of the needed rate one interval decides
 _PLAIN_SAMPLES = 2
 _ALPHA = 0.25  # weight of the newest interval in the moving averages
 
@@ -71,6 +73,7 @@ class CostGate:
         self.off_steps = 0  # plain steps the gate chose (metrics: spec_cost_off_steps)
         self.losses = 0  # comparisons speculation lost (spec_cost_losses)
         self._now = 0.0  # the current launch's start (``tick``)
+        self.last_rates = (0.0, 0.0)  # (speculative, plain) of the last comparison
 
     @property
     def enabled(self) -> bool:
@@ -114,18 +117,25 @@ class CostGate:
 
     def _judge(self, bucket: int) -> None:
         spec, plain = self.spec[bucket], self.plain.get(bucket)
-        if spec.n < _SPEC_SAMPLES or plain is None or plain.n < _PLAIN_SAMPLES:
+        if plain is None or plain.n < _PLAIN_SAMPLES:
             return
-        if spec.value < self.min_speedup * plain.value:
+        need = self.min_speedup * plain.value
+        self.last_rates = (spec.value, plain.value)
+        # NOTE: one sample decides a clear loss (a probe of a draft that always loses then
+        # costs one speculative step, not two); a close call waits for a second
+        if spec.value < _CLEAR_LOSS * need or (spec.n >= _SPEC_SAMPLES and spec.value < need):
             self.losses += 1
             self.wait = self.penalty
             self.penalty = min(2 * self.penalty, _MAX_WAIT)
             spec.n = 0  # measured afresh after the wait
-        else:
+        elif spec.n >= _SPEC_SAMPLES:
             self.penalty = max(self.penalty // 2, _MIN_WAIT)
 
     def as_dict(self) -> dict:
-        return {"spec_cost_off_steps": self.off_steps, "spec_cost_losses": self.losses}
+        spec, plain = self.last_rates
+        return {"spec_cost_off_steps": self.off_steps, "spec_cost_losses": self.losses,
+                # the last comparison's rates (tokens/s per request): what the gate saw
+                "spec_cost_spec_rate": spec, "spec_cost_plain_rate": plain}
 
 
 def _bucket(batch: int) -> int:

@@ -170,6 +170,15 @@ def test_cost_gate_intervals():
     gate.tick(forwards)
     assert gate.losses == 1 and gate.wait == 16
     assert [gate.allow(1) for _ in range(17)] == [False] * 16 + [True]
+    assert gate.last_rates == (0.75, 1.0)
+    step(True, 9, 10.0)  # a probe: 0.9 per unit, a close call: one sample does not decide
+    gate.tick(forwards)
+    assert gate.wait == 0 and gate.losses == 1
+    gate.launched(True, 9, 1, forwards)
+    forwards += 1
+    clock.now += 10.0
+    gate.tick(forwards)  # the second sample: a loss, a longer wait
+    assert gate.losses == 2 and gate.wait == 32
     forwards += 5  # a prefill and more between two launches: the interval is dropped
     before = gate.spec[1].n
     gate.launched(True, 3, 1, forwards)
