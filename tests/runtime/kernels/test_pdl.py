@@ -13,7 +13,7 @@ import torch
 
 from sgdsl.runtime.kernels import pdl
 from sgdsl.runtime.kernels.activation import silu_and_mul
-from sgdsl.runtime.kernels.decode_attention import decode_attention_fwd
+from sgdsl.runtime.kernels.decode_attention import decode_attention_fwd, decode_stage1
 from sgdsl.runtime.kernels.gemv import gemv
 from sgdsl.runtime.kernels.gemv_pairs import gemv_rope, gemv_silu
 from sgdsl.runtime.kernels.kv_store import store_kv
@@ -175,7 +175,15 @@ def test_decode_attention(device, dtype, monkeypatch, pre_kv):
                              4, min_tokens_per_split=16)
         return out
 
+    def suffix():  # a cascade's stage 1: tokens from ``starts`` on (the shared prefix's apart)
+        mid_o = torch.zeros(2, 4, 4, 16, device=device)
+        mid_lse = torch.zeros(2, 4, 4, device=device)
+        decode_stage1(q, k_buf, v_buf, r2t, rows, sl, None, mid_o, mid_lse, 0.25, 4,
+                      starts=torch.tensor([2, 7], device=device), min_tokens_per_split=16)
+        return mid_o, mid_lse
+
     _assert_same_bits(_both(attend))
+    _assert_same_bits(_both(suffix))
 
 
 @pytest.mark.gpu
