@@ -59,8 +59,11 @@ def build_state(config: RouterConfig) -> RouterState:
     client = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(
         max_connections=None, max_keepalive_connections=256, keepalive_expiry=2.0))
     key = config.worker_api_key or config.api_key  # replicas of --dp-size share the key
-    poller = LoadPoller(registry, client, {"Authorization": f"Bearer {key}"} if key else {}
-                        ) if policy.needs_load else None
+    # pd: only the prefill side is chosen by the policy (decode: the least in flight), so
+    # the decode workers' /load (a scheduler stats call each, 20 a second) is not polled.
+    only = frozenset(config.prefill_urls) if config.pd_disaggregation else None
+    poller = LoadPoller(registry, client, {"Authorization": f"Bearer {key}"} if key else {},
+                        only) if policy.needs_load else None
     proxy_cls = Proxy
     if config.pd_disaggregation:  # pd: each request goes to a prefill and a decode worker
         from .pd_proxy import PDProxy as proxy_cls

@@ -21,10 +21,12 @@ logger = logging.getLogger(__name__)
 
 class LoadPoller:
     def __init__(self, registry: WorkerRegistry, client: httpx.AsyncClient,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None,
+                 only: frozenset[str] | None = None) -> None:
         self.registry = registry
         self.client = client
         self.headers = headers or {}
+        self.only = only  # pd: the prefill workers (None: every worker)
         self._task: asyncio.Task | None = None
         self._polling: dict[str, asyncio.Task] = {}  # worker URL -> its poll in flight
 
@@ -51,7 +53,8 @@ class LoadPoller:
 
     def _due(self) -> list[Worker]:
         return [w for w in self.registry.workers.values()
-                if w.healthy and w.ledger.supported and w.url not in self._polling]
+                if w.healthy and w.ledger.supported and w.url not in self._polling
+                and (self.only is None or w.url in self.only)]
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop())

@@ -229,3 +229,31 @@ def test_the_poller_applies_reports_and_gives_up_on_workers_without_load():
     assert not ws[1].ledger.supported and ws[1].ledger.report is None
     assert ws[2].ledger.supported and ws[2].ledger.report is None  # a bad answer is ignored
     assert len(seen_auth) == 5 and set(seen_auth) == {"Bearer k"}
+
+
+def test_a_pd_router_polls_only_its_prefill_workers():
+    """pd: the decode side is chosen by requests in flight, so its /load is never asked."""
+    import asyncio
+
+    import httpx
+
+    from sgdsl.runtime.router.app import build_state
+
+    asked = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(f"{request.url.scheme}://{request.url.netloc.decode()}")
+        return httpx.Response(200, json={"num_waiting_reqs": 0})
+
+    config = RouterConfig(pd_disaggregation=True, prefill_urls=(URLS[0],),
+                          prefill_bootstrap_ports=(8998,), decode_urls=(URLS[1],))
+
+    async def run() -> None:
+        state = build_state(config)
+        await state.client.aclose()
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            state.poller.client = client
+            await state.poller.poll_all()
+
+    asyncio.run(run())
+    assert asked == [URLS[0]]
