@@ -77,7 +77,7 @@ sweep() {
 final() {  # the variants not yet measured, against main's defaults (new), then the Engine rows
   # with the fastest of them that kept the bits (bench_tp_chain --json)
   job chain_8b 130 60 $CHAIN --model llama-3.1-8b --steps $STEPS_8B \
-    --variants new,ar+epi,new-early,new-attn,all,new-pre4-early --json "$OUT/chain_8b.json"
+    --variants new,new-early,new-attn,all,new-pre4-early --json "$OUT/chain_8b.json"
   local best
   best=$(python3 -c "import json; print(json.load(open('$OUT/chain_8b.json'))['best'])" \
          2> /dev/null || echo new)
