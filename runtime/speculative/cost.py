@@ -18,13 +18,17 @@ speculative rate falls below ``min_speedup`` times the plain rate (over two samp
 falls far below) speculation is off for ``wait`` steps (16, doubling on each loss up to
 ``_MAX_WAIT``; halving on each win), then probed again with fresh samples. ``min_speedup`` 0
 turns the gate off. Only when tokens come changes; which tokens (greedy or sampled: the same
-distribution) never does.
+distribution) never does. With tensor parallelism each rank times itself, and rank 0's verdict
+is broadcast at each comparison (samples are taken at the same steps on every rank), so the
+ranks keep deciding alike.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 from typing import Callable
+
+from ..distributed.collectives import broadcast_object
 
 # plain steps between probes after a loss: a probe that clearly loses again costs one
 # speculative step, so a draft that always loses costs about log2(steps / 16) of them in all
@@ -86,8 +90,10 @@ class CostGate:
         self._now = self.clock() if self.enabled else 0.0
         if not self.enabled or last is None or forwards != last.forwards + 1 or last.refill:
             return
-        elapsed = self._now - last.at
-        if elapsed <= 0 or last.tokens <= 0:
+        # NOTE: no test on the elapsed time itself: whether a sample is taken (and so when
+        # the ranks of a TP group compare, below) must not depend on the clock
+        elapsed = max(self._now - last.at, 1e-9)
+        if last.tokens <= 0:
             return
         rates = self.spec if last.speculative else self.plain
         bucket = _bucket(last.batch)
@@ -123,7 +129,10 @@ class CostGate:
         self.last_rates = (spec.value, plain.value)
         # NOTE: one sample decides a clear loss (a probe of a draft that always loses then
         # costs one speculative step, not two); a close call waits for a second
-        if spec.value < _CLEAR_LOSS * need or (spec.n >= _SPEC_SAMPLES and spec.value < need):
+        loss = spec.value < _CLEAR_LOSS * need or (spec.n >= _SPEC_SAMPLES and spec.value < need)
+        # every TP rank reaches this point at the same step; rank 0's clock decides for all
+        loss = broadcast_object(loss)
+        if loss:
             self.losses += 1
             self.wait = self.penalty
             self.penalty = min(2 * self.penalty, _MAX_WAIT)
