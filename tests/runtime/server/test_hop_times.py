@@ -1,11 +1,11 @@
-"""Hop times ($SGDSL_HOP_TIMES=1, runtime/hop_times.py) through a real PD set-up on loopback:
-a prefill and a decode server (``sgdsl serve`` processes of the tiny random model) and a PD
-router (``python -m sgdsl.runtime.router``), all three with the variable set. Every streamed
-native chunk carries its scheduler/receive/build/write times and the router's comment; the
-official OpenAI client streams through the same router unharmed; the benchmark's client
-(``benchmarks/gpu/pd_client.py``, split over two processes) and its report
-(``hop_report.py``) read them. No timing is asserted: only that each stamp is there, in hop
-order."""
+"""Hop times ($SGDSL_HOP_TIMES=1, runtime/hop_times.py) on loopback: a server (``sgdsl serve``
+process of the tiny random model) behind a router (``python -m sgdsl.runtime.router``), both
+with the variable set. Every streamed native chunk carries its scheduler/receive/build/write
+times, its steps, and the router's comment; the official OpenAI client streams through the
+same router unharmed; the benchmark's client (``benchmarks/gpu/pd_client.py``, split over two
+processes) and its report (``hop_report.py``) read them. (The relay is the one a PD router
+uses for the decode half: test_pd_real.py streams through it.) No timing is asserted: only
+that each stamp is there, in hop order."""
 from __future__ import annotations
 
 import json
@@ -22,7 +22,7 @@ import httpx
 import openai
 import pytest
 
-from processes import descendants, free_port, pid_alive
+from processes import descendants, pid_alive
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 120.0
@@ -39,12 +39,10 @@ def _spawn(args: list[str]) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
-def _server(model_dir: Path, mode: str, port: int = 0) -> subprocess.Popen:
+def _server(model_dir: Path) -> subprocess.Popen:
     return _spawn(["sgdsl.runtime.launcher", "--model", str(model_dir), "--load-format", "dummy",
                    "--num-threads", "1", "--max-total-tokens", "4096",
-                   "--grammar-compile-workers", "1", "--disaggregation-mode", mode,
-                   "--disaggregation-timeout-s", "30",
-                   *(["--disaggregation-bootstrap-port", str(port)] if port else [])])
+                   "--grammar-compile-workers", "1"])
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -70,12 +68,9 @@ def _url_of(proc: subprocess.Popen) -> str:
 
 @pytest.fixture(scope="module")
 def router(tiny_model_dir) -> Iterator[str]:
-    port = free_port()
-    procs = [_server(tiny_model_dir, "prefill", port), _server(tiny_model_dir, "decode")]
+    procs = [_server(tiny_model_dir)]
     try:
-        prefill, decode = (_url_of(p) for p in procs)
-        procs.append(_spawn(["sgdsl.runtime.router", "--pd-disaggregation", "--prefill",
-                             prefill, str(port), "--decode", decode]))
+        procs.append(_spawn(["sgdsl.runtime.router", "--worker-urls", _url_of(procs[0])]))
         yield _url_of(procs[-1])
     finally:
         for proc in reversed(procs):
@@ -95,10 +90,14 @@ def test_every_chunk_carries_its_hop_times_in_order(router):
     events = [json.loads(line[5:]) for line in lines
               if line.startswith("data:") and line != "data: [DONE]"]
     assert events and events[-1]["meta_info"]["completion_tokens"] == 12
-    for i, line in enumerate(lines[:-1]):  # the router's time follows each event it passed on
-        if line.startswith("data:") and line != "data: [DONE]":
-            assert pd_client.ROUTER_PREFIX.strip() in lines[i + 1], lines[i:i + 2]
-    for event in events[1:]:  # (the first chunk's token came from the prefill server)
+    waiting, comments = 0, 0  # the router's time follows every read it passed on
+    for line in lines:
+        if line.startswith(pd_client.ROUTER_PREFIX):
+            waiting, comments = 0, comments + 1
+        elif line.startswith("data:") and line != "data: [DONE]":
+            waiting += 1
+    assert comments and not waiting
+    for event in events:
         stamps = event["meta_info"]["hop_times"]
         assert len(stamps) == len(hop_report.SERVER_HOPS)
         assert all(b >= a - SLACK_S for a, b in zip(stamps, stamps[1:])), stamps
