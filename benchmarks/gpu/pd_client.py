@@ -103,6 +103,7 @@ def _share_main(url: str, arrivals: list[Arrival], t0: float) -> tuple[list[dict
 
 
 def _ready(_: int) -> bool:
+    time.sleep(0.5)  # each call holds a worker: the pool starts all of them before the run
     return True
 
 
