@@ -24,6 +24,8 @@ _OPTION_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num",
                 "return_text_in_logprobs")
 
 Call = Callable[[dict[str, Any]], Awaitable[Any]]
+# a group of requests as separate calls started together (None: send it as one list call)
+Each = Callable[[list[dict[str, Any]]], "list[Awaitable[Any]] | None"]
 
 
 def batchable(request: dict[str, Any]) -> bool:
@@ -37,11 +39,16 @@ class Coalescer:
     """Per event loop: collects batchable requests and flushes them through ``call``."""
 
     def __init__(self, call: Call,
-                 failed: Callable[[Any], BaseException | None] = lambda out: None) -> None:
+                 failed: Callable[[Any], BaseException | None] = lambda out: None,
+                 each: Each | None = None) -> None:
         """``failed(out)``: the error to raise to the caller whose batched request came back
-        failed in its own output (a list call reports such a request in its dict), else None."""
+        failed in its own output (a list call reports such a request in its dict), else None.
+        ``each(requests)``: the group's requests as separate calls, already started together
+        (each caller then gets its result as soon as its own request finishes), or None for
+        one list call."""
         self._call = call
         self._failed = failed
+        self._each = each
         self._pending: list[tuple[dict[str, Any], asyncio.Future]] = []
         self._flushing = False
         self._sending: set[asyncio.Task] = set()  # strong references while in flight
@@ -76,6 +83,10 @@ class Coalescer:
     async def _send(self, items: list[tuple[dict[str, Any], asyncio.Future]]) -> None:
         if len(items) == 1:
             return await _settle(items[0][1], self._call(items[0][0]))
+        calls = self._each([r for r, _ in items]) if self._each is not None else None
+        if calls is not None:
+            await asyncio.gather(*(_settle(f, c) for (_, f), c in zip(items, calls)))
+            return
         first = items[0][0]
         request = {k: first[k] for k in _OPTION_KEYS if k in first}
         request.update(text=[r["text"] for r, _ in items], rid=[r["rid"] for r, _ in items],

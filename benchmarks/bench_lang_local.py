@@ -14,8 +14,9 @@ the lengths the JSON run produced), each round runs:
   each coalescer flush at the next loop turn, as before the gate), when the tree has one.
 
 Printed per row (medians): wall, tokens/s vs engine-ids, the scheduler's forward and extend
-steps, the engine calls the path made and when the last one's requests, built and tokenized,
-left for the scheduler ("all sent": until then the scheduler cannot have the whole batch), and
+steps, the hand-offs to the engine the path made (list calls, plus the Engine's submitter's
+hand-offs of single calls gathered per loop turn) and when the last one's requests, built and
+tokenized, left for the scheduler ("all sent": until then the scheduler cannot have the whole batch), and
 CPU seconds of this process (the front end: interpreter, request building, tokenization, result
 handling) and of the scheduler process, per request. On the 2-core dev box wall times move with
 the other engineers' jobs; the step counts, call counts and CPU seconds are the stable part.
@@ -53,16 +54,23 @@ class Paths:
         self.programs = programs()
         self.calls: list[tuple[float, int]] = []  # (perf_counter, prompts) per engine call
         self.sent: list[float] = []  # when each call's requests, tokenized, left for the engine
-        inner, tm_generate = engine.async_generate, engine._tm.generate
+        inner, tm_generate, tm_submit = (engine.async_generate, engine._tm.generate,
+                                         engine._tm.submit)
 
         def handed(specs: Any, *args: Any) -> Any:  # made in the caller's thread, after _build
             self.sent.append(time.perf_counter())
             return tm_generate(specs, *args)
         engine._tm.generate = handed
 
+        def submitted(specs: Any, *args: Any) -> Any:  # single calls, gathered per loop turn
+            self.sent.append(time.perf_counter())
+            return tm_submit(specs, *args)
+        engine._tm.submit = submitted
+
         async def counted(*args: Any, **kwargs: Any) -> Any:
-            prompt = kwargs.get("prompt")
-            self.calls.append((time.perf_counter(), len(prompt) if isinstance(prompt, list) else 1))
+            prompt = kwargs.get("prompt", kwargs.get("input_ids"))
+            many = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
+            self.calls.append((time.perf_counter(), len(prompt) if many else 1))
             return await inner(*args, **kwargs)
         engine.async_generate = counted  # Local's only way in
 
@@ -79,10 +87,12 @@ class Paths:
         wall = time.perf_counter() - t0
         cpu, sched = time.process_time() - cpu0, bef.cpu_seconds(child) - sched0
         st1 = self.engine.stats()
+        handoffs = st1.get("submit_handoffs", 0) - st0.get("submit_handoffs", 0)
+        lists = sum(1 for _, n in self.calls if n > 1)  # list calls; single ones: hand-offs
         return {"wall": wall, "lengths": lengths, "main_cpu": cpu, "sched_cpu": sched,
                 "steps": st1["forward_steps"] - st0["forward_steps"],
                 "extends": st1["extend_steps"] - st0["extend_steps"],
-                "calls": len(self.calls) if path.startswith("lang") else 1,
+                "calls": lists + handoffs if path.startswith("lang") else 1,
                 "sent_ms": 1e3 * (self.sent[-1] - t0) if self.sent else float("nan")}
 
     def _runner(self, path: str, texts: list[str], ids: list[list[int]], mode: str,
@@ -154,7 +164,7 @@ def report(a: argparse.Namespace, results: dict[tuple, list[dict]]) -> None:
     print(f"\n## run_batch on Local vs Engine.generate (tiny 2-layer Llama, cpu, prompt "
           f"{a.prompt_len}, max_new {a.max_new}, median of {a.repeat} interleaved rounds)")
     print("| batch | mode | path | tokens | wall s | tok/s vs engine-ids | fwd steps | extend "
-          "steps | engine calls | all sent ms | main CPU ms/req | sched CPU ms/req |")
+          "steps | hand-offs | all sent ms | main CPU ms/req | sched CPU ms/req |")
     print("|" + "---|" * 12)
     med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
     for (bs, mode, path), rs in results.items():

@@ -78,8 +78,9 @@ def test_n_samples_of_one_prompt_report_errors_per_sample(engine):
 
 
 def test_local_backend_raises_each_coalesced_requests_own_error(engine, monkeypatch):
-    """Local coalesces concurrent gens into one batch call: the failed one raises its own
-    (typed, chained) error and the others return; n > 1 still raises as one request."""
+    """Local coalesces concurrent gens into one hand-off (single calls of one loop turn, their
+    prompts tokenized together): the failed one raises its own (typed, chained) error and the
+    others return; n > 1 still raises as one request."""
     import asyncio
 
     from sgdsl.backends.base import BackendError, Context
@@ -91,7 +92,7 @@ def test_local_backend_raises_each_coalesced_requests_own_error(engine, monkeypa
     calls, real = [], engine.async_generate
 
     def counting(*args, **kw):
-        calls.append(kw.get("prompt"))
+        calls.append(kw["input_ids"] if "input_ids" in kw else kw.get("prompt"))
         return real(*args, **kw)
     monkeypatch.setattr(engine, "async_generate", counting)
 
@@ -102,11 +103,14 @@ def test_local_backend_raises_each_coalesced_requests_own_error(engine, monkeypa
             backend.generate(Context(text="Hello"), SamplingParams(max_tokens=3,
                                                                    temperature=0.0)),
             return_exceptions=True)
+    handoffs = engine.stats()["submit_handoffs"]
     bad, good = asyncio.run(go())
     assert isinstance(bad, BackendError) and bad.status == 500, bad
     assert isinstance(bad.__cause__, ConstraintViolationError)
     assert good[0].text and len(good) == 1
-    assert calls == [["An empty list:", "Hello"]]  # one batch call
+    assert calls == [engine.tokenizer.encode(t, add_special_tokens=False)
+                     for t in ("An empty list:", "Hello")]
+    assert engine.stats()["submit_handoffs"] - handoffs == 1  # together to the scheduler
     with pytest.raises(BackendError) as info:
         asyncio.run(backend.generate(Context(text="An empty list:"),
                                      SamplingParams(max_tokens=8, n=2), overlap))

@@ -1,0 +1,64 @@
+"""``run_batch`` on ``Local`` over the real Engine (tiny random model): the programs' requests go
+as single Engine calls started in one loop turn, their prompts tokenized in one call, so they
+reach the scheduler in one hand-off as a list call would, and each program gets its result when
+its own request finishes; the outputs are the ones the text prompts give. A prompt that does
+not tokenize sends the burst as one list call of text, where only that program fails."""
+from __future__ import annotations
+
+import pytest
+
+import sgdsl as sgl
+from sgdsl.backends import Local
+from sgdsl.backends.base import BackendError
+
+
+@sgl.function
+def echo(s, prompt: str, budget: int):
+    s += prompt
+    s += sgl.gen("out", max_tokens=budget, temperature=0.0)
+
+
+@pytest.fixture
+def calls(engine, monkeypatch) -> list[dict]:
+    """The keyword arguments of every ``async_generate`` call on ``engine``."""
+    seen: list[dict] = []
+    inner = engine.async_generate
+
+    async def recording(**kwargs):
+        seen.append(kwargs)
+        return await inner(**kwargs)
+    monkeypatch.setattr(engine, "async_generate", recording)
+    return seen
+
+
+def _batch(n: int) -> list[dict]:
+    return [{"prompt": f"Item {i}: the {'quick ' * (i % 5)}brown fox, café №{i}",
+             "budget": 1 + (i % 3) * 4} for i in range(n)]
+
+
+def test_a_burst_reaches_the_scheduler_in_one_hand_off_as_token_ids(engine, calls):
+    batch = _batch(40)
+    before = engine.stats()
+    states = echo.run_batch(batch, backend=Local(engine=engine))
+    after = engine.stats()
+    assert all(s.error() is None for s in states)
+    assert after["submit_handoffs"] - before["submit_handoffs"] == 1
+    assert after["submit_requests"] - before["submit_requests"] == 40
+    assert len(calls) == 40 and all("prompt" not in c for c in calls)
+    assert sorted(tuple(c["input_ids"]) for c in calls) == sorted(
+        tuple(engine.tokenizer.encode(b["prompt"], add_special_tokens=False)) for b in batch)
+    direct = engine.generate(prompt=[b["prompt"] for b in batch], sampling_params=[
+        {"max_new_tokens": b["budget"], "temperature": 0.0} for b in batch])
+    assert [s["out"] for s in states] == [o["text"] for o in direct]
+    assert [s.get_meta_info("out")["prompt_tokens"] for s in states] == [
+        o["meta_info"]["prompt_tokens"] for o in direct]
+
+
+def test_a_prompt_that_does_not_tokenize_sends_the_burst_as_one_list_of_text(engine, calls):
+    batch = _batch(12)
+    batch[7]["prompt"] = ""  # no tokens: the Engine refuses it, as it would the text
+    states = echo.run_batch(batch, backend=Local(engine=engine))
+    assert calls[0]["prompt"][7] == "" and len(calls[0]["prompt"]) == 12
+    error = states[7].error()
+    assert isinstance(error, BackendError) and error.status == 400
+    assert all(s.error() is None for k, s in enumerate(states) if k != 7)
