@@ -4,6 +4,7 @@ anything reached the scheduler), while every request still gets the same outcome
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -70,3 +71,21 @@ def test_the_budget_decides_whether_a_bound_is_vacuous(tokenizer):
         _build(builder, {"json_schema": schema, "max_new_tokens": reach})
     assert "maxLength" not in _build(builder, {"json_schema": schema,
                                                "max_new_tokens": 8})[0].json_schema
+
+
+@pytest.mark.parametrize("ids, bad", [([5, True], True), ([5, 49152], 49152), ([-1, 5], -1),
+                                      ([5, 1.0], 1.0), ([5, "6"], "6"), ([None], None)])
+def test_input_ids_that_are_not_token_ids_are_refused_by_name(tokenizer, ids, bad):
+    """The fast path (C-level type and bound checks) hands any doubt to the per-token loop,
+    which names the first bad entry; plain ids and int subclasses other than bool pass."""
+    import enum
+
+    builder = RequestBuilder(tokenizer, READY)
+    with pytest.raises(InvalidRequestError, match=re.escape(f"got {bad!r}")):
+        builder.build(None, {"max_new_tokens": 1}, ids, False, -1, 0, False, None)
+
+    class Token(enum.IntEnum):
+        A = 7
+    specs, _ = builder.build(None, {"max_new_tokens": 1}, [Token.A, 0, 49151], False, -1, 0,
+                             False, None)
+    assert specs[0].reqs[0].input_ids == [7, 0, 49151]
