@@ -5,6 +5,9 @@ its own request finishes; the outputs are the ones the text prompts give. A prom
 not tokenize sends the burst as one list call of text, where only that program fails."""
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 
 import sgdsl as sgl
@@ -62,3 +65,30 @@ def test_a_prompt_that_does_not_tokenize_sends_the_burst_as_one_list_of_text(eng
     error = states[7].error()
     assert isinstance(error, BackendError) and error.status == 400
     assert all(s.error() is None for k, s in enumerate(states) if k != 7)
+
+
+def test_cancelling_a_burst_aborts_its_requests(engine):
+    """``arun_batch`` cancelled while its single calls run: every request is aborted (far
+    fewer tokens generated than asked for), and the engine ends idle, no KV held."""
+    @sgl.function
+    def long(s, prompt: str):
+        s += prompt
+        s += sgl.gen("out", max_tokens=400, ignore_eos=True)
+
+    generated = engine.stats()["generated_tokens_total"]
+
+    async def go():
+        task = asyncio.ensure_future(long.arun_batch(
+            [{"prompt": b["prompt"]} for b in _batch(24)], backend=Local(engine=engine)))
+        while engine.stats()["num_running_reqs"] == 0:  # the burst reached the scheduler
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    asyncio.run(go())
+    deadline = time.monotonic() + 120  # the aborts land within a few scheduler steps
+    while (engine.stats()["num_running_reqs"] + engine.stats()["num_waiting_reqs"]
+           and time.monotonic() < deadline):
+        time.sleep(0.02)
+    assert engine.stats()["generated_tokens_total"] - generated < 24 * 400 // 2
+    engine.check_idle_integrity()
