@@ -89,9 +89,11 @@ class EngineConfig:
     # How tokens reach their experts at ep_size > 1: all_to_all (dispatch and combine between
     # the EP ranks), all_reduce (SGLang's --moe-a2a-backend none: every rank computes its own
     # experts for all tokens, one all-reduce sums them; no dispatch, no host sync), or auto:
-    # all_reduce in decode CUDA graphs and below ep_a2a_min_tokens tokens, all_to_all above
+    # all_reduce, except eager batches of at least ep_a2a_min_tokens tokens (None: never) take
+    # the all-to-all. NOTE: None by measurement: with TP attention the tokens are on every rank
+    # and the all-reduce won at every size on 2x H200 (RESULTS.md, "EP decode at 0.23x TP").
     ep_dispatch: Literal["auto", "all_to_all", "all_reduce"] = "auto"
-    ep_a2a_min_tokens: int = 1024
+    ep_a2a_min_tokens: int | None = None
     # TP all-reduces of decode-sized messages go one-/two-shot over NVLink peer-to-peer
     # (distributed/custom_all_reduce.py) where every GPU pair has P2P; NCCL otherwise.
     disable_custom_all_reduce: bool = False
@@ -212,7 +214,7 @@ def _check_parallel(config: EngineConfig) -> None:
     if config.tp_size % config.ep_size:
         raise bad("ep_size", f"must divide tp_size={config.tp_size} (the experts are split over "
                              "ep_size of the tp_size ranks, as in SGLang)")
-    if config.ep_a2a_min_tokens < 1:
+    if config.ep_a2a_min_tokens is not None and config.ep_a2a_min_tokens < 1:
         raise bad("ep_a2a_min_tokens", "must be >= 1")
     _check_pipeline(config, bad)  # pp:
     if not config.rank_hang_timeout_s > 0:

@@ -20,14 +20,16 @@ import argparse
 import layouts
 
 MODEL = "qwen3-30b-a3b"
-# epN: the default ep_dispatch (auto: all-reduce in decode graphs and small batches, variable
-# all-to-all for prefill); -a2a: all-to-all everywhere (padded in graphs; "ep2"/"ep4" before
-# the auto mode, RESULTS.md's 108.3 tok/s EP=2 row); -allreduce: the all-reduce everywhere
+# epN: the default ep_dispatch (auto: the all-reduce everywhere); -a2a: the all-to-all everywhere
+# (padded in graphs; "ep2"/"ep4" before the auto mode, RESULTS.md's 108.3 tok/s EP=2 row);
+# -allreduce: forced all-reduce; -hybrid: auto with ep_a2a_min_tokens=1024 (prefill batches over
+# the variable all-to-all; the first auto default, 0.861x TP=2 offline)
 LAYOUTS = {"tp4": dict(tp_size=4), "tp2": dict(tp_size=2), "tp4-ep2": dict(tp_size=4, ep_size=2)}
 for _n in (2, 4):
     LAYOUTS[f"ep{_n}"] = dict(tp_size=_n, ep_size=_n)
-    for _name, _mode in (("a2a", "all_to_all"), ("allreduce", "all_reduce"), ("auto", "auto")):
-        LAYOUTS[f"ep{_n}-{_name}"] = dict(tp_size=_n, ep_size=_n, ep_dispatch=_mode)
+    LAYOUTS[f"ep{_n}-a2a"] = dict(tp_size=_n, ep_size=_n, ep_dispatch="all_to_all")
+    LAYOUTS[f"ep{_n}-allreduce"] = dict(tp_size=_n, ep_size=_n, ep_dispatch="all_reduce")
+    LAYOUTS[f"ep{_n}-hybrid"] = dict(tp_size=_n, ep_size=_n, ep_a2a_min_tokens=1024)
 
 
 def main() -> None:

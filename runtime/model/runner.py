@@ -71,7 +71,8 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.dtype, self.device)
         torch.manual_seed(config.seed)
         self.model_dir = resolve_model_dir(config)
-        set_ep_dispatch(config.ep_dispatch, config.ep_a2a_min_tokens)  # read by the MoE layers as they are built
+        # read by the MoE layers as they are built
+        set_ep_dispatch(config.ep_dispatch, config.ep_a2a_min_tokens)
         self.model, self.model_config = load_model_from_dir(
             self.model_dir, self.device, self.dtype, config.load_format, config.seed,
             config.quantization)

@@ -21,9 +21,12 @@ all-to-all path costs 3 all-to-alls and an all-gather (NCCL) plus ~30 small inde
 per layer; at decode sizes that latency is the whole step (2x H200, Qwen3-30B-A3B batch 1:
 0.23x TP=2), and since the tokens are already on every rank it moves more bytes as well.
 
-``ep_dispatch`` (``DispatchPolicy``): ``auto`` (default) takes the all_reduce path inside CUDA
-graphs and for batches under ``ep_a2a_min_tokens`` tokens, the variable all-to-all above;
-``all_to_all`` and ``all_reduce`` force one (``all_to_all``: the padded layout in graphs).
+``ep_dispatch`` (``DispatchPolicy``): ``auto`` (default) takes the all_reduce path, except that
+with ``ep_a2a_min_tokens`` set, eager batches of that many tokens (prefill) take the variable
+all-to-all; ``all_to_all`` and ``all_reduce`` force one (``all_to_all``: the padded layout in
+graphs). Measured on 2x H200, Qwen3-30B-A3B (RESULTS.md): batch-1 decode 0.976x TP=2 on the
+all-reduce path (0.23x all-to-all); offline the all-reduce everywhere 1.037x TP=2, the
+all-to-all for prefill batches >= 1024 tokens 0.861x: hence no all-to-all by default.
 
 Two layouts of the all-to-all send buffer:
 - variable (eager: CPU, GPU prefill): rows sorted by destination, the per-destination counts
@@ -55,15 +58,17 @@ class DispatchPolicy:
     take at ep_size > 1 (``path``); every rank sees the same T, so all ranks pick alike."""
 
     mode: str = "auto"
-    a2a_min_tokens: int = 1024
+    a2a_min_tokens: int | None = None  # auto: eager batches this large take the all-to-all
 
     def path(self, x: torch.Tensor) -> str:
         """``all_reduce``, ``padded`` (equal-split all-to-all) or ``variable`` (exact splits).
-        auto: all_reduce inside CUDA graphs and below ``a2a_min_tokens`` tokens (decode), the
-        variable all-to-all for larger eager batches (prefill)."""
+        auto: all_reduce, except eager batches of ``a2a_min_tokens`` tokens or more (never
+        inside CUDA graphs; None: never), which take the variable all-to-all."""
         padded = use_padded_layout(x)
-        if self.mode == "all_reduce" or (
-                self.mode == "auto" and (padded or x.shape[0] < self.a2a_min_tokens)):
+        if self.mode == "auto":
+            big = self.a2a_min_tokens is not None and x.shape[0] >= self.a2a_min_tokens
+            return "variable" if big and not padded else "all_reduce"
+        if self.mode == "all_reduce":
             return "all_reduce"
         return "padded" if padded else "variable"
 
@@ -72,7 +77,7 @@ class DispatchPolicy:
 _POLICY = [DispatchPolicy()]
 
 
-def set_ep_dispatch(mode: str, a2a_min_tokens: int = DispatchPolicy.a2a_min_tokens) -> None:
+def set_ep_dispatch(mode: str, a2a_min_tokens: int | None = None) -> None:
     if mode not in MODES:
         raise ValueError(f"ep_dispatch={mode!r}: expected one of {', '.join(MODES)}")
     _POLICY[0] = DispatchPolicy(mode, a2a_min_tokens)

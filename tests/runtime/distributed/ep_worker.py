@@ -21,7 +21,8 @@ def runner_config(model_dir: str, device: str, **parallel):
     from sgdsl.runtime.config import EngineConfig
 
     # ep_a2a_min_tokens=8: ep_dispatch=auto prefills these prompts (22 tokens) over the
-    # variable all-to-all and decodes them (3 tokens; graphs: always) over the all-reduce
+    # variable all-to-all and decodes them (3 tokens; graphs: always) over the all-reduce (the
+    # default, None, takes the all-reduce everywhere: the all_reduce layout's path)
     return EngineConfig(model=model_dir, device=device, dtype="float32", max_total_tokens=256,
                         max_running_requests=4, cuda_graph_max_bs=4, ep_a2a_min_tokens=8,
                         **parallel)

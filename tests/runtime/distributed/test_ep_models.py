@@ -2,8 +2,8 @@
 renormalized, a sparse and a dense layer) and Mixtral (8 experts, top-2, w1/w2/w3 names,
 sharded checkpoint) at EP=2 (TP=2), EP=4 (TP=4) and EP=2 over TP=4 (each expert split again
 over 2 ranks), all-to-all dispatch, EP=2 over TP=4 in the all_reduce mode, and EP=2/EP=4 in
-the default auto mode (prefill over the all-to-all, decode and CUDA graphs' graph-safe shapes
-over the all-reduce), decode greedily
+the auto mode with ep_a2a_min_tokens set (prefill over the all-to-all, decode and CUDA graphs'
+graph-safe shapes over the all-reduce), decode greedily
 token for token as EP=1 (TP=1) does (also in the padded all-to-all layout CUDA graphs use),
 logits within 1e-4; each rank holds only its experts.
 One FusedMoE layer's padded dispatch (the CUDA-graph layout), variable dispatch and
@@ -89,17 +89,20 @@ def check_against_tp1(model_dirs: list[str], device: str, atol: float, rel: floa
 
 
 def test_auto_policy_paths():
-    """auto: the all-reduce for CUDA graphs (and their warm-up: padded_layout) and small eager
-    batches, the variable all-to-all from ep_a2a_min_tokens on; the forced modes stay forced."""
+    """auto: the all-reduce (default: always); with ep_a2a_min_tokens, the variable all-to-all
+    for eager batches from that size on, never in CUDA graphs (nor their warm-up:
+    padded_layout); the forced modes stay forced."""
     small, large = torch.zeros(7, 4), torch.zeros(8, 4)
-    auto = DispatchPolicy("auto", 8)
-    assert (auto.path(small), auto.path(large)) == ("all_reduce", "variable")
+    auto, hybrid = DispatchPolicy("auto"), DispatchPolicy("auto", 8)
+    assert (auto.path(small), auto.path(large)) == ("all_reduce", "all_reduce")
+    assert (hybrid.path(small), hybrid.path(large)) == ("all_reduce", "variable")
     a2a, ar = DispatchPolicy("all_to_all", 8), DispatchPolicy("all_reduce", 8)
     assert (a2a.path(small), ar.path(large)) == ("variable", "all_reduce")
     with padded_layout():
-        assert (auto.path(large), a2a.path(small), ar.path(large)) == (
+        assert (hybrid.path(large), a2a.path(small), ar.path(large)) == (
             "all_reduce", "padded", "all_reduce")
-    assert EngineConfig(model="x").ep_dispatch == "auto"
+    config = EngineConfig(model="x")
+    assert (config.ep_dispatch, config.ep_a2a_min_tokens) == ("auto", None)
     with pytest.raises(InvalidRequestError, match="ep_a2a_min_tokens"):
         EngineConfig(model="x", ep_a2a_min_tokens=0)
 
