@@ -9,10 +9,10 @@ The switches (tp-chain; defaults in brackets):
 - ``SGDSL_LAMPORT_VEC`` [1]: its pushes and spins as 16-byte vectors (0: 2-byte elements).
 - ``SGDSL_GEMV_EPILOGUE_TP`` [1]: rotary + KV store and SiLU-and-mul as the qkv / gate_up
   products' epilogues on each rank's shard (0: separate kernels under TP, as first built).
-- ``SGDSL_GEMV_PRE`` / ``SGDSL_GEMV_PAIRS_PRE`` [1 / 1]: weight blocks each matrix-vector
+- ``SGDSL_GEMV_PRE`` / ``SGDSL_GEMV_PAIRS_PRE`` [4 / 2]: weight blocks each matrix-vector
   program loads before PDL's wait (gemv.py / gemv_pairs.py).
-- ``SGDSL_PDL_TRIGGER`` [wait]: ``early``: each kernel lets the next launch before its own wait.
-- ``SGDSL_ATTN_PRE`` [0]: decode attention reads the page table and the earlier tokens' K/V
+- ``SGDSL_PDL_TRIGGER`` [early]: each kernel lets the next launch before its own wait (``wait``).
+- ``SGDSL_ATTN_PRE`` [1]: decode attention reads the page table and the earlier tokens' K/V
   before its wait.
 
     python bench_tp_chain.py --tp 4 --model llama-3.1-8b           # ~1 min on 4x H200
@@ -57,7 +57,7 @@ VARIANTS = {
     "ar+epi": EPI,  # + the epilogues on each rank's shard
     "early": _on(early=True),  # + the next grid launched before each wait
     "attn": _on(attn=True),  # + attention's K/V of earlier tokens read before the wait
-    "new": _on(4, 2),  # + weight blocks before the wait: 4 (gemv) / 2 (pairs): main's defaults
+    "new": _on(4, 2),  # + weight blocks before the wait: 4 (gemv) / 2 (pairs)
     "pre4x1": _on(4, 1),
     "new-pre2": _on(2, 2),
     "new-pre4": _on(4, 4),
@@ -66,7 +66,7 @@ VARIANTS = {
     "new-early": _on(4, 2, early=True),
     "new-attn": _on(4, 2, attn=True),
     "new-pre4-early": _on(4, 4, early=True),
-    "all": _on(4, 2, early=True, attn=True),
+    "all": _on(4, 2, early=True, attn=True),  # main's defaults now
     "all-pre8x8": _on(8, 8, early=True, attn=True),
     "pre4-only": {**BASE, "SGDSL_GEMV_PRE": "4", "SGDSL_GEMV_PAIRS_PRE": "2"},
 }

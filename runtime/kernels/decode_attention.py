@@ -199,9 +199,11 @@ def _decode_stage2(
 
 def _pre_kv(num_kv_splits: torch.Tensor | None) -> bool:
     """Whether stage 1 reads the page table and the earlier tokens' K/V before PDL's wait
-    (``SGDSL_ATTN_PRE=1``; off by default until measured): only with the split count computed
-    in the kernel (a ``num_kv_splits`` tensor is written by a kernel of the step)."""
-    return num_kv_splits is None and os.environ.get("SGDSL_ATTN_PRE", "0") not in ("", "0")
+    (``SGDSL_ATTN_PRE``, default 1; 0: after it, as first built): only with the split count
+    computed in the kernel (a ``num_kv_splits`` tensor is written by a kernel of the step).
+    Measured (4x H200, Llama-3.1-8B TP=4 decode step, graph alone, same bits): 1720 -> 1686
+    us."""
+    return num_kv_splits is None and os.environ.get("SGDSL_ATTN_PRE", "1") not in ("", "0")
 
 
 def num_kv_splits_for(seq_lens: torch.Tensor, max_kv_splits: int,

@@ -52,11 +52,11 @@ def _assert_same_bits(outs):
 def test_switch_and_launch_keywords(monkeypatch):
     x = torch.zeros(1)
     assert pdl.launch(False) == {"PDL": False}  # no launch_pdl: older Tritons never see it
+    monkeypatch.delenv("SGDSL_PDL_TRIGGER", raising=False)
+    assert pdl.launch(True) == {"PDL": pdl.EARLY, "launch_pdl": True}  # default: early
+    monkeypatch.setenv("SGDSL_PDL_TRIGGER", "wait")  # as first built
     assert pdl.launch(True) == {"PDL": True, "launch_pdl": True}
-    monkeypatch.setenv("SGDSL_PDL_TRIGGER", "early")
-    assert pdl.launch(True) == {"PDL": pdl.EARLY, "launch_pdl": True}
     assert pdl.launch(False) == {"PDL": False}
-    monkeypatch.delenv("SGDSL_PDL_TRIGGER")
     pdl.set_enabled(False)
     assert not pdl.enabled(x) and not pdl.all_reduce_enabled(x)
     pdl.set_enabled(True)
@@ -76,8 +76,7 @@ def pre(request, monkeypatch):
     wait, ``SGDSL_PDL_TRIGGER=early``): the same bits either way."""
     monkeypatch.setenv("SGDSL_GEMV_PRE", str(request.param))
     monkeypatch.setenv("SGDSL_GEMV_PAIRS_PRE", str(request.param))
-    if request.param > 1:
-        monkeypatch.setenv("SGDSL_PDL_TRIGGER", "early")
+    monkeypatch.setenv("SGDSL_PDL_TRIGGER", "early" if request.param > 1 else "wait")
     return request.param
 
 
