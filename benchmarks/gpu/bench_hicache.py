@@ -193,9 +193,12 @@ def run(a: argparse.Namespace, hicache: bool, points: list[LoadPoint]
 
 
 def _delta(before: dict, after: dict) -> dict:
-    """Counters over one load point (gauges such as averages are recomputed by the caller)."""
-    return {k: v - before.get(k, 0) if isinstance(v, (int, float)) else v
+    """Counters over one load point (averages are recomputed by the caller; flags kept)."""
+    return {k: v - before.get(k, 0) if isinstance(v, (int, float)) and k not in FLAGS else v
             for k, v in after.items()}
+
+
+FLAGS = {"hicache_host_pinned"}
 
 
 def cacheable(a: argparse.Namespace) -> float:
@@ -242,7 +245,13 @@ def summarize(a: argparse.Namespace, point: LoadPoint, wall: float, turns: list[
             "h2d_gb": stats.get("hicache_bytes_host_to_device", 0) / 2**30,
             "d2h_gb": stats.get("hicache_bytes_device_to_host", 0) / 2**30,
             "load_ms": 1e3 * stats.get("hicache_load_seconds_total", 0.0) / loads if loads
-            else 0.0}
+            else 0.0,
+            # host time queueing one load / one backup (CUDA): a blocking copy shows here
+            "load_issue_ms": 1e3 * stats.get("hicache_load_issue_seconds_total", 0.0) / loads
+            if loads else 0.0,
+            "backup_issue_ms": 1e3 * stats.get("hicache_backup_issue_seconds_total", 0.0)
+            / max(stats.get("hicache_backups_total", 0), 1),
+            "pinned": stats.get("hicache_host_pinned", "-")}
 
 
 def agreement(x: list[list[list[int]]], y: list[list[list[int]]]) -> dict[str, str]:

@@ -33,6 +33,9 @@ class HostKVPool:
         shape = (self.num_layers, 2, num_slots, heads, head_dim)
         self._store = _pinned_zeros(shape, self.dtype) if pin_memory else torch.zeros(
             shape, dtype=self.dtype)
+        # NOTE: what the CUDA runtime says about the buffers (a registered pool must read True,
+        # or every copy would be a pageable one: synchronous for the host): in the stats
+        self.pinned = bool(pin_memory and self._store.is_pinned())
         self.k_buffer = [self._store[layer, 0] for layer in range(self.num_layers)]
         self.v_buffer = [self._store[layer, 1] for layer in range(self.num_layers)]
         self.bytes_per_token = TokenKVPool.bytes_per_token(self.num_layers, heads, head_dim,

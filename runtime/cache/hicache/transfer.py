@@ -132,6 +132,9 @@ class KVTransfer:
         self._timed: list[tuple[Any, Any]] = []  # CUDA: (start, end) events of loads in flight
         self.bytes_d2h = self.bytes_h2d = self.loads = self.backups = self.direct_moves = 0
         self.load_seconds = 0.0
+        # NOTE: host time spent queueing copies (CUDA): if a copy blocks the host (pageable
+        # memory, a full queue) it shows here, on the scheduler's critical path
+        self.load_issue_seconds = self.backup_issue_seconds = 0.0
 
     def _plan(self, dev_slots: torch.Tensor, host_slots: torch.Tensor
               ) -> tuple[list, torch.Tensor, torch.Tensor]:
@@ -170,12 +173,14 @@ class KVTransfer:
             staging = torch.empty((self.dev.num_layers, 2, int(dev_slots.numel()),
                                    *self.host.row_shape), dtype=self.host.raw_dtype,
                                   pin_memory=True)
+        start = time.perf_counter()
         with torch.cuda.stream(self.write_stream):
             self.write_stream.wait_stream(torch.cuda.current_stream(self.dev.device))
             idx = to_device(dev_slots, self.dev.device) if parts else None
             self._copy_out(direct, idx, parts, staging)
             event = torch.cuda.Event()
             event.record(self.write_stream)
+        self.backup_issue_seconds += time.perf_counter() - start
         backup = _Backup(event, staging, host_slots, done)
         self.pending.append(backup)
         return backup
@@ -265,6 +270,7 @@ class KVTransfer:
             end = torch.cuda.Event(enable_timing=True)
             end.record(stream)
         self.dev.await_layers(layers)
+        self.load_issue_seconds += time.perf_counter() - start
         # NOTE: latency = the copy's time on the load stream, read from the events once they
         # have fired (``poll``); the host only queued it.
         self._timed.append((begin, end))
@@ -304,4 +310,6 @@ class KVTransfer:
                 "hicache_direct_moves_total": self.direct_moves,
                 "hicache_load_seconds_total": self.load_seconds,
                 "hicache_load_latency_avg_s": self.load_seconds / self.loads if self.loads else 0.0,
+                "hicache_load_issue_seconds_total": self.load_issue_seconds,
+                "hicache_backup_issue_seconds_total": self.backup_issue_seconds,
                 "hicache_pending_backups": len(self.pending)}

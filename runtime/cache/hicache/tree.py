@@ -276,6 +276,7 @@ class HiRadixCache(TierMoves, RadixCache):
     def hicache_stats(self) -> dict[str, float | int]:
         out = {f"hicache_{tier}_hit_tokens": n for tier, n in self.tier_hits.items()}
         out.update(hicache_host_slots=self.host.size, hicache_host_free_slots=self.host.available(),
+                   hicache_host_pinned=int(self.host.pinned),
                    hicache_host_held_tokens=self._host_held, hicache_demoted_tokens=self.demoted,
                    hicache_dropped_tokens=self.dropped,
                    hicache_host_evicted_tokens=self.host_evicted, **self.transfer.stats())

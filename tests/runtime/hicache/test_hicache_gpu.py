@@ -8,7 +8,7 @@ import torch
 
 from sgdsl.runtime.cache.hicache import transfer
 from sgdsl.runtime.cache.hicache.tree import HiRadixCache
-from sgdsl.runtime.cache.host_pool import HostKVPool
+from sgdsl.runtime.cache.host_pool import SMALL_PIN_BYTES, HostKVPool
 from sgdsl.runtime.cache.pool import TokenKVPool
 
 from .test_hicache_tree import _seqs
@@ -148,6 +148,35 @@ def test_compute_stream_runs_ahead_of_a_load_until_attention_needs_it():
     assert events[0].query()
     assert other.shape[0] == 3
     torch.cuda.synchronize()
+    tree.check_integrity(idle=True)
+    tree.close()
+
+
+def test_a_registered_host_pool_is_pinned_and_its_copies_never_block_the_host():
+    """A host pool past SMALL_PIN_BYTES is page-locked in place (cudaHostRegister, as every
+    real pool is): the runtime must see it as pinned, or each copy would be a pageable one,
+    which holds the host until the stream reaches it. With the side streams held, a backup
+    and a load are only queued: neither has landed when the call returns."""
+    pool = TokenKVPool(40, LAYERS, HEADS, DIM, torch.float32, "cuda")
+    host = HostKVPool(200_000, pool, pin_memory=True)
+    assert host._store.nbytes >= SMALL_PIN_BYTES and host.pinned
+    tree = HiRadixCache(pool, host, "write_through")
+    a, b = _two(seed=7)
+    with torch.cuda.stream(tree.transfer.write_stream):
+        torch.cuda._sleep(SLEEP)
+    _serve(tree, a, check=False)  # its write-through backup is queued behind the sleep
+    assert tree.transfer.pending and not tree.transfer.pending[-1].event.query()
+    torch.cuda.synchronize()
+    _serve(tree, b)  # pushes a out to the host
+    torch.cuda.synchronize()
+    _hold_load_stream(tree)
+    res, loaded, _ = tree.match_and_load(a[:-1])
+    assert loaded == 29 and not pool._layer_events[0][0].query()  # queued, not copied yet
+    slots = res.slots.to("cuda")
+    for layer in range(LAYERS):
+        pool.wait_layer(layer)
+        want = torch.tensor([_kv(t, p, layer) for p, t in enumerate(a[:29])], device="cuda")
+        assert torch.equal(pool.k_buffer[layer][slots, 0, 0], want), layer
     tree.check_integrity(idle=True)
     tree.close()
 
