@@ -188,6 +188,11 @@ class Engine:
         burst's prompts being encoded off the loop), so they travel with those waiting."""
         return self._submitter(asyncio.get_running_loop()).hold()
 
+    def note_intake(self) -> None:
+        """The running loop is taking work in (a server accepted a connection or read request
+        bytes): its next hand-off check looks again for the requests to come (submitter.py)."""
+        self._submitter(asyncio.get_running_loop()).touch()
+
     def _start(self, specs: list[GenerateSpec], batched: bool) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         many = _many(specs, batched)

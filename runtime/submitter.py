@@ -8,10 +8,11 @@ a burst of 256 reached the scheduler as a trickle, which admitted it in more, sm
 waves with decode steps between them (issue 29).
 
 When the hand-off goes (no timer, no window): a check runs at the loop's next turn after a
-submission. It hands everything off unless the turn before it brought new submissions: then
-the loop is still working through a burst it has already read (the requests of one poll of the
-sockets run their handlers one turn after the next poll), and the check looks again at the next
-turn. So a lone request waits two loop turns (microseconds on an idle loop), and a burst read
+submission. It hands everything off unless the turn before it brought new submissions or new
+intake (``touch()``: a server's connection accepted, request bytes read): then the loop is still
+working through a burst it has already taken in (the requests of one poll of the sockets run
+their handlers one turn after the next poll; a burst of clients' connections is accepted before
+their requests are read), and the check looks again at the next turn. So a lone request waits two loop turns (microseconds on an idle loop), and a burst read
 over consecutive turns travels together instead of its first request going alone (issue 29
 item 1: 3-6 hand-offs per burst of 256, the first a single request, before). Bounds, so that
 nothing waits behind a stream that never pauses: a group is handed off at once when it holds a
@@ -37,7 +38,7 @@ from .mailbox import Mailbox
 Start = Callable[[list[Any], Callable[[int, Any], None]], None]
 # NOTE: a stream that never pauses still goes every few turns (each turn of a busy server loop
 # runs a whole poll's worth of requests, so this is a few groups, not a few requests).
-MAX_DEFERRALS = 4
+MAX_DEFERRALS = 8
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,10 @@ class Submitter:
         self._fresh = True
         self._schedule()
         return future
+
+    def touch(self) -> None:
+        """The loop took work in (a connection, request bytes): the next check looks again."""
+        self._fresh = True
 
     def hold(self) -> Callable[[], None]:
         """Keep the next hand-off until the returned ``release()`` (call it once, on this

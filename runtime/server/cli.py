@@ -135,6 +135,8 @@ def uvicorn_config(app: Any, args: ServerArgs) -> Any:
     """uvicorn's settings from the server's flags."""
     import uvicorn
 
+    from .intake import http_protocol
+
     return uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                           timeout_graceful_shutdown=args.graceful_timeout_s, access_log=False,
-                          timeout_keep_alive=args.keep_alive_timeout_s)
+                          timeout_keep_alive=args.keep_alive_timeout_s, http=http_protocol(app))

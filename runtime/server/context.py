@@ -10,6 +10,7 @@ from typing import Any, Callable
 from fastapi import Request
 
 from ..function_call import ToolCallFormat, detect_format, get_format, template_supports_tools
+from ..params_key import params_key
 from ..sampling_params import SamplingParams
 from ..tokenizer.encoder import ids_batch_encoder, ids_encoder
 from .args import ServerArgs
@@ -26,7 +27,6 @@ from .reasoning import ReasoningFormat, get_reasoning_format
 # then runs beside the loop's parsing of the next requests and the Engine's thread.
 OFFLOAD_ENCODE_CHARS = 1024
 CHECKED_MAX = 1024  # distinct validated sampling dicts kept (then forgotten, all at once)
-CHECKED_TEXT_MAX = 4096  # a dict with a longer string (a large schema) is not kept
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class ServerContext:
         clean = {k: v for k, v in params.items() if v is not None}
         # NOTE: a burst's requests mostly share their params; validating each dict once saves
         # a SamplingParams build per request (the Engine still builds its own; issue 29).
-        key = _hashable(clean)
+        key = params_key(clean)
         if key is None or key not in self.checked:
             SamplingParams.from_dict(clean).validate(self.vocab_size)
             if key is not None:
@@ -109,26 +109,6 @@ class ServerContext:
         if self.batcher is None:  # an engine without a tokenizer of its own
             return await asyncio.get_running_loop().run_in_executor(None, self.encode_chat, text)
         return await self.batcher.encode(text)
-
-
-def _hashable(params: dict[str, Any]) -> tuple | None:
-    """``params`` as a key that tells apart every dict validation could tell apart (type
-    included: ``1`` and ``1.0`` and ``True`` validate differently), or None."""
-    items = []
-    for k, v in params.items():
-        if isinstance(v, str) and len(v) > CHECKED_TEXT_MAX:
-            return None  # NOTE: bounds the memo's memory (1024 x a few KB at most)
-        if isinstance(v, list):
-            if len(v) > 64 or any(isinstance(x, str) and len(x) > CHECKED_TEXT_MAX for x in v):
-                return None
-            v = (list, *((type(x), x) for x in v))
-        items.append((k, type(v), v))
-    key = tuple(sorted(items, key=lambda item: item[0]))
-    try:
-        hash(key)
-    except TypeError:  # a nested dict or the like: validated every time
-        return None
-    return key
 
 
 def _tool_format(args: ServerArgs, template_source: str) -> ToolCallFormat:

@@ -17,7 +17,10 @@ class ThreadServer:
                  log_level: str = "warning") -> None:
         import uvicorn
 
-        config = uvicorn.Config(app, host=host, port=port, log_level=log_level)
+        from .intake import http_protocol
+
+        config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                http=http_protocol(app))
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

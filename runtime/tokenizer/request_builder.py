@@ -14,12 +14,14 @@ from typing import Any, Sequence
 from ..errors import ContextLengthError, InvalidRequestError, RequestTooLargeError
 from ..disaggregation.bootstrap import next_bootstrap  # pd:
 from ..ipc.messages import Ready, TokenizedGenerateReq
+from ..params_key import params_key
 from ..sampling_params import SamplingParams
 from ..multimodal import request as mm_request
 from .encoder import ids_batch_encoder, ids_encoder
 
 CHECKED_MEMO_SIZE = 1024  # distinct (constraint, budget) pairs whose checks are remembered
 _INT = {int}  # the types of a list of plain token ids (a bool, an int subclass, is refused)
+PARAMS_MEMO_SIZE = 1024  # distinct sampling dicts whose built params are kept (then all dropped)
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class RequestBuilder:
         self._token_bytes: int | None = None  # grammar: the longest token, in bytes
         # grammar: (kind, text, budget) -> (json_schema to send, the limits error or None)
         self._checked: OrderedDict[tuple, tuple[str, InvalidRequestError | None]] = OrderedDict()
+        self._built: dict[tuple, SamplingParams] = {}  # params_key(dict) -> its checked params
         self.ready = ready
 
     def build(self, prompt: Any, sampling_params: Any, input_ids: Any, return_logprob: Any,
@@ -123,10 +126,20 @@ class RequestBuilder:
         return list(ids)
 
     def _params(self, value: Any) -> SamplingParams:
+        # NOTE: one build per distinct dict: a burst's requests share their params, and then
+        # one (frozen) object, which a hand-off's message also pickles once (issue 29)
+        key = params_key(value) if isinstance(value, dict) else None
+        built = self._built.get(key) if key is not None else None
+        if built is not None:
+            return built
         sp = value if isinstance(value, SamplingParams) else SamplingParams.from_dict(value)
         sp.validate(self.ready.vocab_size)
         if sp.constraint is not None:  # grammar: cheap checks now; compile errors come back
             sp = self._checked_constraint(sp)  # from the scheduler as the same 400 error
+        if key is not None:
+            if len(self._built) >= PARAMS_MEMO_SIZE:
+                self._built.clear()
+            self._built[key] = sp
         return sp
 
     def _checked_constraint(self, sp: SamplingParams) -> SamplingParams:

@@ -89,3 +89,19 @@ def test_input_ids_that_are_not_token_ids_are_refused_by_name(tokenizer, ids, ba
     specs, _ = builder.build(None, {"max_new_tokens": 1}, [Token.A, 0, 49151], False, -1, 0,
                              False, None)
     assert specs[0].reqs[0].input_ids == [7, 0, 49151]
+
+
+def test_equal_sampling_dicts_share_one_built_params_distinct_ones_do_not(tokenizer):
+    """One build per distinct dict (a burst's requests share params, and then one object, which
+    a hand-off's message pickles once); type and value both tell dicts apart."""
+    builder = RequestBuilder(tokenizer, READY)
+    a = _build(builder, {"max_new_tokens": 8, "temperature": 0.0}, n=3)
+    b = _build(builder, {"temperature": 0.0, "max_new_tokens": 8})
+    assert all(sp is a[0] for sp in a + b)
+    c = _build(builder, {"max_new_tokens": 8, "temperature": 0})  # an int: validated on its own
+    d = _build(builder, {"max_new_tokens": 9, "temperature": 0.0})
+    assert c[0] is not a[0] and d[0].max_new_tokens == 9
+    for _ in range(2):  # a rejected dict is rejected every time, nothing kept for it
+        with pytest.raises(InvalidRequestError, match="temperature"):
+            _build(builder, {"max_new_tokens": 8, "temperature": -1.0})
+
