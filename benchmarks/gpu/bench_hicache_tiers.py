@@ -97,7 +97,23 @@ def measure(a: argparse.Namespace, name: str) -> dict[str, list[tuple[float, dic
             _ttft(engine, random_prompts(1, pool - 64, seed=300 + rep)[0])  # evicts the context
             cases.setdefault(prefix + "host hit", []).append(_ttft(engine, context + c_))
         engine.check_idle_integrity()
+        _print_copies(name, engine.stats())
     return cases
+
+
+def _print_copies(name: str, stats: dict) -> None:
+    """Per load and backup: time on the copy stream, and host time queueing it (a copy that
+    blocks the scheduler shows as issue time near the copy's own)."""
+    loads, backups = stats.get("hicache_loads_total", 0), stats.get("hicache_backups_total", 0)
+    if not loads:
+        return
+    ms = lambda key, n: 1e3 * stats.get(key, 0.0) / max(n, 1)  # noqa: E731
+    print(f"{name}: host pool pinned {stats.get('hicache_host_pinned')}; {loads} loads: "
+          f"{ms('hicache_load_seconds_total', loads):.2f} ms on the stream, "
+          f"{ms('hicache_load_issue_seconds_total', loads):.2f} ms to queue; {backups} backups: "
+          f"{ms('hicache_backup_issue_seconds_total', backups):.2f} ms to queue; "
+          f"{stats.get('hicache_direct_moves_total', 0)} moves with pool-to-pool copies",
+          flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
