@@ -7,20 +7,30 @@ gate times both kinds of decode step on the scheduler's own clock: a step's inte
 its launch to the next launch (a speculative step is read synchronously, so its interval holds
 the drafting, the verify forward and the bookkeeping; an overlapped plain step's holds what the
 device and the host take per step, whichever is longer), and its tokens are the output tokens
-it appended. Intervals with another forward in between (a prefill) are dropped, and so is the
-first plain interval after a synchronous step (the pipeline refilling: its launch had nothing in
-flight to read). Rates are tokens per second per request, kept as moving averages per range of
-batch sizes (1, 2-3, 4-7, ...: a batch that shrinks as requests finish keeps its history).
+it appended. Rates are tokens over seconds per request (ratios of decayed sums: a step that
+emitted 1 token weighs as little as it produced), per range of batch sizes (1, 2-3, 4-7, ...:
+a batch that shrinks as requests finish keeps its history).
+
+Only steady intervals count. Dropped: intervals with another forward in between (a prefill);
+the first plain interval after a synchronous step (the pipeline refilling: its launch had
+nothing in flight to read); and the first speculative interval after any other step (a plain
+step, a prefill). That one pays one-off costs a steady speculative step does not: it reads the
+step in flight synchronously (that step's device time lands in its interval, while its token
+does not), and the drafter catches up on the tokens of the plain stretch (STANDALONE: an extend
+of them through the draft model). Counting it, one such interval judged a probe a loss, so the
+waits doubled while speculation won (issue 25 row (b) on the H200: 1.71x -> 1.41x).
 
 Once a batch size has a few speculative samples it needs plain ones too (if plain steps did
 not come by themselves, as when every request always drafts, the gate runs a few); when the
-speculative rate falls below ``min_speedup`` times the plain rate (over two samples, or one that
-falls far below) speculation is off for ``wait`` steps (16, doubling on each loss up to
-``_MAX_WAIT``; halving on each win), then probed again with fresh samples. ``min_speedup`` 0
-turns the gate off. Only when tokens come changes; which tokens (greedy or sampled: the same
-distribution) never does. With tensor parallelism each rank times itself, and rank 0's verdict
-is broadcast at each comparison (samples are taken at the same steps on every rank), so the
-ranks keep deciding alike.
+speculative rate, over at least two steady intervals, falls below ``min_speedup`` times the
+plain rate, speculation is off for ``wait`` steps (16, x4 on each loss up to ``_MAX_WAIT``;
+halved on each win), then probed again with fresh samples. A draft that always loses costs one
+probe (three speculative steps: the dropped one and two samples) per wait, so a few in all.
+``min_speedup`` 0 turns the gate off. Only when tokens come changes; which tokens (greedy or
+sampled: the same distribution) never does. With tensor parallelism each rank times itself,
+and rank 0's verdict is broadcast at each comparison (samples are taken at the same steps on
+every rank: which intervals count depends on step kinds and forward counts, never the clock),
+so the ranks keep deciding alike.
 """
 from __future__ import annotations
 
@@ -30,38 +40,45 @@ from typing import Callable
 
 from ..distributed.collectives import broadcast_object
 
-# plain steps between probes after a loss: a probe that clearly loses again costs one
-# speculative step, so a draft that always loses costs about log2(steps / 16) of them in all
-_MIN_WAIT, _MAX_WAIT = 16, 1024
-_SPEC_SAMPLES = 2  # speculative intervals measured before a close comparison (after each wait)
-_CLEAR_LOSS = 0.8  # below this share of the needed rate one interval decides
+# plain steps between probes after a loss, x4 per loss: a draft that always loses runs about
+# log4(steps / 16) probes in all
+_MIN_WAIT, _MAX_WAIT, _GROWTH = 16, 1024, 4
+_SPEC_SAMPLES = 2  # steady speculative intervals before any verdict (after each wait)
 _PLAIN_SAMPLES = 2
-_ALPHA = 0.25  # weight of the newest interval in the moving averages
+_KEEP = 0.75  # weight of the older intervals in the decayed sums
 
 
 @dataclass
 class _Rate:
-    """Moving average of tokens per second; ``n``: samples since the last reset."""
+    """Tokens per second over decayed sums of intervals; ``n``: samples since the reset."""
 
-    value: float = 0.0
+    tokens: float = 0.0
+    seconds: float = 0.0
     n: int = 0
 
-    def add(self, rate: float) -> None:
-        self.value = rate if self.n == 0 else (1 - _ALPHA) * self.value + _ALPHA * rate
+    def add(self, tokens: float, seconds: float) -> None:
+        keep = _KEEP if self.n else 0.0
+        self.tokens = keep * self.tokens + tokens
+        self.seconds = keep * self.seconds + seconds
         self.n += 1
+
+    @property
+    def value(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
 @dataclass
 class _Step:
-    """The decode step launched last: when, of which kind, its tokens and batch size, and
-    the scheduler's forward count at its launch (one more at the next launch: no prefill)."""
+    """The decode step launched last: when, of which kind, its tokens and batch size, the
+    scheduler's forward count at its launch (one more at the next launch: no prefill), and
+    whether its interval is representative of its kind's steady cost."""
 
     at: float
     speculative: bool
     tokens: int
     batch: int
     forwards: int
-    refill: bool  # a plain step launched with nothing in flight (interval not representative)
+    steady: bool
 
 
 class CostGate:
@@ -76,7 +93,9 @@ class CostGate:
         self.last: _Step | None = None
         self.off_steps = 0  # plain steps the gate chose (metrics: spec_cost_off_steps)
         self.losses = 0  # comparisons speculation lost (spec_cost_losses)
+        self.dropped = 0  # first speculative intervals not counted (spec_cost_first_dropped)
         self._now = 0.0  # the current launch's start (``tick``)
+        self._after_spec = False  # the step before this launch was a speculative one
         self.last_rates = (0.0, 0.0)  # (speculative, plain) of the last comparison
 
     @property
@@ -88,16 +107,19 @@ class CostGate:
         scheduler's forward steps so far)."""
         last, self.last = self.last, None
         self._now = self.clock() if self.enabled else 0.0
-        if not self.enabled or last is None or forwards != last.forwards + 1 or last.refill:
+        adjacent = last is not None and forwards == last.forwards + 1
+        self._after_spec = adjacent and last.speculative
+        if not self.enabled or not adjacent or last.tokens <= 0:
+            return
+        if not last.steady:
+            self.dropped += last.speculative
             return
         # NOTE: no test on the elapsed time itself: whether a sample is taken (and so when
         # the ranks of a TP group compare, below) must not depend on the clock
         elapsed = max(self._now - last.at, 1e-9)
-        if last.tokens <= 0:
-            return
         rates = self.spec if last.speculative else self.plain
         bucket = _bucket(last.batch)
-        rates.setdefault(bucket, _Rate()).add(last.tokens / (elapsed * last.batch))
+        rates.setdefault(bucket, _Rate()).add(last.tokens / last.batch, elapsed)
         if last.speculative:
             self._judge(bucket)
 
@@ -117,32 +139,31 @@ class CostGate:
     def launched(self, speculative: bool, tokens: int, batch: int, forwards: int,
                  refill: bool = False) -> None:
         """Record the decode step whose launch began at the last ``tick`` (``tokens``:
-        appended by it; a plain step's: its batch size)."""
+        appended by it; a plain step's: its batch size; ``refill``: a plain step launched
+        with nothing in flight). A speculative step is steady only right after another."""
         if self.enabled:
-            self.last = _Step(self._now, speculative, tokens, batch, forwards, refill)
+            steady = self._after_spec if speculative else not refill
+            self.last = _Step(self._now, speculative, tokens, batch, forwards, steady)
 
     def _judge(self, bucket: int) -> None:
         spec, plain = self.spec[bucket], self.plain.get(bucket)
-        if plain is None or plain.n < _PLAIN_SAMPLES:
+        if spec.n < _SPEC_SAMPLES or plain is None or plain.n < _PLAIN_SAMPLES:
             return
-        need = self.min_speedup * plain.value
         self.last_rates = (spec.value, plain.value)
-        # NOTE: one sample decides a clear loss (a probe of a draft that always loses then
-        # costs one speculative step, not two); a close call waits for a second
-        loss = spec.value < _CLEAR_LOSS * need or (spec.n >= _SPEC_SAMPLES and spec.value < need)
         # every TP rank reaches this point at the same step; rank 0's clock decides for all
-        loss = broadcast_object(loss)
+        loss = broadcast_object(spec.value < self.min_speedup * plain.value)
         if loss:
             self.losses += 1
             self.wait = self.penalty
-            self.penalty = min(2 * self.penalty, _MAX_WAIT)
-            spec.n = 0  # measured afresh after the wait
-        elif spec.n >= _SPEC_SAMPLES:
+            self.penalty = min(_GROWTH * self.penalty, _MAX_WAIT)
+            self.spec[bucket] = _Rate()  # measured afresh after the wait
+        else:
             self.penalty = max(self.penalty // 2, _MIN_WAIT)
 
     def as_dict(self) -> dict:
         spec, plain = self.last_rates
         return {"spec_cost_off_steps": self.off_steps, "spec_cost_losses": self.losses,
+                "spec_cost_first_dropped": self.dropped,
                 # the last comparison's rates (tokens/s per request): what the gate saw
                 "spec_cost_spec_rate": spec, "spec_cost_plain_rate": plain}
 

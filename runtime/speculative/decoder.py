@@ -86,7 +86,9 @@ class SpecDecoder:
         if not any(trees) or sched.memory.available() < total or not self._verify(
                 sched, reqs, trees, masks, ends):
             self.stats.empty_proposals += 1  # a plain step after all (read synchronously)
-            self.cost.launched(True, len(reqs), len(reqs), forwards)
+            # NOTE: for the gate, a plain step launched with nothing in flight (a refill: its
+            # interval holds no device time of its own; the next speculative one is not steady)
+            self.cost.launched(False, len(reqs), len(reqs), forwards, refill=True)
             return None
         self.cost.launched(True, self.stats.emitted_tokens - emitted, len(reqs), forwards)
         sched.ratio = max(sched.ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)  # as decode

@@ -4,6 +4,8 @@ outputs always equal the stand-in's greedy reference, the idle invariant holds a
 The cost gate is driven by a fake clock that the stand-in's forwards advance (no timing)."""
 from __future__ import annotations
 
+import pytest
+
 from sgdsl.runtime.speculative.base import Drafter, DraftTree
 from sgdsl.runtime.speculative.cost import CostGate
 
@@ -105,11 +107,11 @@ class OracleChain(Drafter):
         return [DraftTree.chain(expected(r.all_ids, max_tokens)) for r in reqs]
 
 
-def _timed(make_harness, row_cost: float):
+def _timed(make_harness, row_cost: float, drafter: Drafter | None = None):
     """A harness whose forwards advance a fake clock: 1 per forward plus ``row_cost`` per
     verify row beyond the first (a verify of 5 rows: 1 + 4 * row_cost)."""
     h = make_harness()
-    _spec(h, OracleChain(), speculative_min_speedup=1.0)
+    _spec(h, drafter or OracleChain(), speculative_min_speedup=1.0)
     clock = h.sched.spec.cost.clock = Clock()
     forward = h.runner.forward
 
@@ -119,6 +121,24 @@ def _timed(make_harness, row_cost: float):
 
     h.runner.forward = timed
     return h
+
+
+class CatchUpOracle(OracleChain):
+    """The true continuation; catching up on more tokens than one accepted chain (after a
+    plain stretch, or a new request) costs ``cost`` on the clock, as a draft model's extend
+    of the plain stretch's tokens or the synchronous read of the step in flight do."""
+
+    def __init__(self, cost: float) -> None:
+        self.cost, self.clock, self.seen = cost, None, {}
+        self.catch_ups = 0
+
+    def propose(self, reqs, max_tokens, hidden=None):
+        for r in reqs:
+            if len(r.all_ids) - self.seen.get(r.rid, -100) > max_tokens + 1:
+                self.clock.now += self.cost
+                self.catch_ups += 1
+            self.seen[r.rid] = len(r.all_ids)
+        return super().propose(reqs, max_tokens)
 
 
 def test_costly_speculation_turns_itself_off(make_harness):
@@ -143,45 +163,98 @@ def test_cheap_speculation_stays_on(make_harness):
     assert stats["spec_cost_off_steps"] <= 4
 
 
+def _stepper(gate: CostGate, clock: Clock):
+    forwards = [0]
+
+    def step(speculative: bool, tokens: int, dt: float, refill: bool = False) -> None:
+        gate.tick(forwards[0])
+        gate.launched(speculative, tokens, 1, forwards[0], refill)
+        forwards[0] += 1
+        clock.now += dt
+
+    return step, forwards
+
+
 def test_cost_gate_intervals():
     clock = Clock()
     gate = CostGate(1.0, clock)
-    forwards = 0
-
-    def step(speculative: bool, tokens: int, dt: float, refill: bool = False) -> None:
-        nonlocal forwards
-        gate.tick(forwards)
-        gate.launched(speculative, tokens, 1, forwards, refill)
-        forwards += 1
-        clock.now += dt
-
-    for _ in range(2):
+    step, forwards = _stepper(gate, clock)
+    for _ in range(3):
         assert gate.allow(1)
-        step(True, 3, 4.0)  # 0.75 tokens per unit
-    gate.tick(forwards)
+        step(True, 3, 4.0)  # 0.75 tokens per unit (the first interval: not steady, dropped)
+    gate.tick(forwards[0])
+    assert gate.spec[1].n == 2 and gate.dropped == 1
     assert not gate.allow(1)  # speculative samples, no plain ones yet: measure plain
-    gate.launched(False, 1, 1, forwards, refill=True)  # its interval is not counted
-    forwards += 1
+    gate.launched(False, 1, 1, forwards[0], refill=True)  # its interval is not counted
+    forwards[0] += 1
     clock.now += 0.1
     for _ in range(3):
         step(False, 1, 1.0)
     assert gate.plain[1].n == 2  # (bucket 1: batch 1)  # the refill's interval dropped
+    step(True, 3, 4.0)  # after plain steps: dropped
     step(True, 3, 4.0)
-    gate.tick(forwards)
-    assert gate.losses == 1 and gate.wait == 16
-    assert [gate.allow(1) for _ in range(17)] == [False] * 16 + [True]
-    assert gate.last_rates == (0.75, 1.0)
-    step(True, 9, 10.0)  # a probe: 0.9 per unit, a close call: one sample does not decide
-    gate.tick(forwards)
-    assert gate.wait == 0 and gate.losses == 1
-    gate.launched(True, 9, 1, forwards)
-    forwards += 1
-    clock.now += 10.0
-    gate.tick(forwards)  # the second sample: a loss, a longer wait
-    assert gate.losses == 2 and gate.wait == 32
-    forwards += 5  # a prefill and more between two launches: the interval is dropped
+    gate.tick(forwards[0])
+    assert gate.losses == 1 and gate.wait == 16 and gate.dropped == 2
+    assert gate.last_rates == (pytest.approx(0.75), pytest.approx(1.0))
+    forwards[0] += 5  # a prefill and more between two launches: the interval is dropped
     before = gate.spec[1].n
-    gate.launched(True, 3, 1, forwards)
-    gate.tick(forwards + 3)
+    gate.launched(True, 3, 1, forwards[0])
+    gate.tick(forwards[0] + 3)
     assert gate.spec[1].n == before
     assert CostGate(0.0).allow(1) and not CostGate(0.0).enabled
+
+
+def test_one_off_cost_after_a_plain_stretch_is_not_a_loss(make_harness):
+    # steady: 5 tokens for 1.4 units; the first speculative step after plain steps pays 30
+    # more (one such interval alone read as a clear loss: the waits grew while it won)
+    drafter = CatchUpOracle(cost=30.0)
+    h = _timed(make_harness, row_cost=0.1, drafter=drafter)
+    drafter.clock = h.sched.spec.cost.clock
+    h.submit("s", [2, 7], max_new_tokens=200, ignore_eos=True)
+    h.run()
+    assert h.outs["s"] == expected([2, 7], 200)
+    stats = h.sched.stats()
+    assert drafter.catch_ups >= 2  # the first proposal, and the one after the plain samples
+    assert stats["spec_cost_losses"] == 0 and stats["spec_cost_first_dropped"] >= 2
+    assert stats["spec_emitted_tokens"] > 170 and stats["spec_cost_off_steps"] <= 4
+
+
+def test_cost_gate_verdicts_need_two_steady_samples():
+    clock = Clock()
+    gate = CostGate(1.0, clock)
+    step, forwards = _stepper(gate, clock)
+    for _ in range(3):  # plain rate: 1 token per unit
+        step(False, 1, 1.0)
+    for dt in (50.0, 4.0):  # a probe: its first interval (after plain) costs 50: dropped;
+        step(True, 3, dt)  # then one steady loss (0.75 per unit): not a verdict yet
+    gate.tick(forwards[0])
+    assert gate.dropped == 1 and gate.spec[1].n == 1 and gate.losses == 0
+    gate.launched(True, 3, 1, forwards[0])
+    forwards[0] += 1
+    clock.now += 4.0
+    gate.tick(forwards[0])  # the second steady loss decides: off for 16 steps
+    assert gate.losses == 1 and gate.wait == 16
+    assert [gate.allow(1) for _ in range(17)] == [False] * 16 + [True]
+    gate.launched(False, 1, 1, forwards[0])
+    forwards[0] += 1
+    clock.now += 1.0
+    # the probe after the wait: a costly first interval, then steady wins (9 tokens per 5)
+    for dt in (100.0, 5.0, 5.0, 5.0):
+        step(True, 9, dt)
+    gate.tick(forwards[0])
+    assert gate.losses == 1 and gate.wait == 0 and gate.dropped == 2
+    assert gate.last_rates[0] == pytest.approx(9 / 5) and gate.allow(1)
+    # then steadily losing (1 token per 4 units): off within a few steps, the wins having
+    # halved the penalty back to its first wait
+    gate.launched(True, 1, 1, forwards[0])
+    forwards[0] += 1
+    for _ in range(4):
+        step(True, 1, 4.0)
+        if gate.losses == 2:
+            break
+    assert gate.losses == 2 and gate.wait == 16
+    # rates are ratios of sums: a 1-token interval weighs as little as it produced
+    rate = CostGate(1.0).spec.setdefault(1, type(gate.spec[1])())
+    rate.add(1, 1.0)
+    rate.add(5, 1.0)
+    assert rate.value == (0.75 * 1 + 5) / (0.75 + 1)
