@@ -16,6 +16,7 @@ submitted, and connections accepted earlier whose holds expired never hold again
 from __future__ import annotations
 
 import asyncio
+import weakref
 from typing import Any, Callable
 
 # NOTE: how long accepted connections are expected to send their requests after the last
@@ -68,7 +69,7 @@ def intake_protocol(engine: Any) -> type[asyncio.Protocol]:
     ``hold_handoff``) on the server's loop."""
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-    windows: dict[asyncio.AbstractEventLoop, AcceptWindow] = {}
+    windows: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loop -> AcceptWindow
 
     class IntakeProtocol(AutoHTTPProtocol):  # type: ignore[valid-type,misc]
         _window: AcceptWindow | None = None
