@@ -146,8 +146,11 @@ def run_side(side: str, a: argparse.Namespace, model_dir: str, work: dict) -> di
                       flush=True)
         engine.check_idle_integrity()
         stats = spec_counters(engine)
-        rates = {k: round(v, 2) for k, v in engine.stats().items()  # the cost gate's last look
-                 if k in ("spec_cost_spec_rate", "spec_cost_plain_rate")}
+        gate = engine.stats()  # the cost gate's last look; its mean intervals in ms
+        rates = {k: round(gate[k], 2) for k in ("spec_cost_spec_rate", "spec_cost_plain_rate")
+                 if k in gate}
+        rates.update({f"{k}_ms": round(1e3 * gate[k], 3) for k in (
+            "spec_cost_first_interval", "spec_cost_steady_interval") if k in gate})
     print(f"[{side}] done at {time.perf_counter() - t0:.1f} s; {stats} {rates}", flush=True)
     if side == "standalone" and "b" in res:
         res["s"] = res.pop("b")

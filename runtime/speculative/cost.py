@@ -23,9 +23,13 @@ waits doubled while speculation won (issue 25 row (b) on the H200: 1.71x -> 1.41
 Once a batch size has a few speculative samples it needs plain ones too (if plain steps did
 not come by themselves, as when every request always drafts, the gate runs a few); when the
 speculative rate, over at least two steady intervals, falls below ``min_speedup`` times the
-plain rate, speculation is off for ``wait`` steps (16, x4 on each loss up to ``_MAX_WAIT``;
-halved on each win), then probed again with fresh samples. A draft that always loses costs one
-probe (three speculative steps: the dropped one and two samples) per wait, so a few in all.
+plain rate, speculation is off for ``wait`` steps, then probed again with fresh samples. The
+wait is a penalty (16, x4 on each loss up to ``_MAX_WAIT``; halved on each win), lengthened up
+to the next penalty when what the probe lost against plain decoding would be more than
+``_PROBE_SHARE`` of the plain time in between: the probe's intervals, the dropped first one
+included, are a real cost (STANDALONE: its first step extends the draft model over the whole
+plain stretch, on the CPU 530-1800 ms against 150-260 ms for a steady step). So a draft that
+always loses runs a probe after 16 (or 64), then 4x longer waits: three or four in all.
 ``min_speedup`` 0 turns the gate off. Only when tokens come changes; which tokens (greedy or
 sampled: the same distribution) never does. With tensor parallelism each rank times itself,
 and rank 0's verdict is broadcast at each comparison (samples are taken at the same steps on
@@ -43,6 +47,9 @@ from ..distributed.collectives import broadcast_object
 # plain steps between probes after a loss, x4 per loss: a draft that always loses runs about
 # log4(steps / 16) probes in all
 _MIN_WAIT, _MAX_WAIT, _GROWTH = 16, 1024, 4
+# after a loss, the wait is also long enough that the probe's measured loss (its first
+# interval's catch-up included) is at most this share of the plain decoding in between
+_PROBE_SHARE = 0.03
 _SPEC_SAMPLES = 2  # steady speculative intervals before any verdict (after each wait)
 _PLAIN_SAMPLES = 2
 _KEEP = 0.75  # weight of the older intervals in the decayed sums
@@ -94,6 +101,13 @@ class CostGate:
         self.off_steps = 0  # plain steps the gate chose (metrics: spec_cost_off_steps)
         self.losses = 0  # comparisons speculation lost (spec_cost_losses)
         self.dropped = 0  # first speculative intervals not counted (spec_cost_first_dropped)
+        # seconds of the dropped first and of the counted speculative intervals (their means
+        # in the stats: how much a switch from plain costs on this device)
+        self.first_seconds = self.steady_seconds = 0.0
+        self.steady = 0
+        # the current probe's speculative intervals, the first included: (tokens per request,
+        # seconds); what it cost against plain decoding sets the wait after a loss
+        self._probes: dict[int, list[float]] = {}
         self._now = 0.0  # the current launch's start (``tick``)
         self._after_spec = False  # the step before this launch was a speculative one
         self.last_rates = (0.0, 0.0)  # (speculative, plain) of the last comparison
@@ -111,14 +125,23 @@ class CostGate:
         self._after_spec = adjacent and last.speculative
         if not self.enabled or not adjacent or last.tokens <= 0:
             return
-        if not last.steady:
-            self.dropped += last.speculative
-            return
         # NOTE: no test on the elapsed time itself: whether a sample is taken (and so when
         # the ranks of a TP group compare, below) must not depend on the clock
         elapsed = max(self._now - last.at, 1e-9)
-        rates = self.spec if last.speculative else self.plain
         bucket = _bucket(last.batch)
+        if last.speculative:
+            probe = self._probes.setdefault(bucket, [0.0, 0.0])
+            probe[0] += last.tokens / last.batch
+            probe[1] += elapsed
+        if not last.steady:
+            if last.speculative:
+                self.dropped += 1
+                self.first_seconds += elapsed
+            return
+        if last.speculative:
+            self.steady += 1
+            self.steady_seconds += elapsed
+        rates = self.spec if last.speculative else self.plain
         rates.setdefault(bucket, _Rate()).add(last.tokens / last.batch, elapsed)
         if last.speculative:
             self._judge(bucket)
@@ -150,11 +173,18 @@ class CostGate:
         if spec.n < _SPEC_SAMPLES or plain is None or plain.n < _PLAIN_SAMPLES:
             return
         self.last_rates = (spec.value, plain.value)
+        loss = spec.value < self.min_speedup * plain.value
+        probe = self._probes.pop(bucket, [0.0, 0.0])
+        # NOTE: the probe's cost lengthens the wait by one growth step at most: on the GPU a
+        # first interval may cost ~10x a steady one, and one losing phase of a request must
+        # not keep speculation off for the next thousand steps
+        wait = max(self.penalty, min(_probe_wait(probe, plain.value),
+                                     _GROWTH * self.penalty, _MAX_WAIT)) if loss else 0
         # every TP rank reaches this point at the same step; rank 0's clock decides for all
-        loss = broadcast_object(spec.value < self.min_speedup * plain.value)
+        loss, wait = broadcast_object((loss, wait))
         if loss:
             self.losses += 1
-            self.wait = self.penalty
+            self.wait = wait
             self.penalty = min(_GROWTH * self.penalty, _MAX_WAIT)
             self.spec[bucket] = _Rate()  # measured afresh after the wait
         else:
@@ -164,8 +194,20 @@ class CostGate:
         spec, plain = self.last_rates
         return {"spec_cost_off_steps": self.off_steps, "spec_cost_losses": self.losses,
                 "spec_cost_first_dropped": self.dropped,
+                # mean intervals (s): the dropped first speculative ones vs the counted ones
+                "spec_cost_first_interval": self.first_seconds / max(self.dropped, 1),
+                "spec_cost_steady_interval": self.steady_seconds / max(self.steady, 1),
                 # the last comparison's rates (tokens/s per request): what the gate saw
                 "spec_cost_spec_rate": spec, "spec_cost_plain_rate": plain}
+
+
+def _probe_wait(probe: list[float], plain_rate: float) -> int:
+    """Plain steps after which a probe's loss (its intervals' time beyond what plain steps take
+    for its tokens; a drafter's catch-up, as STANDALONE's extend of the plain stretch through
+    the draft model, included) is ``_PROBE_SHARE`` of the time between."""
+    tokens, seconds = probe
+    lost = max(seconds - tokens / plain_rate, 0.0) if plain_rate > 0 else 0.0
+    return min(int(lost * plain_rate / _PROBE_SHARE), _MAX_WAIT)
 
 
 def _bucket(batch: int) -> int:

@@ -147,8 +147,10 @@ def test_costly_speculation_turns_itself_off(make_harness):
     h.run()
     assert h.outs["s"] == expected([2, 7], 200)
     stats = h.sched.stats()
-    assert stats["spec_cost_losses"] >= 2 and stats["spec_cost_off_steps"] > 100
-    # a few probes after each wait, most tokens from plain steps
+    # the first probe lost 12 units against plain (15 tokens in 27): off for 64 steps (the
+    # next penalty; 12 / 0.03 = 400 would be 3% of the time), then x4
+    assert stats["spec_cost_losses"] >= 2 and stats["spec_cost_off_steps"] > 120
+    # most tokens from plain steps
     assert stats["spec_emitted_tokens"] < 100
 
 
@@ -194,7 +196,9 @@ def test_cost_gate_intervals():
     step(True, 3, 4.0)  # after plain steps: dropped
     step(True, 3, 4.0)
     gate.tick(forwards[0])
-    assert gate.losses == 1 and gate.wait == 16 and gate.dropped == 2
+    # the probe (5 intervals: 15 tokens in 20 units; plain: 1 per unit) lost 5 units, 3% of
+    # 166 plain steps: off longer than the first penalty (16), up to the next one (64)
+    assert gate.losses == 1 and gate.wait == 64 and gate.dropped == 2
     assert gate.last_rates == (pytest.approx(0.75), pytest.approx(1.0))
     forwards[0] += 5  # a prefill and more between two launches: the interval is dropped
     before = gate.spec[1].n
@@ -232,9 +236,11 @@ def test_cost_gate_verdicts_need_two_steady_samples():
     gate.launched(True, 3, 1, forwards[0])
     forwards[0] += 1
     clock.now += 4.0
-    gate.tick(forwards[0])  # the second steady loss decides: off for 16 steps
-    assert gate.losses == 1 and gate.wait == 16
-    assert [gate.allow(1) for _ in range(17)] == [False] * 16 + [True]
+    gate.tick(forwards[0])  # the second steady loss decides: a loss
+    # the probe's cost counts, its one-off included (9 tokens in 58 units: 49 lost), in how
+    # long it is off: up to the next penalty (49 / 0.03 plain steps would be 3%)
+    assert gate.losses == 1 and gate.wait == 64
+    assert [gate.allow(1) for _ in range(65)] == [False] * 64 + [True]
     gate.launched(False, 1, 1, forwards[0])
     forwards[0] += 1
     clock.now += 1.0
@@ -248,11 +254,13 @@ def test_cost_gate_verdicts_need_two_steady_samples():
     # halved the penalty back to its first wait
     gate.launched(True, 1, 1, forwards[0])
     forwards[0] += 1
-    for _ in range(4):
+    for n in range(1, 5):
         step(True, 1, 4.0)
         if gate.losses == 2:
             break
-    assert gate.losses == 2 and gate.wait == 16
+    # (the intervals since the last verdict, a win: one, 1 token in 4 units: 3 lost, 3% of
+    # 100 steps; the penalty, 64 after the first loss, was halved twice by the wins)
+    assert n > 1 and gate.losses == 2 and gate.wait == 64
     # rates are ratios of sums: a 1-token interval weighs as little as it produced
     rate = CostGate(1.0).spec.setdefault(1, type(gate.spec[1])())
     rate.add(1, 1.0)
