@@ -6,7 +6,11 @@ Importable from any test as ``from processes import pid_alive, free_port``: pyte
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
+import threading
+import time
 
 
 def pid_alive(pid: int) -> bool:
@@ -42,6 +46,31 @@ def descendants(pid: int) -> list[int]:
         found += kids
         frontier = kids
     return found
+
+
+def url_of(proc: subprocess.Popen) -> str:
+    """The URL a server started with ``stdout=PIPE`` (text) prints in its "listening on URL"
+    line; the rest of its output is drained on a thread so the pipe never fills."""
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "listening on" in line:
+            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+            return line.split("listening on ")[1].split()[0]
+    raise AssertionError("server did not start:\n" + "".join(lines[-40:]))
+
+
+def stop_tree(proc: subprocess.Popen) -> None:
+    """SIGTERM ``proc`` and assert that it and every process it started are gone within
+    30 s (a server must not leave its scheduler or workers behind)."""
+    kids = descendants(proc.pid)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while [k for k in kids if pid_alive(k)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [k for k in kids if pid_alive(k)], "server processes left behind"
 
 
 def run_ranks(target, args_of, ranks: int, want: int) -> list:

@@ -6,10 +6,8 @@ same seed). The last two tests kill a prefill server, then the decode server, mi
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,7 +19,7 @@ import pytest
 from sgdsl.runtime.router.app import create_app
 from sgdsl.runtime.router.config import RouterConfig
 from sgdsl.runtime.server.thread_server import ThreadServer
-from processes import descendants, free_port, pid_alive
+from processes import free_port, stop_tree, url_of
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 120.0  # generous: CI is a loaded 2-core box
@@ -44,27 +42,6 @@ def _start(model_dir, mode: str, bootstrap_port: int = 0) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _url_of(proc: subprocess.Popen) -> str:
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if "listening on" in line:
-            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-            return line.split("listening on ")[1].split()[0]
-    raise AssertionError("server did not start:\n" + "".join(lines[-40:]))
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    kids = descendants(proc.pid)
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-    deadline = time.monotonic() + 30
-    while [k for k in kids if pid_alive(k)] and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not [k for k in kids if pid_alive(k)], "server processes left behind"
-
-
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir) -> Iterator[dict]:
     ports = [free_port(), free_port()]
@@ -72,7 +49,7 @@ def cluster(tiny_model_dir) -> Iterator[dict]:
              "p1": _start(tiny_model_dir, "prefill", ports[1]),
              "d": _start(tiny_model_dir, "decode")}
     try:
-        servers = {name: Server(_url_of(p), p) for name, p in procs.items()}
+        servers = {name: Server(url_of(p), p) for name, p in procs.items()}
         servers["p0"].bootstrap_port, servers["p1"].bootstrap_port = ports
         config = RouterConfig(pd_disaggregation=True, policy="round_robin",
                               prefill_urls=(servers["p0"].url, servers["p1"].url),
@@ -84,7 +61,7 @@ def cluster(tiny_model_dir) -> Iterator[dict]:
         router.stop()
     finally:
         for proc in procs.values():
-            _stop(proc)
+            stop_tree(proc)
 
 
 def _gen(url: str, text: str, **params) -> dict:

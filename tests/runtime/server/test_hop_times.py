@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -22,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from processes import descendants, pid_alive
+from processes import stop_tree, url_of
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 120.0
@@ -45,36 +42,15 @@ def _server(model_dir: Path) -> subprocess.Popen:
                    "--grammar-compile-workers", "1"])
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    kids = descendants(proc.pid)
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-    deadline = time.monotonic() + 30
-    while [k for k in kids if pid_alive(k)] and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not [k for k in kids if pid_alive(k)], "processes left behind"
-
-
-def _url_of(proc: subprocess.Popen) -> str:
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if "listening on" in line:
-            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-            return line.split("listening on ")[1].split()[0]
-    raise AssertionError("did not start:\n" + "".join(lines[-40:]))
-
-
 @pytest.fixture(scope="module")
 def router(tiny_model_dir) -> Iterator[str]:
     procs = [_server(tiny_model_dir)]
     try:
-        procs.append(_spawn(["sgdsl.runtime.router", "--worker-urls", _url_of(procs[0])]))
-        yield _url_of(procs[-1])
+        procs.append(_spawn(["sgdsl.runtime.router", "--worker-urls", url_of(procs[0])]))
+        yield url_of(procs[-1])
     finally:
         for proc in reversed(procs):
-            _stop(proc)
+            stop_tree(proc)
 
 
 def _stream_lines(url: str) -> list[str]:
