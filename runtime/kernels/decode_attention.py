@@ -103,14 +103,19 @@ def _decode_stage1(
     mask_h = (tl.arange(0, BLOCK_H) < KV_GROUP) & (offs_h < q_head_num)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
+    # the batch's lengths and rows are graph inputs, which no kernel of this step writes: read
+    # before PDL's wait with PRE_KV, after it (the kernel's start) without
+    req_row, seq_len, start, end = _split_range(
+        Req_idx, Seq_lens, Starts, Num_splits, min_per_split, cur_batch, split_id,
+        HAS_STARTS, SPLITS_IN_KERNEL, MAX_SPLITS)
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     if PRE_KV:
-        # Before PDL's wait (pdl.py), what no kernel of this step writes: the batch's lengths
-        # and rows (graph inputs), the page table and K/V of the tokens before the newest one
-        # (earlier steps'), for the split's first block; the newest token (its slot, stored by
-        # the qkv product just before) and q after the wait.
-        req_row, seq_len, start, end = _split_range(
-            Req_idx, Seq_lens, Starts, Num_splits, min_per_split, cur_batch, split_id,
-            HAS_STARTS, SPLITS_IN_KERNEL, MAX_SPLITS)
+        # Before PDL's wait (pdl.py), what no kernel of this step writes: the page table and
+        # K/V of the tokens before the newest one (earlier steps'), for the split's first
+        # block; the newest token (its slot, stored by the qkv product just before) and q after
+        # the wait.
         offs_n = start + tl.arange(0, BLOCK_N)
         old = (offs_n < end) & (offs_n < seq_len - 1)
         k, v = _load_kv(K_Buf, V_Buf, Req_to_token, req_row, stride_rt, offs_n, old,
@@ -124,22 +129,13 @@ def _decode_stage1(
                     mask=mask_h[:, None] & mask_d[None, :], other=0.0)
         k = tl.where(newest[None, :], k_new, k)
         v = tl.where(newest[:, None], v_new, v)
-        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
         if start < end:  # the loop's first step, the same sums
             m_i, l_i, acc = _attend(q, k, v, offs_n, end, mask_h, m_i, l_i, acc, sm_scale,
                                     PRECISION)
         first_block = start + BLOCK_N
     else:
-        req_row, seq_len, start, end = _split_range(
-            Req_idx, Seq_lens, Starts, Num_splits, min_per_split, cur_batch, split_id,
-            HAS_STARTS, SPLITS_IN_KERNEL, MAX_SPLITS)
         q = tl.load(Q + cur_batch * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :],
                     mask=mask_h[:, None] & mask_d[None, :], other=0.0)
-        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
         first_block = start
 
     # NOTE: splits past num_splits (or empty ones) run zero iterations and write lse=-inf,
