@@ -38,16 +38,7 @@ gpus_idle() {  # wait (<= 20 s) until every GPU is back to < 2 GiB used: the nex
   echo "warning: a GPU still has ${used} MiB in use after 20 s"
 }
 
-job() {  # NAME WANT_S MIN_S CMD...: CMD under `timeout` (<= WANT_S and what the budget has left)
-  local name=$1 want=$(($2 * ${LIMIT_SCALE:-1})) min=$3; shift 3
-  local left=$((BUDGET - SECONDS))
-  if ((left < min)); then echo "SKIP $name: ${left}s left, it needs >= ${min}s"; return; fi
-  local t=$((want < left ? want : left))
-  echo "--- $name: start at ${SECONDS}s, limit ${t}s"
-  timeout -k 15 "$t" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "--- $name: rc $rc at ${SECONDS}s$( ((rc == 124 || rc == 137)) && echo ' (TIMED OUT)')"
-}
+source benchmarks/gpu/budget_jobs.sh  # job NAME WANT_S MIN_S CMD...
 
 summary() {  # NAME: the measured lines of a job's full log (a router job's: router_NAME.log)
   local log=$OUT/$1.log

@@ -27,16 +27,7 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=index,name --format=csv,noheader 2>/dev/null
 echo "commit $COMMIT, mode ${1:-sweep}, budget ${BUDGET}s"
 
-job() {  # NAME WANT_S MIN_S CMD...: CMD under `timeout` (<= WANT_S and what the budget has left)
-  local name=$1 want=$2 min=$3; shift 3
-  local left=$((BUDGET - SECONDS))
-  if ((left < min)); then echo "SKIP $name: ${left}s left, it needs >= ${min}s"; return; fi
-  local t=$((want < left ? want : left))
-  echo "--- $name: start at ${SECONDS}s, limit ${t}s"
-  timeout -k 10 "$t" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "--- $name: rc $rc at ${SECONDS}s$( ((rc == 124 || rc == 137)) && echo ' (TIMED OUT)')"
-}
+source benchmarks/gpu/budget_jobs.sh  # job NAME WANT_S MIN_S CMD...
 
 show() {  # NAME PATTERN [LINES]: the log's lines that matter
   [ -e "$OUT/$1.log" ] && grep -E "$2" "$OUT/$1.log" | tail -"${3:-30}"
