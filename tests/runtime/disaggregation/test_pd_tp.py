@@ -16,9 +16,9 @@ import pytest
 from sgdsl.runtime.router.app import create_app
 from sgdsl.runtime.router.config import RouterConfig
 from sgdsl.runtime.server.thread_server import ThreadServer
-from processes import free_port
+from processes import free_port, stop_tree, url_of
 
-from .test_pd_real import PROMPTS, _gen, _idle, _stats, _stop, _url_of
+from .test_pd_real import PROMPTS, _gen, _idle, _stats
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ def pair(tiny_model_dir) -> Iterator[dict]:
     procs = [_start(tiny_model_dir, "prefill", "--disaggregation-bootstrap-port", str(port)),
              _start(tiny_model_dir, "decode", "--tp-size", "2")]
     try:
-        prefill, decode = (_url_of(p) for p in procs)
+        prefill, decode = (url_of(p) for p in procs)
         config = RouterConfig(pd_disaggregation=True, prefill_urls=(prefill,),
                               prefill_bootstrap_ports=(port,), decode_urls=(decode,),
                               health_interval_s=0.5, health_timeout_s=30.0, max_retries=0)
@@ -46,7 +46,7 @@ def pair(tiny_model_dir) -> Iterator[dict]:
         router.stop()
     finally:
         for proc in procs:
-            _stop(proc)
+            stop_tree(proc)
 
 
 def test_tp2_decode_server_equals_colocated_token_for_token(pair):
