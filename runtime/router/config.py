@@ -54,8 +54,11 @@ class RouterConfig:
     decode_token_weight: float = 1.0  # cost of an output token in prompt-token units
     evict_weight: float = 1.0  # extra cost of a miss on a full KV (it evicts cached prefixes)
     # queued work above the lightest worker's that is not counted against cache affinity, as a
-    # fraction of the mean work (widened by the lightest worker's KV pressure)
-    work_slack: float = 0.5
+    # fraction of the mean work (widened by the lightest worker's KV pressure). 2: at dp=2 only a
+    # worker running dry (few requests in flight) takes a group from its cache; 0.5 overflowed
+    # from full batches near their end (router_sim.py, 3 seeds: fits 1.02x -> 1.12x round robin,
+    # dp4 1.20x -> 1.31x, kv 1.30x either way; the perfect partition 1.13x / 1.34x / 1.34x)
+    work_slack: float = 2.0
     default_output_tokens: int = 128  # a request's output estimate when it names no maximum
     # How often each worker's GET /load is polled. On the H200 kv runs cost_aware's router used
     # 6.7-6.9 CPU s per ~22 s round at 0.05 s, cache_aware's (no polls) 3.7-4.2 s: ~3 ms per poll

@@ -5,8 +5,8 @@ For each available worker ``w``::
     cost(w) = miss(w) + excess(w)
     miss(w) = uncached(w) x (1 + evict_weight x kv_pressure(w))
     excess(w) = room(lightest) x max(0, work(w) - work(lightest) - band)
-    band = min(work_slack x mean work x (1 + evict_weight x kv_pressure(lightest)),
-               2 x work(lightest))
+    band = work_slack x mean work x (1 + evict_weight x kv_pressure(lightest)),
+           at most 2 x work(lightest) while the lightest is running dry
 
 ``uncached(w)`` is the prompt's tokens not in ``w``'s prefix cache, predicted by the same
 approximate text tree as ``cache_aware`` (characters / characters per token, learned from the
@@ -18,11 +18,15 @@ term (``kv_pressure`` = 1 - free / total KV from ``/load``).
 
 Why a band: a miss is work done (a full prefill, and on a full KV someone else's prefix lost),
 while an imbalance of queued work costs throughput only once the lighter worker runs dry. So
-queued work within the band (half the mean by default) is not counted: a group's requests stay
+queued work within the band (twice the mean by default) is not counted: a group's requests stay
 on the worker that holds its prefix, and balance comes from where new prefixes go (costs within
 ``_TIE_TOKENS``: the least work). Beyond the band every token of excess counts against what the
-cache saves, so a hot worker still overflows, and a worker running dry (the band is at most
-twice its own work) takes requests whatever the cache. When the lightest worker's KV is full
+cache saves, so a hot worker still overflows, and a worker running dry takes requests whatever
+the cache (its band is at most twice its own work). Running dry is judged by requests in
+flight (at most ``_DRY`` x the mean), not by tokens: decode is batched, so a worker whose full
+batch is near its end shows little work in its ledger yet is busy, and the client refills it at
+once. (Token work alone, with half the mean as band, overflowed from such batches: groups copied,
+hit rate lost on fits and dp=4, benchmarks/RESULTS.md "router_sim with the scheduler's rules".) When the lightest worker's KV is full
 too, sending it work evicts there as well and its batch cannot grow: the band widens with its
 pressure. And the excess is worth only what the lightest worker can start at once: ``room`` =
 1 - ``kv_usage`` (the fraction of its KV its requests do not hold); a worker whose running
@@ -47,6 +51,7 @@ from .tree_policy import TreePolicy
 _PRIOR_TOKENS = 2000.0  # weight of --chars-per-token against the measured ratio
 _DECAY = 0.999  # per answer: the ratio follows the last few thousand answers
 _TIE_TOKENS = 16.0  # costs this close are equal: a few characters matched by chance decide nothing
+_DRY = 0.5  # a worker with at most this x the mean requests in flight is running dry
 _BAND_PER_LOW = 2.0  # the band is at most this x the lightest worker's work: an idle one gets none
 _TREE_KV = 2.0  # each worker's tree remembers this many times what its KV holds (stickiness)
 
@@ -79,8 +84,9 @@ class CostAwarePolicy(TreePolicy):
         works = [w.ledger.work(c.decode_token_weight) for w in workers]
         low = min(works)
         lightest = workers[works.index(low)]
-        band = min(c.work_slack * sum(works) / len(works) * self._miss_factor(lightest),
-                   _BAND_PER_LOW * low)
+        band = c.work_slack * sum(works) / len(works) * self._miss_factor(lightest)
+        if self._running_dry(lightest, workers):
+            band = min(band, _BAND_PER_LOW * low)
         room = self._room(lightest)
         costs = [u * self._miss_factor(w) + room * max(0.0, work - low - band)
                  for u, w, work in zip(uncached, workers, works)]
@@ -95,6 +101,13 @@ class CostAwarePolicy(TreePolicy):
                   else "affinity" if works[i] > low else "least_work")
         return Choice(worker, reason, prefill=uncached[i],
                       decode=output_tokens or c.default_output_tokens)
+
+    @staticmethod
+    def _running_dry(worker: Worker, workers: Sequence[Worker]) -> bool:
+        """Few requests in flight on ``worker`` (at most ``_DRY`` x the mean): its batch may
+        run out before its queued tokens say. A worker with a full batch is busy however
+        little work its ledger shows (its requests near their end are refilled at once)."""
+        return worker.load <= _DRY * sum(w.load for w in workers) / len(workers)
 
     @staticmethod
     def _room(worker: Worker) -> float:

@@ -118,7 +118,7 @@ def test_a_full_kv_makes_a_miss_cost_more():
 
 
 def test_affinity_holds_while_the_imbalance_is_within_the_band():
-    p, ws = setup(n=2)
+    p, ws = setup(n=2, work_slack=0.5)
     system = "a long shared system prompt " * 40  # ~1100 characters = tokens here
     report(ws[0]), report(ws[1])
     assert p.select(ws, system + "first", 8).worker is ws[0]
@@ -138,6 +138,26 @@ def test_affinity_holds_while_the_imbalance_is_within_the_band():
     report(ws[0], prefill=4000, kv_total=50_000, kv_free=0)
     report(ws[1], prefill=0, kv_total=50_000, kv_free=0)
     assert p.select(ws, system + "fourth", 8).worker is ws[1]
+
+
+def test_a_full_batch_is_not_running_dry_however_little_work_it_shows():
+    """The default band (twice the mean work): a worker whose batch is full but near its end
+    (little decode left in its ledger) does not take a group from its cache; once few of the
+    requests in flight are on it, it is running dry and gets only twice its own work of band."""
+    p, ws = setup(n=2)
+    system = "a long shared system prompt " * 40
+    report(ws[0]), report(ws[1])
+    assert p.select(ws, system + "first", 8).worker is ws[0]
+    for _ in range(40):  # 40 requests in flight on each
+        ws[0].start(), ws[1].start()
+    report(ws[0], prefill=6000, decode=4000)  # a prefill queue behind its batch
+    report(ws[1], decode=300)  # its 40 requests are nearly done: the client refills them
+    choice = p.select(ws, system + "second", 8)
+    assert choice.worker is ws[0] and choice.reason == "affinity"
+    for _ in range(30):  # now 10 in flight on ws[1] vs 40 on ws[0]: at most half the mean
+        ws[1].finish(0)
+    choice = p.select(ws, system + "third", 8)
+    assert choice.worker is ws[1] and choice.reason == "overflow"
 
 
 def test_new_prefixes_go_to_the_least_work_despite_chance_matches():
