@@ -86,6 +86,7 @@ class Replica:
     served: int = 0
     retracted: int = 0
     host_reqs: int = 0  # requests admitted or finished whose host work is not yet timed
+    groups: set = field(default_factory=set)  # groups sent here
 
     # -- memory ---------------------------------------------------------------------------------
     def _locked(self) -> int:
@@ -138,6 +139,7 @@ class Replica:
     # -- scheduling -----------------------------------------------------------------------------
     def add(self, r: Req) -> None:
         self.waiting.append(r)
+        self.groups.add(r.group)
 
     def _order(self) -> list[Req]:
         if len(self.waiting) <= LPM_MAX_QUEUE:

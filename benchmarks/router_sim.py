@@ -155,17 +155,19 @@ def simulate(policy_spec: str, shape: Shape, timing: Timing = Timing(),
     assert sum(served) == shape.groups * shape.per_group, served
     return {"policy": policy_spec, "seconds": now, "total_tok_s": (prompt + out) / now,
             "hit_rate": hit / prompt, "balance": max(served) / max(1, min(served)),
-            "retracted": sum(r.retracted for r in replicas), "reasons": dict(reasons)}
+            "retracted": sum(r.retracted for r in replicas), "reasons": dict(reasons),
+            "groups": [len(r.groups) for r in replicas]}
 
 
 def mean_runs(spec: str, shape: Shape, timing: Timing, seeds: int) -> dict:
     runs = [simulate(spec, replace(shape, seed=s), timing) for s in range(seeds)]
     row = {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]
-           if k not in ("policy", "reasons")}
+           if k not in ("policy", "reasons", "groups")}
     reasons: Counter = Counter()
     for r in runs:
         reasons.update(r["reasons"])
-    return {**row, "policy": spec, "reasons": {k: v / seeds for k, v in reasons.items()}}
+    return {**row, "policy": spec, "reasons": {k: v / seeds for k, v in reasons.items()},
+            "groups": [r["groups"] for r in runs]}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -190,7 +192,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  {r['policy']:<40} {r['total_tok_s']:>10.0f} tok/s  hit {r['hit_rate']:6.1%}"
                   f"  balance {r['balance']:.2f}  {r['total_tok_s'] / rr['total_tok_s']:.2f}x rr"
                   f"  retracted {r['retracted']:.0f}"
-                  + (f"  {r['reasons']}" if args.reasons else ""), flush=True)
+                  + (f"  {r['reasons']} groups per replica {r['groups']}" if args.reasons else ""),
+                  flush=True)
 
 
 if __name__ == "__main__":

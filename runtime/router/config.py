@@ -59,6 +59,10 @@ class RouterConfig:
     # from full batches near their end (router_sim.py, 3 seeds: fits 1.02x -> 1.12x round robin,
     # dp4 1.20x -> 1.31x, kv 1.30x either way; the perfect partition 1.13x / 1.34x / 1.34x)
     work_slack: float = 2.0
+    # a worker with at most this x the mean requests in flight is running dry: its band is then
+    # at most twice its own work (a very large value judges every worker dry: the rule before
+    # 2026-11-28, with work_slack 0.5)
+    dry_fraction: float = 0.5
     default_output_tokens: int = 128  # a request's output estimate when it names no maximum
     # How often each worker's GET /load is polled. On the H200 kv runs cost_aware's router used
     # 6.7-6.9 CPU s per ~22 s round at 0.05 s, cache_aware's (no polls) 3.7-4.2 s: ~3 ms per poll
@@ -120,6 +124,7 @@ class RouterConfig:
         _check_range("decode_token_weight", self.decode_token_weight, 0.0, None)
         _check_range("evict_weight", self.evict_weight, 0.0, None)
         _check_range("work_slack", self.work_slack, 0.0, None)
+        _check_range("dry_fraction", self.dry_fraction, 0.0, None)
         for name in ("balance_abs_threshold", "max_retries", "default_output_tokens"):
             _check_range(name, getattr(self, name), 0, None)
         for name in ("max_tree_chars", "prefix_chars", "virtual_nodes", "health_failure_threshold",

@@ -23,12 +23,12 @@ on the worker that holds its prefix, and balance comes from where new prefixes g
 ``_TIE_TOKENS``: the least work). Beyond the band every token of excess counts against what the
 cache saves, so a hot worker still overflows, and a worker running dry takes requests whatever
 the cache (its band is at most twice its own work). Running dry is judged by requests in
-flight (at most ``_DRY`` x the mean), not by tokens: decode is batched, so a worker whose full
-batch is near its end shows little work in its ledger yet is busy, and the client refills it at
-once. (Token work alone, with half the mean as band, overflowed from such batches: groups copied,
-hit rate lost on fits and dp=4, benchmarks/RESULTS.md "router_sim with the scheduler's rules".) When the lightest worker's KV is full
-too, sending it work evicts there as well and its batch cannot grow: the band widens with its
-pressure. And the excess is worth only what the lightest worker can start at once: ``room`` =
+flight (at most ``dry_fraction`` x the mean), not by tokens: decode is batched, so a worker
+whose full batch is near its end shows little work in its ledger yet is busy, and the client
+refills it at once. (Token work alone, with half the mean as band, overflowed from such batches: groups
+copied, hit rate lost on fits and dp=4 in benchmarks/router_sim.py.) When the lightest worker's
+KV is full too, sending it work evicts there as well and its batch cannot grow: the band widens
+with its pressure. And the excess is worth only what the lightest worker can start at once: ``room`` =
 1 - ``kv_usage`` (the fraction of its KV its requests do not hold); a worker whose running
 requests fill its KV would queue the work as the busier one does. (The previous rule, ``miss +
 work``, gave up the cache for any imbalance worth one prefill and lost 11 points of hit rate on
@@ -51,7 +51,6 @@ from .tree_policy import TreePolicy
 _PRIOR_TOKENS = 2000.0  # weight of --chars-per-token against the measured ratio
 _DECAY = 0.999  # per answer: the ratio follows the last few thousand answers
 _TIE_TOKENS = 16.0  # costs this close are equal: a few characters matched by chance decide nothing
-_DRY = 0.5  # a worker with at most this x the mean requests in flight is running dry
 _BAND_PER_LOW = 2.0  # the band is at most this x the lightest worker's work: an idle one gets none
 _TREE_KV = 2.0  # each worker's tree remembers this many times what its KV holds (stickiness)
 
@@ -85,7 +84,7 @@ class CostAwarePolicy(TreePolicy):
         low = min(works)
         lightest = workers[works.index(low)]
         band = c.work_slack * sum(works) / len(works) * self._miss_factor(lightest)
-        if self._running_dry(lightest, workers):
+        if self._running_dry(lightest, workers, c.dry_fraction):
             band = min(band, _BAND_PER_LOW * low)
         room = self._room(lightest)
         costs = [u * self._miss_factor(w) + room * max(0.0, work - low - band)
@@ -103,11 +102,11 @@ class CostAwarePolicy(TreePolicy):
                       decode=output_tokens or c.default_output_tokens)
 
     @staticmethod
-    def _running_dry(worker: Worker, workers: Sequence[Worker]) -> bool:
-        """Few requests in flight on ``worker`` (at most ``_DRY`` x the mean): its batch may
-        run out before its queued tokens say. A worker with a full batch is busy however
+    def _running_dry(worker: Worker, workers: Sequence[Worker], fraction: float) -> bool:
+        """Few requests in flight on ``worker`` (at most ``fraction`` x the mean): its batch
+        may run out before its queued tokens say. A worker with a full batch is busy however
         little work its ledger shows (its requests near their end are refilled at once)."""
-        return worker.load <= _DRY * sum(w.load for w in workers) / len(workers)
+        return worker.load <= fraction * sum(w.load for w in workers) / len(workers)
 
     @staticmethod
     def _room(worker: Worker) -> float:

@@ -160,6 +160,22 @@ def test_a_full_batch_is_not_running_dry_however_little_work_it_shows():
     assert choice.worker is ws[1] and choice.reason == "overflow"
 
 
+def test_the_rule_before_judged_a_full_batch_by_its_tokens():
+    """``dry_fraction`` large + ``work_slack`` 0.5: every worker counts as running dry, the band is
+    at most twice the lightest worker's work, as before 2026-11-28: the nearly done full batch
+    takes the group's request from its cache (the overflow that copied groups on fits/dp4)."""
+    p, ws = setup(n=2, work_slack=0.5, dry_fraction=1e9)
+    system = "a long shared system prompt " * 40
+    report(ws[0]), report(ws[1])
+    assert p.select(ws, system + "first", 8).worker is ws[0]
+    for _ in range(40):
+        ws[0].start(), ws[1].start()
+    report(ws[0], prefill=6000, decode=4000)
+    report(ws[1], decode=300)
+    choice = p.select(ws, system + "second", 8)
+    assert choice.worker is ws[1] and choice.reason == "overflow"
+
+
 def test_new_prefixes_go_to_the_least_work_despite_chance_matches():
     p, ws = setup(n=2)
     report(ws[0], prefill=300), report(ws[1], prefill=900)
