@@ -16,6 +16,7 @@ floor is the copy bandwidth measured on this card over the weight bytes (and the
 
     python benchmarks/gpu/bench_speculative.py            # all rows
     python benchmarks/gpu/bench_speculative.py --rows a,b --draft-tokens 4
+    python benchmarks/gpu/bench_speculative.py --rows a --min-speedup 0  # (a) ungated
 """
 from __future__ import annotations
 
@@ -45,6 +46,8 @@ def open_engine(side: str, a: argparse.Namespace, grammar: bool):
 
     kw = dict(model=model_dir(MODEL), load_format="dummy", max_running_requests=a.batch,
               context_length=4096, grammar_backend="xgrammar" if grammar else "none")
+    if side != "plain" and a.min_speedup is not None:
+        kw["speculative_min_speedup"] = a.min_speedup
     if side == "ngram":
         kw.update(speculative_algorithm="NGRAM", speculative_num_draft_tokens=a.draft_tokens)
     elif side == "standalone":
@@ -122,6 +125,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--batch-out-len", type=int, default=128)
     ap.add_argument("--json-out-len", type=int, default=128)
+    ap.add_argument("--min-speedup", type=float, default=None,
+                    help="speculative_min_speedup of the speculative engines (default: the "
+                         "engine's, 1.0: the cost gate on, which probes row (a)'s self-draft "
+                         "only after 1024 plain steps; 0: off, the mechanism's ceiling)")
     a = ap.parse_args()
     work = {"prompt": random_prompts(1, a.prompt_len, seed=0)[0],
             "batch": random_prompts(a.batch, a.prompt_len, seed=1)}

@@ -147,8 +147,9 @@ def run_side(side: str, a: argparse.Namespace, model_dir: str, work: dict) -> di
         engine.check_idle_integrity()
         stats = spec_counters(engine)
         gate = engine.stats()  # the cost gate's last look; its mean intervals in ms
-        rates = {k: round(gate[k], 2) for k in ("spec_cost_spec_rate", "spec_cost_plain_rate")
-                 if k in gate}
+        rates = {k: round(gate[k], 2) for k in (
+            "spec_cost_spec_rate", "spec_cost_plain_rate", "spec_cost_ceiling_rate",
+            "spec_cost_prior_ceiling") if k in gate}
         rates.update({f"{k}_ms": round(1e3 * gate[k], 3) for k in (
             "spec_cost_first_interval", "spec_cost_steady_interval") if k in gate})
     print(f"[{side}] done at {time.perf_counter() - t0:.1f} s; {stats} {rates}", flush=True)
@@ -175,7 +176,8 @@ def counter_line(before: dict, after: dict) -> str:
             f"{d.get('spec_verify_decode_graph_steps', 0)}), empty proposals "
             f"{d['spec_empty_proposals']}, predicted empty {d.get('spec_predicted_empty', 0)}, "
             f"skipped {d['spec_skipped_steps']} (cost gate {d.get('spec_cost_off_steps', 0)}, "
-            f"losses {d.get('spec_cost_losses', 0)}, first intervals dropped "
+            f"losses {d.get('spec_cost_losses', 0)} (hopeless {d.get('spec_cost_hopeless', 0)}), "
+            f"first intervals dropped "
             f"{d.get('spec_cost_first_dropped', 0)}), drafted "
             f"{d['spec_draft_tokens']}, accepted {d['spec_accepted_tokens']}, tokens per "
             f"verified row {per_row}, draft graph steps {d['spec_draft_graph_steps']}, grammar: "

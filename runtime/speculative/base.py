@@ -123,6 +123,13 @@ class Drafter(ABC):
         to mean a draft whenever the request may draft."""
         return None
 
+    def proposal_cost(self) -> float | None:
+        """A lower bound, known before anything is measured, on what one ``propose`` costs in
+        target decode steps at the same batch size (cost.py: a drafter whose proposals cost so
+        much that even every draft accepted cannot beat plain decoding is probed rarely).
+        None: no estimate."""
+        return None
+
     def release(self, rid: str) -> None:
         """Forget request ``rid`` (finished, aborted or retracted); free what it held."""
 

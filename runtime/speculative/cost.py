@@ -30,6 +30,13 @@ to the next penalty when what the probe lost against plain decoding would be mor
 included, are a real cost (STANDALONE: its first step extends the draft model over the whole
 plain stretch, on the CPU 530-1800 ms against 150-260 ms for a steady step). So a draft that
 always loses runs a probe after 16 (or 64), then 4x longer waits: three or four in all.
+A loss is hopeless when the rate at full acceptance (``1 + k`` tokens per request per steady
+interval) is below the bar too: no acceptance can pay, so the wait is the longest at once.
+And a drafter whose ``proposal_cost`` (a lower bound in target steps, from the configs: the
+model drafting for itself costs ``num_steps``) leaves ``(1 + k) / (1 + cost)`` at or below
+``min_speedup`` is hopeless before any measurement: its first probe comes after the longest
+wait (each STANDALONE probe extends the draft model over the whole request: a probe per short
+request made the self-draft 0.69x plain on the H200).
 ``min_speedup`` 0 turns the gate off. Only when tokens come changes; which tokens (greedy or
 sampled: the same distribution) never does. With tensor parallelism each rank times itself,
 and rank 0's verdict is broadcast at each comparison (samples are taken at the same steps on
@@ -52,6 +59,10 @@ _MIN_WAIT, _MAX_WAIT, _GROWTH = 16, 1024, 4
 _PROBE_SHARE = 0.03
 _SPEC_SAMPLES = 2  # steady speculative intervals before any verdict (after each wait)
 _PLAIN_SAMPLES = 2
+# a draft that cannot pay even with every draft token accepted (its proposals and verify cost
+# more than the tokens they could give): probes after at least the longest wait, and up to
+# this many plain steps when the probe's loss would otherwise be more than _PROBE_SHARE
+_HOPELESS_MAX_WAIT = 4 * _MAX_WAIT
 _KEEP = 0.75  # weight of the older intervals in the decayed sums
 
 
@@ -62,11 +73,13 @@ class _Rate:
     tokens: float = 0.0
     seconds: float = 0.0
     n: int = 0
+    slots: float = 0.0  # tokens had every draft token been accepted (the ceiling)
 
-    def add(self, tokens: float, seconds: float) -> None:
+    def add(self, tokens: float, seconds: float, slots: float = 0.0) -> None:
         keep = _KEEP if self.n else 0.0
         self.tokens = keep * self.tokens + tokens
         self.seconds = keep * self.seconds + seconds
+        self.slots = keep * self.slots + slots
         self.n += 1
 
     @property
@@ -90,9 +103,15 @@ class _Step:
 
 class CostGate:
     def __init__(self, min_speedup: float,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter,
+                 draft_tokens: int | None = None,
+                 proposal_cost: float | None = None) -> None:
+        """``draft_tokens``: the most draft tokens a request verifies per step (None: no
+        ceiling); ``proposal_cost``: ``Drafter.proposal_cost``, a lower bound on a proposal's
+        cost in target decode steps (None: unknown)."""
         self.min_speedup = min_speedup
         self.clock = clock
+        self.k = draft_tokens
         self.spec: dict[int, _Rate] = {}
         self.plain: dict[int, _Rate] = {}
         self.wait = 0
@@ -111,6 +130,19 @@ class CostGate:
         self._now = 0.0  # the current launch's start (``tick``)
         self._after_spec = False  # the step before this launch was a speculative one
         self.last_rates = (0.0, 0.0)  # (speculative, plain) of the last comparison
+        self.last_ceiling = 0.0  # the last comparison's speculative rate at full acceptance
+        self.hopeless = 0  # verdicts (the prior's included) that not even full acceptance pays
+        # tokens per target step a speculative step gives at best, known before measuring:
+        # 1 + k tokens for at least one target step (the verify) plus the proposal's cost
+        self.prior_ceiling = (1 + draft_tokens) / (1 + proposal_cost) if (
+            draft_tokens is not None and proposal_cost is not None) else None
+        if self.enabled and self.prior_ceiling is not None and \
+                self.prior_ceiling <= min_speedup:
+            # NOTE: <=: at a tie the verify's extra rows and the synchronous read (a plain
+            # step's host work overlaps the device) still lose. Not a ban: probed after the
+            # longest wait, and measured as any other draft from then on
+            self.wait = self.penalty = _MAX_WAIT
+            self.hopeless += 1
 
     @property
     def enabled(self) -> bool:
@@ -142,7 +174,8 @@ class CostGate:
             self.steady += 1
             self.steady_seconds += elapsed
         rates = self.spec if last.speculative else self.plain
-        rates.setdefault(bucket, _Rate()).add(last.tokens / last.batch, elapsed)
+        full = 1 + self.k if last.speculative and self.k is not None else 0.0
+        rates.setdefault(bucket, _Rate()).add(last.tokens / last.batch, elapsed, full)
         if last.speculative:
             self._judge(bucket)
 
@@ -173,22 +206,34 @@ class CostGate:
         if spec.n < _SPEC_SAMPLES or plain is None or plain.n < _PLAIN_SAMPLES:
             return
         self.last_rates = (spec.value, plain.value)
-        loss = spec.value < self.min_speedup * plain.value
+        bar = self.min_speedup * plain.value
+        loss = spec.value < bar
+        # the rate had every draft token been accepted (a step's cost hardly depends on how
+        # many were): below the bar, no acceptance can pay at this batch size on this device
+        self.last_ceiling = spec.slots / spec.seconds if spec.seconds > 0 else 0.0
+        hopeless = loss and self.k is not None and self.last_ceiling < bar
         probe = self._probes.pop(bucket, [0.0, 0.0])
-        # NOTE: the probe's cost lengthens the wait by one growth step at most: on the GPU a
-        # first interval may cost ~10x a steady one, and one losing phase of a request must
-        # not keep speculation off for the next thousand steps
-        wait = max(self.penalty, min(_probe_wait(probe, plain.value),
-                                     _GROWTH * self.penalty, _MAX_WAIT)) if loss else 0
+        wait = self._wait(probe, plain.value, hopeless) if loss else 0
         # every TP rank reaches this point at the same step; rank 0's clock decides for all
-        loss, wait = broadcast_object((loss, wait))
+        loss, wait, hopeless = broadcast_object((loss, wait, hopeless))
         if loss:
             self.losses += 1
+            self.hopeless += hopeless
             self.wait = wait
-            self.penalty = min(_GROWTH * self.penalty, _MAX_WAIT)
+            self.penalty = _MAX_WAIT if hopeless else min(_GROWTH * self.penalty, _MAX_WAIT)
             self.spec[bucket] = _Rate()  # measured afresh after the wait
         else:
             self.penalty = max(self.penalty // 2, _MIN_WAIT)
+
+    def _wait(self, probe: list[float], plain_rate: float, hopeless: bool) -> int:
+        """Plain steps before the next probe after a loss."""
+        share = _probe_wait(probe, plain_rate)
+        if hopeless:  # acceptance cannot change the verdict: only the device's costs can
+            return max(_MAX_WAIT, min(share, _HOPELESS_MAX_WAIT))
+        # NOTE: the probe's cost lengthens the wait by one growth step at most: on the GPU a
+        # first interval may cost ~10x a steady one, and one losing phase of a request must
+        # not keep speculation off for the next thousand steps
+        return max(self.penalty, min(share, _GROWTH * self.penalty, _MAX_WAIT))
 
     def as_dict(self) -> dict:
         spec, plain = self.last_rates
@@ -198,7 +243,12 @@ class CostGate:
                 "spec_cost_first_interval": self.first_seconds / max(self.dropped, 1),
                 "spec_cost_steady_interval": self.steady_seconds / max(self.steady, 1),
                 # the last comparison's rates (tokens/s per request): what the gate saw
-                "spec_cost_spec_rate": spec, "spec_cost_plain_rate": plain}
+                "spec_cost_spec_rate": spec, "spec_cost_plain_rate": plain,
+                # the last comparison's rate at full acceptance; verdicts (and the prior's)
+                # that even it could not pay; the prior's bound (tokens per target step)
+                "spec_cost_ceiling_rate": self.last_ceiling,
+                "spec_cost_hopeless": self.hopeless,
+                "spec_cost_prior_ceiling": self.prior_ceiling or 0.0}
 
 
 def _probe_wait(probe: list[float], plain_rate: float) -> int:
@@ -207,7 +257,7 @@ def _probe_wait(probe: list[float], plain_rate: float) -> int:
     the draft model, included) is ``_PROBE_SHARE`` of the time between."""
     tokens, seconds = probe
     lost = max(seconds - tokens / plain_rate, 0.0) if plain_rate > 0 else 0.0
-    return min(int(lost * plain_rate / _PROBE_SHARE), _MAX_WAIT)
+    return min(int(lost * plain_rate / _PROBE_SHARE), _HOPELESS_MAX_WAIT)
 
 
 def _bucket(batch: int) -> int:

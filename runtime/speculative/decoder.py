@@ -56,7 +56,9 @@ class SpecDecoder:
         self.verify_graphs = VerifyGraphs.create(config, runner)
         self.decode_graph_steps = 0  # chain verifies replayed on the target's decode graphs
         # per batch: speculation only while it beats plain decoding's measured rate (cost.py)
-        self.cost = CostGate(config.speculative_min_speedup)
+        # (a drafter that cannot pay even at full acceptance is probed rarely from the start)
+        self.cost = CostGate(config.speculative_min_speedup, draft_tokens=self.k,
+                             proposal_cost=self.drafter.proposal_cost())
 
     # -- the step -------------------------------------------------------------------------
     def launch(self, sched: Any) -> InflightStep | None:

@@ -109,6 +109,10 @@ class NgramDrafter(Drafter):
         only extends it)."""
         return self.propose(reqs, max_tokens)
 
+    def proposal_cost(self) -> float:
+        """A host lookup, no forward: nothing in target steps."""
+        return 0.0
+
     def release(self, rid: str) -> None:
         self.indexes.pop(rid, None)
 

@@ -84,10 +84,22 @@ def _gpu_slot_cap(cfg: ModelConfig, dtype: torch.dtype) -> int:
     return max(room // kv_bytes_per_token(cfg, size), 0)
 
 
+def forward_cost_ratio(draft: ModelConfig, target: ModelConfig) -> float:
+    """A lower bound on one draft forward's cost over one target forward at the same batch:
+    the smaller of the weight-bytes ratio (what a memory-bound forward reads) and the layer
+    ratio (the kernels a launch-bound one issues, one after another). A forward's cost grows
+    with both (about ``a * bytes + b * layers``), so a ratio of two costs lies between the two
+    ratios; a draft model no smaller than the target in both (itself) gives 1.0."""
+    size = 2  # the ratio does not depend on the dtype
+    return min(weight_bytes(draft, size) / weight_bytes(target, size),
+               draft.num_layers / target.num_layers)
+
+
 class StandaloneDrafter(Drafter):
     def __init__(self, config: EngineConfig, runner: Any) -> None:
         self.num_steps = config.speculative_num_steps
         self.target_vocab = runner.model_config.vocab_size
+        self.target_config = runner.model_config
         self.runner = ModelRunner(draft_engine_config(config, runner, self.num_steps))
         self.kv = DraftKV(self.runner.req_to_token_pool, self.runner.token_kv_pool)
         self.context_len = self.runner.context_len
@@ -166,6 +178,11 @@ class StandaloneDrafter(Drafter):
             if tok >= self.target_vocab:
                 return chain[:j]
         return chain
+
+    def proposal_cost(self) -> float:
+        """``num_steps`` draft forwards, each costing at least ``forward_cost_ratio`` of a
+        target forward (the draft model drafting for itself: 1.0 each)."""
+        return self.num_steps * forward_cost_ratio(self.runner.model_config, self.target_config)
 
     def release(self, rid: str) -> None:
         self.kv.release(rid)

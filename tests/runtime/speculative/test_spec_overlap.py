@@ -11,7 +11,7 @@ from sgdsl.runtime.speculative.cost import CostGate
 
 from scheduler.conftest import make_harness  # noqa: F401 (the scheduler tests' fixture)
 from scheduler.standin import expected
-from speculative.test_spec_scheduler import _spec
+from speculative.test_spec_scheduler import ScriptedDrafter, _spec
 
 
 def _trace(h) -> list[tuple]:
@@ -147,10 +147,24 @@ def test_costly_speculation_turns_itself_off(make_harness):
     h.run()
     assert h.outs["s"] == expected([2, 7], 200)
     stats = h.sched.stats()
-    # the first probe lost 12 units against plain (15 tokens in 27): off for 64 steps (the
-    # next penalty; 12 / 0.03 = 400 would be 3% of the time), then x4
-    assert stats["spec_cost_losses"] >= 2 and stats["spec_cost_off_steps"] > 120
-    # most tokens from plain steps
+    # every draft was accepted and it still lost (5 tokens in 9 units at best): no acceptance
+    # can pay, so one probe and off for the longest wait, not x4 waits with a probe each
+    assert stats["spec_cost_losses"] == 1 and stats["spec_cost_hopeless"] == 1
+    assert stats["spec_cost_ceiling_rate"] == pytest.approx(5 / 9)
+    assert stats["spec_cost_off_steps"] > 150  # the rest of the request
+    assert stats["spec_emitted_tokens"] <= 25  # the probe's four steps
+
+
+def test_low_acceptance_loss_is_probed_again(make_harness):
+    # one draft token of four accepted: 2 tokens for 3 units loses to plain's 1 per unit,
+    # but full acceptance (5 tokens for 3 units) would win: waits x4, probes again
+    h = _timed(make_harness, row_cost=0.5, drafter=ScriptedDrafter(wrong_at=1))
+    h.submit("s", [2, 7], max_new_tokens=200, ignore_eos=True)
+    h.run()
+    assert h.outs["s"] == expected([2, 7], 200)
+    stats = h.sched.stats()
+    assert stats["spec_cost_losses"] >= 2 and stats["spec_cost_hopeless"] == 0
+    assert stats["spec_cost_ceiling_rate"] == pytest.approx(5 / 3)
     assert stats["spec_emitted_tokens"] < 100
 
 

@@ -39,9 +39,12 @@ def _target(context_len: int = 2048, slots: int = 4096):
     """The facts of the target's ModelRunner the drafter reads (the embedded model's)."""
     import torch
 
+    from sgdsl.runtime.model.embedded import embedded_model_path
+    from sgdsl.runtime.model.model_config import ModelConfig
+
     return types.SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32,
                                  context_len=context_len, max_total_tokens=slots,
-                                 model_config=types.SimpleNamespace(vocab_size=49152))
+                                 model_config=ModelConfig.from_dir(embedded_model_path()))
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +84,12 @@ def test_drafts_the_targets_greedy_continuation(drafter, greedy_reference):
     for req in reqs:
         drafter.release(req.rid)
     assert drafter.check_idle() == []
+
+
+def test_proposal_cost_drafting_for_itself(drafter):
+    """The cost gate's prior (cost.py): STEPS forwards of a model as large as the target cost
+    at least STEPS target steps, so 1 + STEPS tokens at best cannot beat plain decoding."""
+    assert drafter.proposal_cost() == STEPS
 
 
 def test_rewrite_and_release(drafter, greedy_reference):
