@@ -66,6 +66,12 @@ class KVMemory:
         """hicache: the tree spans host/storage tiers (admission goes through ``load``)."""
         return getattr(self.tree, "tiered", False)
 
+    def needs_load(self, req: Req) -> bool:
+        """hicache: admission must go through ``load`` (the last ``match`` ended in host
+        tokens, ...: ``HiRadixCache.load_needed``); otherwise that match is final (a miss: no
+        second walk, nothing loaded)."""
+        return self.tree.load_needed(req.host_hit_len)
+
     def load(self, req: Req) -> tuple[torch.Tensor, Any]:
         """hicache: ``match``, with the host- and storage-resident part of the prefix loaded
         onto the device first (copies queued ahead of the prefill's attention, per layer)."""
@@ -80,6 +86,13 @@ class KVMemory:
         if not getattr(self.tree, "tiered", False):
             return None
         return self.tree.admitted(prefix, req.hicache_loaded)
+
+    def issue_backups(self) -> None:
+        """hicache: start the write-through copies queued since the last call (one batch),
+        once a step was launched and the previous one read: off the path to the next launch."""
+        issue = getattr(self.tree, "issue_backups", None)
+        if issue is not None:
+            issue()
 
     # -- admission ------------------------------------------------------------------------
     def admit(self, req: Req, indices: torch.Tensor, node: Any) -> bool:

@@ -68,7 +68,8 @@ class PrefillAdder:
         need = lower + n + (self._future_tokens(req) if n == extend else 0)
         if need > self.rem_total and (self.reqs or self.memory.available() < need):
             return False
-        if self.memory.tiered:  # hicache: only an admitted request's prefix is loaded
+        # hicache: only an admitted request's prefix is loaded (a miss keeps its match)
+        if self.memory.tiered and self.memory.needs_load(req):
             indices, node = self.memory.load(req)
             prefix = int(indices.numel())
             n = min(req.seq_len - prefix, self.budget)

@@ -210,6 +210,7 @@ class Scheduler(Stepping):
             launched = None
         if self.pending is not None:
             self._read(self.pending)
+        self.memory.issue_backups()  # hicache: this step's write-throughs, after its launch
         if launched is None:
             if self.grammar and (self.grammar.pending or self.grammar.precompiles.busy):
                 self.grammar.wait_pending(0.005)  # grammar: only compiles in flight; do not spin

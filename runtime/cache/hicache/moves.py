@@ -1,7 +1,13 @@
 """How KV moves down the tiers (a mixin of ``HiRadixCache``; tree.py has the invariants).
 
-- ``_backup``: device -> host copy (write_through: on insert; selective: on the second hit;
-  write_back: on eviction); once it has landed, the node's pages go on to storage.
+- ``_queue_backup`` / ``issue_backups``: write_through (on insert) and selective (on the second
+  hit) only *queue* a node; the scheduler issues the queue once per step, after that step's
+  launch and read (``KVMemory.issue_backups``), as one device -> host copy: an insert (a prefill
+  chunk, a finished request) costs the scheduler an append, and the copies' host time is spent
+  while the device runs the step just launched. A queued node is still device-only: evicting
+  it issues the queue first (write-through kept: it is demoted, its copy ordered before its
+  slots' reuse). ``_backup``: one node's copy now (write_back: on eviction). Once a copy has
+  landed, the nodes' pages go on to storage.
 - ``evict`` (device): LRU over device-resident nodes with no device-resident child; a node with
   a host copy is demoted (device slots freed), one without is dropped with its host subtree.
 - ``_evict_host``: LRU; frees the host copy of a device-resident node, or removes a host-only
@@ -21,8 +27,41 @@ from . import pages
 class TierMoves:
     """Needs the tree's pools, counters and ``transfer``/``storage`` (see HiRadixCache)."""
 
+    def _queue_backup(self, node: Any) -> None:
+        """Back ``node`` up at the next ``issue_backups`` (or before it is evicted)."""
+        if not node.backup_queued and node.host_value is None and node.value is not None:
+            node.backup_queued = True
+            self._backup_queue.append(node)
+
+    def issue_backups(self) -> int:
+        """Start the queued nodes' device -> host copies, as one copy (one host allocation, one
+        ``transfer.backup``: per layer a few copies, however many nodes). Returns the tokens."""
+        queue, self._backup_queue = self._backup_queue, []
+        nodes = []
+        for node in queue:
+            if node.backup_queued:  # NOTE: cleared when it was dropped or reset meanwhile
+                node.backup_queued = False
+                if node.value is not None and node.host_value is None:
+                    nodes.append(node)
+        if not nodes:
+            return 0
+        total = sum(len(n.key) for n in nodes)
+        host = self._host_alloc(total)
+        if host is None:  # the host pool is short (copies being read or filled): as many as fit
+            return sum(len(n.key) for n in nodes if self._backup(n))
+        off = 0
+        for node in nodes:
+            node.host_value = host[off:off + len(node.key)]
+            off += len(node.key)
+        self._host_held += total
+        backup = self.transfer.backup(torch.cat([n.value for n in nodes]), host,
+                                      lambda: self._backed_up(*nodes))
+        for node in nodes:
+            node.backup = backup
+        return total
+
     def _backup(self, node: Any) -> bool:
-        """Copy a device node to the host (and its pages on to storage once there)."""
+        """Copy a device node to the host now (and its pages on to storage once there)."""
         if node.host_value is not None or node.value is None:
             return node.host_value is not None
         host = self._host_alloc(len(node.key))
@@ -33,9 +72,11 @@ class TierMoves:
         node.backup = self.transfer.backup(node.value, host, lambda: self._backed_up(node))
         return True
 
-    def _backed_up(self, node: Any) -> None:
-        if self.storage is not None and node.host_value is not None:
-            pages.store(self, node)
+    def _backed_up(self, *nodes: Any) -> None:
+        if self.storage is not None:
+            for node in nodes:
+                if node.host_value is not None:
+                    pages.store(self, node)
 
     def evict(self, num_tokens: int) -> int:
         """Free at least ``num_tokens`` device slots: LRU device leaves go to the host (when
@@ -52,6 +93,8 @@ class TierMoves:
             _, _, node = heapq.heappop(heap)
             if not self._device_leaf(node):  # changed since it was queued
                 continue
+            if node.backup_queued:  # write-through not issued yet: now, so it is demoted
+                self.issue_backups()
             if node.host_value is None and self.write_policy == "write_back":
                 self._backup(node)
             freed += len(node.key)
@@ -91,6 +134,7 @@ class TierMoves:
         while stack:
             n = stack.pop()
             stack.extend(n.children.values())
+            n.backup_queued = False
             if n.value is not None:
                 self._release_device(n)
                 self.pool.free(n.value)

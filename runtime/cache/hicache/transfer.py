@@ -40,8 +40,9 @@ V; a decode step gives each running request one slot, so an answer's slots inter
 other requests' and come as 1-token stretches): the other tokens take the gathered path below.
 CUDA splits a move so only where that takes no more copies per layer than gathering it all
 (on the device the gather is cheap: the DMA is the cost either way). On the CPU every stretch
-goes pool to pool (a copy costs microseconds, the index kernels ~0.1 ms a token: a 2,048-token
-load of SmolLM2's KV went from ~147-214 ms to ~29-32 ms, a plain memcpy's cost).
+of ``MIN_DIRECT_TOKENS_CPU`` or more goes pool to pool (a 2,048-token load of SmolLM2's KV went
+from ~147-214 ms to ~29-32 ms, a plain memcpy's cost); shorter ones gather (a copy call costs
+~15 us whatever its size: an answer's 32 one-token stretches took 35-45 ms copied one by one).
 SGDSL_HICACHE_DIRECT=0 turns pool-to-pool copies off (A/B: bench_hicache_tiers.py).
 
 Fragmented host slots (more than ``MAX_RUNS`` runs) go through pinned staging instead (a host
@@ -67,7 +68,10 @@ MAX_RUNS = 128  # past this many runs, staging: one host gather beats thousands 
 LOAD_STREAMS = 4
 DIRECT = os.environ.get("SGDSL_HICACHE_DIRECT", "1") != "0"  # pool-to-pool copies (above)
 MIN_DIRECT_TOKENS = 16  # CUDA: shorter stretches gather (a launch per layer each otherwise)
-MIN_DIRECT_TOKENS_CPU = 1  # the CPU: every stretch
+# NOTE: on the CPU too: a copy call costs ~15 us, so a finished request's answer (1-token
+# stretches: its decode slots interleave with the other requests') copied token by token took
+# 35-45 ms for 32 tokens x 32 layers, gathered ~1-2 ms
+MIN_DIRECT_TOKENS_CPU = 16
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
 
@@ -120,11 +124,14 @@ def split(src: torch.Tensor, dst: torch.Tensor, least: int | None
 
 
 class KVTransfer:
-    def __init__(self, device_pool: TokenKVPool, host_pool: HostKVPool) -> None:
+    def __init__(self, device_pool: TokenKVPool, host_pool: HostKVPool, api: Any = None) -> None:
+        """``api``: where streams and events come from (``torch.cuda`` on a CUDA pool; tests
+        pass a stand-in to run the CUDA path over CPU pools and count its host waits)."""
         self.dev = device_pool
         self.host = host_pool
-        self.cuda = device_pool.device.type == "cuda"
-        new_stream = (lambda: torch.cuda.Stream(device_pool.device)) if self.cuda else None
+        self.cuda = api is not None or device_pool.device.type == "cuda"
+        self.api = api if api is not None else torch.cuda
+        new_stream = (lambda: self.api.Stream(device_pool.device)) if self.cuda else None
         self.write_stream = new_stream() if self.cuda else None  # device -> host
         self.load_streams = [new_stream() for _ in range(LOAD_STREAMS)] if self.cuda else []
         self._turn = 0
@@ -132,8 +139,8 @@ class KVTransfer:
         self._timed: list[tuple[Any, Any]] = []  # CUDA: (start, end) events of loads in flight
         self.bytes_d2h = self.bytes_h2d = self.loads = self.backups = self.direct_moves = 0
         self.load_seconds = 0.0
-        # NOTE: host time spent queueing copies (CUDA): if a copy blocks the host (pageable
-        # memory, a full queue) it shows here, on the scheduler's critical path
+        # NOTE: host time spent issuing copies: on CUDA if a copy blocks the host (pageable
+        # memory, a full queue) it shows here; on the CPU it is the copy itself
         self.load_issue_seconds = self.backup_issue_seconds = 0.0
 
     def _plan(self, dev_slots: torch.Tensor, host_slots: torch.Tensor
@@ -160,12 +167,14 @@ class KVTransfer:
                done: Callable[[], None]) -> _Backup | None:
         """Copy device rows to host rows; ``done()`` runs once the host rows hold them.
         Returns the pending backup (its ``landed`` turns True then), or None when done."""
+        start = time.perf_counter()
         self.bytes_d2h += int(dev_slots.numel()) * self.host.bytes_per_token
         self.backups += 1
         direct, dev_slots, host_slots = self._plan(dev_slots, host_slots)  # the rest: gathered
         parts = runs(host_slots)
         if not self.cuda:
             self._copy_out(direct, dev_slots if parts else None, parts, None)
+            self.backup_issue_seconds += time.perf_counter() - start
             done()
             return None
         staging = None
@@ -173,12 +182,11 @@ class KVTransfer:
             staging = torch.empty((self.dev.num_layers, 2, int(dev_slots.numel()),
                                    *self.host.row_shape), dtype=self.host.raw_dtype,
                                   pin_memory=True)
-        start = time.perf_counter()
-        with torch.cuda.stream(self.write_stream):
-            self.write_stream.wait_stream(torch.cuda.current_stream(self.dev.device))
+        with self.api.stream(self.write_stream):
+            self.write_stream.wait_stream(self.api.current_stream(self.dev.device))
             idx = to_device(dev_slots, self.dev.device) if parts else None
             self._copy_out(direct, idx, parts, staging)
-            event = torch.cuda.Event()
+            event = self.api.Event()
             event.record(self.write_stream)
         self.backup_issue_seconds += time.perf_counter() - start
         backup = _Backup(event, staging, host_slots, done)
@@ -208,7 +216,7 @@ class KVTransfer:
         backup, ``event`` its last; a load, ``event`` its last): the compute stream waits for
         that copy, unless it has landed (a device-side wait; the host does not block)."""
         if event is not None and not event.query():
-            torch.cuda.current_stream(self.dev.device).wait_event(event)
+            self.api.current_stream(self.dev.device).wait_event(event)
 
     def poll(self) -> None:
         """Finish the backups whose copies have landed (no waiting); time finished loads."""
@@ -248,6 +256,7 @@ class KVTransfer:
         if not self.cuda:
             self._copy_in(direct, dev_slots if parts else None, parts, None)
             self.load_seconds += time.perf_counter() - start
+            self.load_issue_seconds += time.perf_counter() - start
             return None
         staging = None
         if len(parts) > MAX_RUNS:
@@ -256,18 +265,18 @@ class KVTransfer:
             staging = self.host.gather(host_slots, out=torch.empty(
                 (self.dev.num_layers, 2, int(host_slots.numel()), *self.host.row_shape),
                 dtype=self.host.raw_dtype, pin_memory=True))
-        main = torch.cuda.current_stream(self.dev.device)
+        main = self.api.current_stream(self.dev.device)
         stream = self.load_streams[self._turn]
         self._turn = (self._turn + 1) % len(self.load_streams)
-        with torch.cuda.stream(stream):
+        with self.api.stream(stream):
             stream.wait_stream(main)
             for event in after:
                 stream.wait_event(event)
-            begin = torch.cuda.Event(enable_timing=True)
+            begin = self.api.Event(enable_timing=True)
             begin.record(stream)
             idx = to_device(dev_slots, self.dev.device) if parts else None
             layers = self._copy_in(direct, idx, parts, staging)
-            end = torch.cuda.Event(enable_timing=True)
+            end = self.api.Event(enable_timing=True)
             end.record(stream)
         self.dev.await_layers(layers)
         self.load_issue_seconds += time.perf_counter() - start
@@ -297,7 +306,7 @@ class KVTransfer:
                         rows[off:off + m].copy_(host[first:first + m], non_blocking=async_)
                 dev.index_copy_(0, idx, rows)
             if async_:
-                events.append(torch.cuda.Event())
+                events.append(self.api.Event())
                 events[-1].record()  # on the load's stream (the current one here)
         return events
 

@@ -53,6 +53,7 @@ class HiTreeNode(TreeNode):
     backup: Any = None  # transfer._Backup while the device->host copy may be in flight
     hit_count: int = 0
     load_event: Any = None  # CUDA: the last event of the load that filled ``value``
+    backup_queued: bool = False  # in ``_backup_queue``: copied at the next ``issue_backups``
 
     @property
     def tier(self) -> str:
@@ -95,10 +96,12 @@ class HiRadixCache(TierMoves, RadixCache):
         self.root = HiTreeNode(key=[], value=_EMPTY)
         self.root.lock_ref = 1  # NOTE: the root is never evicted; its lock is not a request's.
         self._evictable = self._protected = self._host_held = 0
+        self._backup_queue: list[HiTreeNode] = []  # write-throughs not issued yet (moves.py)
 
     def reset(self) -> bool:
         if self._protected:
             return False
+        self._backup_queue.clear()  # NOTE: every node goes: nothing to copy
         self.transfer.finish()
         for node in self._nodes():
             if node is not self.root:
@@ -151,6 +154,8 @@ class HiRadixCache(TierMoves, RadixCache):
                            host_value=_head(child.host_value, n), host_ref=child.host_ref,
                            backup=child.backup, hit_count=child.hit_count,
                            load_event=child.load_event)
+        if child.backup_queued:  # both halves are copied when the queue is issued
+            self._queue_backup(upper)
         parent.children[child.key[0]] = upper
         child.key, child.parent = child.key[n:], upper
         child.value, child.host_value = _tail(child.value, n), _tail(child.host_value, n)
@@ -189,6 +194,12 @@ class HiRadixCache(TierMoves, RadixCache):
             self._count_hits(result.node)
         return result, from_host, from_storage
 
+    def load_needed(self, host_length: int) -> bool:
+        """Whether a request whose match found ``host_length`` host tokens must be admitted
+        through ``match_and_load``: a load, pages storage may hold, or selective hits to count."""
+        return (host_length > 0 or self.storage is not None
+                or self.write_policy == "write_through_selective")
+
     def _load(self, host_nodes: list[HiTreeNode], fetched: HiTreeNode | None) -> tuple[int, int]:
         """Give the longest run of ``host_nodes`` that fits device slots and copy them in."""
         if not host_nodes:
@@ -226,7 +237,7 @@ class HiRadixCache(TierMoves, RadixCache):
         while node is not self.root:
             node.hit_count += 1
             if node.hit_count >= SELECTIVE_HITS and node.host_value is None:
-                self._backup(node)
+                self._queue_backup(node)
             node = node.parent
 
     # ---- insertion -------------------------------------------------------------------------
@@ -252,7 +263,7 @@ class HiRadixCache(TierMoves, RadixCache):
             node.children[key[pos]] = leaf
             self._evictable += len(leaf.key)
             if self.write_policy == "write_through":
-                self._backup(leaf)
+                self._queue_backup(leaf)  # NOTE: copied at the step's end (issue_backups)
         return match.length
 
     # ---- scheduler conveniences, sizes, stats ------------------------------------------------
@@ -286,7 +297,8 @@ class HiRadixCache(TierMoves, RadixCache):
 
     def check_integrity(self, idle: bool = False) -> None:
         if idle:
-            self.transfer.finish()  # NOTE: idle means no copy in flight either
+            self.issue_backups()
+            self.transfer.finish()  # NOTE: idle means no copy queued or in flight either
         from .integrity import check_tree
 
         check_tree(self, idle)

@@ -46,6 +46,7 @@ def _serve(tree: HiRadixCache, seq: list[int], check: bool = True) -> int:
         pool.k_buffer[layer][new.to("cuda")] = vals.view(-1, 1, 1).expand(n, HEADS, DIM)
         pool.v_buffer[layer][new.to("cuda")] = -vals.view(-1, 1, 1).expand(n, HEADS, DIM)
     tree.cache_finished_req(seq, torch.cat([res.slots, new]), res.node)
+    tree.issue_backups()  # as the scheduler does once a step was launched
     if check:
         tree.check_integrity(idle=True)
     return host
@@ -177,6 +178,27 @@ def test_a_registered_host_pool_is_pinned_and_its_copies_never_block_the_host():
         pool.wait_layer(layer)
         want = torch.tensor([_kv(t, p, layer) for p, t in enumerate(a[:29])], device="cuda")
         assert torch.equal(pool.k_buffer[layer][slots, 0, 0], want), layer
+    tree.check_integrity(idle=True)
+    tree.close()
+
+
+def test_misses_never_make_the_host_wait(monkeypatch):
+    """Distinct prompts through a CUDA pool they overflow (write-through, each backup issued
+    as the scheduler issues them, demotions while copies may be in flight, the host pool
+    evicting in turn): no event or stream ``synchronize`` (each would hold the scheduler
+    thread until the device got there)."""
+    waits: list[str] = []
+    for cls in (torch.cuda.Event, torch.cuda.Stream):
+        sync = cls.synchronize
+        monkeypatch.setattr(cls, "synchronize", lambda self, _sync=sync: (
+            waits.append(type(self).__name__), _sync(self))[1])
+    pool = TokenKVPool(120, LAYERS, HEADS, DIM, torch.float32, "cuda")
+    tree = HiRadixCache(pool, HostKVPool(300, pool, pin_memory=True), "write_through")
+    for i, seq in enumerate(_seqs(16, 40, seed=9)):
+        _serve(tree, [60 + i, *seq[1:]], check=False)
+    assert waits == []
+    stats = tree.hicache_stats()
+    assert stats["hicache_demoted_tokens"] > 0 and stats["hicache_host_evicted_tokens"] > 0
     tree.check_integrity(idle=True)
     tree.close()
 

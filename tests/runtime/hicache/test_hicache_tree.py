@@ -184,9 +184,11 @@ def test_cuda_plan_splits_only_when_it_takes_no_more_copies(monkeypatch):
     assert moves.direct_moves == 1
 
 
-# direct: every stretch pool to pool (the CPU's default); mixed: 1- and 2-token stretches
-# gathered (as CUDA does below MIN_DIRECT_TOKENS); gathered: SGDSL_HICACHE_DIRECT=0
-COPY_PATHS = {"direct": {}, "mixed": {"MIN_DIRECT_TOKENS_CPU": 3}, "gathered": {"DIRECT": False}}
+# direct: every stretch pool to pool; mixed: 1- and 2-token stretches gathered (as the CPU and
+# CUDA do below MIN_DIRECT_TOKENS*, 16 tokens: the tests' moves are shorter); gathered:
+# SGDSL_HICACHE_DIRECT=0
+COPY_PATHS = {"direct": {"MIN_DIRECT_TOKENS_CPU": 1}, "mixed": {"MIN_DIRECT_TOKENS_CPU": 3},
+              "gathered": {"DIRECT": False}}
 
 
 @pytest.mark.parametrize("path", list(COPY_PATHS))

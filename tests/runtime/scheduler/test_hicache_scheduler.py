@@ -109,3 +109,120 @@ def test_concurrent_conversations_beyond_the_device_pool(hi_harness, policy):
             assert out == expected(p, 4), (c, turn)
             prompts[c] = p + out + [30 + turn]
     assert h.sched.stats()["hicache_host_hit_tokens"] > 0
+
+
+# -- what a miss costs the scheduler thread ----------------------------------------------------
+def _drive(h, prompts: dict, api=None, inflight: int = 3, out: int = 4) -> dict[int, int]:
+    """Keep ``inflight`` prompts running (a finished one replaced at once), one scheduler step
+    at a time, the (stand-in) device finishing each step's work before the next. Returns the
+    device -> host copies started per step."""
+    queue, live, per_step, step = list(prompts.items()), set(), {}, 0
+    transfer = getattr(h.sched.tree, "transfer", None)
+    if transfer is not None:
+        backup = transfer.backup
+        transfer.backup = lambda *a: (per_step.__setitem__(step, per_step.get(step, 0) + 1),
+                                      backup(*a))[1]
+    while queue or live:
+        while queue and len(live) < inflight:
+            rid, ids = queue.pop(0)
+            h.submit(rid, ids, max_new_tokens=out, ignore_eos=True)
+            live.add(rid)
+        h.sched.step()
+        step += 1
+        if api is not None:
+            api.advance()
+        live -= set(h.finish)
+    h.run()
+    return per_step
+
+
+def _count_walks(tree) -> list[int]:
+    walks = [0]
+    match = tree._match
+    tree._match = lambda key: (walks.__setitem__(0, walks[0] + 1), match(key))[1]
+    return walks
+
+
+def test_misses_cost_no_host_wait_and_one_backup_per_step(hi_harness, make_harness):
+    """Distinct prompts only (every request misses) through a device pool they overflow, on the
+    hierarchical cache's CUDA path (stand-in streams and events: a copy lands one step after it
+    was queued): answers are the reference's; the scheduler thread never waits for the device
+    (no event or stream synchronize: on a GPU each would stall the next launch); each step's
+    write-throughs leave as at most one backup, after its launch; a miss walks the tree exactly
+    as often as with the plain radix cache (no second match, no load); evicted prefixes were
+    demoted to the host (write-through kept), the host pool evicted in turn."""
+    from sgdsl.runtime.cache.hicache.transfer import KVTransfer
+
+    from .fake_cuda import FakeCuda
+
+    prompts = {f"m{i}": [60 + i] + list(range(2, 22)) for i in range(18)}
+    h = hi_harness(96)
+    api, tree = FakeCuda(), h.sched.tree
+    tree.transfer = KVTransfer(tree.pool, tree.host, api=api)
+    loads = []
+    tree.match_and_load = lambda ids: loads.append(ids)
+    walks = _count_walks(tree)
+    per_step = _drive(h, prompts, api)
+    for rid, ids in prompts.items():
+        assert h.outs[rid] == expected(ids, 4), rid
+    assert api.host_waits == 0 and api.device_waits > 0
+    assert per_step and max(per_step.values()) == 1
+    assert loads == []
+    stats = h.sched.stats()
+    assert stats["hicache_demoted_tokens"] > 0 and stats["hicache_host_evicted_tokens"] > 0
+    assert stats["hicache_backups_total"] == sum(per_step.values())
+
+    radix = make_harness(96)
+    radix_walks = _count_walks(radix.sched.tree)
+    _drive(radix, prompts)
+    assert walks == radix_walks
+    assert {rid: radix.outs[rid] for rid in prompts} == {rid: h.outs[rid] for rid in prompts}
+
+
+def test_a_queued_write_through_is_issued_before_its_node_is_evicted(hi_harness):
+    """A prefix cached and evicted before the step's end (when the queue is issued) still goes
+    to the host: eviction issues the queue first, so the node is demoted, not dropped, and the
+    next request sharing it loads it back."""
+    h = hi_harness(48)
+    tree = h.sched.tree
+    doc = list(range(1, 31))
+    h.submit("first", doc + [40], max_new_tokens=2, ignore_eos=True)
+    h.run()
+    assert tree.hicache_stats()["hicache_host_held_tokens"] >= 30
+    h.submit("second", list(range(41, 71)) + [40], max_new_tokens=2, ignore_eos=True)
+    h.run()
+    node = tree.match_prefix(list(range(41, 71))).node
+    tree.host.free(node.host_value)  # as if never issued: queue it again, device-only
+    tree._host_held -= len(node.key)
+    node.host_value = node.backup = None
+    tree._queue_backup(node)
+    assert node.backup_queued and node.host_value is None
+    assert tree.evict(tree.evictable_size()) > 0
+    assert not node.backup_queued and node.value is None and node.host_value is not None
+    h.submit("again", list(range(41, 71)) + [9], max_new_tokens=3, ignore_eos=True)
+    h.run()
+    assert h.outs["again"] == expected(list(range(41, 71)) + [9], 3)
+    assert h.sched.stats()["hicache_host_hit_tokens"] >= 30
+
+
+def test_later_turns_load_without_host_waits(hi_harness):
+    """Conversations whose later turns come back from the host (loads layer by layer on the
+    CUDA path's stand-in streams, while other turns miss and write through): the answers are
+    the reference's and the scheduler thread never waits for the device."""
+    from sgdsl.runtime.cache.hicache.transfer import KVTransfer
+
+    from .fake_cuda import FakeCuda
+
+    h = hi_harness(96)
+    api, tree = FakeCuda(), h.sched.tree
+    tree.transfer = KVTransfer(tree.pool, tree.host, api=api)
+    prompts = {f"c{i}": [60 + i] + list(range(2, 22)) for i in range(8)}
+    for turn in range(3):
+        _drive(h, {f"{c}t{turn}": p for c, p in prompts.items()}, api)
+        for c, p in prompts.items():
+            out = h.outs[f"{c}t{turn}"]
+            assert out == expected(p, 4), (c, turn)
+            prompts[c] = p + out + [30 + turn]
+    stats = h.sched.stats()
+    assert stats["hicache_loads_total"] > 0 and stats["hicache_host_hit_tokens"] > 0
+    assert api.host_waits == 0
