@@ -135,9 +135,13 @@ def prompts(tokenizer: Any, a: argparse.Namespace, bs: int
 
 
 def measure(run: Any, texts: list[str], ids: list[list[int]], a: argparse.Namespace,
-            users: list[str] | None = None) -> dict[str, list[sp.Run]]:
-    """Warm-up, then ``repeat`` rounds of constrained then unconstrained at its lengths."""
+            users: list[str] | None = None, stats: Any = None) -> dict[str, list[sp.Run]]:
+    """Warm-up, then ``repeat`` rounds of constrained then unconstrained at its lengths.
+    ``stats()``: the engine's counters (``Engine.stats`` or the server's info), read around
+    each run into ``Run.steps``."""
     n = len(texts)
+    if stats is not None:
+        run = _counted(run, stats)
     for constrained in (True, False):
         run(sp.Workload(texts, ids, [a.warmup_tokens] * n, constrained, users))
     runs: dict[str, list[sp.Run]] = {"constrained": [], "free": []}
@@ -149,12 +153,35 @@ def measure(run: Any, texts: list[str], ids: list[list[int]], a: argparse.Namesp
     return runs
 
 
+STEP_KEYS = ("forward_steps", "extend_steps", "submit_handoffs")
+
+
+def _counted(run: Any, stats: Any) -> Any:
+    """``run`` with the scheduler's counters over each call in ``Run.steps``: whether a slow
+    row did more forward steps (the batch split, a jump-forward lost) or slower ones."""
+    import dataclasses
+
+    def go(w: sp.Workload) -> sp.Run:
+        before = stats()
+        r = run(w)
+        after = stats()
+        return dataclasses.replace(r, steps={k: int(after.get(k, 0)) - int(before.get(k, 0))
+                                             for k in STEP_KEYS})
+    return go
+
+
+def _server_stats(server: sp.Server) -> dict[str, Any]:
+    import httpx
+
+    return httpx.get(server.url + "/get_server_info", timeout=60).json()
+
+
 def summary(runs: list[sp.Run]) -> dict[str, Any]:
     mid = sorted(runs, key=lambda r: r.wall)[len(runs) // 2]
     tokens = sum(mid.tokens)
     return {"wall": mid.wall, "tokens": tokens, "tok_s": tokens / mid.wall, "cpu": mid.cpu,
             "valid": sp.valid_count(mid.texts), "n": len(mid.tokens),
-            "walls": [round(r.wall, 3) for r in runs]}
+            "walls": [round(r.wall, 3) for r in runs], "steps": mid.steps}
 
 
 def report(path: str, bs: int, runs: dict[str, list[sp.Run]], results: dict) -> None:
@@ -184,11 +211,13 @@ def sched_worker(a: argparse.Namespace) -> None:
 
     def run(w: sp.Workload) -> sp.Run:
         sched.memory.flush()
+        before = dict(sched.counters)
         res = bsd.run_mode(sched, w.ids, w.constrained, max(w.budgets),
                            None if w.constrained else w.budgets)
         outs = [res["by_rid"][f"r{i}"]["output_ids"] for i in range(len(w.ids))]
+        steps = {k: sched.counters.get(k, 0) - before.get(k, 0) for k in STEP_KEYS}
         return sp.Run(res["wall"], [len(o) for o in outs],
-                      [tok.decode(o, skip_special_tokens=True) for o in outs], 0.0)
+                      [tok.decode(o, skip_special_tokens=True) for o in outs], 0.0, steps)
     for bs in a.batches:
         texts, ids, _ = prompts(tok, a, bs)
         runs = measure(run, texts, ids, a)
@@ -227,11 +256,11 @@ def run_engine(a: argparse.Namespace, results: dict) -> None:
         for bs in a.batches:
             texts, ids, _ = prompts(engine.tokenizer, a, bs)
             if "engine" in a.paths:
-                report("engine", bs, measure(lambda w: sp.engine_run(engine, w), texts, ids, a),
-                       results)
+                report("engine", bs, measure(lambda w: sp.engine_run(engine, w), texts, ids, a,
+                                             stats=engine.stats), results)
             if local is not None:
-                report("lang-local", bs,
-                       measure(lambda w: sp.language_run(local, w), texts, ids, a), results)
+                report("lang-local", bs, measure(lambda w: sp.language_run(local, w), texts,
+                                                 ids, a, stats=engine.stats), results)
 
 
 def run_server(a: argparse.Namespace, results: dict) -> None:
@@ -249,6 +278,7 @@ def run_server(a: argparse.Namespace, results: dict) -> None:
             from sgdsl.backends import RuntimeEndpoint
 
             endpoint = RuntimeEndpoint(server.url)
+        stats = lambda: _server_stats(server)  # noqa: E731
         for bs in a.batches:
             texts, ids, users = prompts(tok, a, bs)
             for transport in ("httpx", "aiohttp"):
@@ -256,19 +286,19 @@ def run_server(a: argparse.Namespace, results: dict) -> None:
                 if path not in a.paths or (transport == "aiohttp" and not sp.aiohttp_transport()):
                     continue
                 report(path, bs, measure(lambda w: _served(server, w, transport), texts, ids, a,
-                                         users), results)
+                                         users, stats), results)
             for route in ("chat", "native"):
                 if f"{route}-raw" in a.paths and sp.aiohttp_transport():
                     report(f"{route}-raw", bs, measure(
-                        lambda w: _raw(server, w, route), texts, ids, a, users), results)
+                        lambda w: _raw(server, w, route), texts, ids, a, users, stats), results)
             for path in (p for p in HTTP if f"{p}-mp" in a.paths
                          and (p == "openai" or sp.aiohttp_transport())):
                 pool = pool or ClientPool(a.client_procs)
                 report(f"{path}-mp", bs, measure(lambda w: _pooled(server, pool, path, w), texts,
-                                                 ids, a, users), results)
+                                                 ids, a, users, stats), results)
             if endpoint is not None:
-                report("lang-endpoint", bs,
-                       measure(lambda w: sp.language_run(endpoint, w), texts, ids, a), results)
+                report("lang-endpoint", bs, measure(lambda w: sp.language_run(endpoint, w),
+                                                    texts, ids, a, stats=stats), results)
     finally:
         if pool is not None:
             pool.close()
@@ -305,13 +335,24 @@ def table(a: argparse.Namespace, results: dict) -> None:
             rows.append([bs, label, f"{c['tok_s']:.0f}", f"{f['tok_s']:.0f}",
                          f"{c['tok_s'] / f['tok_s']:.2f}x", vs(c, "constrained"), vs(f, "free"),
                          c["tokens"], f"{c['wall']:.2f}", f"{f['wall']:.2f}",
-                         f"{c['cpu']:.2f}/{f['cpu']:.2f}", f"{c['valid']}/{c['n']}"])
+                         f"{c['cpu']:.2f}/{f['cpu']:.2f}", _steps(c, f), f"{c['valid']}/{c['n']}"])
     print_table(f"structured generation by path ({Path(a.model_config).name}"
                 f"{' tiny' if a.tiny else ''}, {a.load_format}, {a.grammar_backend}, prompt "
                 f"{a.prompt_len}, max_new {a.max_new}, median of {a.repeat})",
                 ["batch", "path", "constr. tok/s", "free tok/s", "constr./free",
                  "constr. vs sched", "free vs sched", "constr. tokens", "constr. wall s",
-                 "free wall s", "client cpu s (c/f; -mp: all procs)", "valid JSON"], rows)
+                 "free wall s", "client cpu s (c/f; -mp: all procs)",
+                 "fwd/extend steps, hand-offs (c; f)", "valid JSON"], rows)
+
+
+def _steps(c: dict[str, Any], f: dict[str, Any]) -> str:
+    """The scheduler's forward and extend steps of the median runs, and the Engine's
+    hand-offs of single requests (0: one list call), constrained; free."""
+    def one(s: dict[str, int] | None) -> str:
+        if not s:
+            return "-"
+        return f"{s['forward_steps']}/{s['extend_steps']}, {s['submit_handoffs']}"
+    return f"{one(c.get('steps'))}; {one(f.get('steps'))}"
 
 
 def main() -> None:

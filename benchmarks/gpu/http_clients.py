@@ -35,6 +35,9 @@ class Run:
     tokens: list[int]  # output tokens per request
     texts: list[str]
     cpu: float  # this process's CPU seconds during the run
+    # the scheduler's counters over the run (forward_steps, extend_steps, submit_handoffs),
+    # where the path can read them (None: not read)
+    steps: dict[str, int] | None = None
 
 
 def timed(fn: Callable[[], tuple[list[int], list[str]]]) -> Run:
