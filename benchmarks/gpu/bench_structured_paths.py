@@ -153,7 +153,8 @@ def measure(run: Any, texts: list[str], ids: list[list[int]], a: argparse.Namesp
     return runs
 
 
-STEP_KEYS = ("forward_steps", "extend_steps", "submit_handoffs")
+STEP_KEYS = ("forward_steps", "extend_steps", "submit_handoffs", "grammar_jump_forward_tokens",
+             "grammar_sampled_tokens", "grammar_compiles")
 
 
 def _counted(run: Any, stats: Any) -> Any:
@@ -209,13 +210,17 @@ def sched_worker(a: argparse.Namespace) -> None:
     gc.freeze()  # as the scheduler process does after startup
     sys.setswitchinterval(process.SWITCH_INTERVAL_S)
 
+    def counters() -> dict[str, int]:
+        return {**sched.counters, **(sched.grammar.stats_dict() if sched.grammar else {})}
+
     def run(w: sp.Workload) -> sp.Run:
         sched.memory.flush()
-        before = dict(sched.counters)
+        before = counters()
         res = bsd.run_mode(sched, w.ids, w.constrained, max(w.budgets),
                            None if w.constrained else w.budgets)
         outs = [res["by_rid"][f"r{i}"]["output_ids"] for i in range(len(w.ids))]
-        steps = {k: sched.counters.get(k, 0) - before.get(k, 0) for k in STEP_KEYS}
+        after = counters()
+        steps = {k: after.get(k, 0) - before.get(k, 0) for k in STEP_KEYS}
         return sp.Run(res["wall"], [len(o) for o in outs],
                       [tok.decode(o, skip_special_tokens=True) for o in outs], 0.0, steps)
     for bs in a.batches:
@@ -342,17 +347,20 @@ def table(a: argparse.Namespace, results: dict) -> None:
                 ["batch", "path", "constr. tok/s", "free tok/s", "constr./free",
                  "constr. vs sched", "free vs sched", "constr. tokens", "constr. wall s",
                  "free wall s", "client cpu s (c/f; -mp: all procs)",
-                 "fwd/extend steps, hand-offs (c; f)", "valid JSON"], rows)
+                 "fwd/ext steps, hand-offs (c; f); jf/sampled tokens, compiles (c)", "valid JSON"], rows)
 
 
 def _steps(c: dict[str, Any], f: dict[str, Any]) -> str:
-    """The scheduler's forward and extend steps of the median runs, and the Engine's
-    hand-offs of single requests (0: one list call), constrained; free."""
+    """The median runs' scheduler counters: forward/extend steps and the Engine's hand-offs of
+    single requests (0: one list call), constrained then free; and the constrained run's
+    jump-forward/sampled tokens and grammar compiles (a path that lost jump-forward, or
+    compiles again, shows here)."""
     def one(s: dict[str, int] | None) -> str:
-        if not s:
-            return "-"
-        return f"{s['forward_steps']}/{s['extend_steps']}, {s['submit_handoffs']}"
-    return f"{one(c.get('steps'))}; {one(f.get('steps'))}"
+        return "-" if not s else f"{s['forward_steps']}/{s['extend_steps']}, {s['submit_handoffs']}"
+    g = c.get("steps") or {}
+    jumps = (f"; jf {g.get('grammar_jump_forward_tokens', 0)}/{g.get('grammar_sampled_tokens', 0)}"
+             f", {g.get('grammar_compiles', 0)} compiles") if g else ""
+    return f"{one(c.get('steps'))}; {one(f.get('steps'))}{jumps}"
 
 
 def main() -> None:
