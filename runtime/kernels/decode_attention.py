@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from . import pdl
+from .online_softmax import accumulate, attend_block, load_k, load_v, split_partial, weigh
 
 _MIN_BLOCK_H = 16  # tl.dot needs at least 16 rows
 
@@ -59,26 +60,17 @@ def _load_kv(K_Buf, V_Buf, Req_to_token, req_row, stride_rt, offs_n, mask_n, cur
              stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, mask_d):
     """K (``[D, N]``) and V (``[N, D]``) of the tokens ``offs_n`` (``mask_n``) of one kv head."""
     slots = tl.load(Req_to_token + req_row * stride_rt + offs_n, mask=mask_n, other=0)
-    k = tl.load(K_Buf + slots[None, :] * stride_kbs + cur_kv_head * stride_kh + offs_d[:, None],
-                mask=mask_n[None, :] & mask_d[:, None], other=0.0)
-    v = tl.load(V_Buf + slots[:, None] * stride_vbs + cur_kv_head * stride_vh + offs_d[None, :],
-                mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+    k = load_k(K_Buf, slots, cur_kv_head, stride_kbs, stride_kh, offs_d, mask_n, mask_d)
+    v = load_v(V_Buf, slots, cur_kv_head, stride_vbs, stride_vh, offs_d, mask_n, mask_d)
     return k, v
 
 
 @triton.jit
 def _attend(q, k, v, offs_n, end, mask_h, m_i, l_i, acc, sm_scale, PRECISION: tl.constexpr):
-    """One block of keys folded into the running softmax (``m_i``, ``l_i``) and output: the
-    loop's step below with k and v loaded already (the same operations in the same order)."""
-    mask_n = offs_n < end
-    qk = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * sm_scale
-    qk = tl.where(mask_h[:, None] & mask_n[None, :], qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp(m_i - m_safe)
-    p = tl.exp(qk - m_safe[:, None])
-    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    """One block of keys folded into the running softmax (``m_i``, ``l_i``) and output, with k
+    and v loaded already: ``attend_block``'s step without its loads."""
+    m_new, alpha, p = weigh(q, k, mask_h, offs_n < end, m_i, sm_scale, PRECISION)
+    l_i, acc = accumulate(q, p, v, alpha, l_i, acc, PRECISION)
     return m_new, l_i, acc
 
 
@@ -141,27 +133,12 @@ def _decode_stage1(
     # NOTE: splits past num_splits (or empty ones) run zero iterations and write lse=-inf,
     # which stage 2 weighs by exp(-inf) = 0.
     for n0 in range(first_block, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < end
-        slots = tl.load(Req_to_token + req_row * stride_rt + offs_n, mask=mask_n, other=0)
-        k = tl.load(K_Buf + slots[None, :] * stride_kbs + cur_kv_head * stride_kh + offs_d[:, None],
-                    mask=mask_n[None, :] & mask_d[:, None], other=0.0)
-        qk = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * sm_scale
-        qk = tl.where(mask_h[:, None] & mask_n[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(qk - m_safe[:, None])
-        v = tl.load(V_Buf + slots[:, None] * stride_vbs + cur_kv_head * stride_vh + offs_d[None, :],
-                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype),
-                                            input_precision=PRECISION)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+        m_i, l_i, acc = attend_block(
+            q, K_Buf, V_Buf, Req_to_token, req_row, stride_rt, cur_kv_head, stride_kbs,
+            stride_kh, stride_vbs, stride_vh, n0 + tl.arange(0, BLOCK_N), end, mask_h, offs_d,
+            mask_d, m_i, l_i, acc, sm_scale, PRECISION)
 
-    has = l_i > 0
-    out = acc / tl.where(has, l_i, 1.0)[:, None] * v_scale
-    lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+    out, lse = split_partial(m_i, l_i, acc, v_scale)
     tl.store(Mid_o + cur_batch * stride_mob + offs_h[:, None] * stride_moh + split_id * stride_mos
              + offs_d[None, :], out, mask=mask_h[:, None] & mask_d[None, :])
     tl.store(Mid_lse + cur_batch * stride_lb + offs_h * stride_lh + split_id, lse, mask=mask_h)

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .online_softmax import attend_block, split_partial
+
 # NOTE: rows per program = members x next_pow2(query heads per KV head), capped so the
 # accumulator stays in registers; at least 16 rows for tl.dot.
 MAX_TILE_ROWS = 64
@@ -64,27 +66,12 @@ def _prefix_stage1(
     l_i = tl.zeros([BLOCK_M * BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M * BLOCK_G, BLOCK_D], dtype=tl.float32)
     for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < end
-        slots = tl.load(Req_to_token + row * stride_rt + offs_n, mask=mask_n, other=0)
-        k = tl.load(K_Buf + slots[None, :] * stride_kbs + kv_head * stride_kh + offs_d[:, None],
-                    mask=mask_n[None, :] & mask_d[:, None], other=0.0)
-        qk = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * sm_scale
-        qk = tl.where(valid[:, None] & mask_n[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(qk - m_safe[:, None])
-        v = tl.load(V_Buf + slots[:, None] * stride_vbs + kv_head * stride_vh + offs_d[None, :],
-                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype),
-                                            input_precision=PRECISION)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+        m_i, l_i, acc = attend_block(
+            q, K_Buf, V_Buf, Req_to_token, row, stride_rt, kv_head, stride_kbs, stride_kh,
+            stride_vbs, stride_vh, n0 + tl.arange(0, BLOCK_N), end, valid, offs_d, mask_d, m_i,
+            l_i, acc, sm_scale, PRECISION)
 
-    has = l_i > 0
-    out = acc / tl.where(has, l_i, 1.0)[:, None] * v_scale
-    lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+    out, lse = split_partial(m_i, l_i, acc, v_scale)
     split = split_offset + split_id
     tl.store(Mid_o + member[:, None] * stride_mob + head[:, None] * stride_moh
              + split * stride_mos + offs_d[None, :], out, mask=valid[:, None] & mask_d[None, :])
