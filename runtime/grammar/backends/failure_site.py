@@ -10,9 +10,12 @@ compile worker, only after a failure, bounded by ``MAX_TRIED`` compiles.
 """
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Callable, Iterator
 
+from ...errors import InvalidRequestError
+from ..base import GrammarKey
 from ..schema.support import LISTS, NAMED, SINGLE
 
 MAX_TRIED = 64
@@ -38,6 +41,19 @@ def site_message(backend: str, site: tuple[str, str] | None, error: BaseExceptio
     keyword, path = site or ("(schema)", "#")
     why = _NATIVE_PREFIX.sub("", _last_line(error))
     return f"json_schema keyword {keyword!r} at {path} cannot be compiled by {backend}: {why}"
+
+
+def compile_error(backend: str, key: GrammarKey, error: BaseException,
+                  builds: Callable[[GrammarKey], object], detail: str) -> InvalidRequestError:
+    """The request error for ``key``, which ``backend`` failed to compile with ``error``: for a
+    JSON schema the keyword and path that fail (``builds``: the backend's compile of a key),
+    else ``detail`` (the backend's own message, shortened)."""
+    if key.kind == "json_schema":
+        site = failure_site(json.loads(key.text),
+                            lambda sub: builds(GrammarKey("json_schema", json.dumps(sub))))
+        return InvalidRequestError(site_message(backend, site, error), field=key.field)
+    return InvalidRequestError(f"{backend} cannot compile this {key.field}: {detail}",
+                               field=key.field)
 
 
 def _patterns(node: Any, path: str) -> Iterator[tuple[str, str, dict]]:

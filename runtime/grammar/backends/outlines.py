@@ -27,7 +27,7 @@ from ...errors import InvalidRequestError
 from ..base import (Grammar, GrammarBackend, GrammarKey, StateKey, bitmask_width,
                    choices_regex)
 from .any_value import ANY_OBJECT, bound_untyped_values
-from .failure_site import failure_site, site_message
+from .failure_site import compile_error
 from .outlines_bounds import BoundSplicer
 from .outlines_completion import CompletionTable, completion_table
 from .outlines_patterns import safe_patterns
@@ -221,14 +221,9 @@ class OutlinesBackend(GrammarBackend):
         except InvalidRequestError:
             raise
         except Exception as e:  # outlines-core raises ValueError/TypeError/RuntimeError
-            if key.kind == "json_schema":  # name the keyword and path that failed
-                site = failure_site(json.loads(key.text), lambda sub: self._oc.Index(
-                    self.to_regex(GrammarKey("json_schema", json.dumps(sub))), self._vocab))
-                raise InvalidRequestError(site_message(self.name, site, e),
-                                          field=key.field) from e
-            raise InvalidRequestError(
-                f"outlines cannot compile this {key.field}: {str(e).strip()[:500]}",
-                field=key.field) from e
+            raise compile_error(self.name, key, e,
+                                lambda k: self._oc.Index(self.to_regex(k), self._vocab),
+                                str(e).strip()[:500]) from e
 
     def new_grammar(self, compiled: OutlinesCompiled) -> OutlinesGrammar:
         return OutlinesGrammar(self, compiled)

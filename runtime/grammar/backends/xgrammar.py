@@ -18,7 +18,7 @@ import numpy as np
 
 from ...errors import InvalidRequestError
 from ..base import GrammarBackend, GrammarKey, choices_regex
-from .failure_site import failure_site, site_message
+from .failure_site import compile_error
 from ..schema import normalize_schema
 from ..guards.utf8_tokens import Utf8Tokens
 from ..vocab import token_bytes
@@ -85,14 +85,7 @@ class XGrammarBackend(GrammarBackend):
         except InvalidRequestError:
             raise
         except Exception as e:  # xgrammar raises RuntimeError/ValueError subclasses
-            if key.kind == "json_schema":  # name the keyword and path that failed
-                site = failure_site(json.loads(key.text), lambda sub: self._build(
-                    GrammarKey("json_schema", json.dumps(sub))))
-                raise InvalidRequestError(site_message(self.name, site, e),
-                                          field=key.field) from e
-            raise InvalidRequestError(
-                f"xgrammar cannot compile this {key.field}: {_first_line(e)}",
-                field=key.field) from e
+            raise compile_error(self.name, key, e, self._build, _first_line(e)) from e
 
     def _build(self, key: GrammarKey) -> Any:
         return self._call(*_source(key))

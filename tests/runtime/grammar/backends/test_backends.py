@@ -132,3 +132,14 @@ def test_compile_errors_name_the_field(compiler, kind, text):
     with pytest.raises(InvalidRequestError) as e:
         compiler.compile(GrammarKey(kind, text))
     assert e.value.field == kind and e.value.status == 400 and str(e.value)
+
+
+def test_a_pattern_the_backend_cannot_compile_is_named(compiler, backend):
+    """A schema the normalizer accepts but the backend fails on (a backreference): the error
+    names the pattern's keyword and path and the backend (failure_site.compile_error)."""
+    schema = {"type": "object", "properties": {"p": {"type": "string", "pattern": r"^(a)\1$"}}}
+    with pytest.raises(InvalidRequestError) as e:
+        compiler.compile(GrammarKey("json_schema", json.dumps(schema)))
+    assert e.value.field == "json_schema"
+    assert f"keyword 'pattern' at #/properties/p cannot be compiled by {backend.name}" in str(
+        e.value)
