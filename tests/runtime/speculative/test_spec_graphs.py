@@ -15,6 +15,7 @@ from sgdsl.runtime.speculative.verify_graphs import fits, mask_cells, padded_row
 
 from .test_eagle import STEPS, _config, _prefill, _target, dirs  # noqa: F401 (fixture)
 from .test_spec_scheduler import ScriptedDrafter, TreeStandIn, _spec, make_harness  # noqa: F401
+from .test_verify_forward import _request  # (test_spec_graphs_gpu imports it from here too)
 
 PROMPT = [5, 17, 300, 42, 9, 77]
 K = 5  # draft tokens: verify blocks of 6 rows
@@ -42,18 +43,6 @@ def setup(tiny_model_dir):
                                       max_running_requests=4))
     pool = runner.token_kv_pool
     return runner, KVMemory(runner.req_to_token_pool, pool, RadixCache(pool, disable=True))
-
-
-def _request(runner, memory, prompt):
-    """A request whose prompt KV is written (fed as one chain of decode rows)."""
-    from sgdsl.runtime.speculative.verify_batch import build_verify
-
-    req = SimpleNamespace(req_pool_idx=runner.req_to_token_pool.alloc(), kv_len=0,
-                          all_ids=prompt[:1])
-    batch, _ = build_verify([req], [DraftTree.chain(prompt[1:])], memory, runner.device)
-    runner.forward(batch)
-    req.kv_len, req.all_ids = len(prompt), prompt + [11]
-    return req
 
 
 def test_padded_tree_verify_equals_eager(setup):

@@ -28,13 +28,13 @@ def setup(tiny_model_dir):
     return runner, KVMemory(runner.req_to_token_pool, pool, RadixCache(pool, disable=True))
 
 
-def _request(runner, memory):
+def _request(runner, memory, prompt: list[int] = PROMPT):
     """A request whose prompt KV is written (fed as one chain of decode rows)."""
     req = SimpleNamespace(req_pool_idx=runner.req_to_token_pool.alloc(), kv_len=0,
-                          all_ids=PROMPT[:1])
-    batch, _ = build_verify([req], [DraftTree.chain(PROMPT[1:])], memory, runner.device)
+                          all_ids=prompt[:1])
+    batch, _ = build_verify([req], [DraftTree.chain(prompt[1:])], memory, runner.device)
     runner.forward(batch)
-    req.kv_len, req.all_ids = len(PROMPT), PROMPT + [11]
+    req.kv_len, req.all_ids = len(prompt), prompt + [11]
     return req
 
 
