@@ -45,21 +45,28 @@ class StandInRunner:
 
     def forward(self, b: ForwardBatch) -> torch.Tensor:
         self.forwards.append(b)
+        logits = self.logits(self.sequences(b))
+        # NOTE: no logits_indices (decode): one row per request, as the real runner does.
+        return logits if b.logits_indices is None else logits[b.logits_indices]
+
+    def sequences(self, b: ForwardBatch) -> list[list[int]]:
+        """Stores the batch's ids as their KV, then reads back, for every extend row, the
+        sequence up to it through ``req_to_token``."""
         kv = self.token_kv_pool.k_buffer[0]
         kv[b.out_cache_loc, 0, 0] = b.input_ids.double()
-        rows = []
+        seqs = []
         for i in range(b.batch_size):
             row = int(b.req_pool_indices[i])
             p, e = b.extend_prefix_lens_cpu[i], b.extend_seq_lens_cpu[i]
             for j in range(e):
                 slots = self.req_to_token_pool.req_to_token[row, : p + j + 1]
-                seq = [int(x) for x in kv[slots, 0, 0].tolist()]
-                rows.append(next_token(seq))
-        target = torch.tensor(rows, dtype=torch.int64)
-        # A smooth, peaked row: softmax is non-trivial, argmax is the target.
-        logits = -0.5 * (torch.arange(VOCAB).view(1, -1) - target.view(-1, 1)).abs().float()
-        # NOTE: no logits_indices (decode): one row per request, as the real runner does.
-        return logits if b.logits_indices is None else logits[b.logits_indices]
+                seqs.append([int(x) for x in kv[slots, 0, 0].tolist()])
+        return seqs
+
+    def logits(self, seqs: list[list[int]]) -> torch.Tensor:
+        """A smooth, peaked row per sequence: softmax is non-trivial, argmax is ``next_token``."""
+        target = torch.tensor([next_token(seq) for seq in seqs], dtype=torch.int64)
+        return -0.5 * (torch.arange(VOCAB).view(1, -1) - target.view(-1, 1)).abs().float()
 
 
 @dataclass

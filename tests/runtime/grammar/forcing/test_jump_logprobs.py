@@ -12,7 +12,6 @@ import re
 import pytest
 import torch
 
-from sgdsl.runtime.cache.pool import ReqToTokenPool, TokenKVPool
 from sgdsl.runtime.config import EngineConfig
 from sgdsl.runtime.grammar.manager import GrammarManager
 from sgdsl.runtime.ipc import messages as m
@@ -20,6 +19,7 @@ from sgdsl.runtime.sampling_params import SamplingParams
 from sgdsl.runtime.scheduler.scheduler import Scheduler
 
 from ..helpers import EOS, VOCAB
+from scheduler.standin import StandInRunner
 
 REGEX = r"The answer is (yes|no)\. Thanks for asking, have a nice day!"
 
@@ -29,24 +29,14 @@ def logits_row(seq: list[int]) -> torch.Tensor:
     return torch.randn(VOCAB, generator=gen) * 3
 
 
-class HashRunner:
-    def __init__(self, num_slots: int = 1024, max_reqs: int = 8, context_len: int = 256) -> None:
-        self.req_to_token_pool = ReqToTokenPool(max_reqs, context_len, "cpu")
-        self.token_kv_pool = TokenKVPool(num_slots, 1, 1, 1, torch.float64, "cpu")
-        self.context_len = context_len
+class HashRunner(StandInRunner):
+    """The scheduler tests' stand-in with ``logits_row`` for its rows."""
 
-    def forward(self, b) -> torch.Tensor:
-        kv = self.token_kv_pool.k_buffer[0]
-        kv[b.out_cache_loc, 0, 0] = b.input_ids.double()
-        rows = []
-        for i in range(b.batch_size):
-            row = int(b.req_pool_indices[i])
-            p, e = b.extend_prefix_lens_cpu[i], b.extend_seq_lens_cpu[i]
-            for j in range(e):
-                slots = self.req_to_token_pool.req_to_token[row, : p + j + 1]
-                rows.append(logits_row([int(x) for x in kv[slots, 0, 0].tolist()]))
-        logits = torch.stack(rows)
-        return logits if b.logits_indices is None else logits[b.logits_indices]
+    def __init__(self) -> None:
+        super().__init__(num_slots=1024, max_reqs=8)
+
+    def logits(self, seqs: list[list[int]]) -> torch.Tensor:
+        return torch.stack([logits_row(seq) for seq in seqs])
 
 
 @pytest.fixture()
