@@ -8,23 +8,14 @@ import pytest
 
 from sgdsl.runtime.tokenizer.detokenizer import IncrementalDetokenizer
 
+from .conftest import CountingTokenizer
+
 TEXTS = [
     "Hello, world! This is plain ASCII text.",
     "Emoji: 😀👍🏽 and flags 🇫🇷 then text.",
     "中文测试：世界你好。日本語のテキスト、한국어 텍스트",
     "Mixed 😀中 a😀b 世😀界 end",
 ]
-
-
-class CountingTokenizer:
-    """Wraps a tokenizer and records the length of every decode call."""
-
-    def __init__(self, inner) -> None:
-        self.inner, self.lengths = inner, []
-
-    def decode(self, ids, **kw):
-        self.lengths.append(len(ids))
-        return self.inner.decode(ids, **kw)
 
 
 def stream(tokenizer, ids, chunk=1, **kw) -> tuple[list[str], IncrementalDetokenizer]:

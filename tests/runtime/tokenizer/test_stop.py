@@ -8,14 +8,7 @@ import pytest
 from sgdsl.runtime.tokenizer.detokenizer import IncrementalDetokenizer
 from sgdsl.runtime.tokenizer.stop import StopStringMatcher, StopStringTrimmer, trim_at_stop
 
-
-class CountingTokenizer:
-    def __init__(self, inner) -> None:
-        self.inner, self.lengths = inner, []
-
-    def decode(self, ids, **kw):
-        self.lengths.append(len(ids))
-        return self.inner.decode(ids, **kw)
+from .conftest import CountingTokenizer
 
 
 def first_match(matcher: StopStringMatcher, ids: list[int]) -> tuple[int, str | None]:
