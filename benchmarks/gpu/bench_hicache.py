@@ -41,22 +41,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
-import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chat_load import LoadPoint, Occupancy, parse_points  # noqa: E402
-from common import CONFIGS, print_table, random_prompts  # noqa: E402
-
-TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-        "torch_dtype": "float32"}
+from common import CONFIGS, print_table, random_prompts, tiny_model_dir  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -94,20 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def model_dir(a: argparse.Namespace) -> str:
-    src = Path(a.model_config).resolve()
-    if not a.tiny:
-        return str(src)
-    # NOTE: one dir per source path: worktrees share /tmp, and another tree's links dangle
-    # once it is removed.
-    tag = hashlib.sha1(str(src).encode()).hexdigest()[:8]
-    dst = Path(tempfile.gettempdir()) / f"sgdsl-tiny-{src.name}-{tag}"
-    dst.mkdir(exist_ok=True)
-    (dst / "config.json").write_text(json.dumps({**json.loads((src / "config.json").read_text()),
-                                                 **TINY}))
-    for f in src.iterdir():
-        if f.name != "config.json" and not (dst / f.name).exists():
-            (dst / f.name).symlink_to(f.resolve())
-    return str(dst)
+    """The model config dir; with --tiny a copy of its config at a tiny size, same tokenizer."""
+    return tiny_model_dir(a.model_config) if a.tiny else a.model_config
 
 
 def workload(a: argparse.Namespace) -> tuple[list[list[int]], list[list[list[int]]]]:

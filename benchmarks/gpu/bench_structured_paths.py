@@ -34,16 +34,15 @@ per path and batch, each path's ratio to ``sched`` and constrained/unconstrained
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import CONFIGS, device_line, print_table, random_prompts  # noqa: E402
+from common import (CONFIGS, device_line, print_table, random_prompts,  # noqa: E402
+                    tiny_model_dir)
 import structured_paths as sp  # noqa: E402
 from client_pool import ClientPool  # noqa: E402
 
@@ -51,9 +50,6 @@ HTTP = ("openai", "openai-aiohttp", "chat-raw", "native-raw")
 # "-mp": the same requests from --client-procs client processes (client_pool.py)
 PATHS = ("sched", "engine", *HTTP, *(f"{p}-mp" for p in HTTP), "lang-local", "lang-endpoint")
 SERVED = {*HTTP, *(f"{p}-mp" for p in HTTP), "lang-endpoint"}
-TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-        "torch_dtype": "float32"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -89,21 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def model_dir(a: argparse.Namespace) -> str:
     """The model config dir; with --tiny a copy of its config at a tiny size, same tokenizer."""
-    src = Path(a.model_config).resolve()
-    if not a.tiny:
-        return str(src)
-    # NOTE: one directory per source tree: links into a worktree removed since dangle
-    tag = hashlib.sha1(str(src).encode()).hexdigest()[:8]
-    dst = Path(tempfile.gettempdir()) / f"sgdsl-tiny-{src.name}-{tag}"
-    dst.mkdir(exist_ok=True)
-    config = {**json.loads((src / "config.json").read_text()), **TINY}
-    (dst / "config.json").write_text(json.dumps(config))
-    for f in src.iterdir():
-        link = dst / f.name
-        if f.name != "config.json" and not link.exists():
-            link.unlink(missing_ok=True)  # a dangling link
-            link.symlink_to(f.resolve())
-    return str(dst)
+    return tiny_model_dir(a.model_config) if a.tiny else a.model_config
 
 
 def engine_kwargs(a: argparse.Namespace) -> dict[str, Any]:

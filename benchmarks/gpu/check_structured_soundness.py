@@ -21,14 +21,12 @@ import codecs
 import itertools
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_structured_decode import SCHEMA  # noqa: E402
-from bench_structured_paths import TINY  # noqa: E402
-from common import CONFIGS, print_table, random_prompts  # noqa: E402
+from common import CONFIGS, print_table, random_prompts, tiny_model_dir  # noqa: E402
 
 COLUMNS = ["backend", "jump", "forced", "requests", "stop", "length", "invalid utf8",
            "U+FFFD", "schema violations", "other errors"]
@@ -48,14 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def model_dir(a: argparse.Namespace) -> str:
-    if not a.tiny:
-        return a.model_config
-    out = Path(tempfile.mkdtemp(prefix="soundness-"))
-    for f in Path(a.model_config).iterdir():
-        (out / f.name).write_bytes(f.read_bytes())
-    config = json.loads((out / "config.json").read_text())
-    (out / "config.json").write_text(json.dumps({**config, **TINY}))
-    return str(out)
+    return tiny_model_dir(a.model_config) if a.tiny else a.model_config
 
 
 def check(a: argparse.Namespace, backend: str, jump: bool, forced: bool) -> list[Any]:

@@ -1,10 +1,14 @@
-"""Shared helpers of the GPU benchmarks: model dirs carried in the repo, runner construction,
-device facts, and the final table every script prints."""
+"""Shared helpers of the GPU benchmarks: model dirs carried in the repo (and their tiny
+copies for CPU dry runs), runner construction, device facts, and the final table every script
+prints."""
 from __future__ import annotations
 
 import datetime
+import hashlib
+import json
 import os
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -16,6 +20,31 @@ CONFIGS = Path(__file__).resolve().parent / "configs"
 def model_dir(name: str) -> str:
     """A carried config dir (config.json + stand-in tokenizer) for load_format='dummy'."""
     return str(CONFIGS / name)
+
+
+# A config's layers shrunk for a CPU dry run (``--tiny``); its vocabulary and tokenizer stay.
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "torch_dtype": "float32"}
+
+
+def tiny_model_dir(config_dir: str, overrides: dict | None = None) -> str:
+    """A folder with ``config_dir``'s config at ``TINY`` size (plus ``overrides``) and links to
+    its other files (the tokenizer), for load_format='dummy'."""
+    src = Path(config_dir).resolve()
+    config = {**json.loads((src / "config.json").read_text()), **TINY, **(overrides or {})}
+    # NOTE: one folder per source folder and config: worktrees share /tmp, and links into a
+    # worktree removed since dangle (they are made again)
+    tag = hashlib.sha1(f"{src}{sorted(config.items())}".encode()).hexdigest()[:8]
+    dst = Path(tempfile.gettempdir()) / f"sgdsl-tiny-{src.name}-{tag}"
+    dst.mkdir(exist_ok=True)
+    (dst / "config.json").write_text(json.dumps(config))
+    for f in src.iterdir():
+        link = dst / f.name
+        if f.name != "config.json" and not link.exists():
+            link.unlink(missing_ok=True)  # a dangling link
+            link.symlink_to(f.resolve())
+    return str(dst)
 
 
 def device_line() -> str:
