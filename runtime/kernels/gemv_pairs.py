@@ -29,6 +29,7 @@ import triton.language as tl
 
 from . import pdl
 from .gemv import Tile, _load_w, _load_x, _pre_blocks
+from .kv_store import store_halves
 
 SILU, ROPE = 0, 1
 
@@ -83,18 +84,6 @@ def _finish(acc, scale, bias, rstd, dt: tl.constexpr, HAS_SCALE: tl.constexpr,
     if HAS_BIAS:
         out = (out.to(tl.float32) + bias).to(dt)
     return out.to(tl.float32)
-
-
-@triton.jit
-def _store_pool(Buf, slot, stride_bs, head, j, o1, o2, mask, inv_scale, HALF: tl.constexpr,
-                QUANT: tl.constexpr):
-    """Pairs of a k or v head (``head``: its index among the kv heads) into the pool."""
-    p = Buf + slot * stride_bs + head * (2 * HALF) + j
-    if QUANT:
-        o1 = tl.clamp(o1.to(tl.float32) * inv_scale, -448.0, 448.0)
-        o2 = tl.clamp(o2.to(tl.float32) * inv_scale, -448.0, 448.0)
-    tl.store(p, o1.to(Buf.dtype.element_ty), mask=mask)
-    tl.store(p + HALF, o2.to(Buf.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -168,9 +157,9 @@ def _pairs_kernel(X, W, S, Out, NW, Bias, Cos, Sin, K_Buf, V_Buf, Loc, n_pairs, 
         tl.store(Out + row_a, o1, mask=mask_p)
         tl.store(Out + row_b, o2, mask=mask_p)
         if STORE:
-            _store_pool(K_Buf, slot, stride_kbs, head - q_heads, j, o1, o2,
+            store_halves(K_Buf, slot, stride_kbs, head - q_heads, j, o1, o2,
                         mask_p & rot & (head >= q_heads), inv_k_scale, HALF, QUANT)
-            _store_pool(V_Buf, slot, stride_vbs, head - q_heads - kv_heads, j, o1, o2,
+            store_halves(V_Buf, slot, stride_vbs, head - q_heads - kv_heads, j, o1, o2,
                         mask_p & (head >= q_heads + kv_heads), inv_v_scale, HALF, QUANT)
 
 

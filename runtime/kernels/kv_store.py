@@ -1,6 +1,8 @@
 """KV store: write the new tokens' k and v into the token pool at their slots, one launch
 for both buffers (instead of two index_put kernels per layer). An fp8 (E4M3) pool stores
-``value / scale`` clamped to the format's range (it has no inf; an overflow would be NaN)."""
+``value / scale`` clamped to the format's range (it has no inf; an overflow would be NaN).
+``store_halves``: the same store of one head given as its two rotary halves, for the kernels
+that write k and v to the pool in their epilogue (gemv_pairs, qk_norm_rope)."""
 from __future__ import annotations
 
 import torch
@@ -26,6 +28,19 @@ def _kv_store_kernel(K, V, K_Buf, V_Buf, Loc, stride_kt, stride_vt, stride_kbs, 
         v = tl.clamp(v.to(tl.float32) * inv_v_scale, -448.0, 448.0)
     tl.store(K_Buf + slot * stride_kbs + offs, k.to(K_Buf.dtype.element_ty), mask=mask)
     tl.store(V_Buf + slot * stride_vbs + offs, v.to(V_Buf.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def store_halves(Buf, slot, stride_bs, head, offs, x1, x2, mask, inv_scale, HALF: tl.constexpr,
+                 QUANT: tl.constexpr):
+    """One kv head's halves (``offs`` of each) at ``Buf[slot, head]``; fp8 (``QUANT``): divided
+    by the scale (times ``inv_scale``) and clamped."""
+    p = Buf + slot * stride_bs + head * (2 * HALF) + offs
+    if QUANT:
+        x1 = tl.clamp(x1.to(tl.float32) * inv_scale, -448.0, 448.0)
+        x2 = tl.clamp(x2.to(tl.float32) * inv_scale, -448.0, 448.0)
+    tl.store(p, x1.to(Buf.dtype.element_ty), mask=mask)
+    tl.store(p + HALF, x2.to(Buf.dtype.element_ty), mask=mask)
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,

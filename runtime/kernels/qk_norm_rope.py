@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from . import pdl
+from .kv_store import store_halves
 
 
 @triton.jit
@@ -25,12 +26,7 @@ def _to_pool(Buf, Loc, tok, stride_bs, row, offs, mask, x1, x2, inv_scale, HALF:
              QUANT: tl.constexpr):
     """Store one head's halves (activation dtype) at ``Buf[Loc[tok], row]``."""
     slot = tl.load(Loc + tok).to(tl.int64)
-    p = Buf + slot * stride_bs + row * (2 * HALF) + offs
-    if QUANT:
-        x1 = tl.clamp(x1.to(tl.float32) * inv_scale, -448.0, 448.0)
-        x2 = tl.clamp(x2.to(tl.float32) * inv_scale, -448.0, 448.0)
-    tl.store(p, x1.to(Buf.dtype.element_ty), mask=mask)
-    tl.store(p + HALF, x2.to(Buf.dtype.element_ty), mask=mask)
+    store_halves(Buf, slot, stride_bs, row, offs, x1, x2, mask, inv_scale, HALF, QUANT)
 
 
 @triton.jit
