@@ -6,10 +6,11 @@
   chunk, a finished request) costs the scheduler an append, and the copies' host time is spent
   while the device runs the step just launched. A queued node is still device-only: evicting
   it issues the queue first (write-through kept: it is demoted, its copy ordered before its
-  slots' reuse). ``_backup``: one node's copy now (write_back: on eviction). Once a copy has
-  landed, the nodes' pages go on to storage.
+  slots' reuse). ``_backup``: one node's copy now (when the host pool cannot take a whole
+  batch). Once a copy has landed, the nodes' pages go on to storage.
 - ``evict`` (device): LRU over device-resident nodes with no device-resident child; a node with
   a host copy is demoted (device slots freed), one without is dropped with its host subtree.
+  write_back copies the victims first, as one batch (as queued write-throughs).
 - ``_evict_host``: LRU; frees the host copy of a device-resident node, or removes a host-only
   leaf after writing its pages to storage.
 """
@@ -80,32 +81,44 @@ class TierMoves:
 
     def evict(self, num_tokens: int) -> int:
         """Free at least ``num_tokens`` device slots: LRU device leaves go to the host (when
-        they have or get a host copy) or are dropped."""
+        they have or get a host copy) or are dropped. The victims' missing host copies (queued
+        write-throughs; write_back's) leave as one copy first, their slots fenced on it."""
         if num_tokens <= 0 or self._evictable == 0:
             return 0
         self.transfer.poll()
-        tie = itertools.count()
-        heap = [(n.last_access, next(tie), n) for n in self._device_nodes()
-                if self._device_leaf(n)]
-        heapq.heapify(heap)
-        freed = 0
-        while freed < num_tokens and heap:
-            _, _, node = heapq.heappop(heap)
-            if not self._device_leaf(node):  # changed since it was queued
-                continue
-            if node.backup_queued:  # write-through not issued yet: now, so it is demoted
-                self.issue_backups()
-            if node.host_value is None and self.write_policy == "write_back":
-                self._backup(node)
-            freed += len(node.key)
-            parent = node.parent
+        victims = self._victims(num_tokens)
+        if self.write_policy == "write_back":
+            for node in victims:
+                self._queue_backup(node)
+        if any(node.backup_queued for node in victims):
+            self.issue_backups()
+        for node in victims:  # NOTE: children before their parents (``_victims``)
             if node.host_value is not None:
                 self._demote(node)
             else:
                 self._drop(node)
-            if self._device_leaf(parent):
-                heapq.heappush(heap, (parent.last_access, next(tie), parent))
-        return freed
+        return sum(len(node.key) for node in victims)
+
+    def _victims(self, num_tokens: int) -> list:
+        """LRU device leaves (unlocked, no device-resident child) to free ``num_tokens``; a
+        parent whose device children are all taken becomes a leaf and joins the queue."""
+        taken: set[int] = set()
+
+        def leaf(n: Any) -> bool:
+            return (n is not self.root and n.value is not None and n.lock_ref == 0
+                    and all(c.value is None or id(c) in taken for c in n.children.values()))
+        tie = itertools.count()
+        heap = [(n.last_access, next(tie), n) for n in self._device_nodes() if leaf(n)]
+        heapq.heapify(heap)
+        out, freed = [], 0
+        while freed < num_tokens and heap:
+            _, _, node = heapq.heappop(heap)
+            taken.add(id(node))
+            out.append(node)
+            freed += len(node.key)
+            if leaf(node.parent):
+                heapq.heappush(heap, (node.parent.last_access, next(tie), node.parent))
+        return out
 
     def _device_nodes(self):
         """Device-resident nodes (and the root): host-only subtrees are not entered, since
@@ -115,10 +128,6 @@ class TierMoves:
             node = stack.pop()
             yield node
             stack.extend(c for c in node.children.values() if c.value is not None)
-
-    def _device_leaf(self, node: Any) -> bool:
-        return (node is not self.root and node.value is not None and node.lock_ref == 0
-                and all(c.value is None for c in node.children.values()))
 
     def _demote(self, node: Any) -> None:
         self._release_device(node)

@@ -226,3 +226,31 @@ def test_later_turns_load_without_host_waits(hi_harness):
     stats = h.sched.stats()
     assert stats["hicache_loads_total"] > 0 and stats["hicache_host_hit_tokens"] > 0
     assert api.host_waits == 0
+
+
+def test_write_back_copies_each_evictions_victims_at_once(hi_harness):
+    """write_back on misses: nothing is copied until an eviction, which copies all its victims
+    as one backup before freeing their slots (on the stand-in CUDA path: no host wait); the
+    victims are demoted, answers are the reference's."""
+    from sgdsl.runtime.cache.hicache.transfer import KVTransfer
+
+    from .fake_cuda import FakeCuda
+
+    h = hi_harness(96, hicache_write_policy="write_back")
+    api, tree = FakeCuda(), h.sched.tree
+    tree.transfer = KVTransfer(tree.pool, tree.host, api=api)
+    per_evict, evict = [], tree.evict
+
+    def counted(n: int) -> int:
+        before = tree.transfer.backups
+        freed = evict(n)
+        per_evict.append(tree.transfer.backups - before)
+        return freed
+    tree.evict = counted
+    prompts = {f"w{i}": [60 + i] + list(range(2, 22)) for i in range(12)}
+    _drive(h, prompts, api)
+    for rid, ids in prompts.items():
+        assert h.outs[rid] == expected(ids, 4), rid
+    assert api.host_waits == 0
+    assert max(per_evict) == 1 and tree.transfer.backups == sum(per_evict)
+    assert h.sched.stats()["hicache_demoted_tokens"] > 0
