@@ -29,9 +29,13 @@ def make_tree(runner: Any, config: Any) -> RadixCache:
         storage = FileStorage(storage_dir(config), _identity(runner, config),
                               int(config.hicache_storage_size * GB),
                               (pool.num_layers, 2, PAGE_TOKENS, *host.row_shape), host.raw_dtype)
-    logger.info("hicache: host pool %d tokens (%.2f GB, %s), storage %s", slots,
-                slots * host.bytes_per_token / GB, config.hicache_write_policy,
+    logger.info("hicache: host pool %d tokens (%.2f GB, %s, pinned %s), storage %s", slots,
+                slots * host.bytes_per_token / GB, config.hicache_write_policy, host.pinned,
                 storage.dir if storage else "off")
+    if pool.device.type == "cuda" and not host.pinned:
+        # NOTE: then every copy to or from it holds the scheduler thread until it is done
+        logger.warning("hicache: the CUDA runtime does not see the host pool as page-locked: "
+                       "its copies will block the scheduler")
     return HiRadixCache(pool, host, config.hicache_write_policy, storage)
 
 
