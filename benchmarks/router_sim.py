@@ -2,9 +2,8 @@
 issue 30's router workloads on the CPU in seconds, without a GPU or real servers.
 
 The policies are the real ones (``make_policy``, the real ``Worker`` objects and their ledgers,
-fed by ``/load``-shaped reports every ``poll_s``); only the replicas are modelled:
-
-each replica is benchmarks/router_replica.py: the server's scheduler rules (prefill-first
+fed by ``/load``-shaped reports every ``poll_s``); only the replicas are modelled, by
+benchmarks/router_replica.py: the server's scheduler rules (prefill-first
 extend steps of 2048 tokens, LPM, decode reservation by ``new_token_ratio`` with retraction, the
 radix cache's LRU over prefixes and released requests' tokens, ``/load`` as the server computes
 it) with step times fitted to the H200 runs (RESULTS.md). ``oracle`` is the perfect partition
@@ -13,9 +12,12 @@ it) with step times fitted to the H200 runs (RESULTS.md). ``oracle`` is the perf
 The client keeps ``concurrency`` requests in flight over SGLang's generated-shared-prefix
 workload (``groups`` x ``per_group`` prompts, shuffled), as benchmarks/bench_router.py does.
 Reported per policy: total tokens/s (prompt + output over the makespan), the hit rate (cached
-prompt tokens / prompt tokens) and the balance (most / fewest requests a replica served).
+prompt tokens / prompt tokens), the balance (most / fewest requests a replica served), the
+replicas' retractions and, with ``--reasons``, the router's decisions and the groups sent to
+each replica.
 
-    python benchmarks/router_sim.py kv fits dp4 [--policies cost_aware,round_robin,cache_aware,oracle]
+    python benchmarks/router_sim.py [fits kv dp4 hot unique] [--seeds 3] [--reasons]
+        [--policies cost_aware,round_robin,cache_aware,oracle]
 """
 from __future__ import annotations
 
@@ -86,77 +88,95 @@ def workload(shape: Shape) -> list[tuple[int, str]]:
     return prompts
 
 
-def simulate(policy_spec: str, shape: Shape, timing: Timing = Timing(),
-             prompts: list[tuple[int, str]] | None = None) -> dict:
-    """One run of ``policy_spec`` (``name[:key=value+...]``, router options; ``oracle``: the
-    perfect partition) over ``shape``."""
-    name, _, options = policy_spec.partition(":")
-    kwargs = {k: float(v) for k, v in (o.split("=") for o in filter(None, options.split("+")))}
-    urls = tuple(f"http://10.0.0.{i + 1}:8000" for i in range(shape.dp))
-    oracle = Oracle() if name == "oracle" else None
-    config = RouterConfig(worker_urls=urls, policy="round_robin" if oracle else name,
-                          chars_per_token=CHARS_PER_TOKEN, **kwargs)
-    policy = make_policy(config, random.Random(shape.seed))
-    workers = [Worker(u) for u in urls]
-    for w in workers:
-        policy.on_add(w.url)
-    replicas = [Replica(shape.kv_tokens, timing) for _ in urls]
-    pending = deque(prompts if prompts is not None else workload(shape))
-    events: list = []  # (time, seq, kind, index)
-    seq = iter(range(1 << 62))
-    reasons: Counter = Counter()
-    now = 0.0
+class Run:
+    """One simulated run: the router's policy (``name[:key=value+...]``, router options; or
+    ``oracle``, the perfect partition) in front of modelled replicas, a closed-loop client."""
 
-    def kick(i: int) -> None:
-        rep = replicas[i]
+    def __init__(self, policy_spec: str, shape: Shape, timing: Timing,
+                 prompts: list[tuple[int, str]] | None) -> None:
+        name, _, options = policy_spec.partition(":")
+        kwargs = {k: float(v) for k, v in (o.split("=") for o in filter(None, options.split("+")))}
+        self.spec, self.shape, self.timing = policy_spec, shape, timing
+        self.urls = tuple(f"http://10.0.0.{i + 1}:8000" for i in range(shape.dp))
+        self.oracle = Oracle() if name == "oracle" else None
+        config = RouterConfig(worker_urls=self.urls, policy="round_robin" if self.oracle else name,
+                              chars_per_token=CHARS_PER_TOKEN, **kwargs)
+        self.policy = make_policy(config, random.Random(shape.seed))
+        self.workers = [Worker(u) for u in self.urls]
+        for w in self.workers:
+            self.policy.on_add(w.url)
+        self.replicas = [Replica(shape.kv_tokens, timing) for _ in self.urls]
+        self.pending = deque(prompts if prompts is not None else workload(shape))
+        self.events: list = []  # (time, seq, kind, replica index)
+        self.seq = iter(range(1 << 62))
+        self.reasons: Counter = Counter()
+        self.now = 0.0
+
+    def kick(self, i: int) -> None:
+        rep = self.replicas[i]
         if not rep.busy:
             duration = rep.step()
             if duration > 0:
                 rep.busy = True
-                heapq.heappush(events, (now + duration, next(seq), "step", i))
+                heapq.heappush(self.events, (self.now + duration, next(self.seq), "step", i))
 
-    def submit() -> None:
-        group, text = pending.popleft()
-        if oracle is not None:
-            i, prefill, decode = oracle.pick(group, shape.dp), 0.0, 0.0
+    def submit(self) -> None:
+        group, text = self.pending.popleft()
+        s = self.shape
+        if self.oracle is not None:
+            i, prefill, decode = self.oracle.pick(group, s.dp), 0.0, 0.0
         else:
-            choice = policy.select(workers, text, shape.output)
-            i, prefill, decode = urls.index(choice.worker.url), choice.prefill, choice.decode
-            reasons[choice.reason] += 1
-        ticket = workers[i].start(prefill, decode)
-        prompt = shape.prefix + shape.question
-        replicas[i].add(Req(group, shape.prefix, prompt, shape.output, next(seq),
-                            (i, ticket, len(text))))
-        kick(i)
+            choice = self.policy.select(self.workers, text, s.output)
+            i, prefill, decode = self.urls.index(choice.worker.url), choice.prefill, choice.decode
+            self.reasons[choice.reason] += 1
+        ticket = self.workers[i].start(prefill, decode)
+        self.replicas[i].add(Req(group, s.prefix, s.prefix + s.question, s.output,
+                                 next(self.seq), (ticket, len(text))))
+        self.kick(i)
 
-    for _ in range(min(shape.concurrency, len(pending))):
-        submit()
-    heapq.heappush(events, (timing.poll_s, next(seq), "poll", -1))
-    while events:
-        now, _, kind, i = heapq.heappop(events)
-        if kind == "poll":
-            for w, rep in zip(workers, replicas):
-                w.ledger.apply(rep.report(), w.ledger.requested())
-            if any(r.busy for r in replicas):
-                heapq.heappush(events, (now + timing.poll_s, next(seq), "poll", -1))
-            continue
-        replicas[i].busy = False
-        for r in replicas[i].end_step():
-            _, ticket, chars = r.done_cb
-            workers[i].finish(ticket)
-            policy.observe(chars, r.prompt)
-            if pending:
-                submit()
-        kick(i)
-    hit = sum(r.hit_tokens for r in replicas)
-    prompt = sum(r.prompt_tokens for r in replicas)
-    out = sum(r.served for r in replicas) * shape.output
-    served = [r.served for r in replicas]
-    assert sum(served) == shape.groups * shape.per_group, served
-    return {"policy": policy_spec, "seconds": now, "total_tok_s": (prompt + out) / now,
-            "hit_rate": hit / prompt, "balance": max(served) / max(1, min(served)),
-            "retracted": sum(r.retracted for r in replicas), "reasons": dict(reasons),
-            "groups": [len(r.groups) for r in replicas]}
+    def run(self) -> dict:
+        for _ in range(min(self.shape.concurrency, len(self.pending))):
+            self.submit()
+        heapq.heappush(self.events, (self.timing.poll_s, next(self.seq), "poll", -1))
+        while self.events:
+            self.now, _, kind, i = heapq.heappop(self.events)
+            if kind == "poll":
+                self.poll()
+                continue
+            self.replicas[i].busy = False
+            for r in self.replicas[i].end_step():
+                ticket, chars = r.done_cb
+                self.workers[i].finish(ticket)
+                self.policy.observe(chars, r.prompt)
+                if self.pending:
+                    self.submit()
+            self.kick(i)
+        return self.summary()
+
+    def poll(self) -> None:
+        """Every worker's /load into its ledger (asked for and answered at once)."""
+        for w, rep in zip(self.workers, self.replicas):
+            w.ledger.apply(rep.report(), w.ledger.requested())
+        if any(r.busy for r in self.replicas):
+            heapq.heappush(self.events, (self.now + self.timing.poll_s, next(self.seq), "poll", -1))
+
+    def summary(self) -> dict:
+        reps, s = self.replicas, self.shape
+        hit = sum(r.hit_tokens for r in reps)
+        prompt = sum(r.prompt_tokens for r in reps)
+        served = [r.served for r in reps]
+        assert sum(served) == s.groups * s.per_group, served
+        return {"policy": self.spec, "seconds": self.now,
+                "total_tok_s": (prompt + sum(served) * s.output) / self.now,
+                "hit_rate": hit / prompt, "balance": max(served) / max(1, min(served)),
+                "retracted": sum(r.retracted for r in reps), "reasons": dict(self.reasons),
+                "groups": [len(r.groups) for r in reps]}
+
+
+def simulate(policy_spec: str, shape: Shape, timing: Timing = Timing(),
+             prompts: list[tuple[int, str]] | None = None) -> dict:
+    """One run of ``policy_spec`` over ``shape`` (see ``Run``)."""
+    return Run(policy_spec, shape, timing, prompts).run()
 
 
 def mean_runs(spec: str, shape: Shape, timing: Timing, seeds: int) -> dict:
