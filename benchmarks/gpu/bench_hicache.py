@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import time
@@ -83,6 +84,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "think:16,think:8,closed")
     ap.add_argument("--engines", default="radix,hicache,radix2",
                     help="comma list of radix, hicache, radix2 (a repeat of radix)")
+    ap.add_argument("--trace", default=None,
+                    help="record each engine's scheduler steps ($SGDSL_STEP_TRACE) in "
+                         "TRACE/<engine> and print their summaries (step_trace_report.py)")
     return ap.parse_args(argv)
 
 
@@ -261,7 +265,11 @@ def main(argv: list[str] | None = None) -> None:
           f"schedule policy {a.schedule_policy}; think time {a.think_time} s; load points "
           + ", ".join(p.name for p in points), flush=True)
     names = [n.strip() for n in a.engines.split(",") if n.strip()]
-    runs = {n: run(a, n == "hicache", points) for n in names}
+    runs = {}
+    for n in names:
+        if a.trace:  # NOTE: read by the scheduler process the Engine spawns
+            os.environ["SGDSL_STEP_TRACE"] = os.path.join(a.trace, n)
+        runs[n] = run(a, n == "hicache", points)
     keys = list(runs[names[0]][0][0])
     rows = [[n, *(r[0][k] for k in keys)] for i in range(len(points)) for n, rs in runs.items()
             for r in [rs[i]]]
@@ -269,6 +277,11 @@ def main(argv: list[str] | None = None) -> None:
                 ["engine", *keys], rows)
     for i, point in enumerate(points):
         report(point, {n: rs[i] for n, rs in runs.items()})
+    if a.trace:
+        import step_trace_report
+
+        for n in names:
+            print(step_trace_report.summarize(os.path.join(a.trace, n, "steps-rank0.jsonl")))
 
 
 def report(point: LoadPoint, runs: dict[str, tuple[dict, list]]) -> None:

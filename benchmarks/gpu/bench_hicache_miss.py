@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import hashlib
-import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -29,8 +26,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_hicache import TINY  # noqa: E402
-from common import CONFIGS, print_table, random_prompts  # noqa: E402
+from common import CONFIGS, print_table, random_prompts, tiny_model_dir  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -53,19 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def model_dir(a: argparse.Namespace) -> str:
-    src = Path(a.model_config).resolve()
     if not a.tiny:
-        return str(src)
-    tiny = {**TINY, **({"num_hidden_layers": a.layers} if a.layers else {})}
-    tag = hashlib.sha1(f"{src}|{a.layers}".encode()).hexdigest()[:8]
-    dst = Path(tempfile.gettempdir()) / f"sgdsl-tiny-miss-{src.name}-{tag}"
-    dst.mkdir(exist_ok=True)
-    (dst / "config.json").write_text(json.dumps({**json.loads((src / "config.json").read_text()),
-                                                 **tiny}))
-    for f in src.iterdir():
-        if f.name != "config.json" and not (dst / f.name).exists():
-            (dst / f.name).symlink_to(f.resolve())
-    return str(dst)
+        return a.model_config
+    return tiny_model_dir(a.model_config, {"num_hidden_layers": a.layers} if a.layers else None)
 
 
 class Syncs:

@@ -42,6 +42,15 @@ def summarize(path: str, top: int = 8) -> str:
         lines.insert(1, f"  iteration ms with KV transfers in flight: p50 {pct(busy, 50):.1f} "
                         f"p99 {pct(busy, 99):.1f} (n={len(busy)}); without: p50 "
                         f"{pct(calm, 50):.1f} p99 {pct(calm, 99):.1f} (n={len(calm)})")
+    # per part: mean host ms per launched iteration (what a part costs the loop on average:
+    # e.g. the hierarchical cache's loads and backups beside the same engine without them)
+    totals: dict[str, float] = {}
+    for r in steps:
+        for k, v in r.items():
+            if k not in SKIP and not k.startswith("pd_"):
+                totals[k] = totals.get(k, 0.0) + v
+    lines.insert(1, "  mean ms per iteration: " + ", ".join(
+        f"{k} {v / len(steps):.3f}" for k, v in sorted(totals.items(), key=lambda kv: -kv[1])))
     prev = {id(b): a for a, b in zip(rows, rows[1:])}
     for r in sorted(steps, key=lambda r: -r["ms"])[:top]:
         before = prev.get(id(r), {})

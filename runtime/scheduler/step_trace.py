@@ -17,7 +17,8 @@ from typing import Any, Callable
 # disaggregation side's poll). Each is timed where it is called (nested calls count in both).
 PARTS = ("pd.poll", "pd._allocate", "pd._drain_done", "memory.cache_chunk", "sampler.new_info",
          "running.merge", "_finish_and_send", "_schedule_prefill", "_launch_extend",
-         "_launch_decode", "_read")
+         "_launch_decode", "_read",
+         "memory.load", "memory.release", "memory.issue_backups")  # hicache: tier moves
 FLUSH_S = 1.0
 
 

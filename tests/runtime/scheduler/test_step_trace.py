@@ -71,4 +71,6 @@ def test_lines_time_the_parts_and_the_report_reads_them(monkeypatch, tmp_path):
     assert rows[1]["pd_kv_tokens_received"] == 3 * 64 and rows[1]["pd_waiting_kv_reqs"] == 1
     text = _report_module().summarize(str(path))
     assert "2 launched iterations (0 extend)" in text
+    means = next(line for line in text.splitlines() if "mean ms per iteration:" in line)
+    assert "pd.poll" in means  # each part's mean over the launched iterations
     assert '"pd_kv_tokens_received": 128' in text  # the change since the line before
