@@ -31,12 +31,13 @@ included, are a real cost (STANDALONE: its first step extends the draft model ov
 plain stretch, on the CPU 530-1800 ms against 150-260 ms for a steady step). So a draft that
 always loses runs a probe after 16 (or 64), then 4x longer waits: three or four in all.
 A loss is hopeless when the rate at full acceptance (``1 + k`` tokens per request per steady
-interval) is below the bar too: no acceptance can pay, so the wait is the longest at once.
+interval) is below the bar too: no acceptance can pay, so the wait is the longest at once,
+at that batch size only (the device's costs at that size decided it).
 And a drafter whose ``proposal_cost`` (a lower bound in target steps, from the configs: the
 model drafting for itself costs ``num_steps``) leaves ``(1 + k) / (1 + cost)`` at or below
-``min_speedup`` is hopeless before any measurement: its first probe comes after the longest
-wait (each STANDALONE probe extends the draft model over the whole request: a probe per short
-request made the self-draft 0.69x plain on the H200).
+``min_speedup`` is hopeless before any measurement: its first probe at each batch size
+comes after the longest wait (each STANDALONE probe extends the draft model over the whole
+request: a probe per short request made the self-draft 0.69x plain on the H200).
 ``min_speedup`` 0 turns the gate off. Only when tokens come changes; which tokens (greedy or
 sampled: the same distribution) never does. With tensor parallelism each rank times itself,
 and rank 0's verdict is broadcast at each comparison (samples are taken at the same steps on
@@ -132,6 +133,11 @@ class CostGate:
         self.last_rates = (0.0, 0.0)  # (speculative, plain) of the last comparison
         self.last_ceiling = 0.0  # the last comparison's speculative rate at full acceptance
         self.hopeless = 0  # verdicts (the prior's included) that not even full acceptance pays
+        # per batch bucket, plain steps left after a hopeless verdict: a fact about the
+        # device's costs at that batch size (not about the requests running, as a
+        # low-acceptance loss, whose wait above holds for every size)
+        self.blocked: dict[int, int] = {}
+        self._first_block = 0  # a bucket's wait before its first probe (the prior's)
         # tokens per target step a speculative step gives at best, known before measuring:
         # 1 + k tokens for at least one target step (the verify) plus the proposal's cost
         self.prior_ceiling = (1 + draft_tokens) / (1 + proposal_cost) if (
@@ -141,7 +147,7 @@ class CostGate:
             # NOTE: <=: at a tie the verify's extra rows and the synchronous read (a plain
             # step's host work overlaps the device) still lose. Not a ban: probed after the
             # longest wait, and measured as any other draft from then on
-            self.wait = self.penalty = _MAX_WAIT
+            self._first_block = _MAX_WAIT
             self.hopeless += 1
 
     @property
@@ -183,7 +189,13 @@ class CostGate:
         """Whether this step may speculate (False: the plain step, counted)."""
         if not self.enabled:
             return True
-        spec, plain = self.spec.get(_bucket(batch)), self.plain.get(_bucket(batch))
+        bucket = _bucket(batch)
+        blocked = self.blocked.setdefault(bucket, self._first_block)
+        if blocked > 0:
+            self.blocked[bucket] = blocked - 1
+            self.off_steps += 1
+            return False
+        spec, plain = self.spec.get(bucket), self.plain.get(bucket)
         exploring = spec is not None and spec.n >= _SPEC_SAMPLES and (
             plain is None or plain.n < _PLAIN_SAMPLES)
         if self.wait > 0 or exploring:
@@ -218,10 +230,13 @@ class CostGate:
         loss, wait, hopeless = broadcast_object((loss, wait, hopeless))
         if loss:
             self.losses += 1
-            self.hopeless += hopeless
-            self.wait = wait
-            self.penalty = _MAX_WAIT if hopeless else min(_GROWTH * self.penalty, _MAX_WAIT)
             self.spec[bucket] = _Rate()  # measured afresh after the wait
+            if hopeless:
+                self.hopeless += 1
+                self.blocked[bucket] = wait
+            else:
+                self.wait = wait
+                self.penalty = min(_GROWTH * self.penalty, _MAX_WAIT)
         else:
             self.penalty = max(self.penalty // 2, _MIN_WAIT)
 

@@ -84,13 +84,17 @@ def _gpu_slot_cap(cfg: ModelConfig, dtype: torch.dtype) -> int:
     return max(room // kv_bytes_per_token(cfg, size), 0)
 
 
-def forward_cost_ratio(draft: ModelConfig, target: ModelConfig) -> float:
+def forward_cost_ratio(draft: ModelConfig, target: ModelConfig) -> float | None:
     """A lower bound on one draft forward's cost over one target forward at the same batch:
     the smaller of the weight-bytes ratio (what a memory-bound forward reads) and the layer
     ratio (the kernels a launch-bound one issues, one after another). A forward's cost grows
     with both (about ``a * bytes + b * layers``), so a ratio of two costs lies between the two
-    ratios; a draft model no smaller than the target in both (itself) gives 1.0."""
-    size = 2  # the ratio does not depend on the dtype
+    ratios; a draft model no smaller than the target in both (itself) gives 1.0. None: the
+    two store their weights differently (an fp8 draft of a bf16 target reads half the bytes
+    its config says), so the configs bound nothing."""
+    if draft.quantization_config != target.quantization_config:
+        return None
+    size = 2  # the same dtype for both (the draft runs in the target's): the ratio ignores it
     return min(weight_bytes(draft, size) / weight_bytes(target, size),
                draft.num_layers / target.num_layers)
 
@@ -179,10 +183,11 @@ class StandaloneDrafter(Drafter):
                 return chain[:j]
         return chain
 
-    def proposal_cost(self) -> float:
+    def proposal_cost(self) -> float | None:
         """``num_steps`` draft forwards, each costing at least ``forward_cost_ratio`` of a
         target forward (the draft model drafting for itself: 1.0 each)."""
-        return self.num_steps * forward_cost_ratio(self.runner.model_config, self.target_config)
+        ratio = forward_cost_ratio(self.runner.model_config, self.target_config)
+        return None if ratio is None else self.num_steps * ratio
 
     def release(self, rid: str) -> None:
         self.kv.release(rid)

@@ -62,6 +62,33 @@ def test_prior_is_not_a_ban():
     assert gate.losses == 0 and gate.last_rates == (pytest.approx(2.5), pytest.approx(1.0))
 
 
+def test_hopeless_verdicts_hold_per_batch_size():
+    clock = Clock()
+    gate = CostGate(1.0, clock, draft_tokens=4)  # no prior: measured
+    forwards = [0]
+
+    def step(speculative: bool, tokens: int, dt: float) -> None:
+        gate.tick(forwards[0])
+        gate.launched(speculative, tokens, 1, forwards[0])
+        forwards[0] += 1
+        clock.now += dt
+
+    for _ in range(3):
+        step(False, 1, 1.0)  # plain: 1 token per unit
+    for _ in range(3):  # every draft accepted, 5 tokens in 6 units: the ceiling loses too
+        step(True, 5, 6.0)
+    gate.tick(forwards[0])
+    assert gate.losses == gate.hopeless == 1 and gate.last_ceiling == pytest.approx(5 / 6)
+    assert gate.blocked[1] >= _MAX_WAIT and not gate.allow(1)
+    # another batch size was not measured: its own probe comes (a low-acceptance loss, by
+    # contrast, holds for every size: ``wait``)
+    assert gate.wait == 0 and gate.allow(4)
+    # the prior: every batch size waits before its first probe
+    prior = CostGate(1.0, Clock(), draft_tokens=4, proposal_cost=4.0)
+    assert not any(prior.allow(1) for _ in range(_MAX_WAIT)) and not prior.allow(8)
+    assert prior.allow(1) and prior.off_steps == _MAX_WAIT + 1
+
+
 def test_hopeless_drafter_never_speculates_in_short_requests(make_harness):
     # as costly on the clock as the prior says (4 draft rows + a verify of 5 per proposal)
     drafter = SelfDraft(cost=4.0)
@@ -99,3 +126,6 @@ def test_forward_cost_ratio_of_draft_models():
     wide = dataclasses.replace(half, intermediate_size=4 * llama8b.intermediate_size)
     assert forward_cost_ratio(wide, llama8b) == pytest.approx(0.5)
     assert forward_cost_ratio(llama8b, half) > 1  # a draft larger than the target
+    # an fp8 draft of the bf16 target reads half the bytes its config says: no bound
+    fp8 = dataclasses.replace(llama8b, quantization_config={"quant_method": "fp8"})
+    assert forward_cost_ratio(fp8, llama8b) is None
