@@ -214,6 +214,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(summarize(name, results[name]))
         assert sched.is_idle
         sched.memory.check_idle()
+        getattr(sched.tree, "close", lambda: None)()  # copies in flight done before the pools go
         del sched, clock
         gc.collect()
         if torch.cuda.is_available():
