@@ -32,38 +32,23 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # imported by other scripts too
+from proc_stats import cpu_seconds  # noqa: E402
+from tiny_llama import tiny_llama_dir  # noqa: E402
+
 SCHEMA = json.loads((Path(__file__).resolve().parent / "person_schema.json").read_text())
-TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 49152,
-        "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-        "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu"}
-
-
-def tiny_model_dir() -> str:
-    """A 2-layer Llama config beside the embedded model's tokenizer files (load_format dummy)."""
-    from sgdsl.runtime.model.embedded import embedded_model_path
-
-    src, folder = embedded_model_path(), Path(tempfile.mkdtemp(prefix="sgdsl-tiny-"))
-    (folder / "config.json").write_text(json.dumps(TINY))
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (src / name).exists():
-            shutil.copy(src / name, folder / name)
-    return str(folder)
 
 
 def make_config(a: argparse.Namespace):
     from sgdsl.runtime.config import EngineConfig
 
     bs = max(a.batches)
-    return EngineConfig(model=a.model or tiny_model_dir(), load_format="dummy", device=a.device,
+    return EngineConfig(model=a.model or tiny_llama_dir(), load_format="dummy", device=a.device,
                         context_length=a.prompt_len + a.max_new + 64, max_running_requests=bs,
                         cuda_graph_max_bs=bs, chunked_prefill_size=a.chunk,
                         max_prefill_tokens=max(a.chunk, 8192), num_threads=a.threads,
@@ -159,13 +144,6 @@ async def _streams(engine, prompts: list[list[int]], params: list[dict]) -> list
             pass
         return last
     return await asyncio.gather(*(one(ids, p) for ids, p in zip(prompts, params)))
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads), from /proc."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _sync() -> None:

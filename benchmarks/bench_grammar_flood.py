@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import threading
@@ -28,6 +27,7 @@ from pathlib import Path
 import httpx
 
 from bench_serving import launch
+from proc_stats import tree_rss
 
 SLOW = {"outlines": '[^"]{0,%d}', "xgrammar": '[^"]{0,%d}'}
 FIRST_BOUND = {"outlines": 90, "xgrammar": 700}
@@ -47,28 +47,6 @@ def stream_tok_s(url: str, max_new_tokens: int) -> float:
                 stamps.append(time.perf_counter())
                 tokens = json.loads(line[6:])["meta_info"]["completion_tokens"]
     return (tokens - 1) / (stamps[-1] - stamps[0])
-
-
-def tree_rss(root: int) -> int:
-    """RSS of ``root`` and all its descendants, bytes."""
-    parent_of = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            parent_of[int(entry)] = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1]
-                                        .split()[1])
-        except OSError:
-            pass
-    pids, frontier = [root], [root]
-    while frontier:
-        frontier = [p for p, pp in parent_of.items() if pp in frontier]
-        pids += frontier
-    total = 0
-    for pid in pids:
-        try:
-            total += int(open(f"/proc/{pid}/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except OSError:
-            pass
-    return total
 
 
 def flood(args: argparse.Namespace) -> None:

@@ -18,42 +18,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 49152,
-        "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-        "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu"}
-TICK = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # imported by other scripts too
+from proc_stats import cpu_seconds  # noqa: E402
+from tiny_llama import tiny_llama_dir  # noqa: E402
 
-
-def tiny_model() -> str:
-    from sgdsl.runtime.model.embedded import embedded_model_path
-
-    src, dst = embedded_model_path(), Path(tempfile.gettempdir()) / "sgdsl-http-tiny"
-    dst.mkdir(exist_ok=True)
-    (dst / "config.json").write_text(json.dumps(TINY))
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (src / name).exists() and not (dst / name).exists():
-            (dst / name).symlink_to(src / name)
-    return str(dst)
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def children(pid: int) -> list[int]:
@@ -127,13 +106,13 @@ def measure(proc: subprocess.Popen, url: str, client: str, path: str,
             bodies: list[dict]) -> dict[str, Any]:
     httpx.post(url + "/flush_cache", timeout=60)
     kids = children(proc.pid)
-    s0, k0, c0 = cpu_s(proc.pid), sum(map(cpu_s, kids)), time.process_time()
+    s0, k0, c0 = cpu_seconds(proc.pid), sum(map(cpu_seconds, kids)), time.process_time()
     t0 = time.perf_counter()
     batch = httpx_batch if client == "httpx" else aiohttp_batch
     outs = asyncio.run(batch(url, path, bodies))
     wall = time.perf_counter() - t0
     return {"wall": wall, "tokens": sum(map(n_tokens, outs)),
-            "server_cpu": cpu_s(proc.pid) - s0, "scheduler_cpu": sum(map(cpu_s, kids)) - k0,
+            "server_cpu": cpu_seconds(proc.pid) - s0, "scheduler_cpu": sum(map(cpu_seconds, kids)) - k0,
             "client_cpu": time.process_time() - c0, "n": len(bodies)}
 
 
@@ -151,7 +130,7 @@ def main() -> None:
     a = ap.parse_args()
     rng = random.Random(0)
     bodies = {route: route_bodies(route, a, rng) for route in a.routes}
-    model = tiny_model()
+    model = tiny_llama_dir(max_positions=2048)
     pythons = [("this", sys.executable)] + [tuple(p.split("=", 1)) for p in a.python]
     clients = [c for c in a.clients if c == "httpx" or _has_aiohttp()]
     servers = {name: start(py, model, a) for name, py in pythons}

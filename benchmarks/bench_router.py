@@ -34,14 +34,11 @@ import argparse
 import asyncio
 import json
 import multiprocessing
-import os
 import random
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -51,11 +48,10 @@ import httpx
 
 from sgdsl.runtime.launcher.replicas import gpu_slices, start_replicas, stop_replicas
 
-TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 49152,
-        "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-        "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu"}
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # imported by tests too
+from proc_stats import cpu_seconds  # noqa: E402
+from tiny_llama import tiny_llama_dir  # noqa: E402
+
 
 
 def make_workload(tokenizer: Any, args: argparse.Namespace) -> list[str]:
@@ -173,15 +169,6 @@ def measure(label: str, url: str, workers: list[str], prompts: list[str],
             "client_cpu_s": t["client_cpu_s"]}
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a live process so far (Linux /proc; 0.0 elsewhere)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
 def policy_flags(spec: str) -> list[str]:
     """``name[:key=value+key=value]`` as ``sgdsl router`` flags."""
     name, _, options = spec.partition(":")
@@ -243,23 +230,11 @@ def with_router(policy: str, workers: list[str], args: argparse.Namespace,
 def launch(args: argparse.Namespace) -> tuple[list, list[str]]:
     model, load_format = args.model, args.load_format
     if args.tiny:
-        model, load_format = _tiny_model_dir(), "dummy"
+        model, load_format = tiny_llama_dir(), "dummy"
     argv = [*(["--model", model] if model else []), "--load-format", load_format,
             *(["--tp-size", str(args.tp)] if args.tp > 1 else []), *args.server_args.split()]
     replicas = start_replicas(args.dp, argv, gpu_slices(args.dp, args.tp, args.device))
     return replicas, [r.url for r in replicas]
-
-
-def _tiny_model_dir() -> str:
-    from sgdsl.runtime.model.embedded import embedded_model_path
-
-    folder = Path(tempfile.mkdtemp(prefix="tiny-llama-"))
-    (folder / "config.json").write_text(json.dumps(TINY))
-    src = embedded_model_path()
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (src / name).exists():
-            shutil.copy(src / name, folder / name)
-    return str(folder)
 
 
 def tokenizer_for(workers: list[str], headers: dict[str, str], args: argparse.Namespace) -> Any:

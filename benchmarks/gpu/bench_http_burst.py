@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import time
@@ -41,10 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_structured_paths as bsp  # noqa: E402
 import structured_paths as sp  # noqa: E402
 from common import device_line  # noqa: E402
+from proc_stats import cpu_seconds, descendants  # noqa: E402  (benchmarks/, put on the path by structured_paths)
 
 ROUTES = ("native", "list", "chat", "native-json", "list-json", "chat-json")
 VARIANTS = {"coalesced": [], "per-call": ["--disable-request-coalescing"]}
-TICK = os.sysconf("SC_CLK_TCK")  # /proc stat clock ticks per second
 
 
 def parse_args() -> argparse.Namespace:
@@ -71,11 +70,6 @@ def parse_args() -> argparse.Namespace:
     a.batches, a.grammar_backend, a.chat_matched = [a.requests], "xgrammar", True
     a.disable_jump_forward, a.jump_max_batch, a.disable_request_coalescing = False, None, False
     return a
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def bodies(route: str, texts: list[str], ids: list[list[int]], users: list[str],
@@ -117,14 +111,14 @@ def counters(url: str) -> dict[str, int]:
 
 def burst(server: sp.Server, path: str, payloads: list[dict[str, Any]]) -> dict[str, float]:
     server.flush()
-    kids = _children(server.proc.pid)
-    c0, s0, k0 = counters(server.url), cpu_s(server.proc.pid), sum(map(cpu_s, kids))
+    kids = descendants(server.proc.pid)
+    c0, s0, k0 = counters(server.url), cpu_seconds(server.proc.pid), sum(map(cpu_seconds, kids))
     t0 = time.perf_counter()
     asyncio.run(post_all(server.url, path, payloads))
     wall = time.perf_counter() - t0
     c1 = counters(server.url)
-    return {"wall": wall, "server_cpu": cpu_s(server.proc.pid) - s0,
-            "sched_cpu": sum(map(cpu_s, kids)) - k0,
+    return {"wall": wall, "server_cpu": cpu_seconds(server.proc.pid) - s0,
+            "sched_cpu": sum(map(cpu_seconds, kids)) - k0,
             **{k: c1[k] - c0[k] for k in c1}}
 
 
@@ -144,22 +138,6 @@ def lone(servers: dict[str, sp.Server], path: str, body: dict[str, Any],
         for client in clients.values():
             client.close()
     return {name: statistics.median(ts) for name, ts in times.items()}
-
-
-def _children(pid: int) -> list[int]:
-    """Every descendant of ``pid`` (the scheduler process and its grammar workers)."""
-    parents: dict[int, int] = {}
-    for d in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            parents[int(d)] = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            pass
-    out, frontier = [], [pid]
-    while frontier:
-        kids = [p for p, pp in parents.items() if pp in frontier]
-        out += kids
-        frontier = kids
-    return out
 
 
 def main() -> None:

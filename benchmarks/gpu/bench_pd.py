@@ -41,7 +41,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_router import _tiny_model_dir  # noqa: E402  (benchmarks/ is not a package)
+from tiny_llama import tiny_llama_dir  # noqa: E402  (benchmarks/ is not a package)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hop_report  # noqa: E402
 import pd_client  # noqa: E402
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.hop_times:  # inherited by every server and router started from here
         os.environ["SGDSL_HOP_TIMES"] = "1"
-    model = (["--model", _tiny_model_dir(), "--load-format", "dummy"] if args.tiny else
+    model = (["--model", tiny_llama_dir(), "--load-format", "dummy"] if args.tiny else
              [*(["--model", args.model] if args.model else []), "--load-format", args.load_format])
     gpus = gpu_slices(2, 1, "auto")
     rows = []
