@@ -87,14 +87,8 @@ def test_recursive_schemas_walk_to_valid_json(compiler, tokenizer, walker, name)
     g = compiler.compile(key)
     assert not (feed_text(g, tokenizer, _spell(BROKEN, compiler.backend.name))
                 and g.is_completed())
-    rng = random.Random(7)
-    finished = 0
-    for _ in range(3):
-        text, done = walker.walk(compiler.compile(key), rng, max_steps=120)
-        if done:
-            finished += 1
-            jsonschema.validate(json.loads(text), schema)
-    assert finished >= 1
+    assert walker.valid_walks(lambda: compiler.compile(key), schema, random.Random(7), 3,
+                              max_steps=120) >= 1
 
 
 def test_linked_list_at_the_bound_must_close_with_null(compiler, tokenizer):
