@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -48,29 +49,47 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def url_of(proc: subprocess.Popen) -> str:
-    """The URL a server started with ``stdout=PIPE`` (text) prints in its "listening on URL"
-    line; the rest of its output is drained on a thread so the pipe never fills."""
+def listening_line(proc: subprocess.Popen) -> str:
+    """The "listening on URL" line a server started with ``stdout=PIPE`` (text) prints; the rest
+    of its output is drained on a thread so the pipe never fills (echoed to stderr when
+    ``SGDSL_TEST_SERVER_LOG`` is set)."""
     lines = []
     for line in proc.stdout:
         lines.append(line)
         if "listening on" in line:
-            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-            return line.split("listening on ")[1].split()[0]
+            threading.Thread(target=_drain, args=(proc,), daemon=True).start()
+            return line
     raise AssertionError("server did not start:\n" + "".join(lines[-40:]))
 
 
-def stop_tree(proc: subprocess.Popen) -> None:
-    """SIGTERM ``proc`` and assert that it and every process it started are gone within
-    30 s (a server must not leave its scheduler or workers behind)."""
+def _drain(proc: subprocess.Popen) -> None:
+    for line in proc.stdout:
+        if os.environ.get("SGDSL_TEST_SERVER_LOG"):
+            sys.stderr.write(line)
+
+
+def url_of(proc: subprocess.Popen) -> str:
+    """The URL of a server's "listening on URL" line (``listening_line``)."""
+    return listening_line(proc).split("listening on ")[1].split()[0]
+
+
+def stop_tree(proc: subprocess.Popen, timeout_s: float = 60) -> int:
+    """SIGTERM ``proc`` and assert that it exits within ``timeout_s`` and every process it
+    started is gone within half that again (a server must not leave its scheduler or workers
+    behind). Returns its exit code."""
     kids = descendants(proc.pid)
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-    deadline = time.monotonic() + 30
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # not left running past the test
+            raise
+    deadline = time.monotonic() + timeout_s / 2
     while [k for k in kids if pid_alive(k)] and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [k for k in kids if pid_alive(k)], "server processes left behind"
+    return proc.returncode
 
 
 def run_ranks(target, args_of, ranks: int, want: int) -> list:

@@ -7,13 +7,11 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import threading
-import time
 from typing import Iterator
 
 import httpx
 import pytest
-from processes import descendants, pid_alive
+from processes import descendants, stop_tree, url_of
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["Hi", "The capital of France is", "def fibonacci(n):\n    "]
@@ -30,15 +28,7 @@ def served(tiny_model_dir) -> Iterator[tuple[str, subprocess.Popen]]:
            "--grammar-compile-workers", "1",
            "--host", "127.0.0.1", "--port", "0"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line)
-        if "listening on" in line:
-            break
-    assert "[dp_size=2, tp_size=2" in lines[-1], "".join(lines[-40:])
-    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-    yield lines[-1].split("listening on ")[1].split()[0], proc
+    yield url_of(proc), proc
     if proc.poll() is None:
         proc.kill()
 
@@ -63,12 +53,6 @@ def test_dp2_tp2_equals_tp1_and_stops_cleanly(served, tiny_engine):
         assert outputs(worker) == want
         assert httpx.get(f"{worker}/load", timeout=30).json()["num_running_reqs"] == 0
     assert httpx.get(f"{url}/debug/check_idle_integrity", timeout=60).status_code == 200
-    family = descendants(proc.pid)
-    assert len(family) >= 2 + 4  # two replica servers, four ranks (and their helpers)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) in (0, -signal.SIGTERM)
-    deadline = time.monotonic() + 60  # a rank may still be exiting when its parent is gone
-    while (alive := [p for p in family if pid_alive(p)]) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not alive, f"left behind: {alive}"
-
+    assert len(descendants(proc.pid)) >= 2 + 4  # two replica servers, four ranks (+ helpers)
+    # a rank may still be exiting when its parent is gone
+    assert stop_tree(proc, timeout_s=120) in (0, -signal.SIGTERM)

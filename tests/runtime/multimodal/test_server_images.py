@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import subprocess
 import sys
-import threading
 from typing import Iterator
 
 import httpx
@@ -16,6 +15,7 @@ import pytest
 import sgdsl as sgl
 
 from .tiny_vlm import png
+from processes import stop_tree, url_of
 
 pytestmark = pytest.mark.slow
 IMAGE = png(100, 60, 1)
@@ -29,20 +29,8 @@ def url(qwen_vl) -> Iterator[str]:
            "--host", "127.0.0.1", "--port", "0",
            "--grammar-backend", "none"]  # none is sent: no compile workers to start
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line)
-        if "listening on" in line:
-            break
-    assert "listening on" in lines[-1], "".join(lines[-40:])
-    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-    yield lines[-1].split("listening on ")[1].split()[0]
-    proc.terminate()
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    yield url_of(proc)
+    stop_tree(proc)
 
 
 def _parts(n: int = 1) -> list[dict]:

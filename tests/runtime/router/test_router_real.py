@@ -9,10 +9,10 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import httpx
@@ -21,7 +21,10 @@ import pytest
 from sgdsl.runtime.router.app import create_app
 from sgdsl.runtime.router.config import RouterConfig
 from sgdsl.runtime.server.thread_server import ThreadServer
-from processes import pid_alive
+from processes import descendants, stop_tree, url_of
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+from bench_router import cache_counters  # noqa: E402  (the benchmark's own hit-rate reading)
 
 pytestmark = pytest.mark.slow
 KEY = "router-key"
@@ -45,34 +48,11 @@ def dp(tiny_model_dir) -> Iterator[DP]:
            # replica that import torch, most of a tiny replica's start-up CPU)
            "--grammar-backend", "none"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url, lines = "", []
-    for line in proc.stdout:
-        lines.append(line)
-        if "listening on" in line:
-            url = line.split("listening on ")[1].split()[0]
-            break
-    assert url, "dp server did not start:\n" + "".join(lines[-40:])
-    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+    url = url_of(proc)
     workers = [w["url"] for w in httpx.get(f"{url}/list_workers", headers=AUTH).json()["workers"]]
     yield DP(url, proc, workers)
-    kids = _children(proc.pid)
-    proc.send_signal(signal.SIGTERM)
     # uvicorn re-raises the SIGTERM it drained on; the replicas are stopped before that.
-    assert proc.wait(timeout=120) in (0, -signal.SIGTERM)
-    assert kids and not [k for k in kids if pid_alive(k)], "replica processes left behind"
-
-
-def _children(pid: int) -> list[int]:
-    kids = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            kids.append(int(entry))
-    return kids
+    assert stop_tree(proc, timeout_s=120) in (0, -signal.SIGTERM)
 
 
 def _pid_listening_on(port: int, pids: list[int]) -> int:
@@ -118,29 +98,16 @@ def shared_prefix_prompts(groups: int, per_group: int, seed: int) -> list[str]:
     return prompts
 
 
-def cache_counters(workers: list[str]) -> tuple[float, float]:
-    """(hit tokens, prompt tokens) summed over the workers' Prometheus counters."""
-    hit = prompt = 0.0
-    for url in workers:
-        for line in httpx.get(f"{url}/metrics", headers=AUTH).text.splitlines():
-            name, _, value = line.partition(" ")
-            if name == "sgdsl_engine_cache_hit_tokens_total":
-                hit += float(value)
-            elif name == "sgdsl_engine_prompt_tokens_total":
-                prompt += float(value)
-    return hit, prompt
-
-
 def summed_hit_rate(url: str, workers: list[str], prompts: list[str]) -> float:
     """The workload through the router at ``url``; hit rate from the workers' /metrics."""
     with httpx.Client(base_url=url, timeout=120) as c:
         assert c.post("/flush_cache").status_code == 200  # broadcast to every worker
-        hit0, prompt0 = cache_counters(workers)
+        hit0, prompt0 = cache_counters(workers, AUTH)
         for prompt in prompts:
             r = c.post("/generate", json={"text": prompt, "sampling_params": {
                 "max_new_tokens": 1, "temperature": 0}})
             assert r.status_code == 200, r.text
-    hit1, prompt1 = cache_counters(workers)
+    hit1, prompt1 = cache_counters(workers, AUTH)
     assert prompt1 > prompt0
     return (hit1 - hit0) / (prompt1 - prompt0)
 
@@ -218,7 +185,7 @@ def test_killing_a_replica_mid_run_loses_no_request(dp):
         futures = [pool.submit(call, i) for i in range(8)]
         victim = _busy_worker(dp)
         port = int(victim.rsplit(":", 1)[1])
-        os.kill(_pid_listening_on(port, _children(dp.proc.pid)), signal.SIGKILL)
+        os.kill(_pid_listening_on(port, descendants(dp.proc.pid)), signal.SIGKILL)
         results = [f.result() for f in futures]
     assert [r.status_code for r in results] == [200] * 8
     assert {r.json()["meta_info"]["completion_tokens"] for r in results} == {128}

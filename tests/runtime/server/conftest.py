@@ -6,8 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -15,6 +13,7 @@ import httpx
 import pytest
 
 from sgdsl.runtime.server.thread_server import ThreadServer
+from processes import listening_line
 
 API_KEY = "test-key"
 HERE = os.path.dirname(__file__)
@@ -48,34 +47,15 @@ def fake_server() -> Iterator[Served]:
     server.stop()
 
 
-def start_real_server(*extra: str, timeout_s: float = 600) -> Served:
+def start_real_server(*extra: str) -> Served:
     """``python -m sgdsl.runtime.server`` on a free loopback port with the embedded model."""
     cmd = [sys.executable, "-m", "sgdsl.runtime.server", "--host", "127.0.0.1", "--port", "0",
            "--api-key", API_KEY, "--num-threads", "1", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             bufsize=1)
-    lines: list[str] = []
-    deadline = time.monotonic() + timeout_s
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line)
-        if "listening on" in line:
-            url = line.split("listening on ")[1].split()[0]
-            model = line.rsplit("(model: ", 1)[1].rstrip(")\n")
-            threading.Thread(target=_drain, args=(proc,), daemon=True).start()
-            return Served(url=url, proc=proc, model=model)
-        if time.monotonic() > deadline:
-            break
-    proc.kill()
-    raise RuntimeError("server did not start:\n" + "".join(lines[-50:]))
-
-
-def _drain(proc: subprocess.Popen) -> None:
-    """Keep reading the server's output so its pipe never fills up and blocks it."""
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if os.environ.get("SGDSL_TEST_SERVER_LOG"):
-            sys.stderr.write(line)
+    line = listening_line(proc)
+    return Served(url=line.split("listening on ")[1].split()[0], proc=proc,
+                  model=line.rsplit("(model: ", 1)[1].rstrip(")\n"))
 
 
 def stop_real_server(served: Served) -> int:
@@ -87,22 +67,6 @@ def stop_real_server(served: Served) -> int:
     except subprocess.TimeoutExpired:
         served.proc.kill()
         raise
-
-
-def children_of(pid: int) -> list[int]:
-    """Live descendants of ``pid`` (from /proc), to check that nothing was left behind."""
-    kids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            kids.append(int(entry))
-    return kids
 
 
 @pytest.fixture(scope="session")

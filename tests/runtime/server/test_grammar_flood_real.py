@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from .conftest import Served, start_real_server, stop_real_server
-from processes import descendants
+from processes import descendants, pid_alive
 
 pytestmark = pytest.mark.slow
 
@@ -115,7 +115,7 @@ def test_flood_of_slow_grammars(backend: str, tiny_model_dir) -> None:
         assert [a[0] for a in answers[FLOOD:]] == [200, 200]  # a cached grammar is not held up
         assert stream["status"] == 200 and stream["events"][-1] == "data: [DONE]"
         assert served.proc.poll() is None and core  # nobody but compile workers was killed
-        assert all(_not_zombie(p) for p in core)
+        assert all(pid_alive(p) for p in core)
         with served.client() as client:
             assert client.get("/debug/check_idle_integrity").status_code == 200
             assert client.get("/metrics").status_code == 200
@@ -125,9 +125,9 @@ def test_flood_of_slow_grammars(backend: str, tiny_model_dir) -> None:
         code = stop_real_server(served)
     assert code in (0, -signal.SIGTERM)  # uvicorn re-raises the SIGTERM it handled
     deadline = time.monotonic() + 30
-    while any(map(_not_zombie, watch.seen)) and time.monotonic() < deadline:
+    while any(map(pid_alive, watch.seen)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    alive = [p for p in watch.seen if _not_zombie(p)]
+    alive = [p for p in watch.seen if pid_alive(p)]
     assert not alive, f"left behind: {alive}"  # compile workers included
 
 
@@ -152,13 +152,5 @@ def _is_worker(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/comm") as f:
             return f.read().strip() == WORKER_NAME
-    except OSError:
-        return False
-
-
-def _not_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False

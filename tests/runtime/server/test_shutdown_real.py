@@ -6,8 +6,8 @@ import signal
 import threading
 import time
 
-from .conftest import children_of, start_real_server
-from processes import pid_alive
+from .conftest import start_real_server
+from processes import descendants, pid_alive
 
 
 def test_sigterm_drains_then_exits_without_children(tiny_model_dir) -> None:
@@ -15,7 +15,7 @@ def test_sigterm_drains_then_exits_without_children(tiny_model_dir) -> None:
     # the embedded model's costs the 2-core CI box seconds (the session's real_server has it)
     served = start_real_server("--model", str(tiny_model_dir), "--load-format", "dummy")
     assert served.proc is not None
-    kids = children_of(served.proc.pid)
+    kids = descendants(served.proc.pid)
     assert kids, "the engine's scheduler process should be a child of the server"
     chunks: list[dict] = []
     done = threading.Event()
