@@ -4,35 +4,16 @@ for token on the embedded SmolLM2, for a batch of mixed-length prompts, with chu
 from __future__ import annotations
 
 import pytest
+from greedy import MIXED_PROMPTS, hf_greedy
 
-PROMPTS = [
-    "Hi",
-    "The capital of France is",
-    "Write a haiku about the sea and the wind over the rocks at dawn.",
-    "<|im_start|>user\nWhat is 12 times 7? Answer with a number.<|im_end|>\n<|im_start|>assistant\n",
-    "List three colors of the rainbow, separated by commas, and then explain which of them "
-    "is your favourite and why, in one short sentence that a child could understand.",
-    "def fibonacci(n):\n    ",
-]
+PROMPTS = MIXED_PROMPTS
 MAX_NEW = 12
 POOL = 72
 
 
 @pytest.fixture(scope="module")
 def hf_reference(embedded_dir):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(embedded_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(embedded_dir), dtype=torch.float32).eval()
-    refs = []
-    with torch.inference_mode():
-        for p in PROMPTS:
-            ids = torch.tensor([tok.encode(p, add_special_tokens=False)])
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=MAX_NEW, eos_token_id=2, pad_token_id=2)
-            refs.append(out[0, ids.shape[1]:].tolist())
-    return refs
+    return [out for _, out in hf_greedy(embedded_dir, PROMPTS, MAX_NEW, eos_token_id=2)]
 
 
 @pytest.fixture(scope="module")

@@ -5,16 +5,9 @@ retraction, cache hits with logprobs on the second pass, grammar and seeded samp
 from __future__ import annotations
 
 from sgdsl.runtime import Engine
+from greedy import MIXED_PROMPTS
 
-PROMPTS = [
-    "Hi",
-    "The capital of France is",
-    "Write a haiku about the sea and the wind over the rocks at dawn.",
-    "<|im_start|>user\nWhat is 12 times 7? Answer with a number.<|im_end|>\n<|im_start|>assistant\n",
-    "List three colors of the rainbow, separated by commas, and then explain which of them "
-    "is your favourite and why, in one short sentence that a child could understand.",
-    "def fibonacci(n):\n    ",
-]
+PROMPTS = MIXED_PROMPTS
 MAX_NEW = 12
 GREEDY = {"temperature": 0, "max_new_tokens": MAX_NEW}
 # chunked prefill on (16-token budget) and a pool small enough to force retraction; one

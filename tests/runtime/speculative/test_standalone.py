@@ -7,6 +7,7 @@ from __future__ import annotations
 import types
 
 import pytest
+from greedy import hf_greedy
 
 PROMPTS = [
     "The capital of France is",
@@ -20,19 +21,7 @@ STEPS = 4
 @pytest.fixture(scope="module")
 def greedy_reference(embedded_dir):
     """(prompt ids, greedy continuation) per prompt, from transformers."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(embedded_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(embedded_dir), dtype=torch.float32).eval()
-    refs = []
-    with torch.inference_mode():
-        for p in PROMPTS:
-            ids = torch.tensor([tok.encode(p, add_special_tokens=False)])
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=MAX_NEW, eos_token_id=None, pad_token_id=2)
-            refs.append((ids[0].tolist(), out[0, ids.shape[1]:].tolist()))
-    return refs
+    return hf_greedy(embedded_dir, PROMPTS, MAX_NEW, eos_token_id=None)
 
 
 def _target(context_len: int = 2048, slots: int = 4096):
