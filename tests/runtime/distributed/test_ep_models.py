@@ -21,7 +21,7 @@ from sgdsl.runtime.layers.moe.layer import check_expert_split
 from sgdsl.runtime.model.runner import ModelRunner
 
 from .ep_worker import greedy, run_rank, runner_config
-from .tp_worker import model_test_module
+from .tp_worker import PROMPTS, model_test_module, tiny_model_dirs
 from processes import free_port, run_ranks
 
 RANKS = 4
@@ -29,7 +29,6 @@ EXPERTS = 8
 # (tp_size, ep_size, ep_dispatch)
 LAYOUTS = [(2, 2, "all_to_all"), (4, 4, "all_to_all"), (4, 2, "all_to_all"), (4, 2, "all_reduce"),
            (2, 2, "auto"), (4, 4, "auto")]
-PROMPTS = [[5, 17, 200, 3, 99, 42, 7], [11, 12], [249, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]]
 CASES = {
     "qwen3_moe": ("qwen3_moe", dict(head_dim=32, num_experts=EXPERTS, num_experts_per_tok=3,
                                     moe_intermediate_size=48, norm_topk_prob=True,
@@ -41,12 +40,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory) -> list[str]:
-    dirs = []
-    for name, (kind, overrides) in CASES.items():
-        path = tmp_path_factory.mktemp(name)
-        model_test_module("tiny").tiny_model(kind, path, **dict(overrides))
-        dirs.append(str(path))
-    return dirs
+    return tiny_model_dirs(tmp_path_factory, CASES)
 
 
 def _run_ranks(model_dirs: list[str], device: str) -> list[tuple]:

@@ -12,12 +12,11 @@ import torch
 from sgdsl.runtime.config import EngineConfig
 from sgdsl.runtime.model.runner import ModelRunner
 
-from .tp_worker import (logits_of, model_test_module, run_rank, run_rank_chain,
-                        run_rank_custom_ar, run_rank_pdl)
+from .tp_worker import (PROMPTS, logits_of, model_test_module, run_rank, run_rank_chain,
+                        run_rank_custom_ar, run_rank_pdl, tiny_model_dirs)
 from processes import free_port, run_ranks
 
 TP = 4
-PROMPTS = [[5, 17, 200, 3, 99, 42, 7], [11, 12], [249, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]]
 CASES = {
     "llama": ("llama", dict(vocab_size=250, tie_word_embeddings=False)),
     "qwen2": ("qwen2", dict(tie_word_embeddings=False, save_kwargs={"max_shard_size": "150KB"})),
@@ -34,12 +33,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory) -> list[str]:
-    dirs = []
-    for name, (kind, overrides) in CASES.items():
-        path = tmp_path_factory.mktemp(name)
-        model_test_module("tiny").tiny_model(kind, path, **dict(overrides))
-        dirs.append(str(path))
-    return dirs
+    return tiny_model_dirs(tmp_path_factory, CASES)
 
 
 def test_every_architecture_at_tp4_equals_tp1(model_dirs):

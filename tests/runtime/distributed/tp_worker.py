@@ -1,5 +1,6 @@
 """One rank of a model-level TP test (spawned by test_tp_models.py): joins a gloo group, builds
-a ModelRunner per model directory and returns rank 0's logits (every rank: its KV pool shape)."""
+a ModelRunner per model directory and returns rank 0's logits (every rank: its KV pool shape).
+Also the model-level tests' prompts and tiny checkpoints (test_tp_models, test_ep_models)."""
 from __future__ import annotations
 
 import importlib.util
@@ -9,6 +10,8 @@ from pathlib import Path
 import torch
 
 DECODE_STEPS = 2
+# token-id prompts of the model-level parallel tests (ids below the tiny models' vocab of 250)
+PROMPTS = [[5, 17, 200, 3, 99, 42, 7], [11, 12], [249, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]]
 
 
 def model_test_module(name: str):
@@ -21,6 +24,17 @@ def model_test_module(name: str):
     sys.modules[spec.name] = module  # dataclasses look their module up while defining
     spec.loader.exec_module(module)
     return module
+
+
+def tiny_model_dirs(tmp_path_factory, cases: dict[str, tuple[str, dict]]) -> list[str]:
+    """One tiny random checkpoint per case (name: (kind, ``tiny_model`` overrides)) in a folder
+    of its own; the folders, in the cases' order."""
+    dirs = []
+    for name, (kind, overrides) in cases.items():
+        path = tmp_path_factory.mktemp(name)
+        model_test_module("tiny").tiny_model(kind, path, **dict(overrides))
+        dirs.append(str(path))
+    return dirs
 
 
 def logits_of(runner, prompts: list[list[int]], steps: int = DECODE_STEPS) -> list[torch.Tensor]:
