@@ -11,6 +11,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from e2e_notebook import executed_notebook
 
 pytestmark = pytest.mark.slow
 nbformat = pytest.importorskip("nbformat", reason="the test extra installs nbformat")
@@ -35,11 +36,7 @@ WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 @pytest.fixture(scope="module")
 def executed():
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
-    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                                     resources={"metadata": {"path": os.getcwd()}})
-    client.execute()
-    return nb
+    return executed_notebook(CELLS)
 
 
 def _classes(html: str, cls: str) -> list[dict]:

@@ -5,9 +5,8 @@ a progress bar. transformers (imported when the Engine starts) imports ``tqdm.au
 such a kernel warned ``TqdmWarning: IProgress not found`` into the cell."""
 from __future__ import annotations
 
-import os
-
 import pytest
+from e2e_notebook import executed_notebook
 
 pytestmark = pytest.mark.slow
 nbformat = pytest.importorskip("nbformat", reason="the test extra installs nbformat")
@@ -28,11 +27,7 @@ CELLS = [
 
 @pytest.fixture(scope="module")
 def executed():
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
-    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                                     resources={"metadata": {"path": os.getcwd()}})
-    client.execute()
-    return nb
+    return executed_notebook(CELLS)
 
 
 def _texts(cell) -> list[str]:
