@@ -57,9 +57,31 @@ class KVMemory:
         """Cached prefix of the request in device memory (KV slots, tree node), capped at
         ``max_prefix_len``. hicache: ``req.host_hit_len`` is set to the tokens after it that
         the host tier holds (``load`` brings them back once the request is admitted)."""
-        result = self.tree.match_prefix(req.all_ids[: req.max_prefix_len])
+        node = self._rematch(req)
+        if node is not None:
+            return self.tree.path_slots(node), node
+        result = self.tree.match_prefix(req.prefix_ids(req.max_prefix_len))
         req.host_hit_len = getattr(result, "host_length", 0)  # hicache:
+        req.match_memo = (req.epoch, req.max_prefix_len, result.node)
         return result.slots, result.node
+
+    def match_len(self, req: Req) -> int:
+        """``match``'s prefix length alone (LPM's order): O(depth) while the request's last
+        match still holds (no copy of the prompt, no slots gathered)."""
+        node = self._rematch(req)
+        return node.prefix_len if node is not None else int(self.match(req)[0].numel())
+
+    def _rematch(self, req: Req) -> Any:
+        """The node of the request's last match if a match now would end there (radix
+        ``rematch``), else None. hicache: a tiered tree always matches afresh."""
+        memo, length = req.match_memo, req.max_prefix_len
+        if memo is None or memo[0] != req.epoch or memo[1] != length or self.tiered:
+            return None
+        if self.tree.rematch(memo[2], req.origin_input_ids if length <= req.prompt_len
+                             else req.all_ids, length) is None:
+            return None
+        req.host_hit_len = 0
+        return memo[2]
 
     @property
     def tiered(self) -> bool:

@@ -28,7 +28,7 @@ class SchedulePolicy:
         if use_lpm:
             for req in waiting:
                 # hicache: host-resident tokens count too (loaded, not prefilled)
-                req.match_len = int(self.memory.match(req)[0].numel()) + req.host_hit_len
+                req.match_len = self.memory.match_len(req) + req.host_hit_len
             key = lambda r: (r.num_retractions == 0, -r.match_len, r.arrival)  # noqa: E731
         else:
             key = lambda r: (r.num_retractions == 0, r.arrival)  # noqa: E731

@@ -55,6 +55,9 @@ class Req:
         # NOTE: bumped whenever the request gives up its KV (finish, abort, retraction, jump):
         # a step launched before that (overlap scheduling) sees the change and drops its token.
         self.epoch = 0
+        # (epoch, key length, tree node) of the last prefix match: ``KVMemory.match`` checks
+        # it in O(depth) instead of walking the prompt again (LPM rematches every pass)
+        self.match_memo: tuple[int, int, Any] | None = None
         self._init_grammar()
         self._init_logprobs()
         self._init_features()
@@ -119,6 +122,13 @@ class Req:
     @property
     def all_ids(self) -> list[int]:
         return self.origin_input_ids + self.output_ids
+
+    def prefix_ids(self, n: int) -> list[int]:
+        """``all_ids[:n]``, without building ``all_ids`` when the prompt covers it."""
+        prompt = self.origin_input_ids
+        if n <= len(prompt):
+            return prompt[:n]
+        return prompt + self.output_ids[: n - len(prompt)]
 
     @property
     def prompt_len(self) -> int:

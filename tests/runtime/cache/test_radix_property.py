@@ -35,6 +35,7 @@ class Model:
     def __init__(self) -> None:
         self.cached: dict[tuple[int, ...], int] = {}
         self.locks: list[tuple[TreeNode, tuple[int, ...]]] = []
+        self.memos: list[tuple[list[int], TreeNode]] = []  # (key, node its last match ended at)
 
     def match_len(self, ids: list[int]) -> int:
         n = 0
@@ -59,6 +60,7 @@ def op_finish(cache: RadixCache, model: Model, rng: random.Random) -> None:
     m = cache.match_prefix(ids)
     assert m.length == model.match_len(ids)
     assert m.slots.tolist() == [model.cached[tuple(ids[: i + 1])] for i in range(m.length)]
+    model.memos.append((ids, m.node))
     cache.lock(m.node)
     need = len(ids) - m.length
     if cache.pool.available() < need:
@@ -81,6 +83,27 @@ def op_lock(cache: RadixCache, model: Model, rng: random.Random) -> None:
     if m.length:
         cache.lock(m.node)
         model.locks.append((m.node, tuple(ids[: m.length])))
+
+
+def op_rematch(cache: RadixCache, model: Model, rng: random.Random) -> None:
+    """A remembered match (scheduler LPM's memo) holds exactly when a fresh match of its key
+    ends at the same node, and then gives the same length, slots and access refresh."""
+    if not model.memos:
+        return
+    i = rng.randrange(len(model.memos))
+    ids, node = model.memos[i]
+    query = cache.query_tokens
+    got = cache.rematch(node, ids + [99], len(ids))  # tokens past the length are not read
+    if got is not None:
+        assert cache.query_tokens == query + len(ids)
+        clock = node.last_access
+        assert cache.root.last_access == clock, "the path was not refreshed"
+        assert got == model.match_len(ids)
+        assert cache.path_slots(node).tolist() == [model.cached[tuple(ids[: k + 1])]
+                                                    for k in range(got)]
+    fresh = cache.match_prefix(ids)
+    assert (got is not None) == (fresh.node is node)
+    model.memos[i] = (ids, fresh.node)
 
 
 def op_unlock(cache: RadixCache, model: Model, rng: random.Random) -> None:
@@ -116,7 +139,7 @@ def test_random_operations_match_reference(seed: int) -> None:
                        dtype=torch.float32, device="cpu")
     cache = RadixCache(pool)
     model = Model()
-    ops = [op_finish] * 4 + [op_lock, op_unlock, op_evict] * 2
+    ops = [op_finish] * 4 + [op_lock, op_unlock, op_evict, op_rematch] * 2
     for _ in range(80):
         rng.choice(ops)(cache, model, rng)
         assert tree_prefixes(cache) == model.cached
