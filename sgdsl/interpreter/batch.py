@@ -9,7 +9,8 @@ While the first programs start, the batch holds its loop's ``BurstGate``: their 
 the backend as one call (one prefill wave at the engine, as ``Engine.generate`` of the list),
 not in the 2-4 pieces the interleaved threads would otherwise produce. The hold ends when no
 body runs any more (each has returned or waits on a result), through the loop's call queue, so
-it comes after the last body's nodes.
+it comes after the last body's nodes. The garbage collector is held off from the start to the
+first finished program (``gc_pause.py``: its collections cost that phase 12-130 ms at 256).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable
 
 from sgdsl.backends.burst import BurstGate
+from sgdsl.interpreter import gc_pause
 from sgdsl.interpreter.loop import loop_calls, threadsafe_future
 from sgdsl.interpreter.runner import BodyRunner, current_runner, fast_switching
 
@@ -50,6 +52,7 @@ class Batch:
         self._fast = False  # holds a fast_switching reference
         self._burst = burst
         self._holding = False  # holds the gate of ``burst``
+        self._resume_gc: Callable[[], None] | None = None  # holds the collector off (burst)
         # NOTE: its own lock: _end_burst runs under the runner's lock, which wait() takes
         # while holding _cond
         self._burst_lock = threading.Lock()
@@ -68,11 +71,13 @@ class Batch:
         if first > 1 and self._burst is not None:
             self._holding = True
             self._burst[2].hold()
+            self._pause_gc()
         try:
             for _ in range(first):
                 self._start_next()
         except BaseException:
             self._end_burst()
+            self._end_gc_pause()
             raise
         if self._holding:  # NOTE: after the submits, so the runner is not idle before them
             self._burst[0].when_idle(self._end_burst)
@@ -114,6 +119,7 @@ class Batch:
             self._cancelled = True
         self._release_fast()
         self._end_burst()
+        self._end_gc_pause()
         for state in self.states:
             if state is not None:
                 state.cancel()
@@ -138,6 +144,7 @@ class Batch:
             if i == self._waiting:
                 self._cond.notify_all()
             on_all = self._on_all if self._count == len(self._items) else None
+        self._end_gc_pause()  # the batch is at the engine: collections now run beside it
         if self._on_finish is not None:
             self._on_finish()
         if self._count == len(self._items):
@@ -157,6 +164,22 @@ class Batch:
                 loop_calls(loop)(gate.release)
             except RuntimeError:  # the loop is closed: nothing left to flush
                 pass
+
+    def _pause_gc(self) -> None:
+        """Hold the collector off until the first program finishes (``_end_gc_pause``), or
+        ``gc_pause.MAX_PAUSE_S`` on the batch's loop."""
+        self._resume_gc = gc_pause.pause_gc()
+        loop = self._burst[1]
+        try:
+            loop_calls(loop)(lambda: loop.call_later(gc_pause.MAX_PAUSE_S, self._end_gc_pause))
+        except RuntimeError:  # the loop is closed: nothing will run, so nothing to wait for
+            self._end_gc_pause()
+
+    def _end_gc_pause(self) -> None:
+        with self._burst_lock:
+            resume, self._resume_gc = self._resume_gc, None
+        if resume is not None:
+            resume()
 
     def _release_fast(self) -> None:
         with self._cond:

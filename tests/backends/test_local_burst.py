@@ -92,3 +92,27 @@ def test_cancelling_a_burst_aborts_its_requests(engine):
         time.sleep(0.02)
     assert engine.stats()["generated_tokens_total"] - generated < 24 * 400 // 2
     engine.check_idle_integrity()
+
+
+def test_a_burst_reaches_the_engine_before_any_garbage_collection(engine, monkeypatch):
+    """The collector is held off from ``run_batch``'s start until the batch is at the engine
+    (its hand-off happens during the hold), and is back on when the batch returns."""
+    import gc
+
+    from sgdsl.interpreter import gc_pause
+
+    monkeypatch.setattr(gc_pause, "MAX_PAUSE_S", 600.0)  # however slow the box
+    from sgdsl.runtime.submitter import Submitter
+
+    held: list[bool] = []
+    inner = Submitter._flush
+
+    def flush(self):  # the burst's hand-off to the engine's loop, on the caller's loop
+        if self._pending:
+            held.append(gc_pause.paused() and not gc.isenabled())
+        return inner(self)
+    monkeypatch.setattr(Submitter, "_flush", flush)
+    states = echo.run_batch(_batch(24), backend=Local(engine=engine))
+    assert all(s.error() is None for s in states)
+    assert held == [True]
+    assert gc.isenabled() and not gc_pause.paused()

@@ -234,3 +234,72 @@ def test_when_idle_fires_once_every_body_has_returned_or_blocked():
     while not seen and time.monotonic() < deadline:
         time.sleep(0.01)  # the woken waiter may still be finishing
     assert seen == ["now"]
+
+
+def test_a_batch_holds_the_collector_off_until_its_first_program_finishes():
+    """While a batch's programs start (their requests built), no garbage collection runs (it
+    delayed a 256-program burst's hand-off by 12-130 ms); after the first program finishes
+    the collector is back on. A batch of one starts nothing in bulk: no hold."""
+    import gc
+
+    from sgdsl.interpreter import gc_pause
+
+    seen: list[tuple[bool, bool]] = []  # (held off, collector on) at each request
+
+    def outputs(ctx, p, c):
+        seen.append((gc_pause.paused(), gc.isenabled()))
+        return "x"
+
+    collected: list[bool] = []  # whether a hold was active when a collection ran
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            collected.append(gc_pause.paused())
+
+    @sgl.function
+    def prog(s, i):
+        s += f"{i}:"
+        s += sgl.gen("out")
+
+    deadline = time.monotonic() + 10  # an earlier test's batch may still hold it briefly
+    while gc_pause.paused() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert gc.isenabled() and not gc_pause.paused()
+    gc.callbacks.append(on_gc)
+    try:
+        states = prog.run_batch([{"i": i} for i in range(300)],
+                                backend=ScriptedBackend(outputs=outputs))
+    finally:
+        gc.callbacks.remove(on_gc)
+    assert [s["out"] for s in states] == ["x"] * 300
+    assert seen[0] == (True, False)  # the first request: built with the collector off
+    assert True not in collected  # nothing collected while held off
+    assert gc.isenabled() and not gc_pause.paused()
+    seen.clear()
+    prog.run_batch([{"i": 0}], backend=ScriptedBackend(outputs=outputs))
+    assert seen == [(False, True)]
+
+
+def test_the_collector_hold_counts_its_holders_and_keeps_a_callers_choice():
+    import gc
+
+    from sgdsl.interpreter import gc_pause
+
+    first, second = gc_pause.pause_gc(), gc_pause.pause_gc()
+    assert not gc.isenabled()
+    first()
+    first()  # a second resume of the same hold does nothing
+    assert not gc.isenabled() and gc_pause.paused()
+    second()
+    assert gc.isenabled() and not gc_pause.paused()
+    gc.disable()  # the caller's own choice survives a batch
+    try:
+        backend = ScriptedBackend(outputs=lambda ctx, p, c: "x")
+
+        @sgl.function
+        def prog(s):
+            s += sgl.gen("out")
+        prog.run_batch([{}] * 5, backend=backend)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
