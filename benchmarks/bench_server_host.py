@@ -29,7 +29,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
-from bench_http_path import children, cpu_s  # noqa: E402
+from proc_stats import cpu_seconds as cpu_s, descendants as children  # noqa: E402
 from bench_router import make_workload  # noqa: E402
 from common import model_dir, tiny_model_dir  # noqa: E402
 
@@ -46,7 +46,9 @@ def thread_cpu(pid: int) -> dict[str, float]:
             fields = (base / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        name = re.sub(r"[-_]?\d+$", "", name) or name  # pool threads under one name
+        # the main thread runs uvicorn's event loop; Python's own threads (the Engine's loop,
+        # the encode pool) all show the interpreter's name
+        name = "loop" if tid == str(pid) else re.sub(r"[-_]?\d+$", "", name) or name
         out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / TICK
     return out
 

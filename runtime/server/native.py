@@ -3,7 +3,6 @@ SGLang's own ``RuntimeEndpoint`` client can drive this server unchanged."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from typing import Any, AsyncIterator
 
@@ -11,11 +10,12 @@ from fastapi import APIRouter, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from .context import OFFLOAD_ENCODE_CHARS, ServerContext, ctx
+from .context import ServerContext, ctx
 from .engine_client import GenBatch, new_rid
 from .errors import APIError
 from .images import ImageCollector
 from .json_body import json_response
+from .prompt_ids import encoded_off_loop
 from .native_protocol import (AbortRequest, ConcatAppendRequest, GenerateRequest,
                               PrecompileRequest)
 from .sse import DONE, SSEResponse, guarded, prefetch, sse_data
@@ -82,26 +82,6 @@ def _rids(rid: str | list[str] | None, num_prompts: int, n: int) -> list[str]:
     if len(base) != num_prompts:
         raise APIError(400, "rid list must match the number of prompts", param="rid")
     return [r if n == 1 else f"{r}-{i}" for r in base for i in range(n)]
-
-
-async def encoded_off_loop(c: ServerContext, batch: GenBatch) -> GenBatch:
-    """A batch holding a long text prompt, with its text prompts as token ids encoded on a
-    worker thread (``ServerContext.encode_chat_async``: the Engine's own encoder, no special
-    tokens, batched per loop turn); other batches as they are.
-
-    NOTE: the Engine encodes a text prompt in the caller's step, here the event loop: ~8 ms
-    of the loop for each 2k-token prompt of the router's workload on the dev box, every other
-    request's parsing and answer waiting behind it (the loop's CPU per request was ~95%
-    encode). Prompts with images keep their text (the processor expands placeholders)."""
-    texts = {it.prompt for it in batch.items if it.prompt is not None and not it.image_data}
-    if c.batcher is None or not any(len(t) >= OFFLOAD_ENCODE_CHARS for t in texts):
-        return batch
-    order = list(texts)
-    encoded = dict(zip(order, await asyncio.gather(*map(c.encode_chat_async, order))))
-    items = tuple(dataclasses.replace(it, prompt=None, input_ids=encoded[it.prompt])
-                  if it.prompt in encoded and encoded[it.prompt] and not it.image_data else it
-                  for it in batch.items)  # zero tokens: the Engine's own error for the text
-    return dataclasses.replace(batch, items=items)
 
 
 @router.post("/generate")

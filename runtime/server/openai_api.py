@@ -16,6 +16,7 @@ from .openai_format import (LogprobCursor, chat_logprobs, completion_logprobs, f
 from .openai_protocol import ChatCompletionRequest, CompletionRequest
 from .sse import DONE, SSEResponse, guarded, prefetch, sse_data
 from .openai_turn import chat_turn
+from .prompt_ids import encoded_off_loop
 from .tools import render_prompt
 
 router = APIRouter()
@@ -51,6 +52,7 @@ async def completions(req: CompletionRequest, request: Request) -> Response:
     batch = GenBatch.fan_out(prompts, sampling, n=req.n, return_logprob=want_lp,
                              top_logprobs_num=req.logprobs or 0,
                              logprob_start_len=0 if (want_lp and req.echo) else -1)
+    batch = await encoded_off_loop(c, batch)
     echoes = [_echo_text(c, p) if req.echo else "" for p in prompts]
     head = {"id": f"cmpl-{new_rid()}", "created": int(time.time()), "model": c.model_name}
     if req.stream:

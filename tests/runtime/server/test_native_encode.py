@@ -1,4 +1,4 @@
-"""Native ``/generate`` with long text prompts (the router's workload): the prompt is encoded on
+"""Native ``/generate`` (and ``/v1/completions``) with long text prompts (the router's workload): the prompt is encoded on
 a worker thread (the server's EncodeBatcher), never on the event loop by the Engine's own
 encoder, and the outputs are the Engine's for the same text, token for token (tiny random
 model, greedy)."""
@@ -105,3 +105,21 @@ def test_a_long_prompt_over_the_context_still_gets_the_engines_error(served):
     body = {"text": text(20, chars=8 * OFFLOAD_ENCODE_CHARS), "sampling_params": SP}
     resp = httpx.post(url + "/generate", json=body, timeout=120)
     assert resp.status_code == 400 and "context length" in resp.text
+
+
+def test_completions_with_a_long_prompt_and_echo(served, counted):
+    url, engine, _ = served
+    on_loop, batched = counted
+    prompt = text(30)
+    body = {"model": "default", "prompt": prompt, "max_tokens": 6, "temperature": 0.0,
+            "echo": True, "logprobs": 1}
+    resp = httpx.post(url + "/v1/completions", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    assert on_loop.calls == [] and batched.calls == [[prompt]]
+    choice = resp.json()["choices"][0]
+    ref = engine.generate(prompt=prompt, sampling_params={"max_new_tokens": 6,
+                                                          "temperature": 0.0})
+    assert choice["text"] == prompt + ref["text"]
+    n_prompt = len(engine.tokenizer.encode(prompt, add_special_tokens=False))
+    assert len(choice["logprobs"]["tokens"]) == n_prompt + ref["meta_info"]["completion_tokens"]
+    engine.check_idle_integrity()
