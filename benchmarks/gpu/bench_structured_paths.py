@@ -148,8 +148,8 @@ def _counted(run: Any, stats: Any) -> Any:
         before = stats()
         r = run(w)
         after = stats()
-        return dataclasses.replace(r, steps={k: int(after.get(k, 0)) - int(before.get(k, 0))
-                                             for k in STEP_KEYS})
+        return dataclasses.replace(r, steps={**(r.steps or {}), **{
+            k: int(after.get(k, 0)) - int(before.get(k, 0)) for k in STEP_KEYS}})
     return go
 
 
@@ -246,8 +246,35 @@ def run_engine(a: argparse.Namespace, results: dict) -> None:
                 report("engine", bs, measure(lambda w: sp.engine_run(engine, w), texts, ids, a,
                                              stats=engine.stats), results)
             if local is not None:
-                report("lang-local", bs, measure(lambda w: sp.language_run(local, w), texts,
-                                                 ids, a, stats=engine.stats), results)
+                run = _engine_span(engine, lambda w: sp.language_run(local, w))
+                report("lang-local", bs, measure(run, texts, ids, a, stats=engine.stats),
+                       results)
+
+
+def _engine_span(engine: Any, run: Any) -> Any:
+    """``run`` with ``Run.steps["engine_span_ms"]``: from the first ``async_generate`` call
+    to the last one's return (Local's only way in), so a row's wall splits into the Engine's
+    part and the language's own (before the first call, after the last answer)."""
+    import dataclasses
+    import time
+
+    inner, spans = engine.async_generate, []
+
+    async def timed_call(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return await inner(*args, **kwargs)
+        finally:
+            spans.append((t0, time.perf_counter()))
+    engine.async_generate = timed_call
+
+    def go(w: sp.Workload) -> sp.Run:
+        spans.clear()
+        r = run(w)
+        span = max(e for _, e in spans) - min(b for b, _ in spans) if spans else 0.0
+        return dataclasses.replace(r, steps={**(r.steps or {}),
+                                             "engine_span_ms": round(1e3 * span)})
+    return go
 
 
 def run_server(a: argparse.Namespace, results: dict) -> None:
@@ -342,7 +369,9 @@ def _steps(c: dict[str, Any], f: dict[str, Any]) -> str:
     g = c.get("steps") or {}
     jumps = (f"; jf {g.get('grammar_jump_forward_tokens', 0)}/{g.get('grammar_sampled_tokens', 0)}"
              f", {g.get('grammar_compiles', 0)} compiles") if g else ""
-    return f"{one(c.get('steps'))}; {one(f.get('steps'))}{jumps}"
+    span = (f"; in Engine {g['engine_span_ms']} of {1e3 * c['wall']:.0f} ms"
+            if "engine_span_ms" in g else "")
+    return f"{one(c.get('steps'))}; {one(f.get('steps'))}{jumps}{span}"
 
 
 def main() -> None:
