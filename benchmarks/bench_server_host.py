@@ -12,6 +12,9 @@ flame data of both processes during the last round.
 
     python benchmarks/bench_server_host.py --groups 16 --prompts-per-group 16 \\
         --system-prompt-len 2048 --question-len 128 --output-len 4 --concurrency 256
+    # GPU: the 8B dummy at its size; SGDSL_STEP_TRACE=DIR adds the scheduler's steps by part
+    python benchmarks/bench_server_host.py --full --groups 24 --output-len 128 --concurrency 64 \\
+        --max-total-tokens 60000
 """
 from __future__ import annotations
 
@@ -78,7 +81,7 @@ async def send_all(url: str, prompts: list[str], a: argparse.Namespace) -> int:
                 async with client.post("/generate", json={"text": prompt,
                                                           "sampling_params": sp}) as r:
                     out = await r.json()
-            return out["meta_info"]["completion_tokens"]
+            return out["meta_info"]["prompt_tokens"] + out["meta_info"]["completion_tokens"]
         return sum(await asyncio.gather(*(one(p) for p in prompts)))
 
 
@@ -115,7 +118,8 @@ def report(r: int, name: str, m: dict[str, Any]) -> None:
     top = sorted(m["threads"].items(), key=lambda kv: -kv[1])[:4]
     split = ", ".join(f"{k} {1000 * v / n:.2f}" for k, v in top if v > 0)
     hit = m["cache_hit_tokens"] / max(m["cache_query_tokens"], 1)
-    print(f"round {r} server {name:6s} wall {m['wall']:6.2f} s  ms/request CPU: main "
+    print(f"round {r} server {name:6s} wall {m['wall']:6.2f} s "
+          f"{m['tokens'] / m['wall']:8.0f} tok/s (prompt + output)  ms/request CPU: main "
           f"{1000 * m['main'] / n:.2f} ({split}), scheduler {1000 * m['sched'] / n:.2f}  "
           f"forwards {m['forward_steps']:.0f} extends {m['extend_steps']:.0f} hit {hit:.1%} "
           f"hand-offs {m['submit_handoffs']:.0f}", flush=True)
@@ -134,6 +138,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model-config", default=model_dir("llama-3.1-8b"),
                     help="config dir whose tokenizer is used (layers shrunk to tiny)")
+    ap.add_argument("--full", action="store_true",
+                    help="the config's own size (a GPU run: --load-format dummy weights)")
     ap.add_argument("--server-args", default="", help="extra server flags, one string")
     ap.add_argument("--python", action="append", default=[], metavar="NAME=PATH")
     ap.add_argument("--profile", default=None, metavar="PREFIX",
@@ -143,7 +149,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     a = parse_args()
-    model = tiny_model_dir(a.model_config)
+    model = a.model_config if a.full else tiny_model_dir(a.model_config)
     from transformers import AutoTokenizer
 
     prompts = make_workload(AutoTokenizer.from_pretrained(model), a)
