@@ -129,6 +129,11 @@ def _build(config: EngineConfig, send: Any) -> tuple[Any, m.Ready]:
 
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
+    if config.grammar_backend != "none":  # grammar: the compile workers' zygote imports
+        # (seconds of CPU, one core) while the model loads, not after it (engine start-up)
+        from ..grammar.compile.worker_handle import prestart_zygote
+
+        prestart_zygote()
     from ..model.runner import ModelRunner
     from .scheduler import Scheduler
 

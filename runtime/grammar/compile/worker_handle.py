@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from .worker import FRAME_HEADER, PARENT_ENV
-from .zygote import start_worker
+from .zygote import prestart, start_worker
 
 COMPILE_WORKER = "from sgdsl.runtime.grammar.compile.worker import main; main()"
 STARTUP_TIMEOUT_S = 120.0  # imports and the backend's tokenizer tables; slow on a loaded box
@@ -31,20 +31,30 @@ class WorkerStartError(Exception):
     pass
 
 
+def worker_env() -> dict[str, str]:
+    """A worker's environment (also the zygote's, whose imports read the thread counts)."""
+    # NOTE: the parent's sys.path goes along so the worker unpickles the same modules
+    # (a backend defined outside the installed packages, e.g. in a test, included).
+    return {**os.environ, PARENT_ENV: str(os.getpid()), "OMP_NUM_THREADS": "1",
+            "RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+
+
+def prestart_zygote() -> None:
+    """Start the workers' zygote now (``zygote.prestart``): its imports overlap the caller's
+    next work instead of delaying the first worker."""
+    prestart(worker_env())
+
+
 class WorkerHandle:
     """One worker process and its pipes (raw file descriptors: ``select`` must see all data)."""
 
     def __init__(self, init: Any, command: str = COMPILE_WORKER) -> None:
         """``init``: the first frame the worker reads (``worker.WorkerInit`` for a compile
         worker); ``command``: the Python code that runs the worker's ``main``."""
-        # NOTE: the parent's sys.path goes along so the worker unpickles the same modules
-        # (a backend defined outside the installed packages, e.g. in a test, included).
-        env = {**os.environ, PARENT_ENV: str(os.getpid()), "OMP_NUM_THREADS": "1",
-               "RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         # NOTE: forked from this process's zygote where it can (zygote.py): the imports a
         # worker needs cost seconds of CPU each time otherwise
-        self.proc = start_worker(command, env)
+        self.proc = start_worker(command, worker_env())
         self._in = self.proc.stdin.fileno()  # type: ignore[union-attr]
         self._out = self.proc.stdout.fileno()  # type: ignore[union-attr]
         self.baseline = 0  # VmData after its first compile (set by the pool)

@@ -122,18 +122,35 @@ _shared: tuple[int, Zygote] | None = None  # (the pid that started it, the zygot
 _shared_lock = threading.Lock()
 
 
+def _zygote(env: dict[str, str]) -> Zygote | None:
+    """This process's zygote, started now with ``env`` if it has none (or it died); None
+    where workers start the old way."""
+    global _shared
+    if env.get(ENV_SWITCH, "1") == "0" or not hasattr(socket, "send_fds"):
+        return None
+    with _shared_lock:
+        if _shared is None or _shared[0] != os.getpid() or _shared[1].proc.poll() is not None:
+            try:
+                _shared = (os.getpid(), Zygote(env))
+            except OSError:
+                _shared = None
+        return _shared[1] if _shared is not None else None
+
+
+def prestart(env: dict[str, str]) -> None:
+    """Start this process's zygote now, so that its imports (seconds of CPU, one core) run
+    while the caller does other work: the scheduler process loads the model meanwhile
+    (scheduler/process.py), where the first worker's start used to wait for both in turn."""
+    _zygote(env)
+
+
 def start_worker(command: str, env: dict[str, str]) -> Any:
     """A worker process running ``python -c command`` with ``env``: forked by this process's
-    zygote (started on first use), else a fresh interpreter (``subprocess.Popen``)."""
+    zygote (started on first use, or by ``prestart``), else a fresh interpreter
+    (``subprocess.Popen``)."""
     global _shared
     if env.get(ENV_SWITCH, "1") != "0" and hasattr(socket, "send_fds"):
-        with _shared_lock:
-            if _shared is None or _shared[0] != os.getpid() or _shared[1].proc.poll() is not None:
-                try:
-                    _shared = (os.getpid(), Zygote(env))
-                except OSError:
-                    _shared = None
-            zygote = _shared[1] if _shared is not None else None
+        zygote = _zygote(env)
         if zygote is not None:
             try:
                 return zygote.fork(command, env)
