@@ -39,11 +39,22 @@ def embedded_gguf_path() -> Path:
 def embedded_model_path() -> Path:
     """HF-format directory of the embedded model, converting from GGUF on first use."""
     gguf = embedded_gguf_path()
-    target = cache_root() / "models" / f"{EMBEDDED_NAME}-{gguf.stat().st_size}"
+    target = _embedded_target(gguf)
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
         return target
     convert_gguf(gguf, target)
     return target
+
+
+def converted_embedded_path() -> Path | None:
+    """``embedded_model_path()`` where the conversion is done, else None (never converts)."""
+    target = _embedded_target(embedded_gguf_path())
+    done = (target / "config.json").exists() and (target / "model.safetensors").exists()
+    return target if done else None
+
+
+def _embedded_target(gguf: Path) -> Path:
+    return cache_root() / "models" / f"{EMBEDDED_NAME}-{gguf.stat().st_size}"
 
 
 def convert_gguf(gguf: Path, target: Path) -> None:

@@ -52,6 +52,10 @@ class TokenizerManager:
     async def start(self) -> m.Ready:
         from ..distributed import launch
 
+        from . import early
+
+        # NOTE: the tokenizer loads while the scheduler starts (early.py), not after Ready
+        preload = asyncio.ensure_future(asyncio.to_thread(early.load_early, self.config))
         if self.config.world_size == 1:  # pp: else one process per rank of every stage
             from ..scheduler.process import run_scheduler_process
 
@@ -72,14 +76,24 @@ class TokenizerManager:
         try:
             self.ready = await self._await_ready()
         except BaseException:
+            preload.cancel()
             launch.stop_processes(self.procs, 0.0)  # no orphan rank after a failed start
             raise
-        from .loader import load_tokenizer
-
-        self.tokenizer = await asyncio.to_thread(load_tokenizer, self.config, self.ready.model_dir)
+        self.tokenizer = await self._tokenizer(preload)
         self._tasks = [asyncio.create_task(self._recv_loop()),
                        asyncio.create_task(self._watchdog())]
         return self.ready
+
+    async def _tokenizer(self, preload: asyncio.Future) -> Any:
+        """The early tokenizer where it read the folder Ready names, else a load now."""
+        from . import early
+        from .loader import load_tokenizer
+
+        folder, tokenizer = await preload
+        if tokenizer is not None and early.same_folder(
+                folder, early.source_of(self.config, self.ready.model_dir)):
+            return tokenizer
+        return await asyncio.to_thread(load_tokenizer, self.config, self.ready.model_dir)
 
     async def _await_ready(self) -> m.Ready:
         waited = 0.0
