@@ -52,10 +52,6 @@ class TokenizerManager:
     async def start(self) -> m.Ready:
         from ..distributed import launch
 
-        from . import early
-
-        # NOTE: the tokenizer loads while the scheduler starts (early.py), not after Ready
-        preload = asyncio.ensure_future(asyncio.to_thread(early.load_early, self.config))
         if self.config.world_size == 1:  # pp: else one process per rank of every stage
             from ..scheduler.process import run_scheduler_process
 
@@ -73,6 +69,12 @@ class TokenizerManager:
                                             start_without_main, beats.counts)
             self.hang = HangMonitor(beats.counts, self.config.rank_hang_timeout_s)
             self.proc = self.procs[0]
+        from . import early
+
+        # NOTE: the tokenizer loads while the scheduler starts (early.py), not after Ready;
+        # only once the processes are launched: check_model imports transformers on a thread
+        # too, and two threads importing transformers at once break its lazy module
+        preload = asyncio.ensure_future(asyncio.to_thread(early.load_early, self.config))
         try:
             self.ready = await self._await_ready()
         except BaseException:
