@@ -32,8 +32,8 @@ def logits_row(seq: list[int]) -> torch.Tensor:
 class HashRunner(StandInRunner):
     """The scheduler tests' stand-in with ``logits_row`` for its rows."""
 
-    def __init__(self) -> None:
-        super().__init__(num_slots=1024, max_reqs=8)
+    def __init__(self, num_slots: int = 1024, max_reqs: int = 8, context_len: int = 256) -> None:
+        super().__init__(num_slots=num_slots, max_reqs=max_reqs, context_len=context_len)
 
     def logits(self, seqs: list[list[int]]) -> torch.Tensor:
         return torch.stack([logits_row(seq) for seq in seqs])
