@@ -4,11 +4,9 @@ same HTML opened in a real browser (headless Chromium through Playwright) to che
 sees: one block per turn, highlighted generated spans, and the token view opening on a click."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from html.parser import HTMLParser
-from pathlib import Path
 
 import pytest
 from e2e_notebook import executed_notebook

@@ -54,7 +54,7 @@ class XGrammarBackend(GrammarBackend):
 
         super().__init__(vocab_size, eos_token_ids)
         self._xgr = xgr
-        self._info = info = xgr.TokenizerInfo.from_huggingface(
+        self._info = xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=list(self.eos_token_ids))
         # NOTE: our own cache (compiler.py) is keyed by the request text; xgrammar's would only
         # duplicate it without a bound, so it is off.

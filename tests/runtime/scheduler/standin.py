@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 import torch
 
 from sgdsl.runtime.cache.pool import ReqToTokenPool, TokenKVPool
-from sgdsl.runtime.config import EngineConfig
 from sgdsl.runtime.ipc import messages as m
 from sgdsl.runtime.model.forward_batch import ForwardBatch
 from sgdsl.runtime.sampling_params import SamplingParams
