@@ -130,12 +130,12 @@ class PrefillSide:
             regs, _ = self.registered.pop(key)
             self._notify_only(regs, key, self.cancelled[key][0])
         self._drain_done()
+        self._expire(time.monotonic())
 
     def _complete(self, key: str) -> bool:
         """Every rank of the decode server registered ``key`` (one, without TP)."""
         regs = self.registered.get(key)
         return regs is not None and len(regs[0]) >= int(regs[0][0].get("shards", 1))
-        self._expire(time.monotonic())
 
     def _drain_inbox(self) -> None:
         while True:
