@@ -116,6 +116,19 @@ def test_an_overloaded_compile_queue_answers_503_with_retry_after(served):
     assert "sgdsl_engine_grammar_compile_wait_seconds_bucket" in metrics
     assert "sgdsl_engine_grammar_compile_cache_hits" in metrics
     assert "sgdsl_engine_grammar_admission_seconds_count" in metrics
+    # the queue's gauge (empty now) and the compile-time histogram (the warm-up probe, the slow
+    # regex, the schema served after the drain)
+    assert _metric(metrics, "sgdsl_engine_grammar_compile_queue_depth") == 0
+    assert _metric(metrics, "sgdsl_engine_grammar_compile_seconds_count") >= 3
+    assert _metric(metrics, "sgdsl_engine_grammar_compile_seconds_sum") > 0
+
+
+def _metric(text: str, name: str) -> float:
+    """A sample's value in a Prometheus text exposition (``name value`` lines)."""
+    values = [float(line.split()[1]) for line in text.splitlines()
+              if line.startswith(name + " ")]
+    assert len(values) == 1, (name, values)
+    return values[0]
 
 
 PRECOMPILE_SCHEMA = {"type": "object", "properties": {

@@ -36,6 +36,11 @@ def _outputs(engine: Engine) -> list[tuple[str, list[int]]]:
 def test_restart_compiles_nothing(tiny_model_dir, tmp_path):
     first = _engine(tiny_model_dir, tmp_path)
     try:
+        # warmed before Engine() returned (no first-request start-up): the worker compiled
+        # its probe schema (compiler.WARM_PROBE) and nothing waits
+        warm = first.stats()
+        assert warm["grammar_compiles"] == 1 and warm["grammar_compile_seconds"]["count"] == 1
+        assert warm["grammar_compile_running"] == 0 and warm["grammar_compile_queue_depth"] == 0
         results = first.precompile(CONSTRAINTS + INVALID)
         assert [r["ok"] for r in results] == [True] * 3 + [False] * 4
         assert results[3]["field"] == "regex" and results[3]["status"] == 400
@@ -54,6 +59,7 @@ def test_restart_compiles_nothing(tiny_model_dir, tmp_path):
 
     second = _engine(tiny_model_dir, tmp_path)
     try:
+        assert second.stats()["grammar_disk_cache_hits"] == 1  # its warm probe, from disk
         assert _outputs(second) == outs
         stats = second.stats()
         assert stats["grammar_compiles"] == 0, stats
