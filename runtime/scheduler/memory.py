@@ -112,9 +112,9 @@ class KVMemory:
     def issue_backups(self) -> None:
         """hicache: start the write-through copies queued since the last call (one batch),
         once a step was launched and the previous one read: off the path to the next launch."""
-        issue = getattr(self.tree, "issue_backups", None)
-        if issue is not None:
-            issue()
+        end_step = getattr(self.tree, "end_step", None)
+        if end_step is not None:
+            end_step()
 
     # -- admission ------------------------------------------------------------------------
     def admit(self, req: Req, indices: torch.Tensor, node: Any) -> bool:

@@ -36,7 +36,8 @@ def make_tree(runner: Any, config: Any) -> RadixCache:
         # NOTE: then every copy to or from it holds the scheduler thread until it is done
         logger.warning("hicache: the CUDA runtime does not see the host pool as page-locked: "
                        "its copies will block the scheduler")
-    return HiRadixCache(pool, host, config.hicache_write_policy, storage)
+    return HiRadixCache(pool, host, config.hicache_write_policy, storage,
+                        lockstep=config.tp_size * config.pp_size > 1)
 
 
 def _identity(runner: Any, config: Any) -> str:

@@ -34,6 +34,12 @@ class TierMoves:
             node.backup_queued = True
             self._backup_queue.append(node)
 
+    def end_step(self) -> int:
+        """The scheduler step's end (``KVMemory.issue_backups``, once a step on every rank):
+        the transfer's lockstep clock ticks, the step's write-throughs are issued."""
+        self.transfer.tick()
+        return self.issue_backups()
+
     def issue_backups(self) -> int:
         """Start the queued nodes' device -> host copies, as one copy (one host allocation, one
         ``transfer.backup``: per layer a few copies, however many nodes). Returns the tokens."""

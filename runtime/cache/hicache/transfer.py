@@ -72,6 +72,12 @@ MIN_DIRECT_TOKENS = 16  # CUDA: shorter stretches gather (a launch per layer eac
 # stretches: its decode slots interleave with the other requests') copied token by token took
 # 35-45 ms for 32 tokens x 32 layers, gathered ~1-2 ms
 MIN_DIRECT_TOKENS_CPU = 16
+# NOTE: lockstep (several ranks run the same scheduler: TP, PP): a backup counts as landed
+# this many scheduler steps after it was issued, on every rank alike (the host waits for it
+# then, rarely: by two steps on, the step it followed has been read and the copy ran beside
+# the next one). Asking the event instead lets each rank's own copy speed decide which host
+# copies may be evicted or stored, and the ranks' trees, then their batches, diverge.
+LOCKSTEP_LAG = 2
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
 
@@ -82,6 +88,7 @@ class _Backup:
     host_slots: torch.Tensor
     done: Callable[[], None]
     landed: bool = False
+    tick: int = 0  # ``KVTransfer.ticks`` when it was issued (lockstep: when it counts as landed)
 
 
 def runs(slots: torch.Tensor) -> list[tuple[int, int, int]]:
@@ -124,9 +131,13 @@ def split(src: torch.Tensor, dst: torch.Tensor, least: int | None
 
 
 class KVTransfer:
-    def __init__(self, device_pool: TokenKVPool, host_pool: HostKVPool, api: Any = None) -> None:
+    def __init__(self, device_pool: TokenKVPool, host_pool: HostKVPool, api: Any = None,
+                 lockstep: bool = False) -> None:
         """``api``: where streams and events come from (``torch.cuda`` on a CUDA pool; tests
-        pass a stand-in to run the CUDA path over CPU pools and count its host waits)."""
+        pass a stand-in to run the CUDA path over CPU pools and count its host waits).
+        ``lockstep``: ranks that must keep identical trees (see ``LOCKSTEP_LAG``)."""
+        self.lockstep = lockstep
+        self.ticks = 0  # scheduler steps (``tick``), the same count on every rank
         self.dev = device_pool
         self.host = host_pool
         self.cuda = api is not None or device_pool.device.type == "cuda"
@@ -189,7 +200,7 @@ class KVTransfer:
             event = self.api.Event()
             event.record(self.write_stream)
         self.backup_issue_seconds += time.perf_counter() - start
-        backup = _Backup(event, staging, host_slots, done)
+        backup = _Backup(event, staging, host_slots, done, tick=self.ticks)
         self.pending.append(backup)
         return backup
 
@@ -218,9 +229,19 @@ class KVTransfer:
         if event is not None and not event.query():
             self.api.current_stream(self.dev.device).wait_event(event)
 
+    def tick(self) -> None:
+        """One scheduler step went by (lockstep: backups age by steps, not by their events)."""
+        self.ticks += 1
+
     def poll(self) -> None:
-        """Finish the backups whose copies have landed (no waiting); time finished loads."""
-        while self.pending and self.pending[0].event.query():
+        """Finish the backups whose copies have landed (no waiting); time finished loads.
+        Lockstep: those issued ``LOCKSTEP_LAG`` steps ago or more, waiting if need be."""
+        if self.lockstep:
+            while self.pending and self.ticks - self.pending[0].tick >= LOCKSTEP_LAG:
+                backup = self.pending.pop(0)
+                backup.event.synchronize()
+                self._finish_one(backup)
+        while not self.lockstep and self.pending and self.pending[0].event.query():
             self._finish_one(self.pending.pop(0))
         while self._timed and self._timed[0][1].query():
             begin, end = self._timed.pop(0)

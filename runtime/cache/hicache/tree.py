@@ -81,11 +81,12 @@ class HiRadixCache(TierMoves, RadixCache):
     tiered = True
 
     def __init__(self, token_pool: TokenKVPool, host_pool: HostKVPool, write_policy: str,
-                 storage: FileStorage | None = None) -> None:
+                 storage: FileStorage | None = None, lockstep: bool = False) -> None:
+        """``lockstep``: several ranks run this tree's twin (TP, PP): see ``KVTransfer``."""
         if write_policy not in WRITE_POLICIES:
             raise ValueError(f"unknown hicache_write_policy {write_policy!r}")
         self.host = host_pool
-        self.transfer = KVTransfer(token_pool, host_pool)
+        self.transfer = KVTransfer(token_pool, host_pool, lockstep=lockstep)
         self.write_policy = write_policy
         self.storage = storage
         self.tier_hits = {"device": 0, "host": 0, "storage": 0}
