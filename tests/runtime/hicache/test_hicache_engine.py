@@ -110,3 +110,18 @@ def test_storage_tier_survives_restart_and_skips_corrupt_file(tiny_model_dir, ti
     storage_hits = [o["meta_info"]["cached_tokens_details"]["storage"] for o in second]
     assert sum(1 for n in storage_hits if n >= 64 * 6) >= DOCS - 1  # one doc hit the bad page
     assert _hit(second) >= 0.7
+
+
+def test_tp2_host_tier_same_outputs(tiny_model_dir, reference):
+    """Tensor parallel (2 ranks, gloo): every rank's tree moves its heads' KV between the tiers
+    in lockstep; the answers are the reference's and every rank ends idle-clean."""
+    engine = _engine(tiny_model_dir, hicache_ratio=8, tp_size=2)
+    try:
+        first, second = _run(engine, ROUND1), _run(engine, ROUND2)
+        engine.check_idle_integrity()  # every rank's device and host pools
+        stats = engine.stats()
+    finally:
+        engine.shutdown()
+    assert [o["output_ids"] for o in first] == reference[0]
+    assert [o["output_ids"] for o in second] == reference[1]
+    assert _hit(second) >= 0.8 and stats["hicache_host_hit_tokens"] >= 3 * DOC_TOKENS
