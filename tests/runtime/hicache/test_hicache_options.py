@@ -51,3 +51,24 @@ def test_hicache_stats_are_exported_at_metrics():
              "hicache_load_latency_avg_s": 0.002, "hicache_storage_hit_tokens": 3}
     names = {family.name for family in _EngineCollector(lambda: stats).collect()}
     assert {f"sgdsl_engine_{k}" for k in stats} <= names
+
+
+def test_hicache_size_sizes_the_host_pool_over_the_ratio():
+    from types import SimpleNamespace
+
+    import torch
+
+    from sgdsl.runtime.cache.hicache.factory import make_tree
+    from sgdsl.runtime.cache.host_pool import GB
+    from sgdsl.runtime.cache.pool import TokenKVPool
+
+    runner = SimpleNamespace(token_kv_pool=TokenKVPool(100, 2, 1, 4, torch.float32, "cpu"))
+    per_token = 2 * 2 * 4 * 4  # layers x (K, V) x head_dim x 4 bytes
+    tree = make_tree(runner, EngineConfig(enable_hierarchical_cache=True, hicache_ratio=8))
+    assert tree.host.size == 800
+    tree = make_tree(runner, EngineConfig(enable_hierarchical_cache=True, hicache_ratio=8,
+                                          hicache_size=64_000 / GB))
+    assert tree.host.size == 64_000 // per_token  # GB wins over the ratio
+    with pytest.raises(ValueError, match="fewer than the device pool"):
+        make_tree(runner, EngineConfig(enable_hierarchical_cache=True,
+                                       hicache_size=3_200 / GB))
