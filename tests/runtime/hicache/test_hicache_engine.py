@@ -87,7 +87,8 @@ def test_host_tier_second_round_hits_and_same_outputs(tiered, reference):
     assert stats["hicache_host_held_tokens"] > POOL  # more than the device pool could keep
 
 
-def test_storage_tier_survives_restart_and_skips_corrupt_file(tiny_model_dir, tiered, reference):
+def test_storage_tier_survives_restart_and_skips_corrupt_file(tiny_model_dir, tiered, reference,
+                                                              capfd):
     _, _, folder = tiered
     files = sorted(folder.rglob("*.kv"))
     assert len(files) >= DOCS * (DOC_TOKENS // 64)
@@ -107,6 +108,8 @@ def test_storage_tier_survives_restart_and_skips_corrupt_file(tiny_model_dir, ti
         engine.shutdown()
     assert [o["output_ids"] for o in second] == reference[1]
     assert stats["hicache_storage_corrupt_files"] == 1
+    logged = capfd.readouterr().err  # the scheduler process's log (its stderr is ours)
+    assert f"skipping corrupt file {corrupt.name} (checksum mismatch)" in logged
     storage_hits = [o["meta_info"]["cached_tokens_details"]["storage"] for o in second]
     assert sum(1 for n in storage_hits if n >= 64 * 6) >= DOCS - 1  # one doc hit the bad page
     assert _hit(second) >= 0.7
