@@ -130,8 +130,9 @@ class EngineConfig:
     # tokens per verify step fall below the threshold (tried again after a backoff).
     speculative_max_batch_size: int = 32
     speculative_min_accept_per_step: float = 0.3
-    # spec (ours): per batch size, speculation stays on only while its measured tokens/s is at
-    # least this times plain decoding's (runtime/speculative/cost.py); 0: not measured.
+    # spec (ours): a step speculates only while its requests' expected accepted tokens give at
+    # least this times plain decoding's tokens/s, from the measured cost of a speculative vs a
+    # plain step at that batch size (runtime/speculative/cost.py); 0: not measured.
     speculative_min_speedup: float = 1.0
     # spec: CUDA graphs for the tree verify and the draft forwards follow disable_cuda_graph;
     # this turns off only those (ours, not SGLang's: the graph-vs-eager A/B of the benchmark).

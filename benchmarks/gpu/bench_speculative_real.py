@@ -165,14 +165,14 @@ def run_side(side: str, a: argparse.Namespace, model_dir: str, work: dict) -> di
             before = spec_counters(engine)
             res[row] = jobs[row]()
             if before:
-                print(f"[{side}] row {row}: {counter_line(before, spec_counters(engine))}",
-                      flush=True)
+                print(f"[{side}] row {row}: {counter_line(before, spec_counters(engine))}"
+                      f"{gate_line(engine.stats())}", flush=True)
         engine.check_idle_integrity()
         stats = spec_counters(engine)
         gate = engine.stats()  # the cost gate's last look; its mean intervals in ms
         rates = {k: round(gate[k], 2) for k in (
-            "spec_cost_spec_rate", "spec_cost_plain_rate", "spec_cost_ceiling_rate",
-            "spec_cost_prior_ceiling") if k in gate}
+            "spec_cost_spec_rate", "spec_cost_plain_rate", "spec_cost_ratio",
+            "spec_cost_ceiling_rate", "spec_cost_prior_ceiling") if k in gate}
         rates.update({f"{k}_ms": round(1e3 * gate[k], 3) for k in (
             "spec_cost_first_interval", "spec_cost_steady_interval") if k in gate})
     print(f"[{side}] done at {time.perf_counter() - t0:.1f} s; {stats} {rates}", flush=True)
@@ -206,6 +206,17 @@ def counter_line(before: dict, after: dict) -> str:
             f"verified row {per_row}, draft graph steps {d['spec_draft_graph_steps']}, grammar: "
             f"step ends {d.get('spec_grammar_step_ends', 0)}, forced between drafts "
             f"{d.get('spec_forced_between_drafts', 0)}")
+
+
+def gate_line(stats: dict) -> str:
+    """The cost gate's last decision as the row ends (not a delta: the engine's rows share
+    it): a speculative step's cost over a plain one's, and the accepted tokens per verify a
+    request needs at that ratio."""
+    ratio = stats.get("spec_cost_ratio")
+    if not ratio:
+        return ""
+    return (f"; gate: last step-cost ratio {ratio:.2f} (needs {ratio - 1:.2f} accepted per "
+            f"verify), steady spec interval {1e3 * stats['spec_cost_steady_interval']:.3f} ms")
 
 
 def equal_count(want: list[list[int]], got: list[list[int]]) -> tuple[int, list[int]]:

@@ -12,11 +12,12 @@ NOTE: the step is read synchronously (no overlap scheduling for a speculative st
 step's draft depends on this step's accepted tokens, and the KV columns of the next step on how
 many were accepted. A step in flight is read first, but only when some request is predicted to
 draft from the state known before that read (prediction.py); otherwise, and when speculation
-does not pay (more decoding requests than ``speculative_max_batch_size``, or a measured rate
-below plain decoding's at this batch size: cost.py), the scheduler runs its plain, overlapped
-decode step, so an engine that cannot speculate runs as a plain one. Per request, a low recent
-acceptance backs off (stats.Backoff). Logprobs are computed for accepted tokens (from the
-verify logits).
+does not pay (more decoding requests than ``speculative_max_batch_size``, or the requests'
+expected accepted tokens below what a speculative step costs against a plain one at this batch
+size, as measured: cost.py), the scheduler runs its plain, overlapped decode step, so an engine
+that cannot speculate runs as a plain one. Per request, a recent acceptance below the larger of
+``speculative_min_accept_per_step`` and the cost gate's bar backs off (stats.Backoff): that
+request only. Logprobs are computed for accepted tokens (from the verify logits).
 """
 from __future__ import annotations
 
@@ -49,14 +50,16 @@ class SpecDecoder:
         self.k = config.speculative_num_draft_tokens
         self.max_batch = config.speculative_max_batch_size
         self.threshold = config.speculative_min_accept_per_step
+        self.bar = self.threshold  # this step's: the larger of it and the cost gate's bar
         self.context_len = runner.context_len
         self.stats = SpecStats(self.k)
         # tree verifies replay CUDA graphs where captured (after the drafter: an EAGLE
         # drafter installs its hidden-state capture in the target first)
         self.verify_graphs = VerifyGraphs.create(config, runner)
         self.decode_graph_steps = 0  # chain verifies replayed on the target's decode graphs
-        # per batch: speculation only while it beats plain decoding's measured rate (cost.py)
-        # (a drafter that cannot pay even at full acceptance is probed rarely from the start)
+        # per batch: speculation only while the expected acceptance pays for a speculative
+        # step's measured cost against a plain one's (cost.py; a drafter that cannot pay even
+        # at full acceptance is probed rarely from the start)
         self.cost = CostGate(config.speculative_min_speedup, draft_tokens=self.k,
                              proposal_cost=self.drafter.proposal_cost())
 
@@ -68,8 +71,7 @@ class SpecDecoder:
         running = sched.running
         forwards = sched.counters["forward_steps"]
         self.cost.tick(forwards)
-        if len(running) > self.max_batch or not any(
-                self._may_draft(r) for r in running.reqs) or not self.cost.allow(len(running)):
+        if len(running) > self.max_batch or not self._gate(running.reqs):
             self.stats.skipped_steps += 1
             return self._plain(sched, forwards)
         pending = sched.pending
@@ -135,8 +137,26 @@ class SpecDecoder:
         self.decode_graph_steps += decode is not None and decode.can_run(batch)
         return runner.forward(batch)
 
-    def _may_draft(self, req: Any) -> bool:
+    def _gate(self, reqs: list[Any]) -> bool:
+        """Whether this step speculates: some request may draft, and the tokens they are
+        expected to accept pay for a speculative step at this batch size (cost.py). A request
+        whose recent acceptance is below what a verify needs to pay backs off (its own wait,
+        then a probe), so a losing phase of one request keeps no other one plain."""
+        bar = self.cost.accept_bar(len(reqs))
+        self.bar = max(self.threshold, bar)
+        drafting = [r for r in reqs if self._may_draft(r, self.bar)]
+        if not drafting:
+            return False
+        # NOTE: a request without history is expected to accept every draft: its first
+        # verify measures it (one step's cost)
+        gain = sum(r.spec_backoff.avg if r.spec_backoff is not None else self.k
+                   for r in drafting)
+        return self.cost.allow(len(reqs), 1 + gain / len(reqs))
+
+    def _may_draft(self, req: Any, bar: float | None = None) -> bool:
         backoff = req.spec_backoff
+        if backoff is not None and bar is not None:
+            backoff.hold(bar)  # the bar rose above its average: it backs off now
         return req.remaining_tokens > 1 and (backoff is None or backoff.wait == 0)
 
     def _drafts(self, sched: Any, reqs: list[Any]
@@ -246,8 +266,8 @@ class SpecDecoder:
         self._after_tokens(sched, reqs, settled)
 
     def _observe(self, req: Any, accepted: int) -> None:
-        req.spec_backoff = req.spec_backoff or Backoff()
-        req.spec_backoff.update(accepted, self.threshold)
+        req.spec_backoff = req.spec_backoff or Backoff(avg=max(1.0, self.bar))
+        req.spec_backoff.update(accepted, self.bar)
 
     @staticmethod
     def _sync_running(sched: Any, reqs: list[Any], vocab: int) -> None:

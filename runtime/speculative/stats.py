@@ -63,7 +63,9 @@ class SpecStats:
 class Backoff:
     """Per request: recent accepted tokens per verify (an average over about 8 steps); below
     the threshold the request sits out ``wait`` steps, doubling each time (up to 64), and
-    halving again when a retry accepts well."""
+    halving again when a retry accepts well. The threshold may change between calls (the cost
+    gate's bar: accepted tokens a verify needs to pay on this device, cost.py): a request whose
+    average falls below a raised bar backs off too (``hold``)."""
 
     avg: float = 1.0
     wait: int = 0
@@ -76,10 +78,24 @@ class Backoff:
         return False
 
     def update(self, accepted: int, threshold: float) -> None:
-        self.avg = 0.875 * self.avg + 0.125 * accepted
+        self.avg = _DECAY * self.avg + (1 - _DECAY) * accepted
         if self.avg < threshold:
-            self.wait = self.penalty
-            self.penalty = min(2 * self.penalty, 64)
-            self.avg = threshold  # a fresh start after the wait
+            self._start(threshold)
         elif accepted:
             self.penalty = max(self.penalty // 2, 1)
+
+    def hold(self, threshold: float) -> bool:
+        """Start the wait when, not waiting, the average is below ``threshold`` (a bar that
+        rose since the last verify); True: it started."""
+        if self.wait > 0 or self.avg >= threshold:
+            return False
+        self._start(threshold)
+        return True
+
+    def _start(self, threshold: float) -> None:
+        self.wait = self.penalty
+        self.penalty = min(2 * self.penalty, 64)
+        self.avg = threshold  # a fresh start after the wait
+
+
+_DECAY = 0.875

@@ -77,3 +77,17 @@ def test_stats_and_metrics_histogram():
     for _ in range(20):  # nothing accepted: it backs off, longer each time
         backoff.update(0, 0.3)
     assert backoff.wait > 0 and backoff.penalty > 2
+
+
+def test_backoff_follows_a_rising_bar():
+    from sgdsl.runtime.speculative.stats import Backoff
+
+    backoff = Backoff(avg=2.0)
+    assert not backoff.hold(1.8) and backoff.wait == 0  # above the cost gate's bar: drafts
+    assert backoff.hold(2.5) and backoff.wait == 1 and backoff.avg == 2.5  # the bar rose
+    assert not backoff.hold(3.0) and backoff.wait == 1  # already waiting: no second start
+    assert backoff.skip() and not backoff.skip()
+    backoff.update(4, 2.5)  # the probe accepted every draft: above the bar, shorter waits
+    assert backoff.wait == 0 and backoff.penalty == 1
+    backoff.update(0, 2.9)
+    assert backoff.wait == 1 and backoff.avg == 2.9  # below: waits, then a fresh start

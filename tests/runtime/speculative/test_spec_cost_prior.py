@@ -78,11 +78,12 @@ def test_hopeless_verdicts_hold_per_batch_size():
     for _ in range(3):  # every draft accepted, 5 tokens in 6 units: the ceiling loses too
         step(True, 5, 6.0)
     gate.tick(forwards[0])
-    assert gate.losses == gate.hopeless == 1 and gate.last_ceiling == pytest.approx(5 / 6)
+    assert gate.hopeless == 1 and gate.last_ceiling == pytest.approx(5 / 6)
+    assert gate.last_ratio == pytest.approx(6.0)
     assert gate.blocked[1] >= _MAX_WAIT and not gate.allow(1)
-    # another batch size was not measured: its own probe comes (a low-acceptance loss, by
-    # contrast, holds for every size: ``wait``)
-    assert gate.wait == 0 and gate.allow(4)
+    # another batch size was not measured: its own probe comes (a request's low acceptance,
+    # by contrast, backs off that request only: stats.Backoff)
+    assert gate.allow(4)
     # the prior: every batch size waits before its first probe
     prior = CostGate(1.0, Clock(), draft_tokens=4, proposal_cost=4.0)
     assert not any(prior.allow(1) for _ in range(_MAX_WAIT)) and not prior.allow(8)
