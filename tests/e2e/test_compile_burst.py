@@ -64,6 +64,9 @@ def test_a_burst_of_150_distinct_schemas_is_admitted(engine):
              if k in ("grammar_compile_timeouts", "grammar_compile_rejected_busy",
                       "grammar_compile_wait_seconds", "grammar_compile_cache_hits")}
     engine.check_idle_integrity()
+    from sgdsl.runtime.grammar.compile.pool_limits import default_workers
+    # a default Engine's compile workers come from the machine's cores (2 on the 2-core box)
+    assert engine.stats()["grammar_compile_workers"] == default_workers()
     refused = {n: r for n, r in zip(suite, results) if isinstance(r, OverloadedError)}
     rejected = {n: str(r) for n, r in zip(suite, results) if isinstance(r, InvalidRequestError)}
     assert not refused, refused  # never "busy" in this burst
