@@ -220,9 +220,6 @@ def _check_parallel(config: EngineConfig) -> None:
     _check_pipeline(config, bad)  # pp:
     if not config.rank_hang_timeout_s > 0:
         raise bad("rank_hang_timeout_s", "must be > 0")
-    if config.disaggregation_mode == "prefill" and config.tp_size > 1:  # pd:
-        raise bad("disaggregation_mode", "a prefill server runs with tp_size=1 (it sends the KV "
-                  "of all heads; a decode server may use tensor parallelism)")
     if not config.disaggregation_timeout_s > 0:  # pd:
         raise bad("disaggregation_timeout_s", "must be > 0")
     if config.nnodes < 1:

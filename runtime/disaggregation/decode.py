@@ -53,8 +53,8 @@ class DecodeSide:
         self.done: queue.Queue = queue.Queue()
         tp = get_tp_group()
         self.rank, self.size = tp.rank, tp.size
-        heads = int(scheduler.runner.model_config.num_kv_heads)
-        self.heads = head_range(self.rank, self.size, heads) if self.size > 1 else None
+        self.kv_heads = int(scheduler.runner.model_config.num_kv_heads)
+        self.heads = head_range(self.rank, self.size, self.kv_heads)
         self.arrived: dict[str, dict] = {}  # tp: notices of this rank not yet decided on
         self.outbox: list[tuple[str, str, str]] = []  # tp: rank 0's verdicts for the broadcast
         self.failing: set[str] = set()  # tp: keys rank 0 has sent a "fail" verdict for
@@ -200,7 +200,7 @@ class DecodeSide:
             self._links_made += 1  # NOTE: a fresh id: the old group's rendezvous keys remain
             link = ReceiverLink(address[0], address[1], f"{self.my_id}-{self._links_made}",
                                 self.backend, self.timeout, self.pool, self.done,
-                                self.heads, self.size)
+                                self.heads, self.kv_heads, self.size)
             self.links[address] = link
         return link
 

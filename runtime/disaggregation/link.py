@@ -7,8 +7,11 @@
   (``p2d/<decode id>/<k>``). Messages are small JSON values.
 - a tensor-parallel decode server is one peer per rank, each holding a share of the kv heads
   (``heads`` in its announcement): the prefill side sends each rank its heads' pages, and
-  starts a request once every rank registered it (``shards`` in a registration).
-- one two-rank process group per (prefill, decode) pair, made over the store (rank 0: prefill):
+  starts a request once every rank registered it (``shards`` in a registration). A
+  tensor-parallel prefill server (``prefill/info``: its tp size) serves the store on rank 0;
+  each decode rank gets each of its heads from the prefill rank holding it (``shards.py``).
+- one two-rank process group per (prefill rank, decode rank) pair that carries pages, made
+  over the store (group rank 0: prefill):
   gloo for CPU tensors, NCCL for CUDA ones. The KV pages travel as point-to-point send/recv,
   two messages per layer (K, then V: ``[tokens, kv_heads, head_dim]``), a few layers in
   flight; the decode side receives a run of consecutive slots in place.
@@ -131,34 +134,39 @@ def send_pages(group: Any, pool: Any, slots: torch.Tensor, peer: int, host_stage
     _sync(pool.device)
 
 
-def recv_pages(group: Any, pool: Any, slots: torch.Tensor | None, count: int, peer: int,
-               host_staged: bool) -> bool:
-    """``count`` tokens' pages of every layer from ``peer`` into ``slots`` (None: received and
-    dropped, to keep the pair's order when the request went away meanwhile).
+def recv_pages(sources: list[tuple[Any, tuple[int, int]]], pool: Any,
+               slots: torch.Tensor | None, count: int, host_staged: bool) -> bool:
+    """``count`` tokens' pages of every layer into ``slots`` (None: received and dropped, to
+    keep each pair's order when the request went away meanwhile). ``sources``: ``(group,
+    (first, end))``, the pair group of each prefill rank sending this pool's kv heads
+    ``[first, end)`` (local indices; one source with every head unless the prefill server is
+    tensor-parallel with other head splits), posted layer by layer in this order.
 
-    Slots that are one ascending run (a fresh allocation usually is) are received in place:
-    straight into the pool's rows, no staging buffer and no scatter copy (True returned)."""
+    One source with every head into slots that are one ascending run (a fresh allocation usually
+    is) is received in place: straight into the pool's rows, no staging buffer and no scatter
+    copy (True returned); other pages are staged and copied into their heads' columns."""
     layout = KVLayout.of(pool)
     raw = torch.uint8 if pool.dtype == torch.float8_e4m3fn else pool.dtype
-    shape = (count, layout.kv_heads, layout.head_dim)
-    run = _run(slots) if pool.device.type == "cpu" or not host_staged else None
+    whole = len(sources) == 1 and tuple(sources[0][1]) == (0, layout.kv_heads)
+    run = (_run(slots) if whole and (pool.device.type == "cpu" or not host_staged) else None)
     dev_slots = slots.to(pool.device) if slots is not None and run is None else None
     where = "cpu" if host_staged else pool.device
     inflight: deque = deque()
 
     def land() -> None:
-        buf, work, pages = inflight.popleft()
+        buf, (lo, hi), work, pages = inflight.popleft()
         work.wait()
         if dev_slots is not None:
-            buf.index_copy_(0, dev_slots, pages.to(pool.device, non_blocking=False))
+            buf[:, lo:hi].index_copy_(0, dev_slots, pages.to(pool.device, non_blocking=False))
 
     for layer in range(pool.num_layers):
         for buf in pool.page_buffers(layer):
-            pages = (buf[run[0]:run[1]] if run is not None else
-                     torch.empty(shape, dtype=raw, device=where))
-            inflight.append((buf, group.recv([pages], peer, 0), pages))
-            if len(inflight) > 2 * LAYER_WINDOW:
-                land()
+            for group, (lo, hi) in sources:
+                pages = (buf[run[0]:run[1]] if run is not None else
+                         torch.empty((count, hi - lo, layout.head_dim), dtype=raw, device=where))
+                inflight.append((buf, (lo, hi), group.recv([pages], 0, 0), pages))
+                if len(inflight) > 2 * LAYER_WINDOW * len(sources):
+                    land()
     while inflight:
         land()
     _sync(pool.device)

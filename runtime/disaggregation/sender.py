@@ -1,6 +1,8 @@
 """SenderLink: one decode server as the prefill side sees it: the pair's process group and a
 thread that runs the transfers to it one after another, in the order they were submitted
-(each: the ``p2d`` notice, then the pages of every layer)."""
+(each: the ``p2d`` notice, then the pages of every layer). On a tensor-parallel prefill server
+each rank holding heads of the decode rank has one (its pages only; the first writes the
+notices)."""
 from __future__ import annotations
 
 import queue
@@ -21,20 +23,28 @@ class SendJob:
 
 
 class SenderLink:
-    def __init__(self, peer: dict, store_port: int, backend: str, timeout_s: float, pool: Any,
-                 done: queue.Queue) -> None:
+    def __init__(self, peer: dict, store: tuple[str, int], backend: str, timeout_s: float,
+                 pool: Any, done: queue.Queue, rank: int = 0,
+                 heads: tuple[int, int] | None = None, notices: bool = True) -> None:
+        """A prefill rank's link to one decode rank. ``heads``: the kv heads of this pool the
+        peer gets from this rank (local indices; None: every head); ``notices``: this rank
+        writes the peer's notices (the first of its sources, ``shards.sources``)."""
         self.peer_id = str(peer["peer"])
+        self.notices = notices
         self.error: str | None = None
         mine = KVLayout.of(pool).to_json()
-        start, end = peer.get("heads") or (0, mine["kv_heads"])
-        # tp: a decode rank holds kv heads [start, end) of ours
+        start, end = heads or (0, mine["kv_heads"])
+        # tp: the peer holds kv heads [start, end) of ours (and maybe others' besides)
         self.heads = None if (start, end) == (0, mine["kv_heads"]) else (int(start), int(end))
-        want = {**mine, "kv_heads": end - start}
-        if peer.get("layout") != want or not 0 <= start < end <= mine["kv_heads"]:
+        layout = peer.get("layout") or {}
+        if ({k: v for k, v in layout.items() if k != "kv_heads"} !=
+                {k: v for k, v in mine.items() if k != "kv_heads"}
+                or not 0 <= start < end <= mine["kv_heads"]):
             # NOTE: the group is still made: the peer waits for it
             self.error = (f"KV layouts differ: prefill {mine} (heads {start}:{end} sent), "
                           f"decode {peer.get('layout')}")
-        self._host, self._port, self._backend = str(peer["host"]), store_port, backend
+        self._host, self._store, self._backend = str(peer["host"]), store, backend
+        self._group_id = f"{self.peer_id}/{rank}"
         self._timeout, self._pool, self._done = timeout_s, pool, done
         self._jobs: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name=f"pd-send-{self.peer_id[:8]}",
@@ -50,8 +60,8 @@ class SenderLink:
     def _run(self) -> None:
         with device_stream(self._pool.device):
             try:
-                store = connect_store("127.0.0.1", self._port, self._timeout)
-                group = make_group(store, self.peer_id, 0, self._backend, self._host,
+                store = connect_store(*self._store, self._timeout)
+                group = make_group(store, self._group_id, 0, self._backend, self._host,
                                    self._timeout)
             except Exception as exc:  # noqa: BLE001 - every queued and later job fails with it
                 self.error = self.error or f"no link to decode peer {self.peer_id}: {exc}"
@@ -66,8 +76,9 @@ class SenderLink:
                 continue
             notice = job.notice if self.error is None else {"key": job.key, "error": self.error}
             try:
-                put(store, f"p2d/{self.peer_id}/{seq}", notice)
-                seq += 1
+                if self.notices:
+                    put(store, f"p2d/{self.peer_id}/{seq}", notice)
+                    seq += 1
                 if job.slots is not None and self.error is None:
                     send_pages(group, self._pool, job.slots, peer=1,
                                host_staged=self._backend == "gloo", heads=self.heads)

@@ -32,7 +32,7 @@ from .running import RunningBatch, needs_sync
 from .sample_step import BatchSampler
 from .stepping import Stepping
 from ..disaggregation import make_pd  # pd:
-from ..disaggregation.shards import Verdicts  # pd:
+from ..disaggregation.shards import Events, Verdicts  # pd:
 from . import tp_sync
 from .. import hop_times  # hops: per-chunk timestamps ($SGDSL_HOP_TIMES)
 
@@ -109,7 +109,7 @@ class Scheduler(Stepping):
             self.send(m.RpcResp(msg.call_id, ok=True, value=self.stats()))
         elif isinstance(msg, m.PrecompileReq):  # grammar: answered once compiled (step)
             self._precompile(msg)
-        elif isinstance(msg, Verdicts):  # pd: rank 0's KV transfer decisions (tensor parallel)
+        elif isinstance(msg, (Verdicts, Events)):  # pd: rank 0's KV transfer decisions (tp)
             self.pd.apply(msg)
         elif isinstance(msg, m.CheckIntegrityReq):  # every TP rank checks, rank 0 answers
             self.send(tp_sync.integrity_resp(msg.call_id, self._integrity_resp(msg.call_id)))
