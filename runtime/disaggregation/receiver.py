@@ -2,8 +2,9 @@
 
 Two threads: the link thread connects to the prefill server's control store, reads the prefill
 server's tp size, announces this process (its id, the prefill's address as seen from here, its
-KV layout and heads), joins the process group of each prefill rank sending it heads and then writes this side's registrations; the receive thread reads the prefill
-side's notices in order (``p2d/<id>/<k>``) and receives each one's pages into the slots the
+KV layout and heads), joins the process group of each prefill rank sending it heads and then
+writes this side's registrations; the receive thread reads the prefill side's notices in order
+(``p2d/<id>/<k>``) and receives each one's pages (from every source rank) into the slots the
 request holds (or drops them when the request went away meanwhile: the pair's order must hold).
 Everything that ends goes to the decode side through its ``done`` queue; a broken link sets
 ``error`` and stops.

@@ -167,7 +167,7 @@ def test_pages_of_two_prefill_ranks_land_in_their_heads(dst_slots):
                           True)  # staged: a head slice of a row is not contiguous
     [t.join(60) for t in senders]
     for layer in range(6):
-        for s in (0, 1):
-            assert torch.equal(dst.k_buffer[layer][dst_slots, s], srcs[s].k_buffer[layer][src_slots, 0])
-            assert torch.equal(dst.v_buffer[layer][dst_slots, s], srcs[s].v_buffer[layer][src_slots, 0])
+        for s, src in enumerate(srcs):
+            for got, sent in ((dst.k_buffer, src.k_buffer), (dst.v_buffer, src.v_buffer)):
+                assert torch.equal(got[layer][dst_slots, s], sent[layer][src_slots, 0])
     del master
