@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ...distributed.collectives import min_over_ranks
 from ..host_pool import GB, HostKVPool
 from ..radix import RadixCache
 from .options import storage_dir
@@ -25,10 +26,13 @@ def make_tree(runner: Any, config: Any) -> RadixCache:
                          f"than the device pool's {pool.size}: the host pool must be larger")
     host = HostKVPool(slots, pool, pin_memory=pool.device.type == "cuda")
     storage = None
+    lockstep = config.tp_size * config.pp_size > 1
     if config.hicache_storage_backend == "file":
+        # NOTE: each TP rank stores its shard (its KV heads), budgeted per rank
         storage = FileStorage(storage_dir(config), _identity(runner, config),
                               int(config.hicache_storage_size * GB),
-                              (pool.num_layers, 2, PAGE_TOKENS, *host.row_shape), host.raw_dtype)
+                              (pool.num_layers, 2, PAGE_TOKENS, *host.row_shape), host.raw_dtype,
+                              shard=f"tp{runner.tp_rank}of{runner.tp_size}")
     logger.info("hicache: host pool %d tokens (%.2f GB, %s, pinned %s), storage %s", slots,
                 slots * host.bytes_per_token / GB, config.hicache_write_policy, host.pinned,
                 storage.dir if storage else "off")
@@ -36,15 +40,20 @@ def make_tree(runner: Any, config: Any) -> RadixCache:
         # NOTE: then every copy to or from it holds the scheduler thread until it is done
         logger.warning("hicache: the CUDA runtime does not see the host pool as page-locked: "
                        "its copies will block the scheduler")
-    return HiRadixCache(pool, host, config.hicache_write_policy, storage,
-                        lockstep=config.tp_size * config.pp_size > 1)
+    # lockstep: every rank's storage hits must agree, or the ranks' trees (and batches) diverge
+    agree = min_over_ranks if lockstep and storage is not None else None
+    return HiRadixCache(pool, host, config.hicache_write_policy, storage, lockstep=lockstep,
+                        agree=agree)
 
 
 def _identity(runner: Any, config: Any) -> str:
-    """What a stored page's KV depends on besides its tokens (part of its file names)."""
+    """What a stored page's KV depends on besides its tokens (the root of its key); the TP
+    shard is in the file name. pp: a stage's layers are part of it (stages of the same size
+    hold different layers)."""
     pool = runner.token_kv_pool
+    stage = runner.pp_stage
     weights = f"dummy(seed={config.seed})" if config.load_format == "dummy" else "weights"
     return (f"model={runner.model_dir}|{weights}|quant={config.quantization}|"
             f"dtype={runner.dtype}|kv={pool.dtype}|layers={pool.num_layers}|"
             f"kv_heads,head_dim={tuple(pool.k_buffer[0].shape[1:])}|"
-            f"tp={runner.tp_rank}/{runner.tp_size}")
+            f"stage_layers={stage.start}-{stage.end}/{stage.num_layers}")

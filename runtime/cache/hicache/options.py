@@ -33,9 +33,6 @@ def check_options(config: Any) -> None:
     if config.hicache_size == 0 and not config.hicache_ratio > 1:
         raise bad("hicache_ratio", "must be > 1: the host pool holds copies of what is on the "
                                    "device, so it must be larger than the device pool")
-    if config.hicache_storage_backend is not None and config.tp_size > 1:
-        raise bad("hicache_storage_backend", "is not supported with tp_size > 1 yet (every "
-                                             "rank's storage lookups would have to agree)")
 
 
 def storage_dir(config: Any) -> Path:

@@ -7,46 +7,56 @@ whose tokens are not all on the host yet is skipped; a later eviction may write 
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 
 from .storage import PAGE_TOKENS as P
 
+logger = logging.getLogger(__name__)
+
 
 def fetch(tree: Any, key: list[int], start: int, attach: Any) -> Any:
     """Read the stored pages covering ``key[start:]`` (full pages only, the first one may
     begin before ``start``) into host slots; attach them as a host-only child of ``attach``
-    (the node ending at ``start``). None if nothing is stored (or readable)."""
+    (the node ending at ``start``). None if nothing is stored (or readable).
+
+    Lockstep (TP/PP): every rank reads its own shards, then the ranks agree on the pages that
+    all of them could read (``tree.agree``: the minimum over ranks), so a page missing or
+    corrupt on one rank is a miss on every rank and the trees stay identical."""
     storage = tree.storage
     first, last = start // P, len(key) // P
     if first >= last:
         return None
     hashes = storage.page_hashes(key, last)
-    found = []
+    rows = []
     for p in range(first, last):
-        if not storage.exists(hashes[p]):
+        page = storage.read(hashes[p], key[p * P:(p + 1) * P])
+        if page is None:  # missing, or corrupt (logged): the prefix ends before it
             break
-        found.append(p)
-    if not found:
+        rows.append(page)
+    usable = tree.agree(len(rows)) if tree.agree is not None else len(rows)
+    if usable < len(rows):
+        # NOTE: forgotten here too, so every rank's storage holds the same pages again
+        logger.warning("hicache storage: skipping page file %s (not usable on every rank)",
+                       storage._path(hashes[first + usable]).name)
+        storage.forget(hashes[first + usable])
+    rows = rows[:usable]
+    if not rows:
         return None
-    host = tree._host_alloc((found[-1] + 1) * P - start)
+    host = tree._host_alloc((first + len(rows)) * P - start)
     if host is None:
         return None
     filled = 0
-    for p in found:
-        rows = storage.get(hashes[p], key[p * P:(p + 1) * P])
-        if rows is None:  # corrupt (logged): the prefix ends before it
-            break
+    for p, page in enumerate(rows, start=first):
+        storage.touch(hashes[p])
         lo = max(start - p * P, 0)
-        tree.host.scatter(host[filled:filled + P - lo], rows[:, :, lo:])
+        tree.host.scatter(host[filled:filled + P - lo], page[:, :, lo:])
         filled += P - lo
-    tree.host.free(host[filled:])
-    if filled == 0:
-        return None
     from .tree import HiTreeNode
 
-    node = HiTreeNode(key=key[start:start + filled], value=None, host_value=host[:filled].clone(),
+    node = HiTreeNode(key=key[start:start + filled], value=None, host_value=host,
                       parent=attach, last_access=attach.last_access,
                       prefix_len=attach.prefix_len + filled)
     attach.children[key[start]] = node
@@ -66,7 +76,7 @@ def store(tree: Any, node: Any) -> None:
     storage = tree.storage
     hashes = storage.page_hashes(tokens, last)
     for p in range(first, last):
-        if storage.exists(hashes[p]):
+        if storage.has(hashes[p]):  # NOTE: its record, not the disk: the same on every rank
             continue
         slots = _host_slots(path, p * P, (p + 1) * P)
         if slots is not None:

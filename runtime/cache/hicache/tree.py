@@ -29,7 +29,7 @@ Moves between tiers (``moves.py``):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -81,14 +81,18 @@ class HiRadixCache(TierMoves, RadixCache):
     tiered = True
 
     def __init__(self, token_pool: TokenKVPool, host_pool: HostKVPool, write_policy: str,
-                 storage: FileStorage | None = None, lockstep: bool = False) -> None:
-        """``lockstep``: several ranks run this tree's twin (TP, PP): see ``KVTransfer``."""
+                 storage: FileStorage | None = None, lockstep: bool = False,
+                 agree: Callable[[int], int] | None = None) -> None:
+        """``lockstep``: several ranks run this tree's twin (TP, PP): see ``KVTransfer``.
+        ``agree``: then the minimum of an int over the ranks (how many storage pages every
+        rank could read: ``pages.fetch``)."""
         if write_policy not in WRITE_POLICIES:
             raise ValueError(f"unknown hicache_write_policy {write_policy!r}")
         self.host = host_pool
         self.transfer = KVTransfer(token_pool, host_pool, lockstep=lockstep)
         self.write_policy = write_policy
         self.storage = storage
+        self.agree = agree
         self.tier_hits = {"device": 0, "host": 0, "storage": 0}
         self.demoted = self.dropped = self.host_evicted = 0
         super().__init__(token_pool)

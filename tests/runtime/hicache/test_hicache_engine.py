@@ -115,16 +115,60 @@ def test_storage_tier_survives_restart_and_skips_corrupt_file(tiny_model_dir, ti
     assert _hit(second) >= 0.7
 
 
-def test_tp2_host_tier_same_outputs(tiny_model_dir, reference):
-    """Tensor parallel (2 ranks, gloo): every rank's tree moves its heads' KV between the tiers
-    in lockstep; the answers are the reference's and every rank ends idle-clean."""
-    engine = _engine(tiny_model_dir, hicache_ratio=8, tp_size=2)
+@pytest.fixture(scope="module")
+def tp2_tiered(tiny_model_dir, tmp_path_factory):
+    """Both rounds at TP=2 (gloo) with the host tier and a storage dir."""
+    folder = tmp_path_factory.mktemp("hicache_tp2")
+    engine = _engine(tiny_model_dir, hicache_ratio=8, tp_size=2, hicache_storage_backend="file",
+                     hicache_storage_dir=str(folder))
     try:
-        first, second = _run(engine, ROUND1), _run(engine, ROUND2)
+        outs = _run(engine, ROUND1), _run(engine, ROUND2)
         engine.check_idle_integrity()  # every rank's device and host pools
         stats = engine.stats()
     finally:
-        engine.shutdown()
+        engine.shutdown()  # drains every rank's storage writes
+    return outs, stats, folder
+
+
+def test_tp2_host_tier_same_outputs(tp2_tiered, reference):
+    """Tensor parallel (2 ranks, gloo): every rank's tree moves its heads' KV between the tiers
+    in lockstep; the answers are the reference's and every rank ends idle-clean."""
+    (first, second), stats, folder = tp2_tiered
     assert [o["output_ids"] for o in first] == reference[0]
     assert [o["output_ids"] for o in second] == reference[1]
     assert _hit(second) >= 0.8 and stats["hicache_host_hit_tokens"] >= 3 * DOC_TOKENS
+    # each rank stored its shard of the same pages (the tree decides the writes)
+    shards = [{f.name.split(".")[0] for f in folder.rglob(f"*.tp{r}of2.kv")} for r in (0, 1)]
+    assert shards[0] == shards[1] and len(shards[0]) >= DOCS * (DOC_TOKENS // 64)
+    assert all(f.name.count(".") == 2 for f in folder.rglob("*.kv"))  # only shards
+
+
+def test_tp2_storage_restart_skips_one_ranks_corrupt_shard(tiny_model_dir, tp2_tiered,
+                                                           reference, capfd):
+    """A restarted TP=2 engine on the same directory gets storage hits; a shard corrupted on
+    rank 1 only makes that page a miss on both ranks (the ranks agree on what storage serves),
+    so the trees stay in lockstep and the answers stay the reference's."""
+    _, _, folder = tp2_tiered
+    files = sorted(folder.rglob("*.tp1of2.kv"))
+    corrupt = files[len(files) // 2]
+    twin = corrupt.with_name(corrupt.name.replace(".tp1of2.", ".tp0of2."))
+    assert twin.exists()
+    data = bytearray(corrupt.read_bytes())
+    data[-10] ^= 0xFF  # rank 1's shard only; rank 0's copy of the page is intact
+    corrupt.write_bytes(bytes(data))
+
+    engine = _engine(tiny_model_dir, hicache_ratio=2, tp_size=2, hicache_storage_backend="file",
+                     hicache_storage_dir=str(folder))
+    try:
+        second = _run(engine, ROUND2)
+        engine.check_idle_integrity()  # every rank
+    finally:
+        engine.shutdown()
+    assert [o["output_ids"] for o in second] == reference[1]
+    logged = capfd.readouterr().err  # both ranks' scheduler logs
+    assert f"skipping corrupt file {corrupt.name} (checksum mismatch)" in logged
+    assert f"skipping page file {twin.name} (not usable on every rank)" in logged
+    storage_hits = [o["meta_info"]["cached_tokens_details"]["storage"] for o in second]
+    assert sum(1 for n in storage_hits if n >= 64 * 6) >= DOCS - 1  # one doc hit the bad page
+    assert min(storage_hits) < 64 * 6
+    assert _hit(second) >= 0.7

@@ -29,13 +29,18 @@ def test_serve_flags_reach_the_config():
     (dict(hicache_write_policy="write_sometimes"), "hicache_write_policy", "write_back"),
     (dict(hicache_storage_backend="hf3fs"), "hicache_storage_backend", "'file'"),
     (dict(disable_radix_cache=True), "disable_radix_cache", "radix cache off"),
-    (dict(hicache_storage_backend="file", tp_size=2), "hicache_storage_backend", "tp_size"),
     (dict(hicache_storage_size=0.0), "hicache_storage_size", "> 0"),
 ])
 def test_bad_options_are_refused_by_name(kwargs, field, words):
     with pytest.raises(InvalidRequestError) as info:
         EngineConfig(enable_hierarchical_cache=True, **kwargs)
     assert info.value.field == field and words in str(info.value)
+
+
+def test_storage_tier_is_accepted_under_tp():
+    config = EngineConfig(enable_hierarchical_cache=True, hicache_storage_backend="file",
+                          tp_size=2)  # each rank stores its shard (test_hicache_engine: TP=2)
+    assert config.hicache_storage_backend == "file" and config.tp_size == 2
 
 
 def test_storage_needs_the_hierarchical_cache():

@@ -115,6 +115,29 @@ def test_storage_pages_survive_a_new_tree_and_corrupt_ones_are_skipped(tmp_path,
     tree.close()
 
 
+def test_storage_serves_only_the_pages_every_rank_agrees_on(tmp_path, caplog):
+    """Lockstep (TP): ``agree`` is the minimum over the ranks of the pages each could read;
+    here another rank could read only the first page, so the second is a miss here too (and
+    forgotten, so every rank's storage holds the same pages again)."""
+    seq = _seqs(1, 3 * PAGE_TOKENS + 10, seed=3)[0]
+    tree = _tree(300, 400, "write_through", tmp_path)
+    _serve(tree, seq)
+    tree.close()
+    tree = _tree(300, 400, "write_through", tmp_path)
+    asked = []
+    tree.agree = lambda n: asked.append(n) or min(n, 1)
+    hashes = tree.storage.page_hashes(seq, 3)
+    with caplog.at_level(logging.WARNING):
+        prefix, host, storage = _serve(tree, seq)  # checks every served token's KV
+    assert asked == [3] and (prefix, host, storage) == (PAGE_TOKENS, 0, PAGE_TOKENS)
+    second = tree.storage._path(hashes[1]).name
+    assert f"skipping page file {second} (not usable on every rank)" in caplog.text
+    assert tree.storage.has(hashes[0]) and tree.storage.has(hashes[2])
+    tree.storage.flush()  # the served request's write-through stores the page again
+    assert tree.storage.has(hashes[1]) and tree.storage.exists(hashes[1])
+    tree.close()
+
+
 def test_storage_budget_keeps_the_most_recent_pages(tmp_path):
     storage = FileStorage(tmp_path, "budget", 1 << 30, (LAYERS, 2, PAGE_TOKENS, HEADS, DIM),
                           torch.float32)
