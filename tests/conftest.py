@@ -5,6 +5,7 @@
 - ``tiny_engine``: one Engine on that model for the session (starting one costs seconds).
 - ``engine``: ``tiny_engine`` plus the idle invariant asserted after the test.
 - ``embedded_engine``: one Engine on the embedded SmolLM2 for the session.
+- ``outlines_engine``: one Engine on the embedded SmolLM2 behind outlines for the session.
 """
 from __future__ import annotations
 
@@ -99,5 +100,21 @@ def embedded_engine():
     from sgdsl.runtime import Engine
 
     engine = Engine()
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def outlines_engine():
+    """The embedded model behind outlines, once for the suite: the grammar tests' ``json_engine``
+    and the e2e validity suite share it (each start of a default-size engine with its compile
+    workers is ~20-40 s of the 2-core CI box). Its settings are what both need: a compile
+    deadline of 120 s (outlines' slowest compiles on a loaded box), and no wait for a worker
+    refused (the validity suite sends ~280 distinct compiles at once: a test of validity, not
+    of overload)."""
+    from sgdsl.runtime import Engine
+
+    engine = Engine(grammar_backend="outlines", grammar_compile_timeout_s=120.0,
+                    grammar_compile_max_wait_s=3600.0)
     yield engine
     engine.shutdown()

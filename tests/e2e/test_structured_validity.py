@@ -50,23 +50,16 @@ def _prompt(task: str) -> str:
 
 @pytest.fixture(scope="module", params=["xgrammar", "outlines"])
 def engine(request):
-    if request.param == "xgrammar":
-        # NOTE: the session's default Engine() (xgrammar; tests/conftest.py): one model load
-        # and one set of compile workers less on the CI box, and the real-world schemas the
-        # compile-burst test compiled on it are found in its cache.
-        eng = request.getfixturevalue("embedded_engine")
-        eng.backend_name = "xgrammar"
-        yield eng
-        return
-    from sgdsl.runtime import Engine
-
-    # NOTE: the default deadline: it bounds a compile's own CPU work (every suite grammar
-    # compiles in seconds; the slowest, outlines' URI format, ~5 s on a loaded 2-core box),
-    # not its wait for a worker. ~280 distinct compiles are sent at once here, a test of
-    # validity, not of overload: no wait is refused (grammar_compile_max_wait_s).
-    with Engine(grammar_backend=request.param, grammar_compile_max_wait_s=3600.0) as eng:
-        eng.backend_name = request.param
-        yield eng
+    # NOTE: the suite's shared engines (tests/conftest.py): one model load and one set of
+    # compile workers less on the CI box per backend. xgrammar: the session's default
+    # Engine(); the real-world schemas the compile-burst test compiled on it are found in its
+    # cache. outlines: ``outlines_engine``, whose compile waits are never refused (~280
+    # distinct compiles are sent at once here, a test of validity, not of overload); its
+    # deadline bounds a compile's own CPU work, not its wait for a worker.
+    eng = request.getfixturevalue("embedded_engine" if request.param == "xgrammar"
+                                  else "outlines_engine")
+    eng.backend_name = request.param
+    return eng
 
 
 def _requests() -> list[tuple[str, dict]]:

@@ -56,12 +56,10 @@ def quotes(tokenizer):
 def json_engine(request):
     """The embedded model behind each grammar backend, as served (jump-forward, forced
     completions and the mask prefetch on), for the end-to-end tests of every module that
-    needs one. Session scope: pytest groups those tests by backend, so each engine starts
-    once for the suite (not once per module) and only one of the two is alive at a time."""
-    from sgdsl.runtime import Engine
-
-    with Engine(grammar_backend=request.param, grammar_compile_timeout_s=120.0) as eng:
-        yield eng
+    needs one: the suite's shared engines (tests/conftest.py: ``embedded_engine`` is the
+    default xgrammar one, ``outlines_engine`` the outlines one), so no module starts its own."""
+    name = "embedded_engine" if request.param == "xgrammar" else "outlines_engine"
+    return request.getfixturevalue(name)
 
 
 @pytest.fixture(scope="session")
