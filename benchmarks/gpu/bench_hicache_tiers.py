@@ -5,7 +5,10 @@ request at a time on an idle engine, so each figure is that path's own cost and 
 Per repetition, with a fresh ``--prefix``-token context: (1) ``miss``: context + suffix A (the
 context is computed, cached and, write-through, copied to the host); (2) ``device hit``:
 context + suffix B; (3) a filler prompt that takes nearly the whole device pool, so LRU
-eviction demotes the context to the host; (4) ``host hit``: context + suffix C. The same
+eviction demotes the context to the host; (4) ``host hit``: context + suffix C. The
+``hicache`` engine also writes its pages to a fresh storage directory; a fourth engine started
+afterwards on it (empty device and host tiers, as after a restart) serves (5) ``storage hit``:
+context + suffix D (the pages read from files, then loaded as a host hit). The same
 misses on an engine without the tiers (``radix miss``) show what write-through adds to a miss;
 a third engine with SGDSL_HICACHE_DIRECT=0 (``gathered``: every move gathers the host
 runs and scatters them, the copy path before pool-to-pool copies) shows what those save.
@@ -14,6 +17,7 @@ Each request generates one token (its latency is its TTFT); medians over ``--rep
 
     python benchmarks/gpu/bench_hicache_tiers.py --device cpu --embedded --prefix 1024 --reps 5
     source benchmarks/gpu/device_env.sh && python3 benchmarks/gpu/bench_hicache_tiers.py
+    ... --tp-size 2   # each rank stores its shard; the ranks agree on every storage hit
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -33,8 +38,11 @@ from sgdsl.runtime.cache.hicache import transfer  # noqa: E402
 
 ENGINES = {"radix": ({}, ""), "hicache": ({"enable_hierarchical_cache": True,
                                             "hicache_ratio": 8}, ""),
-           "gathered": ({"enable_hierarchical_cache": True, "hicache_ratio": 8}, "0")}
-CASES = ("radix miss", "miss", "device hit", "host hit", "gathered miss", "gathered host hit")
+           "gathered": ({"enable_hierarchical_cache": True, "hicache_ratio": 8}, "0"),
+           "storage": ({"enable_hierarchical_cache": True, "hicache_ratio": 8}, "")}
+CASES = ("radix miss", "miss", "device hit", "host hit", "gathered miss", "gathered host hit",
+         "storage hit")
+STORED = ("hicache", "storage")  # the engines with the storage tier (one directory)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--prefix", type=int, default=2048, help="tokens of the cached context")
     ap.add_argument("--suffix", type=int, default=64, help="new tokens of each turn")
     ap.add_argument("--reps", type=int, default=8)
+    ap.add_argument("--tp-size", type=int, default=1)
+    ap.add_argument("--storage-dir", default=None,
+                    help="where the storage tier's fresh directory is made (default: $TMPDIR)")
     return ap.parse_args(argv)
 
 
@@ -62,7 +73,8 @@ def engine_kw(a: argparse.Namespace, extra: dict[str, Any]) -> dict[str, Any]:
     # context): a filler prompt of nearly the pool's size then evicts everything
     pool = a.prefix + 2 * a.suffix + 128
     return dict(model=model, load_format=fmt, device=a.device, max_total_tokens=pool,
-                context_length=pool, grammar_backend="none", max_running_requests=4, **extra)
+                context_length=pool, grammar_backend="none", max_running_requests=4,
+                tp_size=a.tp_size, **extra)
 
 
 def _ttft(engine: Any, ids: list[int]) -> tuple[float, dict]:
@@ -78,6 +90,8 @@ def measure(a: argparse.Namespace, name: str) -> dict[str, list[tuple[float, dic
 
     extra, direct = ENGINES[name]
     kw = engine_kw(a, extra)
+    if name in STORED:
+        kw.update(hicache_storage_backend="file", hicache_storage_dir=a.storage_run_dir)
     pool = kw["max_total_tokens"]
     cases: dict[str, list] = {}
     # NOTE: read by the scheduler process the Engine spawns (transfer.py, at import)
@@ -88,7 +102,10 @@ def measure(a: argparse.Namespace, name: str) -> dict[str, list[tuple[float, dic
         for rep in range(a.reps):
             engine.flush_cache()
             context = random_prompts(1, a.prefix, seed=100 + rep)[0]
-            a_, b_, c_ = random_prompts(3, a.suffix, seed=200 + rep)
+            a_, b_, c_, d_ = random_prompts(4, a.suffix, seed=200 + rep)
+            if name == "storage":  # NOTE: the hicache engine stored this context's pages
+                cases.setdefault("storage hit", []).append(_ttft(engine, context + d_))
+                continue
             cases.setdefault(prefix + "miss", []).append(_ttft(engine, context + a_))
             if name == "radix":
                 continue
@@ -118,7 +135,9 @@ def _print_copies(name: str, stats: dict) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
-    cases = {k: v for name in ENGINES for k, v in measure(a, name).items()}
+    with tempfile.TemporaryDirectory(prefix="hicache-tiers-", dir=a.storage_dir) as folder:
+        a.storage_run_dir = folder  # fresh: the misses must not be storage hits
+        cases = {k: v for name in ENGINES for k, v in measure(a, name).items()}
     miss = statistics.median(s for s, _ in cases["radix miss"])
     rows = []
     for name in CASES:
@@ -126,11 +145,12 @@ def main(argv: list[str] | None = None) -> None:
         tiers = cases[name][-1][1].get("cached_tokens_details") or {}
         rows.append([name, 1e3 * statistics.median(secs), 1e3 * min(secs), 1e3 * max(secs),
                      miss / statistics.median(secs), tiers.get("device", 0),
-                     tiers.get("host", 0)])
+                     tiers.get("host", 0), tiers.get("storage", 0)])
     print_table(f"one turn's TTFT by tier: {a.prefix}-token context + {a.suffix} new tokens, "
-                f"{a.reps} reps, idle engine",
+                f"{a.reps} reps, idle engine, tp_size {a.tp_size}",
                 ["case", "median ms", "min ms", "max ms", "x faster than a miss",
-                 "device tokens (last rep)", "host tokens (last rep)"], rows)
+                 "device tokens (last rep)", "host tokens (last rep)",
+                 "storage tokens (last rep)"], rows)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ def fetch(tree: Any, key: list[int], start: int, attach: Any) -> Any:
         # NOTE: forgotten here too, so every rank's storage holds the same pages again
         logger.warning("hicache storage: skipping page file %s (not usable on every rank)",
                        storage._path(hashes[first + usable]).name)
-        storage.forget(hashes[first + usable])
+        storage.forget(hashes[first + usable], unshared=True)
     rows = rows[:usable]
     if not rows:
         return None

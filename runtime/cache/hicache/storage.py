@@ -70,6 +70,7 @@ class FileStorage:
         self._writer.start()
         self.pages_written = self.pages_read = self.corrupt = self.bytes_written = 0
         self.bytes_read = 0
+        self.unshared = 0  # pages dropped because another TP rank could not read its shard
 
     # -- keys -----------------------------------------------------------------------------------
     def page_hashes(self, token_ids: list[int], num_pages: int) -> list[bytes]:
@@ -115,9 +116,11 @@ class FileStorage:
                 old, _ = self._index.popitem(last=False)
                 (self.dir / old).unlink(missing_ok=True)
 
-    def forget(self, h: bytes) -> None:
-        """Delete the page (a miss from now on)."""
+    def forget(self, h: bytes, unshared: bool = False) -> None:
+        """Delete the page (a miss from now on); ``unshared``: because another rank could not
+        read its shard of it (counted)."""
         path = self._path(h)
+        self.unshared += unshared
         with self._lock:
             self._index.pop(path.name, None)
             path.unlink(missing_ok=True)
@@ -169,13 +172,19 @@ class FileStorage:
             data = path.read_bytes()
         except FileNotFoundError:
             return None
+        except OSError as exc:  # NOTE: an unreadable disk is a miss, not a dead scheduler
+            logger.warning("hicache storage: cannot read %s: %s", path.name, exc)
+            return None
         reason = self._check(data, tokens)
         if reason is not None:
             logger.warning("hicache storage: skipping corrupt file %s (%s)", path.name, reason)
             self.corrupt += 1
             self.forget(h)
             return None
-        os.utime(path)  # NOTE: a restart's LRU order starts from the files' mtimes
+        try:
+            os.utime(path)  # NOTE: a restart's LRU order starts from the files' mtimes
+        except OSError:  # another engine's budget deleted it meanwhile: served all the same
+            pass
         self.pages_read += 1
         self.bytes_read += len(data)
         (n,) = _LEN.unpack_from(data)
@@ -220,7 +229,8 @@ class FileStorage:
                 "hicache_storage_pages_read": self.pages_read,
                 "hicache_bytes_storage_written": self.bytes_written,
                 "hicache_bytes_storage_read": self.bytes_read,
-                "hicache_storage_corrupt_files": self.corrupt}
+                "hicache_storage_corrupt_files": self.corrupt,
+                "hicache_storage_unshared_pages": self.unshared}
 
 
 def _itemsize(dtype: torch.dtype) -> int:

@@ -162,12 +162,15 @@ def test_tp2_storage_restart_skips_one_ranks_corrupt_shard(tiny_model_dir, tp2_t
     try:
         second = _run(engine, ROUND2)
         engine.check_idle_integrity()  # every rank
+        stats = engine.stats()  # rank 0's: its shard was intact, rank 1's was not
     finally:
         engine.shutdown()
     assert [o["output_ids"] for o in second] == reference[1]
     logged = capfd.readouterr().err  # both ranks' scheduler logs
     assert f"skipping corrupt file {corrupt.name} (checksum mismatch)" in logged
     assert f"skipping page file {twin.name} (not usable on every rank)" in logged
+    assert stats["hicache_storage_unshared_pages"] == 1
+    assert stats["hicache_storage_corrupt_files"] == 0
     storage_hits = [o["meta_info"]["cached_tokens_details"]["storage"] for o in second]
     assert sum(1 for n in storage_hits if n >= 64 * 6) >= DOCS - 1  # one doc hit the bad page
     assert min(storage_hits) < 64 * 6

@@ -133,6 +133,7 @@ def test_storage_serves_only_the_pages_every_rank_agrees_on(tmp_path, caplog):
     second = tree.storage._path(hashes[1]).name
     assert f"skipping page file {second} (not usable on every rank)" in caplog.text
     assert tree.storage.has(hashes[0]) and tree.storage.has(hashes[2])
+    assert tree.hicache_stats()["hicache_storage_unshared_pages"] == 1
     tree.storage.flush()  # the served request's write-through stores the page again
     assert tree.storage.has(hashes[1]) and tree.storage.exists(hashes[1])
     tree.close()
