@@ -214,7 +214,8 @@ class Engine:
         if submitter is None:  # once per caller loop
             with self._submitters_lock:  # stats() may be listing them from another thread
                 limits = HandoffLimits(self.config.chunked_prefill_size,
-                                       self.config.max_running_requests)
+                                       self.config.max_running_requests,
+                                       eager=_accelerated(self.config))
                 submitter = self._submitters.setdefault(loop, Submitter(
                     loop, self._loop, self._tm.submit, self._mailboxes.of(loop), limits))
         return submitter
@@ -294,6 +295,17 @@ class Engine:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
+
+
+def _accelerated(config: EngineConfig) -> bool:
+    """Whether the scheduler's forwards run on an accelerator (the main process has imported
+    torch by now, with the tokenizer's transformers; it is not imported for this)."""
+    if config.device != "auto":
+        return config.device != "cpu"
+    import sys
+
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_available())
 
 
 def _many(specs: list[GenerateSpec], batched: bool) -> bool:

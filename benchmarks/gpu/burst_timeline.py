@@ -28,6 +28,7 @@ os.environ.setdefault("SGDSL_HOP_TIMES", "1")  # before the runtime's import: se
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
+import itertools  # noqa: E402
 import re  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -100,6 +101,9 @@ def instrument(engine: Any) -> None:
     inner_call = hot_routes.HotRoutes.__call__
 
     async def call(self: Any, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and not scope["path"].startswith("/_"):
+            stamp(f"{scope['method']} {scope['path']}")  # every request the server takes
+
         async def stamped(message: Any) -> None:
             await send(message)
             if message["type"] == "http.response.body" and not message.get("more_body"):
@@ -217,6 +221,45 @@ def lone(a: argparse.Namespace, http: Any, url: str, ids: list[int], fetched: An
         f"{k} {1e3 * statistics.median(v):.2f}" for k, v in walls.items()))
 
 
+def lang_rounds(a: argparse.Namespace, child: "Child", texts: list[str]) -> None:
+    """``run_batch`` of the person programs on ``RuntimeEndpoint`` (as bench_structured_paths'
+    lang-endpoint rows), each round split into: the client before the server took the
+    request, the server until it sent the request(s) on to the scheduler, the scheduler (hand-off to its last output), the
+    server's answer (last output to response written), the client after."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from person_programs import person_programs
+
+    from sgdsl.backends import RuntimeEndpoint
+
+    endpoint = RuntimeEndpoint(child.url)
+    batch = [{"prompt": t, "budget": a.max_new} for t in texts]
+    for constrained, program in zip((True, False), person_programs()):
+        spans: dict[str, list[float]] = {}
+        for r in range(a.lang + 1):  # the first is a warm-up
+            child.http.post("/_flush")
+            child.fetched()
+            t0 = time.time()
+            states = program.run_batch(batch, backend=endpoint)
+            t1 = time.time()
+            assert all(st.error() is None for st in states)
+            ev = child.fetched()
+            first = {k: min(t for t, kk, _ in ev if kk == k) for k in ("POST /generate",
+                                                                      "tm_send")}
+            last = {k: max(t for t, kk, _ in ev if kk == k) for k in ("sched_out", "written")}
+            parts = {"client before": first["POST /generate"] - t0,
+                     "server to scheduler": first["tm_send"] - first["POST /generate"],
+                     "scheduler": last["sched_out"] - first["tm_send"],
+                     "server answer": last["written"] - last["sched_out"],
+                     "client after": t1 - last["written"], "wall": t1 - t0}
+            for k, v in parts.items():
+                if r:
+                    spans.setdefault(k, []).append(v)
+        print(f"lang-endpoint batch {len(batch)} {'constrained' if constrained else 'free'}, "
+              f"median ms of {a.lang}: " + ", ".join(
+                  f"{k} {1e3 * statistics.median(v):.1f}" for k, v in spans.items()),
+              flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model-config", default=str(bsp.CONFIGS / "llama-3.1-8b"))
@@ -230,6 +273,9 @@ def main() -> None:
     ap.add_argument("--lone", type=int, default=3,
                     help="lone requests (max_new_tokens 1, the same prompt: cached after the "
                          "first) per client, timelines of the last")
+    ap.add_argument("--lang", type=int, default=0,
+                    help="also N rounds of run_batch (the person programs, constrained and "
+                         "free) on RuntimeEndpoint at batch --requests, split by hop")
     ap.add_argument("--python", action="append", default=[], metavar="NAME=PATH",
                     help="also a server run by another interpreter (another tree's venv), "
                          "rounds interleaved")
@@ -243,23 +289,36 @@ def main() -> None:
     from sgdsl.runtime.tokenizer.loader import load_tokenizer
 
     kw = bsp.engine_kwargs(a)
-    _, ids, _ = bsp.prompts(load_tokenizer(EngineConfig(**kw), kw["model"]), a, a.requests)
+    texts, ids, _ = bsp.prompts(load_tokenizer(EngineConfig(**kw), kw["model"]), a,
+                                a.requests)
     print(device_line(), flush=True)
     pythons = {"this": sys.executable, **dict(p.split("=", 1) for p in a.python)}
     argv = [x for i, x in enumerate(sys.argv[1:]) if x != "--python"
             and (i == 0 or sys.argv[i] != "--python")]
     servers = {name: Child(python, argv) for name, python in pythons.items()}
+    wave = max(1, kw["chunked_prefill_size"] // max(1, len(ids[0])))
+    for child in servers.values():
+        child.wave = min(wave, len(ids))  # the first prefill wave's requests: when they went
     try:
         for r in range(a.rounds):
             for name, child in servers.items():
                 child.round(a, ids, f"{name} round {r}", verbose=r == a.rounds - 1)
         for name, child in servers.items():
+            if a.lang:
+                print(f"\n--- {name}: run_batch on RuntimeEndpoint", flush=True)
+                lang_rounds(a, child, texts)
+        for name, child in servers.items():
             if a.lone:
-                print(f"\n--- {name}: lone requests")
+                print(f"\n--- {name}: lone requests", flush=True)
                 lone(a, child.http, child.url, ids[0], child.fetched)
         for name, child in servers.items():
             print(f"\n{name}: " + "; ".join(
                 f"{k} {1e3 * statistics.median(v):.1f}" for k, v in child.summary.items()))
+            ratios = [s / e for s, e in zip(child.summary["server wall"],
+                                            child.summary["engine wall"])]
+            print(f"{name}: server/Engine wall per round (back to back, same load): "
+                  + ", ".join(f"{r:.2f}" for r in ratios)
+                  + f"; median {statistics.median(ratios):.2f}")
     finally:
         for child in servers.values():
             child.close()
@@ -278,6 +337,7 @@ class Child:
         self.url = self.proc.stdout.readline().strip()
         self.http = httpx.Client(base_url=self.url, timeout=600)
         self.summary: dict[str, list[float]] = {}
+        self.wave = 0  # requests in the first prefill wave (set by the caller)
 
     def fetched(self) -> list[tuple[float, str, int]]:
         got = self.http.get("/_events")
@@ -295,8 +355,10 @@ class Child:
               verbose: bool) -> None:
         params = {"max_new_tokens": a.max_new, "temperature": 0.0, "ignore_eos": True}
         bodies = [{"input_ids": x, "sampling_params": params} for x in ids]
-        if not self.summary:
-            asyncio.run(post_burst(self.url, bodies[:4]))  # warm-up
+        if not self.summary:  # warm-up: a burst of the same size (first-touch costs)
+            asyncio.run(post_burst(self.url, bodies))
+            self.http.post("/_engine", json={"input_ids": ids,
+                                              "sampling_params": [params] * len(ids)})
         self.http.post("/_flush")
         self.fetched()
         s0 = self.steps()
@@ -305,9 +367,14 @@ class Child:
         t1 = time.time()
         s1 = self.steps()
         print(f"{title}: server burst steps " + ", ".join(f"{k} {s1[k] - s0[k]}" for k in s1))
-        rows = timeline(f"{title}: server burst of {a.requests}", EVENTS + self.fetched(),
-                        t0, t1, verbose)
+        events = self.fetched()
+        rows = timeline(f"{title}: server burst of {a.requests}", EVENTS + events, t0, t1,
+                        verbose)
         EVENTS.clear()
+        handed = sorted((t, n) for t, k, n in EVENTS + events if k == "handoff")
+        cumulative = itertools.accumulate(n for _, n in handed)
+        wave = next((t for (t, _), c in zip(handed, cumulative) if c >= self.wave), handed[-1][0])
+        self.note(f"server {self.wave} handed off", wave - t0)
         self.note("server wall", t1 - t0)
         self.note("server first tm_send", rows["tm_send"][1] / 1e3)
         self.note("server last parsed", rows["parsed"][2] / 1e3)

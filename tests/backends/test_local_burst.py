@@ -40,16 +40,14 @@ def _batch(n: int) -> list[dict]:
 
 
 def test_a_burst_reaches_the_scheduler_in_one_hand_off_as_token_ids(engine, calls):
-    # NOTE: as many as the engine runs at once (max_running_requests 32): a larger burst goes
-    # in one hand-off per running batch's worth, each as soon as it is full (submitter.py)
-    batch = _batch(32)
+    batch = _batch(40)
     before = engine.stats()
     states = echo.run_batch(batch, backend=Local(engine=engine))
     after = engine.stats()
     assert all(s.error() is None for s in states)
     assert after["submit_handoffs"] - before["submit_handoffs"] == 1
-    assert after["submit_requests"] - before["submit_requests"] == 32
-    assert len(calls) == 32 and all("prompt" not in c for c in calls)
+    assert after["submit_requests"] - before["submit_requests"] == 40
+    assert len(calls) == 40 and all("prompt" not in c for c in calls)
     assert sorted(tuple(c["input_ids"]) for c in calls) == sorted(
         tuple(engine.tokenizer.encode(b["prompt"], add_special_tokens=False)) for b in batch)
     direct = engine.generate(prompt=[b["prompt"] for b in batch], sampling_params=[

@@ -100,21 +100,24 @@ def test_a_stream_that_never_pauses_still_goes_every_few_turns():
 
 
 def test_a_group_as_large_as_a_prefill_batch_goes_at_once():
-    """No look for more, and no wait for the turn's other handlers: handed off by the
-    submission that fills it (``start`` runs one turn later)."""
+    """No look for more: at the next turn (``start`` one turn later)."""
     groups, at = _run(_submit_at({0: 3, 1: 3}), HandoffLimits(tokens=12, requests=100))
-    assert [len(g) for g in groups] == [3, 3] and at == [1, 2]
+    assert [len(g) for g in groups] == [3, 3] and at == [2, 3]
     groups, at = _run(_submit_at({0: 5}), HandoffLimits(tokens=10**6, requests=5))
-    assert [len(g) for g in groups] == [5] and at == [1]
+    assert [len(g) for g in groups] == [5] and at == [2]
 
 
-def test_a_turn_larger_than_a_prefill_batch_goes_in_batches_as_it_is_parsed():
-    """A poll's worth of a burst (all submitted in one turn): each prefill batch's worth goes
-    as soon as it is submitted, so the scheduler starts while the rest is parsed; the
-    remainder goes as a burst's group does (issue 29 item 1: the whole turn went together,
-    after the last handler, before)."""
-    groups, at = _run(_submit_at({0: 8}), HandoffLimits(tokens=12, requests=100))
+def test_eager_a_full_group_goes_from_the_submission_that_fills_it():
+    """With an accelerator (``eager``): no wait for the turn's other handlers either; a poll's
+    worth of a burst (all submitted in one turn) goes one prefill batch's worth at a time as it
+    is submitted, so the scheduler starts while the rest is parsed; the remainder goes as a
+    burst's group does (issue 29 item 1: the whole turn went after its last handler)."""
+    groups, at = _run(_submit_at({0: 3, 1: 3}), HandoffLimits(12, 100, eager=True))
+    assert [len(g) for g in groups] == [3, 3] and at == [1, 2]
+    groups, at = _run(_submit_at({0: 8}), HandoffLimits(12, 100, eager=True))
     assert [len(g) for g in groups] == [3, 3, 2] and at[:2] == [1, 1] and at[2] > 1
+    groups, _ = _run(_submit_at({0: 8}), HandoffLimits(12, 100))  # not eager: one group
+    assert [len(g) for g in groups] == [8]
 
 
 def test_a_hold_keeps_the_handoff_until_released():
