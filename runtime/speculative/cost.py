@@ -25,7 +25,8 @@ Timing: a step's interval runs from its launch to the next launch (a speculative
 synchronously, so its interval holds the drafting, the verify forward and the bookkeeping; an
 overlapped plain step's holds what the device and the host take per step, whichever is longer).
 Only steady intervals count. Dropped: intervals with another forward in between (a prefill); the
-first plain interval after a synchronous step (the pipeline refilling); and the first
+first plain interval after a synchronous step (the pipeline refilling; where every plain step is
+read at once, as with grammar rows, the second one counts); and the first
 speculative interval after any other step: it reads the step in flight synchronously and the
 drafter catches up on the plain stretch (STANDALONE: an extend through the draft model). The
 ratio is decided when a bucket has ``_SAMPLES`` steady intervals of each kind (if plain steps do
@@ -116,6 +117,7 @@ class _Step:
     batch: int
     forwards: int
     steady: bool
+    refill: bool = False
 
 
 class CostGate:
@@ -140,6 +142,7 @@ class CostGate:
         self.steady = 0
         self._now = 0.0  # the current launch's start (``tick``)
         self._after_spec = False  # the step before this launch was a speculative one
+        self._after_refill = False  # ... a plain one launched with nothing in flight
         self.last_rates = (0.0, 0.0)  # (speculative, plain) tokens/s of the last decision
         self.last_ratio = 0.0  # the last decision's cost ratio
         self.last_ceiling = 0.0  # the last decision's speculative rate at full acceptance
@@ -175,6 +178,7 @@ class CostGate:
         self._now = self.clock() if self.enabled else 0.0
         adjacent = last is not None and forwards == last.forwards + 1
         self._after_spec = adjacent and last.speculative
+        self._after_refill = adjacent and last.refill
         if not self.enabled or not adjacent or last.tokens <= 0:
             return
         # NOTE: no test on the elapsed time itself: whether a sample is taken (and so when
@@ -235,8 +239,10 @@ class CostGate:
         appended by it; a plain step's: its batch size; ``refill``: a plain step launched
         with nothing in flight). A speculative step is steady only right after another."""
         if self.enabled:
-            steady = self._after_spec if speculative else not refill
-            self.last = _Step(self._now, speculative, tokens, batch, forwards, steady)
+            # NOTE: a refill right after another is steady: every plain step is read at once
+            # there (grammar rows, overlap off), so that is what a plain step costs
+            steady = self._after_spec if speculative else not refill or self._after_refill
+            self.last = _Step(self._now, speculative, tokens, batch, forwards, steady, refill)
 
     def _decide(self, bucket: _Bucket) -> None:
         spec, plain = bucket.spec, bucket.plain

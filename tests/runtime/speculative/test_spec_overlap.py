@@ -289,3 +289,24 @@ def test_cost_gate_ratio_from_the_gpu_step_times():
         step(True, 5, 0.70)
     gate.tick(forwards[0])
     assert gate.last_ratio < 1.2 and gate.allow(1, 1.2)
+
+
+def test_plain_steps_read_at_once_are_measured():
+    # grammar rows (or overlap off): every plain step is read right away, so each is launched
+    # with nothing in flight; the first after a speculative step is dropped, the next ones are
+    # what a plain step costs there (the old gate dropped them all: after its speculative
+    # samples it ran plain steps to measure plain decoding, for ever)
+    clock = Clock()
+    gate = CostGate(1.0, clock, draft_tokens=4)
+    step, forwards = _stepper(gate, clock)
+    for _ in range(3):  # the first dropped, two samples
+        step(True, 5, 2.0)
+    gate.tick(forwards[0])
+    for _ in range(3):
+        assert not gate.allow(1, 5.0)
+        gate.launched(False, 1, 1, forwards[0], refill=True)
+        forwards[0] += 1
+        clock.now += 1.0
+        gate.tick(forwards[0])
+    assert gate.buckets[1].plain.n == 2 and gate.last_ratio == pytest.approx(2.0)
+    assert gate.allow(1, 5.0) and not gate.allow(1, 1.5)
