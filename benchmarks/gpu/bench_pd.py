@@ -21,6 +21,10 @@ server, the launch-to-launch gaps and the slowest iterations with where their ti
     # GPU (2 GPUs), a Llama-3.1-8B shape with dummy weights:
     python benchmarks/gpu/bench_pd.py --model benchmarks/gpu/configs/llama-3.1-8b \
         --load-format dummy --rate 4 --duration 90
+    # tensor parallelism (issue 27): a TP=2 prefill server on GPUs 0-1, a TP=1 decode server on
+    # GPU 2 (4 GPUs: the colocated replicas run at --tp-size 2):
+    python benchmarks/gpu/bench_pd.py --model benchmarks/gpu/configs/llama-3.1-8b \
+        --load-format dummy --rate 4 --duration 60 --tp-size 2 --decode-tp 1
     # CPU smoke, tiny random model:
     python benchmarks/gpu/bench_pd.py --tiny --rate 2 --duration 10 --long-in 256 \
         --long-out 8 --chat-in 32 --chat-out 16
@@ -163,17 +167,30 @@ def setup(mode: str, args: argparse.Namespace, model: list[str], gpus: list[str 
         if mode == "pd-gloo":  # the host-staged transfer: no NCCL kernel on either GPU
             base += ["--disaggregation-transfer-backend", "gloo"]
         port = free_port()
-        argvs = [base + ["--disaggregation-mode", "prefill",
+        argvs = [base + ["--disaggregation-mode", "prefill", "--tp-size", str(args.prefill_tp),
                          "--disaggregation-bootstrap-port", str(port)],
-                 base + ["--disaggregation-mode", "decode"]]
-        servers = start_servers(argvs, gpus, traces)
+                 base + ["--disaggregation-mode", "decode", "--tp-size", str(args.decode_tp)]]
+        servers = start_servers(argvs, pd_gpus(gpus, args), traces)
         flags = ["--pd-disaggregation", "--prefill", servers[0].url, str(port),
                  "--decode", servers[1].url]
     else:
-        servers = start_servers([base, base], gpus, traces)
+        tp = ["--tp-size", str(args.tp_size)]
+        servers = start_servers([base + tp, base + tp], gpus, traces)
         flags = ["--worker-urls", servers[0].url, servers[1].url]
     router, url = start_router(flags + args.router_args.split())
     return servers, router, url
+
+
+def pd_gpus(gpus: list[str | None], args: argparse.Namespace) -> list[str | None]:
+    """The prefill server's GPUs, then the decode server's (tensor parallelism: each its
+    ``--prefill-tp`` / ``--decode-tp`` first of the GPUs the colocated replicas use)."""
+    if gpus[0] is None:
+        return gpus
+    ids = ",".join(gpus).split(",")
+    need = args.prefill_tp + args.decode_tp
+    if need > len(ids):
+        raise SystemExit(f"--prefill-tp + --decode-tp = {need} GPUs, {len(ids)} given")
+    return [",".join(ids[:args.prefill_tp]), ",".join(ids[args.prefill_tp:need])]
 
 
 def measure(mode: str, args: argparse.Namespace, model: list[str], gpus: list) -> dict:
@@ -265,6 +282,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--server-args", default="", help="extra flags for every server")
     p.add_argument("--router-args", default="", help="extra flags for the routers")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tp-size", type=int, default=1,
+                   help="each colocated replica's tp size (2 x this many GPUs in all)")
+    p.add_argument("--prefill-tp", type=int, default=None,
+                   help="the PD prefill server's tp size (default --tp-size)")
+    p.add_argument("--decode-tp", type=int, default=None,
+                   help="the PD decode server's tp size (default --tp-size)")
     p.add_argument("--client-procs", type=int, default=1,
                    help="client processes the arrivals are dealt to (1: this one)")
     p.add_argument("--hop-times", action="store_true",
@@ -277,11 +300,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    args.prefill_tp = args.prefill_tp or args.tp_size
+    args.decode_tp = args.decode_tp or args.tp_size
     if args.hop_times:  # inherited by every server and router started from here
         os.environ["SGDSL_HOP_TIMES"] = "1"
     model = (["--model", tiny_llama_dir(), "--load-format", "dummy"] if args.tiny else
              [*(["--model", args.model] if args.model else []), "--load-format", args.load_format])
-    gpus = gpu_slices(2, 1, "auto")
+    per_server = max(args.tp_size, (args.prefill_tp + args.decode_tp + 1) // 2)
+    gpus = gpu_slices(2, per_server, "auto")
     rows = []
     for mode in args.modes.split(","):
         print(f"== {mode}", flush=True)

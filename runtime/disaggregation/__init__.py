@@ -4,8 +4,9 @@ A prefill server (``--disaggregation-mode prefill``) runs prompts and samples ea
 first token, then ships the prompt's KV pages to the decode server the router paired it with
 (``prefill.py``, ``sender.py``); a decode server (``--disaggregation-mode decode``) gives the
 request slots, receives the pages and decodes (``decode.py``, ``receiver.py``). The transfer
-is torch.distributed send/recv on a two-rank group per pair, with the prefill server's TCPStore
-for the handshake (``link.py``); the room pairing a request's halves comes from the router
+is torch.distributed send/recv on a two-rank group per pair of ranks, with the prefill server's
+TCPStore for the handshake (``link.py``, ``listener.py``; tensor parallelism on either side:
+``shards.py``); the room pairing a request's halves comes from the router
 through the request body (``bootstrap.py``, ``http.py``). The router's PD mode lives in
 ``runtime/router/pd*.py``.
 """

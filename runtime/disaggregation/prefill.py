@@ -20,8 +20,6 @@ a request's sends and frees its slots in the same step (waiting for its own send
 from __future__ import annotations
 
 import contextlib
-import datetime
-import json
 import queue
 import threading
 import time
@@ -31,16 +29,12 @@ from ..errors import KVTransferError
 from ..ipc import messages as m
 from ..scheduler.output import make_out
 from ..scheduler.req import Req, ReqState
-from .admission import short_first
 from ..distributed.state import get_tp_group
-from .link import STORE_WAIT_S, connect_store, put, serve_store
-from .sender import SendJob, SenderLink
+from .admission import short_first
+from .link import put, serve_store
+from .listener import listen
+from .sender import SendJob, SenderLink, notice_of
 from .shards import Events, head_range, sources
-
-# NOTE: a reg/<n> key still missing this long after later ones exist was reserved by a decode
-# process that died before writing it: skipped, or it would stall every registration after it.
-SKIP_MISSING_S = 5.0
-
 
 class PrefillSide:
     def __init__(self, scheduler: Any, config: Any, backend: str) -> None:
@@ -71,7 +65,8 @@ class PrefillSide:
         self.counters = dict(pd_transfers_total=0, pd_transfer_failures=0, pd_kv_tokens_sent=0)
         self._stop = False
         if self.rank == 0:
-            threading.Thread(target=self._listen, name="pd-listen", daemon=True).start()
+            threading.Thread(target=listen, args=(self.port, self.timeout, self.inbox, self._stopped),
+                             name="pd-listen", daemon=True).start()
 
     # -- the scheduler's hooks ------------------------------------------------------------------
     def holds(self, req: Req) -> bool:
@@ -171,6 +166,9 @@ class PrefillSide:
                 self.registered.pop(key, None)
                 self.cancelled.pop(key, None)
 
+    def _stopped(self) -> bool:
+        return self._stop
+
     def _emit(self, events: list[tuple]) -> None:
         if self.size == 1:
             self.apply(Events(tuple(events)))
@@ -248,7 +246,7 @@ class PrefillSide:
         self.parts[key] = [len(links), None]
         self.counters["pd_transfers_total"] += 1
         self.counters["pd_kv_tokens_sent"] += end - start if pages else 0
-        notice = _notice(req, key, start, end, pages)
+        notice = notice_of(req, key, start, end, pages)
         for link in links:
             link.submit(SendJob(key, notice, slots))
         self._maybe_done(key)
@@ -322,38 +320,3 @@ class PrefillSide:
         req.state = ReqState.FINISHED
         self.sched.memory.release(req)
         self.sched.send(m.BatchTokenOut([make_out(req)]))
-
-    # -- the listener thread ---------------------------------------------------------------------
-    def _listen(self) -> None:
-        """Reads ``reg/1``, ``reg/2``... (peers announcing themselves, registrations) into
-        the inbox, in order."""
-        store = connect_store("127.0.0.1", self.port, self.timeout)
-        n, missing_since = 1, None
-        while not self._stop:
-            key = f"reg/{n}"
-            try:
-                store.wait([key], datetime.timedelta(seconds=STORE_WAIT_S))
-            except RuntimeError:  # timed out: is an earlier reservation never written?
-                if int(store.add("reg_n", 0)) > n:
-                    missing_since = missing_since or time.monotonic()
-                    if time.monotonic() - missing_since > SKIP_MISSING_S:
-                        n, missing_since = n + 1, None
-                continue
-            self.inbox.put(json.loads(store.get(key)))
-            store.delete_key(key)
-            n, missing_since = n + 1, None
-
-
-def _notice(req: Req, key: str, start: int, end: int, pages: bool) -> dict:
-    """What the decode side needs besides the pages: the output so far (the first token, and
-    any forced tokens after it), how it finished if it did, the prompt statistics and the
-    logprobs computed here."""
-    notice = {"key": key, "output_ids": list(req.output_ids), "finish_reason": req.finish_reason,
-              "cached_tokens": req.cached_tokens, "forced_positions": list(req.forced_positions),
-              "start": start, "count": end - start, "pages": pages}
-    if req.return_logprob:
-        notice.update(input_token_logprobs=req.input_token_logprobs,
-                      input_top_logprobs=req.input_top_logprobs,
-                      output_token_logprobs=req.output_token_logprobs,
-                      output_top_logprobs=req.output_top_logprobs)
-    return notice

@@ -87,3 +87,18 @@ class SenderLink:
                 self.error = f"decode peer {self.peer_id} failed: {type(exc).__name__}: {exc}"
                 store = None
                 self._done.put((job.key, self.error))
+
+
+def notice_of(req: Any, key: str, start: int, end: int, pages: bool) -> dict:
+    """What the decode side needs besides the pages: the output so far (the first token, and
+    any forced tokens after it), how it finished if it did, the prompt statistics and the
+    logprobs computed on the prefill server."""
+    notice = {"key": key, "output_ids": list(req.output_ids), "finish_reason": req.finish_reason,
+              "cached_tokens": req.cached_tokens, "forced_positions": list(req.forced_positions),
+              "start": start, "count": end - start, "pages": pages}
+    if req.return_logprob:
+        notice.update(input_token_logprobs=req.input_token_logprobs,
+                      input_top_logprobs=req.input_top_logprobs,
+                      output_token_logprobs=req.output_token_logprobs,
+                      output_top_logprobs=req.output_top_logprobs)
+    return notice

@@ -46,8 +46,9 @@ def _start(model_dir, mode: str, *extra: str) -> subprocess.Popen:
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir) -> Iterator[dict]:
     ports = {"p1": free_port(), "p2": free_port()}
+    # NOTE: p1 serves no constrained request: no grammar worker to start
     procs = {"p1": _start(tiny_model_dir, "prefill", "--disaggregation-bootstrap-port",
-                          str(ports["p1"])),
+                          str(ports["p1"]), "--grammar-backend", "none"),
              "p2": _start(tiny_model_dir, "prefill", "--disaggregation-bootstrap-port",
                           str(ports["p2"]), "--tp-size", "2"),
              "d1": _start(tiny_model_dir, "decode"),
