@@ -58,6 +58,7 @@ class Engine:
         self.mm_processor = MultimodalProcessor.for_model(self._ready.model_dir, self.tokenizer,
                                                           config)
         self._builder = RequestBuilder(self.tokenizer, self._ready, self.mm_processor)
+        self._eager_handoff = _accelerated(config)  # at start-up, not on a first request
         atexit.register(self.shutdown)
         if not config.disable_gc_freeze:
             freeze_startup_objects()  # NOTE: this process holds torch and the tokenizer too
@@ -215,7 +216,7 @@ class Engine:
             with self._submitters_lock:  # stats() may be listing them from another thread
                 limits = HandoffLimits(self.config.chunked_prefill_size,
                                        self.config.max_running_requests,
-                                       eager=_accelerated(self.config))
+                                       eager=self._eager_handoff)
                 submitter = self._submitters.setdefault(loop, Submitter(
                     loop, self._loop, self._tm.submit, self._mailboxes.of(loop), limits))
         return submitter
@@ -298,14 +299,12 @@ class Engine:
 
 
 def _accelerated(config: EngineConfig) -> bool:
-    """Whether the scheduler's forwards run on an accelerator (the main process has imported
-    torch by now, with the tokenizer's transformers; it is not imported for this)."""
+    """Whether the scheduler's forwards run on an accelerator (submitter.py's eager hand-off)."""
     if config.device != "auto":
         return config.device != "cpu"
-    import sys
+    import torch  # NOTE: already imported with this module's scheduler imports
 
-    torch = sys.modules.get("torch")
-    return bool(torch is not None and torch.cuda.is_available())
+    return bool(torch.cuda.is_available())
 
 
 def _many(specs: list[GenerateSpec], batched: bool) -> bool:

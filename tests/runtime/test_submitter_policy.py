@@ -145,3 +145,15 @@ def test_a_cancelled_request_is_not_sent():
             futures.append(sub.submit(_spec("kept")))
     groups, _ = _run(plan)
     assert groups == [["kept"]]
+
+
+def test_the_engine_hands_off_eagerly_only_with_an_accelerator():
+    """A CPU device's forwards share the cores that parse a burst: no eager hand-off there."""
+    import torch
+
+    from sgdsl.runtime.config import EngineConfig
+    from sgdsl.runtime.engine import _accelerated
+
+    assert not _accelerated(EngineConfig(device="cpu"))
+    assert _accelerated(EngineConfig(device="cuda"))
+    assert _accelerated(EngineConfig(device="auto")) == torch.cuda.is_available()
