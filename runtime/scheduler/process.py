@@ -27,6 +27,7 @@ from typing import Any, Iterator
 
 from .. import hop_times  # hops:
 from ..config import EngineConfig
+from ..fast_exit import exit_without_teardown
 from ..distributed.heartbeat import Heartbeats
 from ..ipc import messages as m
 from ..ipc.channel import IpcPaths, SyncChannel
@@ -87,24 +88,10 @@ def run_scheduler_process(config: EngineConfig, paths: IpcPaths | None, parent_p
         if scheduler.grammar is not None:
             scheduler.grammar.shutdown()  # grammar: kill the compile worker processes
         getattr(scheduler.tree, "close", lambda: None)()  # hicache: drain storage writes
-    _exit_without_teardown()
-
-
-def _exit_without_teardown() -> None:
-    """End a scheduler that shut down cleanly now, skipping the interpreter's teardown.
-
-    Everything this process owes the others is done by then: the channel closed, the compile
-    workers killed and the grammar disk cache's stores written (``grammar.shutdown``), the
-    hicache storage writes drained (``tree.close``). What teardown would add is garbage
-    collection over the whole heap (torch, the model, the tokenizer, the vocabulary tables):
-    measured at 2-9 s of one core per scheduler process (every rank, at every engine shutdown
-    and server stop), freeing memory the OS takes back at once anyway."""
-    import logging
-
-    logging.shutdown()  # flush the log handlers (atexit would)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    # NOTE: everything owed to others is done above (channel closed, compile workers killed,
+    # grammar disk stores written, hicache writes drained); teardown would only spend seconds
+    # collecting the heap (fast_exit.py)
+    exit_without_teardown(0)
 
 
 def _drop(msg: Any) -> None:
