@@ -45,12 +45,15 @@ def fetch(tree: Any, key: list[int], start: int, attach: Any) -> Any:
     rows = rows[:usable]
     if not rows:
         return None
+    for p in range(first, first + usable):
+        # NOTE: before the host allocation, whose evictions may store pages (and keep the
+        # budget): the pages being served are the most recent then, not deleted by it
+        storage.touch(hashes[p])
     host = tree._host_alloc((first + len(rows)) * P - start)
     if host is None:
         return None
     filled = 0
     for p, page in enumerate(rows, start=first):
-        storage.touch(hashes[p])
         lo = max(start - p * P, 0)
         tree.host.scatter(host[filled:filled + P - lo], page[:, :, lo:])
         filled += P - lo

@@ -199,6 +199,8 @@ class FileStorage:
             header = json.loads(data[_LEN.size:_LEN.size + n])
         except ValueError:
             return "unreadable header"
+        if not isinstance(header, dict):
+            return "unreadable header"
         payload = memoryview(data)[_LEN.size + n:]
         expected = self.page_bytes
         if header.get("magic") != MAGIC or header.get("identity") != self._owner:

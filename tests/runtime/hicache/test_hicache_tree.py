@@ -157,6 +157,37 @@ def test_storage_budget_keeps_the_most_recent_pages(tmp_path):
     storage.close()
 
 
+def test_storage_budget_follows_the_calls_not_the_writer(tmp_path, caplog):
+    """The budget is kept in the order of ``put``/``touch`` (what every TP rank does alike),
+    whatever the writer thread's pace: with the writer held back, the pages dropped while
+    queued are never written; the shard suffix names the files; a header that parses but is
+    not an object is a corrupt file, not a crash."""
+    import threading
+
+    shape = (LAYERS, 2, PAGE_TOKENS, HEADS, DIM)
+    storage = FileStorage(tmp_path, "order", 1 << 30, shape, torch.float32, shard="tp1of2")
+    storage.max_bytes = 3 * storage.page_bytes
+    gate, write = threading.Event(), storage._write
+    storage._write = lambda *item: (gate.wait(30), write(*item))
+    tokens = list(range(5 * PAGE_TOKENS))
+    hashes = storage.page_hashes(tokens, 5)
+    for p, h in enumerate(hashes):
+        storage.put(h, tokens[p * PAGE_TOKENS:(p + 1) * PAGE_TOKENS], torch.zeros(shape))
+        if p == 2:
+            storage.touch(hashes[0])  # used again: the oldest is now page 1
+    assert [storage.has(h) for h in hashes] == [True, False, False, True, True]
+    gate.set()
+    storage.flush()
+    assert [storage.exists(h) for h in hashes] == [True, False, False, True, True]
+    assert all(f.name.endswith(".tp1of2.kv") for f in tmp_path.rglob("*.kv"))
+    path = storage._path(hashes[0])
+    path.write_bytes(len(b"[1]").to_bytes(4, "little") + b"[1]")
+    with caplog.at_level(logging.WARNING):
+        assert storage.read(hashes[0], tokens[:PAGE_TOKENS]) is None
+    assert f"skipping corrupt file {path.name} (unreadable header)" in caplog.text
+    storage.close()
+
+
 def test_host_slots_move_as_contiguous_runs():
     assert runs(torch.tensor([4, 5, 6, 9, 10, 2])) == [(0, 4, 3), (3, 9, 2), (5, 2, 1)]
     assert runs(torch.empty(0, dtype=torch.int64)) == []
