@@ -72,6 +72,9 @@ class GrammarManager(GrammarSteps):
         # its forced tokens (scheduler: a mixed step), so no limit is needed by default.
         self.jump_max_batch = jump_max_batch
         self.pending: list[Any] = []
+        # True in an Engine: its front end checked each request's JSON schema against the
+        # meta-schema (RequestBuilder), so the compile worker need not (compiler.submit)
+        self.requests_checked = False
         # measurements after_sample left for plan_deferred (rows the prefetch handled)
         self.deferred: list[Any] = []
         self.quote_tokens = build_quote_tokens(tokenizer, vocab_size)
@@ -110,7 +113,8 @@ class GrammarManager(GrammarSteps):
         constraint = req.sampling_params.constraint
         if constraint is None:
             return False
-        req.grammar_pending = self.compiler.submit(GrammarKey.from_constraint(*constraint))
+        req.grammar_pending = self.compiler.submit(GrammarKey.from_constraint(*constraint),
+                                                   meta_checked=self.requests_checked)
         self.pending.append(req)
         return True
 
@@ -241,5 +245,6 @@ def create_grammar_manager(config: Any, tokenizer: Any, vocab_size: int,
                              jump_forward=not getattr(config, "disable_jump_forward", False),
                              jump_max_batch=getattr(config, "grammar_jump_max_batch", None),
                              completion=completion)
+    manager.requests_checked = True  # every request came through the Engine's RequestBuilder
     manager.compiler.start()  # the workers start while the scheduler finishes its own start
     return manager

@@ -20,6 +20,9 @@ class CompileJob:
     submitted: float  # time.monotonic()
     future: Future = field(default_factory=Future)
     started: float | None = None  # when a worker took it; its deadline counts from here
+    # False: the JSON meta-schema check already passed where the request was built (the
+    # Engine's front end), so the worker skips it (compiler.submit's ``meta_checked``)
+    meta_check: bool = True
 
 
 class CompileTimeout(InvalidRequestError):

@@ -8,14 +8,15 @@ length-prefixed pickle frames:
 
 - parent -> worker, once: ``WorkerInit`` (how to build the backend, the memory budget);
   worker -> parent: ``("ready", None)`` or ``("startup_error", message)``.
-- parent -> worker, per job: ``(job_id, key)``; worker -> parent: ``(job_id, "ok", payload,
-  compile_s, data_bytes, more)`` with the backend's ``ship``ped result, or ``(job_id, "error" |
-  "memory", message)``. ``more``: the backend can also make a form that loads faster than
-  ``ship``'s (``may_ship_again``; xgrammar: the serialized grammar) for the on-disk cache. The
-  worker keeps that compile until its next job, and the parent may then ask ``(job_id,
-  "again")``, answered ``(job_id, "again", payload or None)``: after the request was served,
-  never on its admission path. Exceptions travel as text, so nothing unpicklable crosses the
-  pipe.
+- parent -> worker, per job: ``(job_id, key, meta_check)``; worker -> parent: ``(job_id, "ok",
+  payload, compile_s, data_bytes, more)`` with the backend's ``ship``ped result, or
+  ``(job_id, "error" | "memory", message)``. ``meta_check`` False: the JSON meta-schema check
+  passed where the request was built, so only the compile runs. ``more``: the backend can also
+  make a form that loads faster than ``ship``'s (``may_ship_again``; xgrammar: the serialized
+  grammar) for the on-disk cache. The worker keeps that compile until its next job, and the
+  parent may then ask ``(job_id, "again")``, answered ``(job_id, "again", payload or None)``:
+  after the request was served, never on its admission path. Exceptions travel as text, so
+  nothing unpicklable crosses the pipe.
 
 The budget is applied with ``RLIMIT_DATA`` (heap and private mappings, not shared libraries) on
 top of what the worker holds once its backend is built, so it means "memory one compile may
@@ -137,23 +138,25 @@ def _setup(init: WorkerInit) -> _State:
 
 
 def _handle(state: _State, message: tuple) -> tuple:
-    job_id, what = message
+    job_id, what, *meta_check = message
     last, state.last = state.last, None  # freed before a new compile takes memory
     if what == "again":
         return (job_id, "again", _again(state.backend, last[1])
                 if last is not None and last[0] == job_id else None)
-    reply, compiled = _compile(state.backend, job_id, what)
+    reply, compiled = _compile(state.backend, job_id, what, meta_check != [False])
     if len(reply) > 5 and reply[5]:
         state.last = (job_id, compiled)
     return reply
 
 
-def _compile(backend: Any, job_id: int, key: Any) -> tuple[tuple, Any]:
-    """(the reply frame, the compiled grammar or None)."""
+def _compile(backend: Any, job_id: int, key: Any, meta_check: bool = True) -> tuple[tuple, Any]:
+    """(the reply frame, the compiled grammar or None). ``meta_check`` False: the caller
+    checked the schema against its meta-schema already (the Engine's front end does for
+    every request)."""
     from ...errors import InvalidRequestError
 
     t0 = time.perf_counter()
-    meta = _MetaCheck(key)
+    meta = _MetaCheck(key if meta_check else None)
     try:
         compiled = backend.compile(key)
         if meta.result() is None:
@@ -179,10 +182,10 @@ class _MetaCheck:
     not their sum, and the scheduler's thread neither. Its error names the broken keyword and
     wins over the compile's."""
 
-    def __init__(self, key: Any) -> None:
+    def __init__(self, key: Any | None) -> None:
         self.error: str | None = None
         self._thread = None
-        if key.kind == "json_schema":
+        if key is not None and key.kind == "json_schema":
             self._thread = threading.Thread(target=self._run, args=(key,), daemon=True)
             self._thread.start()
 

@@ -90,10 +90,11 @@ class CompileWorkerPool:
         for t in self._threads:
             t.start()
 
-    def submit(self, key: GrammarKey) -> CompileJob:
+    def submit(self, key: GrammarKey, meta_check: bool = True) -> CompileJob:
         """Queue a compile; raises ``GrammarQueueFullError`` (retryable) when it would wait
-        too long or the queue is full."""
-        job = CompileJob(key, time.monotonic())
+        too long or the queue is full. ``meta_check``: the worker checks a JSON schema against
+        its meta-schema beside the compile."""
+        job = CompileJob(key, time.monotonic(), meta_check=meta_check)
         if self._closed:
             raise InvalidRequestError("the grammar compiler is shut down", field=key.field)
         self.admission.admit(key.field)
@@ -205,7 +206,7 @@ class CompileWorkerPool:
         try:
             bounds = self.limits.deadline(job.started, worker.cpu_seconds())
             job_id = next(self._ids)
-            worker.send((job_id, job.key))
+            worker.send((job_id, job.key, job.meta_check))
             reply = worker.recv(*bounds)
         except (EOFError, OSError):
             return self._lost(slot, worker, job, worker.exit_text())

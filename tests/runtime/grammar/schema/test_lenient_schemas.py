@@ -87,3 +87,19 @@ def test_every_rejection_names_keyword_and_path(compiler, schema, keyword, path)
     assert e.value.field == "json_schema" and e.value.status == 400
     named = rf"keyword '{re.escape(keyword)}' at {re.escape(path)}(?![\w/~])"
     assert re.search(named, str(e.value)), str(e.value)
+
+
+def test_meta_schema_check_runs_once_per_request(compiler, engine):
+    """The meta-schema check (jsonschema, pure Python) runs where a request is built (the
+    Engine's front end) and, for keys no front end checked (precompiles, direct callers), in
+    the compile worker; a request's compile skips it there (``meta_checked``). Either way the
+    rejection names the keyword and path."""
+    bad = {"type": "string", "description": 5}
+    key = GrammarKey.from_constraint("json_schema", json.dumps({**bad, "title": "direct"}))
+    with pytest.raises(InvalidRequestError, match=r"keyword 'description' at #(?![\w/~])"):
+        compiler.compile(key)
+    checked = GrammarKey.from_constraint("json_schema", json.dumps({**bad, "title": "checked"}))
+    assert compiler.submit(checked, meta_checked=True).result(wait=True) is not None
+    with pytest.raises(InvalidRequestError, match=r"keyword 'description' at #(?![\w/~])"):
+        engine.generate("Hi", {"json_schema": json.dumps({**bad, "title": "engine"}),
+                               "max_new_tokens": 4})
