@@ -299,8 +299,8 @@ class PrefillSide:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"pd: tensor-parallel rank {self.rank}: the KV of {key} was "
                                    f"not sent within {self.timeout:g} s of rank 0's")
-            with contextlib.suppress(queue.Empty):
-                self._note(*self.done.get(timeout=1.0))
+            with contextlib.suppress(queue.Empty):  # rank 0: other keys' events go out
+                self._emit(self._note(*self.done.get(timeout=1.0)))
         del self.parts[key]
         req = self.sending.pop(key, None)
         if req is not None:
