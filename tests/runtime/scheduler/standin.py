@@ -8,6 +8,7 @@ the same sequence directly, without any KV.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 
@@ -40,6 +41,9 @@ class StandInRunner:
         self.req_to_token_pool = ReqToTokenPool(max_reqs, context_len, "cpu")
         self.token_kv_pool = TokenKVPool(num_slots, 1, 1, 1, torch.float64, "cpu")
         self.context_len = context_len
+        # The real runner's model shape, as far as the scheduler's features read it (PD's
+        # prefill side splits the KV heads by rank): one head, as the pool holds.
+        self.model_config = SimpleNamespace(num_kv_heads=1)
         self.forwards: list[ForwardBatch] = []
 
     def forward(self, b: ForwardBatch) -> torch.Tensor:
