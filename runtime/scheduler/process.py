@@ -48,23 +48,7 @@ def run_scheduler_process(config: EngineConfig, paths: IpcPaths | None, parent_p
     leader = rank == 0
     chan = SyncChannel(paths, receive=leader) if paths is not None else None
     where = f"tensor-parallel rank {rank}/{size}: " if size > 1 else ""
-    try:
-        if size > 1:
-            from ..distributed.state import init_tp_group
-
-            init_tp_group(rank, size, spec.device(config), spec.init_method,
-                          ep_size=config.ep_size, pp_size=config.pp_size)  # pp: size = world
-        scheduler, ready = _build(config, chan.send if leader else _drop)
-        if size > 1:
-            from ..distributed.collectives import barrier
-
-            # Ready means every rank loaded; a rank still loading this long after rank 0 is
-            # taken for hung, and rank 0's error names it
-            barrier(RANK_STARTUP_SKEW_S)
-    except BaseException as exc:  # noqa: BLE001 - every startup failure must reach the parent
-        _report(chan, m.StartupError(f"{where}{type(exc).__name__}: {exc}",
-                                     traceback.format_exc(), getattr(exc, "kind", "model_load_error")))
-        raise SystemExit(1) from None  # a failed rank's exit code says so (distributed/node.py)
+    scheduler, ready = _start(config, chan, spec, where)
     if not config.disable_gc_freeze:
         freeze_startup_objects()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
@@ -92,6 +76,30 @@ def run_scheduler_process(config: EngineConfig, paths: IpcPaths | None, parent_p
     # grammar disk stores written, hicache writes drained); teardown would only spend seconds
     # collecting the heap (fast_exit.py)
     exit_without_teardown(0)
+
+
+def _start(config: EngineConfig, chan: SyncChannel | None, spec: Any, where: str) -> tuple:
+    """Join the rank group (if any), build the scheduler, wait for every rank; a failure is
+    reported to the parent and ends this process."""
+    rank, size = (spec.rank, spec.size) if spec is not None else (0, 1)
+    try:
+        if size > 1:
+            from ..distributed.state import init_tp_group
+
+            init_tp_group(rank, size, spec.device(config), spec.init_method,
+                          ep_size=config.ep_size, pp_size=config.pp_size)  # pp: size = world
+        built = _build(config, chan.send if rank == 0 else _drop)
+        if size > 1:
+            from ..distributed.collectives import barrier
+
+            # Ready means every rank loaded; a rank still loading this long after rank 0 is
+            # taken for hung, and rank 0's error names it
+            barrier(RANK_STARTUP_SKEW_S)
+        return built
+    except BaseException as exc:  # noqa: BLE001 - every startup failure must reach the parent
+        _report(chan, m.StartupError(f"{where}{type(exc).__name__}: {exc}",
+                                     traceback.format_exc(), getattr(exc, "kind", "model_load_error")))
+        raise SystemExit(1) from None  # a failed rank's exit code says so (distributed/node.py)
 
 
 def _drop(msg: Any) -> None:
