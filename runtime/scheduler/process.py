@@ -9,9 +9,10 @@ Tensor parallelism (``runtime/distributed``): one such process per rank. Every r
 same scheduler over the same messages: rank 0 drains the socket and broadcasts what it got at
 the top of each iteration, so all ranks admit, batch, retract, cache and free identically (each
 rank's radix cache and allocator are the same, over a KV pool holding only its heads). The
-logits are all-gathered and sampled on every rank, then rank 0's ids are broadcast
-(``sample_step.py``); grammar compiles finish when rank 0 says so (``tp_sync.py``). Only rank 0
-answers the main process; a follower's socket carries nothing but its own startup error.
+logits are all-gathered and sampled on every rank, which all draw the same ids (no broadcast:
+``distributed/sampled_ids.py``); grammar compiles finish when rank 0 says so (``tp_sync.py``).
+Only rank 0 answers the main process; a follower's socket carries nothing but its own startup
+error.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import torch
 
-from ..distributed.collectives import broadcast
+from ..distributed import sampled_ids
 from ..distributed.state import pp_place
 from ..layers.sampler import Sampler, SamplingBatchInfo
 from ..multimodal.inputs import text_ids
@@ -38,10 +38,9 @@ class BatchSampler:
             ids = self.sampler.sample(logits, info, vocab_mask)
         else:  # pp: no logits on this stage; rank 0 (last stage) sends its ids just below
             ids = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
-        # NOTE: under tensor parallelism every rank samples the same all-gathered logits with
-        # the same seeds; rank 0's ids are then broadcast (on the device, no host sync), so no
-        # rounding or kernel nondeterminism can ever make the ranks' batches drift apart.
-        ids = broadcast(ids, src=0)
+        # tp-step: every TP rank sampled the same ids from the same all-gathered logits; no
+        # broadcast (distributed/sampled_ids.py says why; pp still broadcasts)
+        ids = sampled_ids.agree(ids)
         info.update(ids)
         return ids
 

@@ -21,12 +21,16 @@ from sgdsl.runtime import Engine
 from sgdsl.runtime.errors import EngineDeadError, ModelLoadError
 from processes import free_port
 
-from .mixed_workload import GREEDY, NO_GRAMMAR, SMALL, TINY, assert_same, run_mixed
+from .mixed_workload import GREEDY, NO_GRAMMAR, PROMPTS, SMALL, TINY, assert_same, run_mixed
 
 
 @pytest.fixture(scope="module")
 def tiny_tp2(tiny_model_dir):
-    engine = Engine(str(tiny_model_dir), tp_size=2, **TINY)
+    # tp-step: the ranks sample without a broadcast; ``check`` all-gathers every step's ids
+    # and fails the step where a rank differs from rank 0 (distributed/sampled_ids.py)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SGDSL_TP_IDS", "check")
+        engine = Engine(str(tiny_model_dir), tp_size=2, **TINY)
     yield engine
     engine.shutdown()
 
@@ -34,6 +38,20 @@ def tiny_tp2(tiny_model_dir):
 def test_tiny_tp2_equals_tp1(tiny_tp2, tiny_ref):
     assert_same(run_mixed(tiny_tp2), tiny_ref)
     assert len(tiny_tp2._tm.procs) == 2
+
+
+def test_ranks_sample_alike_without_a_broadcast_at_tp2(tiny_tp2):
+    """tp-step: random sampling (the batch generator, seeded rows, top-k/top-p/min-p,
+    penalties) draws the same ids on both ranks with no broadcast (checked every step)."""
+    params = [{"temperature": 0.9, "top_p": 0.8},
+              {"temperature": 1.0, "top_k": 5, "seed": 3},
+              {"temperature": 0.7, "min_p": 0.05, "frequency_penalty": 0.5, "seed": 11},
+              {"temperature": 1.2, "repetition_penalty": 1.3, "presence_penalty": 0.2},
+              {"temperature": 0}]
+    params = [dict(p, max_new_tokens=24, ignore_eos=True) for p in params]
+    outs = tiny_tp2.generate(PROMPTS[:5], params)
+    assert [len(o["output_ids"]) for o in outs] == [24] * 5
+    tiny_tp2.check_idle_integrity()
 
 
 def test_abort_mid_stream_at_tp2(tiny_tp2):
