@@ -242,10 +242,12 @@ class RunningBatch:
         """spec: after a speculative step (runtime/speculative) appended several tokens per
         request: every request's next position is its ``kv_len`` and its last token the
         newest output token. ``reqs`` is ``self.reqs``."""
-        pos = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
-        self.pos_host, self.pos = pos, to_device(pos, self.device)
-        ids = torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64)
-        self.last_token.index_copy_(0, self.rows, to_device(ids, self.device))
+        n = len(reqs)  # positions and last tokens in one upload
+        host = torch.tensor([r.kv_len for r in reqs] + [r.output_ids[-1] for r in reqs],
+                            dtype=torch.int64)
+        dev = to_device(host, self.device)
+        self.pos_host, self.pos = host[:n], dev[:n]
+        self.last_token.index_copy_(0, self.rows, dev[n:])
 
     def record_tokens(self, rows: torch.Tensor, ids: torch.Tensor) -> None:
         """Sampled ids (device) of the requests in ``rows`` (device): the next decode's inputs."""

@@ -123,6 +123,11 @@ class Drafter(ABC):
         to mean a draft whenever the request may draft."""
         return None
 
+    def prefetch(self, reqs: Sequence[Any], trees: Sequence[DraftTree]) -> None:
+        """Called while the device verifies ``trees`` (before their result is read): work for
+        the next ``propose`` that can be done ahead, on a guess of the accepted tokens, as long
+        as ``propose`` returns what it would have without it (NGRAM: its next lookups)."""
+
     def proposal_cost(self) -> float | None:
         """A lower bound, known before anything is measured, on what one ``propose`` costs in
         target decode steps at the same batch size (cost.py: a drafter whose proposals cost so

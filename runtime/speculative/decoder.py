@@ -38,6 +38,7 @@ from .base import Drafter, DraftTree, EMPTY_TREE
 from .cost import CostGate
 from .grammar_drafts import check_draft, draft_limit
 from .prediction import expect_drafts
+from .readback import VerifyRead
 from .registry import build_drafter
 from .stats import Backoff, SpecStats
 from .verify_batch import VerifyLayout, build_verify
@@ -53,6 +54,7 @@ class SpecDecoder:
         self.bar = self.threshold  # this step's: the larger of it and the cost gate's bar
         self.context_len = runner.context_len
         self.stats = SpecStats(self.k)
+        self.read = VerifyRead()  # the verify's ids to the host, read after the prefetch
         # tree verifies replay CUDA graphs where captured (after the drafter: an EAGLE
         # drafter installs its hidden-state capture in the target first)
         self.verify_graphs = VerifyGraphs.create(config, runner)
@@ -119,7 +121,11 @@ class SpecDecoder:
         logits = self._forward(sched.runner, batch)
         verify = logits if not layout.fed_extra else logits.index_select(
             0, to_device(torch.tensor(layout.verify_rows), logits.device))
-        ids = self._sample(sched, reqs, trees, verify, masks)
+        self.read.start(self._sample(sched, reqs, trees, verify, masks))
+        # the device verifies meanwhile: the drafter's next lookups go now (a guess of what
+        # this step accepts; ngram.py)
+        self.drafter.prefetch(reqs, trees)
+        ids = self.read.wait()
         self.stats.verify_steps += 1
         self.stats.tree_steps += batch.mode is ForwardMode.TARGET_VERIFY
         self._accept(sched, reqs, trees, layout, logits, ids, ends)
@@ -195,8 +201,8 @@ class SpecDecoder:
 
     # -- sampling every node ------------------------------------------------------------------
     def _sample(self, sched: Any, reqs: list[Any], trees: list[DraftTree],
-                logits: torch.Tensor, masks: list[Any]) -> list[int]:
-        """One sample per fed row with the request's own sampling state at that node: its
+                logits: torch.Tensor, masks: list[Any]) -> torch.Tensor:
+        """One sample per fed row (on the device) with the request's own sampling state at that node: its
         output step (seeds), the draft path as output so far (penalties, min_new_tokens) and
         the grammar mask of the state there."""
         mask = self._mask(sched, trees, masks)
@@ -208,7 +214,7 @@ class SpecDecoder:
             # sampler's all-greedy path, without building and uploading a verify-row info
             if mask is not None:
                 logits = apply_vocab_mask(logits, mask)
-            return broadcast(greedy_argmax(logits), src=0).tolist()
+            return broadcast(greedy_argmax(logits), src=0)
         params, outputs, prompts = [], [], []
         for req, tree in zip(reqs, trees):
             penal = req.sampling_params.has_penalties
@@ -221,7 +227,7 @@ class SpecDecoder:
                 outputs.append(req.output_ids + path if penal else range(n))
         info = SamplingBatchInfo.from_params(params, logits.shape[-1], logits.device,
                                              sched.sampler.eos, prompts, outputs)
-        return sched.sampler.sample_ids(logits, info, mask).tolist()
+        return sched.sampler.sample_ids(logits, info, mask)
 
     @staticmethod
     def _mask(sched: Any, trees: list[DraftTree], masks: list[Any]) -> torch.Tensor | None:
@@ -308,4 +314,5 @@ class SpecDecoder:
         return {**self.stats.as_dict(), **self.cost.as_dict(),
                 "spec_verify_graph_steps": graphs.replays if graphs is not None else 0,
                 "spec_verify_decode_graph_steps": self.decode_graph_steps,
-                "spec_draft_graph_steps": getattr(self.drafter, "graph_steps", 0)}
+                "spec_draft_graph_steps": getattr(self.drafter, "graph_steps", 0),
+                "spec_draft_prefetch_hits": getattr(self.drafter, "prefetch_hits", 0)}

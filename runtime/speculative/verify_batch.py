@@ -78,7 +78,8 @@ def build_verify(reqs: Sequence[Any], trees: Sequence[DraftTree], memory: Any,
                  device: torch.device) -> tuple[ForwardBatch, VerifyLayout] | None:
     """Reserve KV slots for every fed token and build the forward; None if KV ran short
     (nothing reserved then). Each request feeds ``all_ids[kv_len:]`` (its last token, or
-    jump-forward tokens and the last) and then its draft nodes."""
+    jump-forward tokens and the last) and then its draft nodes. Host work per step: one host
+    tensor of the indices, one upload (slots included), no per-token tensor op."""
     rows, cols, ids, pos, first, fed, verify_rows, compact = [], [], [], [], [], [], [], []
     for req, tree in zip(reqs, trees):
         p, feed = req.kv_len, req.all_ids[req.kv_len:]
@@ -93,13 +94,15 @@ def build_verify(reqs: Sequence[Any], trees: Sequence[DraftTree], memory: Any,
         ids.extend(feed)
         ids.extend(tree.tokens)
         pos.extend(range(p, p + f))
-        pos.extend(root + d for d in tree.depths)
-    slots = memory.reserve_at(torch.tensor(rows), torch.tensor(cols))
+        pos.extend([root + d for d in tree.depths] if not tree.is_chain
+                   else range(root + 1, root + 1 + n))
+    total = len(cols)
+    host = torch.tensor(rows + cols + ids + pos, dtype=torch.int64)
+    slots = memory.reserve_at(host[:total], host[total:2 * total])
     if slots is None:
         return None
-    total = len(cols)
-    index = torch.tensor(rows + cols + slots.tolist() + ids + pos)
-    rows_d, cols_d, slots_d, ids_d, pos_d = to_device(index, device).split([total] * 5)
+    index = to_device(torch.cat((host, slots.to(torch.int64))), device)
+    rows_d, cols_d, ids_d, pos_d, slots_d = index.split(total)
     memory.write_table(rows_d, cols_d, slots_d)
     kv_lens = [r.kv_len + f - 1 for r, f in zip(reqs, fed)]
     layout = VerifyLayout(first, kv_lens, slots, verify_rows, compact)
@@ -110,16 +113,29 @@ def build_verify(reqs: Sequence[Any], trees: Sequence[DraftTree], memory: Any,
     return batch, layout
 
 
+_CONSTS: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _ones_arange(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ones(n)`` and ``arange(n)`` (int64) on ``device``: views of tensors kept per device
+    (never written: a verify step allocates nothing for them)."""
+    kept = _CONSTS.get(device)
+    if kept is None or kept[0].shape[0] < n:
+        size = max(2 * n, 64)
+        kept = _CONSTS[device] = (torch.ones(size, dtype=torch.int64, device=device),
+                                  torch.arange(size, dtype=torch.int64, device=device))
+    return kept[0][:n], kept[1][:n]
+
+
 def _rows_batch(rows: torch.Tensor, cols: torch.Tensor, slots: torch.Tensor,
                 ids: torch.Tensor, cols_host: list[int], device: torch.device) -> ForwardBatch:
     """Chains: one decode row per fed token (position == column)."""
     total = len(cols_host)
-    ones = torch.ones(total, dtype=torch.int64, device=device)
+    ones, arange = _ones_arange(total, device)
     return ForwardBatch(
         mode=ForwardMode.DECODE, batch_size=total, input_ids=ids, positions=cols,
         req_pool_indices=rows, seq_lens=cols + 1, out_cache_loc=slots,
-        extend_prefix_lens=cols, extend_seq_lens=ones,
-        extend_start_loc=torch.arange(total, dtype=torch.int64, device=device),
+        extend_prefix_lens=cols, extend_seq_lens=ones, extend_start_loc=arange,
         seq_lens_cpu=[c + 1 for c in cols_host], extend_prefix_lens_cpu=list(cols_host),
         extend_seq_lens_cpu=[1] * total)
 

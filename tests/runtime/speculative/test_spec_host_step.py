@@ -1,0 +1,140 @@
+"""The speculative step's cheaper host work: NGRAM's vectorized lookup finds what the per-depth
+loop found, a lookup prefetched while the device verifies (on a guess of the accepted tokens)
+is taken only when the ids turn out to be the guessed ones and then equals a fresh lookup, and
+a scheduler speculating on a copy workload takes prefetched lookups with outputs equal to plain
+decoding's (stand-in model: every token read back from its KV slot), idle invariant after."""
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from sgdsl.runtime.config import EngineConfig
+from sgdsl.runtime.speculative.ngram import NgramDrafter, _lookup
+from sgdsl.runtime.speculative.readback import VerifyRead
+
+from sgdsl.runtime.scheduler.scheduler import Scheduler
+
+from scheduler.standin import EOS, Harness, StandInRunner
+
+
+def _reference(ids: list[int], lo: int, hi: int, length: int, breadth: int) -> list[list[int]]:
+    """The lookup as first written: one pass per match depth, dropping candidates."""
+    n = len(ids)
+    if n < 2:
+        return []
+    a = np.array(ids, dtype=np.int64)
+    cand = np.flatnonzero(a[:n - 1] == a[n - 1])
+    size = np.ones(cand.shape[0], dtype=np.int64)
+    alive = cand.copy()
+    for d in range(1, min(hi, n - 1)):
+        ok = (alive >= d) & (a[np.maximum(alive - d, 0)] == a[n - 1 - d])
+        if not ok.any():
+            break
+        size[ok & (size == d)] += 1
+        alive = np.where(ok, alive, -1 - n)
+    best = int(size.max()) if size.size else 0
+    if best < lo:
+        return []
+    out: list[list[int]] = []
+    for end in (cand[size == best][::-1] + 1).tolist():
+        cont = ids[end:min(end + length, n)]
+        cont = [cont[j % len(cont)] for j in range(length)] if cont else cont
+        if cont and all(c[0] != cont[0] for c in out):
+            out.append(cont)
+        if len(out) == breadth:
+            break
+    return out
+
+
+def test_vectorized_lookup_matches_the_per_depth_loop():
+    rng = random.Random(7)
+    for _ in range(1500):
+        ids = [rng.randrange(rng.choice([2, 3, 6, 40])) for _ in range(rng.randint(1, 50))]
+        lo, hi = rng.randint(1, 3), rng.randint(1, 12)
+        length, breadth = rng.randint(1, 6), rng.randint(1, 3)
+        got = _lookup(np.array(ids + [0] * 3, dtype=np.int64), len(ids), lo, hi, length,
+                      breadth)
+        assert got == _reference(ids, lo, hi, length, breadth), (ids, lo, hi, length, breadth)
+
+
+def test_prefetched_lookup_is_taken_only_on_the_guessed_ids():
+    """Every step's proposal equals a fresh drafter's on the same ids, whatever the step
+    accepted (all and the guessed bonus: a hit; fewer, another bonus, a respelled tail: a
+    fresh lookup)."""
+    rng = random.Random(3)
+    for breadth in (1, 2):
+        config = EngineConfig(speculative_algorithm="ngram",
+                              speculative_ngram_max_bfs_breadth=breadth)
+        drafter, hits = NgramDrafter(config), 0
+        text = [rng.randrange(12) for _ in range(60)]
+        req = SimpleNamespace(rid="r", all_ids=text[:20])
+        for _ in range(120):
+            tree = drafter.propose([req], 4)[0]
+            fresh = NgramDrafter(config).propose([SimpleNamespace(rid="x",
+                                                                  all_ids=req.all_ids)], 4)[0]
+            assert tree == fresh
+            drafter.prefetch([req], [tree])
+            kind = rng.random()
+            if kind < 0.6 and tree:  # copy on: the whole first branch, then its next token
+                m = next((i for i, p in enumerate(tree.parents) if p != i - 1), len(tree))
+                cont = drafter.last["r"][0]
+                new = list(tree.tokens[:m]) + [cont[m]]
+                hits += 1
+            elif kind < 0.9:
+                new = [rng.randrange(12) for _ in range(rng.randint(1, 3))]
+            else:  # jump-forward respelled the tail: the index is rebuilt
+                req.all_ids = req.all_ids[:-2] + [rng.randrange(12, 20)]
+                new = []
+            req.all_ids = req.all_ids + new
+        drafter.propose([req], 4)
+        assert drafter.prefetch_hits >= hits > 10
+        drafter.release("r")
+        assert drafter.check_idle() == []
+
+
+def test_verify_read_on_the_host():
+    read = VerifyRead()
+    read.start(torch.tensor([5, 6, 7]))
+    assert read.wait() == [5, 6, 7]
+
+
+PROMPT_LEN, VOCAB, DEVIATE = 40, 50, 9
+
+
+class CopyStandIn(StandInRunner):
+    """Answers as a copy of the prompt from its start (read back from the KV slots), one token
+    in ``DEVIATE`` changed: NGRAM drafts it, and some drafts are wrong."""
+
+    def logits(self, seqs):
+        want = []
+        for seq in seqs:
+            j = len(seq) - PROMPT_LEN
+            tok = seq[j % PROMPT_LEN] if j >= 0 else 1
+            want.append((tok + 1) % VOCAB if j % DEVIATE == DEVIATE - 1 else tok)
+        target = torch.tensor(want, dtype=torch.int64)
+        return -0.5 * (torch.arange(VOCAB).view(1, -1) - target.view(-1, 1)).abs().float()
+
+
+def _copy_run(spec: bool) -> tuple[dict, dict]:
+    runner = CopyStandIn(2048)
+    cfg = dict(speculative_algorithm="ngram", speculative_min_speedup=0) if spec else {}
+    h = Harness(None, runner)  # type: ignore[arg-type]
+    h.sched = Scheduler(runner, EngineConfig(**cfg), [EOS], None, h.send)
+    rng = random.Random(11)
+    for i in range(3):
+        h.submit(f"r{i}", [rng.randrange(1, VOCAB) for _ in range(PROMPT_LEN)],
+                 max_new_tokens=70, ignore_eos=True)
+    h.run()
+    h.check_idle()
+    return h.outs, h.sched.stats()
+
+
+def test_copy_workload_takes_prefetched_lookups_with_plain_outputs():
+    plain, _ = _copy_run(spec=False)
+    got, stats = _copy_run(spec=True)
+    assert got == plain
+    assert stats["spec_verify_steps"] > 0
+    assert stats["spec_draft_prefetch_hits"] > 0
