@@ -183,7 +183,7 @@ def _delta(before: dict, after: dict) -> dict:
             for k, v in after.items()}
 
 
-FLAGS = {"hicache_host_pinned"}
+FLAGS = {"hicache_host_pinned", "hicache_io_kernel"}
 
 
 def cacheable(a: argparse.Namespace) -> float:
@@ -236,7 +236,8 @@ def summarize(a: argparse.Namespace, point: LoadPoint, wall: float, turns: list[
             if loads else 0.0,
             "backup_issue_ms": 1e3 * stats.get("hicache_backup_issue_seconds_total", 0.0)
             / max(stats.get("hicache_backups_total", 0), 1),
-            "pinned": stats.get("hicache_host_pinned", "-")}
+            "pinned": stats.get("hicache_host_pinned", "-"),
+            "io_kernel": stats.get("hicache_io_kernel", "-")}
 
 
 def agreement(x: list[list[list[int]]], y: list[list[list[int]]]) -> dict[str, str]:

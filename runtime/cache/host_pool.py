@@ -2,11 +2,12 @@
 
 It mirrors ``TokenKVPool``'s layout per layer (one K and one V buffer ``[slots, kv_heads,
 head_dim]`` in the device pool's dtype, fp8 included) so a token's KV moves between the tiers
-as whole rows, with no conversion. On CUDA the buffers are page-locked (pinned); on the CPU
-they are plain memory. (Copies currently gather rows into pinned staging first: see transfer.py.) Slot ids run 0..size-1 (no dummy row: no
-kernel ever writes here). The allocator is an O(1) free list over an int tensor, like the
-device pool's; allocations take the top of the list, so a node's slots are mostly a few
-contiguous runs (``defragment`` sorts the list after the tree frees many).
+as whole rows, with no conversion. On CUDA the buffers are page-locked (pinned): the KV move
+kernel reads and writes them over UVA (hicache/kernel_io.py); on the CPU they are plain memory.
+Slot ids run 0..size-1 (no dummy row: no padding token is ever written here). The allocator
+is an O(1) free list over an int tensor, like the device pool's; allocations take the top of
+the list, so a node's slots are mostly a few contiguous runs (``defragment`` sorts the list
+after the tree frees many).
 """
 from __future__ import annotations
 

@@ -1,15 +1,17 @@
 """The tiered cache with a CUDA device pool (run on the GPU machine): backups and loads on the
-side stream, page-locked host rows moved as runs or through staging, keep every token's KV;
-the integrity check (which waits for copies in flight) holds after each request."""
+side stream, page-locked host rows moved by the KV move kernel (over UVA) or as runs or
+through staging (the plain copies), keep every token's KV; the integrity check (which waits
+for copies in flight) holds after each request."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from sgdsl.runtime.cache.hicache import transfer
+from sgdsl.runtime.cache.hicache import kernel_io, transfer
+from sgdsl.runtime.cache.hicache.transfer import KVTransfer
 from sgdsl.runtime.cache.hicache.tree import HiRadixCache
 from sgdsl.runtime.cache.host_pool import SMALL_PIN_BYTES, HostKVPool
-from sgdsl.runtime.cache.pool import TokenKVPool
+from sgdsl.runtime.cache.pool import TokenKVPool, _raw
 
 from .test_hicache_tree import _seqs
 
@@ -52,12 +54,14 @@ def _serve(tree: HiRadixCache, seq: list[int], check: bool = True) -> int:
     return host
 
 
-# default: stretches of 16+ tokens pool to pool, the rest gathered (where that is no more
-# copies); least-1: stretches of any length; runs: host runs gathered and scattered
-# (SGDSL_HICACHE_DIRECT=0); staging: through pinned staging; default+staging: the gathered
-# rest through staging
-CUDA_PATHS = {"default": {}, "least-1": {"MIN_DIRECT_TOKENS": 1}, "runs": {"DIRECT": False},
-              "staging": {"DIRECT": False, "MAX_RUNS": 0}, "default+staging": {"MAX_RUNS": 0}}
+# kernel: the KV move kernel (the default on CUDA); the others are the plain copies
+# (SGDSL_HICACHE_IO=direct): default: stretches of 16+ tokens pool to pool, the rest gathered
+# (where that is no more copies); least-1: stretches of any length; runs: host runs gathered
+# and scattered (SGDSL_HICACHE_DIRECT=0); staging: through pinned staging; default+staging: the
+# gathered rest through staging
+CUDA_PATHS = {"kernel": {}, "default": {}, "least-1": {"MIN_DIRECT_TOKENS": 1},
+              "runs": {"DIRECT": False}, "staging": {"DIRECT": False, "MAX_RUNS": 0},
+              "default+staging": {"MAX_RUNS": 0}}
 
 
 @pytest.mark.parametrize("policy", ["write_through", "write_back"])
@@ -65,8 +69,11 @@ CUDA_PATHS = {"default": {}, "least-1": {"MIN_DIRECT_TOKENS": 1}, "runs": {"DIRE
 def test_rounds_through_a_cuda_pool(policy, path, monkeypatch):
     for name, value in CUDA_PATHS[path].items():
         monkeypatch.setattr(transfer, name, value)
+    if path != "kernel":
+        monkeypatch.setattr(kernel_io, "IO_BACKEND", "direct")
     pool = TokenKVPool(120, LAYERS, HEADS, DIM, torch.float32, "cuda")
     tree = HiRadixCache(pool, HostKVPool(600, pool, pin_memory=True), policy)
+    assert (tree.transfer.io is not None) == (path == "kernel")
     seqs = _seqs(10, 40, shared=10, seed=3)
     for seq in seqs:
         _serve(tree, seq)
@@ -74,8 +81,11 @@ def test_rounds_through_a_cuda_pool(policy, path, monkeypatch):
     assert loaded > 200
     stats = tree.hicache_stats()
     assert stats["hicache_load_seconds_total"] > 0
-    # a fresh prefill's slots run in both pools: its write-through goes pool to pool
-    assert (stats["hicache_direct_moves_total"] > 0) == ("DIRECT" not in CUDA_PATHS[path])
+    assert stats["hicache_io_kernel"] == (path == "kernel")
+    # plain copies: a fresh prefill's slots run in both pools: its write-through goes pool to
+    # pool (the kernel moves every row itself)
+    assert (stats["hicache_direct_moves_total"] > 0) == (
+        path != "kernel" and "DIRECT" not in CUDA_PATHS[path])
     tree.close()
 
 
@@ -162,6 +172,7 @@ def test_a_registered_host_pool_is_pinned_and_its_copies_never_block_the_host():
     host = HostKVPool(200_000, pool, pin_memory=True)
     assert host._store.nbytes >= SMALL_PIN_BYTES and host.pinned
     tree = HiRadixCache(pool, host, "write_through")
+    assert tree.transfer.io is not None  # the launcher took the registered pool's pointer
     a, b = _two(seed=7)
     with torch.cuda.stream(tree.transfer.write_stream):
         torch.cuda._sleep(SLEEP)
@@ -236,11 +247,107 @@ def test_load_after_pending_backup_is_ordered_on_the_device(staged_load, monkeyp
     _serve(tree, a, check=False)
     _serve(tree, b, check=False)  # demotes a while its backup may be in flight
     if staged_load:
+        tree.transfer.io = None  # the plain copies' staged load
         monkeypatch.setattr(transfer, "DIRECT", False)
         monkeypatch.setattr(transfer, "MAX_RUNS", 0)
     assert _serve(tree, a) == 29  # loads it back; the values are checked on the device
     tree.check_integrity(idle=True)
     tree.close()
+
+
+# -- the KV move kernel against the plain copies: scattered slots, model-sized rows ----------
+def _random_pools(dtype: torch.dtype, host_slots: int, seed: int
+                  ) -> tuple[TokenKVPool, HostKVPool]:
+    """A Llama-8B-shaped device pool (8 KV heads x 128: 2 KiB bf16 rows, 1 KiB fp8) of random
+    bytes, and a page-locked host pool (cudaHostRegister'ed past SMALL_PIN_BYTES)."""
+    dev = TokenKVPool(4000, 4, 8, 128, dtype, "cuda")
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    for buf in (*dev.k_buffer, *dev.v_buffer):
+        raw = _raw(buf).view(torch.uint8)
+        raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, device="cuda",
+                                generator=gen))
+    return dev, HostKVPool(host_slots, dev, pin_memory=True)
+
+
+def _b(t: torch.Tensor) -> torch.Tensor:
+    """Raw bytes (random bytes hold NaNs: compare bytes, not values)."""
+    return _raw(t).contiguous().view(torch.uint8)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("host_slots", [3500, 20_000])  # torch-pinned, registered
+@pytest.mark.parametrize("lockstep", [False, True])
+def test_kernel_round_trip_equals_the_plain_copies(dtype, host_slots, lockstep):
+    """Backups of scattered device slots to scattered host slots, then loads back into other
+    scattered device slots: through the kernel and through the plain copies (a twin pair of
+    pools), every row equal, equal to the rows first backed up, and the host rows no move
+    wrote still zero."""
+    gen = torch.Generator().manual_seed(11)
+    n = 1500
+    src = torch.randperm(4000, generator=gen)[:n] + 1
+    held = torch.randperm(host_slots, generator=gen)[:n]
+    back = torch.randperm(4000, generator=gen)[:n] + 1
+    pairs = []
+    for io in (True, False):
+        dev, host = _random_pools(dtype, host_slots, seed=5)
+        moves = KVTransfer(dev, host, lockstep=lockstep)
+        assert moves.io is not None and moves.stats()["hicache_io_kernel"] == 1
+        if not io:
+            moves.io = None
+        pairs.append((dev, host, moves))
+    dev = pairs[0][0]
+    want = [(_b(dev.k_buffer[layer][src.cuda()]), _b(dev.v_buffer[layer][src.cuda()]))
+            for layer in range(4)]
+    for dev, host, moves in pairs:
+        backups = [moves.backup(src[:n // 2], held[:n // 2], lambda: None),
+                   moves.backup(src[n // 2:], held[n // 2:], lambda: None)]
+        for _ in range(3):
+            moves.tick()
+        moves.poll()  # lockstep: landed by now (two ticks)
+        moves.load(held, back, [b.event for b in backups if not b.landed])
+        moves.finish()
+        torch.cuda.synchronize()
+    (dk, hk, _), (dp, hp, _) = pairs
+    assert torch.equal(_b(hk._store), _b(hp._store))
+    for layer in range(4):
+        for a, b in ((dk.k_buffer[layer], dp.k_buffer[layer]),
+                     (dk.v_buffer[layer], dp.v_buffer[layer])):
+            assert torch.equal(_b(a), _b(b)), layer
+        assert torch.equal(_b(dk.k_buffer[layer][back.cuda()]), want[layer][0]), layer
+        assert torch.equal(_b(dk.v_buffer[layer][back.cuda()]), want[layer][1]), layer
+    written = torch.zeros(host_slots, dtype=torch.bool)
+    written[held] = True
+    assert not _b(hk._store[:, :, ~written]).any()
+
+
+def test_kernel_load_events_per_layer_and_issue_is_a_few_launches(monkeypatch):
+    """A kernel load queues one move launch per layer (an event after each, handed to the
+    device pool) and a backup one launch, whatever the host slots' runs (all scattered)."""
+    from sgdsl.runtime.kernels import kv_move
+
+    launches: list[tuple[int, int]] = []
+    real = kv_move.move_rows
+    monkeypatch.setattr(kv_move, "move_rows", lambda *a, **k: (launches.append(a[4]),
+                                                                real(*a, **k))[1])
+    dev, host = _random_pools(torch.bfloat16, 3500, seed=6)
+    moves = KVTransfer(dev, host)
+    launches.clear()  # the probe's
+    slots = torch.randperm(4000)[:500] + 1
+    held = torch.randperm(3500)[:500]
+    moves.backup(slots, held, lambda: None)
+    assert launches == [(0, 8)]
+    launches.clear()
+    moves.load(held, slots, [moves.pending[-1].event])
+    assert launches == [(2 * layer, 2 * layer + 2) for layer in range(4)]
+    assert len(dev._layer_events[-1]) == 4
+    moves.finish()
+    torch.cuda.synchronize()
+
+
+def test_unpinned_host_pool_keeps_the_plain_copies():
+    dev = TokenKVPool(40, LAYERS, HEADS, DIM, torch.float32, "cuda")
+    moves = KVTransfer(dev, HostKVPool(100, dev, pin_memory=False))
+    assert moves.io is None and moves.stats()["hicache_io_kernel"] == 0
 
 
 # -- end to end on the GPU: the model's attention (triton) waits per layer for its loads -----
