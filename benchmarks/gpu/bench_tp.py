@@ -14,12 +14,15 @@ Programmatic dependent launch (runtime/kernels/pdl.py, ``SGDSL_PDL``) A/B in one
   python bench_tp.py --runs 8b-tp1,8b-tp4 --pdl both    (or a run named 8b-tp4-pdl)
 The TP decode chain's switches (bench_tp_chain.py) A/B through the Engine, a row per variant:
   python bench_tp.py --runs 8b-tp4 --chain base,new
+The decode step's work outside the graph (tp-step) A/B through the Engine, a row per variant:
+  python bench_tp.py --runs 8b-tp1,8b-tp4 --pdl on --chain all --step new,old
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import os
+import re
 
 import torch
 
@@ -61,6 +64,15 @@ def env_set(values: dict[str, str]):
                 os.environ[k] = v
 
 
+# tp-step: new = decode steps whole in the step graphs (runtime/model/step_graphs.py) and no
+# sampled-ids broadcast (runtime/distributed/sampled_ids.py), main's defaults; old = as before
+# (plain decode graphs with the step's work outside them, rank 0's ids broadcast); nobcast =
+# old without the broadcast (the broadcast's share)
+STEP_VARIANTS = {"new": {"SGDSL_DECODE_STEP": "graph", "SGDSL_TP_IDS": "local"},
+                 "old": {"SGDSL_DECODE_STEP": "off", "SGDSL_TP_IDS": "broadcast"},
+                 "nobcast": {"SGDSL_DECODE_STEP": "off", "SGDSL_TP_IDS": "local"}}
+
+
 def pdl_env(on: bool):
     """``SGDSL_PDL`` for the engines started inside."""
     return env_set({"SGDSL_PDL": "1" if on else "0"})
@@ -80,16 +92,18 @@ def decode_tok_s(model: str, tp: int, prompt_len: int, out_len: int,
 
 
 def decode_row(model: str, tp: int, a: argparse.Namespace, custom_ar: bool = True,
-               pdl: bool = False, chain: str = "") -> list:
+               pdl: bool = False, chain: str = "", step: str = "") -> list:
     from bench_tp_chain import VARIANTS
 
-    with pdl_env(pdl), env_set(VARIANTS[chain] if chain else {}):
+    with pdl_env(pdl), env_set(VARIANTS[chain] if chain else {}), \
+            env_set(STEP_VARIANTS[step] if step else {}):
         tok_s = decode_tok_s(model, tp, a.prompt_len, a.out_len, custom_ar)
     floor = HBM_TB_S * 1e12 / (2 * PARAMS[model] / tp)  # bf16: 2 bytes per weight
     measured = a.copy_tb_s * 1e12 / (2 * PARAMS[model] / tp)
     ar = "" if tp == 1 else (" custom all-reduce" if custom_ar else " NCCL only")
     ar += " PDL" if pdl else ""
     ar += f" chain={chain}" if chain else ""
+    ar += f" step={step}" if step else ""
     return [f"{model} TP={tp} batch-1 decode{ar}", tok_s, floor, tok_s / floor, measured,
             tok_s / measured]
 
@@ -117,11 +131,14 @@ def decode_rows(run: str, a: argparse.Namespace) -> list:
     size, tp = name.split("-tp")
     rows = []
     chains = a.chain.split(",") if a.chain else [""]
+    steps = a.step.split(",") if a.step else [""]
     for pdl in ([True] if pdl_run else both[a.pdl]):
         for on in (both[a.custom_ar] if int(tp) > 1 else [True]):
             for chain in chains:
-                rows.append(decode_row(f"llama-3.1-{size}", int(tp), a, on, pdl, chain))
-                print(rows[-1], flush=True)
+                for step in steps:
+                    rows.append(decode_row(f"llama-3.1-{size}", int(tp), a, on, pdl, chain,
+                                           step))
+                    print(rows[-1], flush=True)
     return rows
 
 
@@ -139,6 +156,9 @@ def main() -> None:
     ap.add_argument("--chain", default="",
                     help="comma-separated variants of the TP decode chain's switches "
                          "(bench_tp_chain.VARIANTS: base, new, ...), a row each")
+    ap.add_argument("--step", default="",
+                    help="comma-separated variants of the decode step's work outside the "
+                         "graph (STEP_VARIANTS: new, old, nobcast), a row each")
     a = ap.parse_args()
     assert torch.cuda.device_count() >= 2 or a.runs == "8b-tp1", "needs 2 GPUs"
     a.copy_tb_s = copy_tb_s()
@@ -155,6 +175,16 @@ def main() -> None:
                 ["run", "tok/s", f"floor @{HBM_TB_S} TB/s", "of floor",
                  f"floor @{a.copy_tb_s:.2f} TB/s copy", "of copy floor"], rows)
     print_pdl_ratios(rows)
+    print_tp_ratios(rows)
+
+
+def print_tp_ratios(rows: list) -> None:
+    """Each TP row's tok/s over the TP=1 row of the same model and switches, and us/token."""
+    by_name = {r[0]: r[1] for r in rows if isinstance(r[1], float)}
+    for name, tok_s in by_name.items():
+        one = by_name.get(re.sub(r"TP=\d+ (.*?) custom all-reduce", r"TP=1 \1", name))
+        print(f"{name}: {1e6 / tok_s:.0f} us/token"
+              + (f", {tok_s / one:.3f}x TP=1" if one and "TP=1 " not in name else ""))
 
 
 def print_pdl_ratios(rows: list) -> None:

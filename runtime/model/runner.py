@@ -25,6 +25,7 @@ from ..layers.attention.registry import create_attention_backend, resolve_backen
 from .cpu_decoder import CpuDecoder
 from .forward_batch import ForwardBatch
 from .loader import load_model_from_dir, resolve_model_dir
+from .step_graphs import StepGraphs, step_mode
 
 logger = logging.getLogger(__name__)
 
@@ -106,8 +107,13 @@ class ModelRunner:
         self.custom_all_reduce = (self.tp_size > 1 and self.device.type == "cuda"
                                   and not config.disable_custom_all_reduce
                                   and custom_all_reduce.install(tp, self.dtype))
+        # tp-step: the last sampled token of each request row (the next decode's input; the
+        # last entry a sink for padded graph rows), here so that captured graphs can use it
+        self.last_token = torch.zeros(self.req_to_token_pool.size + 1, dtype=torch.int64,
+                                      device=self.device)
         # GPU path (issue 6): decode CUDA graphs, captured after the KV pool exists.
         self.cuda_graph_runner = self._init_cuda_graphs()
+        self._eager_steps = self._init_eager_steps()  # tp-step: a step without graphs
         logger.info("model %s on %s/%s: context %d, %d KV slots, attention %s", self.model_dir,
                     self.device, self.dtype, self.context_len, self.max_total_tokens,
                     self.attention_backend_name)
@@ -179,9 +185,30 @@ class ModelRunner:
             all_reduce(torch.zeros(1, device=self.device), get_ep_group())
             all_reduce(torch.zeros(1, device=self.device), get_moe_tp_group())
             torch.cuda.synchronize(self.device)
-        graphs = CudaGraphRunner(self, max_bs)
+        # tp-step: the step graphs also hold the greedy pick and the next step's inputs
+        graphs = (StepGraphs if self._steps_allowed() else CudaGraphRunner)(self, max_bs)
         graphs.capture()
         return graphs
+
+    def _steps_allowed(self) -> bool:  # tp-step:
+        """Whether decode steps may run as a whole (``step_graphs.py``): not under pipeline
+        parallelism (a stage's graph outputs hidden states, not logits)."""
+        return self.pipeline is None and step_mode() != "off"
+
+    def _init_eager_steps(self) -> "StepGraphs | None":  # tp-step:
+        """``$SGDSL_DECODE_STEP=eager`` without decode graphs: the step path run eagerly."""
+        if (self.cuda_graph_runner is not None or step_mode() != "eager"
+                or not self._steps_allowed()):
+            return None
+        return StepGraphs(self, self.req_to_token_pool.size)
+
+    @property
+    def step_graphs(self) -> "StepGraphs | None":  # tp-step:
+        """What runs a whole plain decode step (``StepGraphs.step``), None: the batch path."""
+        graphs = self.cuda_graph_runner
+        if isinstance(graphs, StepGraphs):
+            return graphs
+        return getattr(self, "_eager_steps", None) if graphs is None else None
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:

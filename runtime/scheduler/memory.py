@@ -139,14 +139,17 @@ class KVMemory:
         req.extend_len, req.extend_slots = n, slots
         return slots
 
-    def reserve_decode(self, batch: RunningBatch) -> torch.Tensor | None:
+    def reserve_decode(self, batch: RunningBatch, device_table: bool = True
+                       ) -> torch.Tensor | None:
         """One KV slot per decoding request (for its last sampled token, at column ``pos``),
-        in one allocation, written with two indexed stores (no per-request loop)."""
+        in one allocation, written with two indexed stores (no per-request loop).
+        ``device_table`` False (tp-step): host slots, the device table left to the caller
+        (``write_table``, from indices it uploads anyway)."""
         slots = self.alloc_slots(len(batch))
         if slots is None:
             return None
         self.host_table[batch.rows_host, batch.pos_host] = slots
-        if self.host_table is self.req_pool.req_to_token:
+        if self.host_table is self.req_pool.req_to_token or not device_table:
             return slots
         slots_dev = to_device(slots, self.device)
         self.req_pool.req_to_token[batch.rows, batch.pos] = slots_dev

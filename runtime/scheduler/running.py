@@ -37,9 +37,11 @@ def has_grammar(req: Req) -> bool:
 
 class RunningBatch:
     def __init__(self, device: torch.device, num_rows: int, tree: Any = None,
-                 prefix_members: int | None = None) -> None:
+                 prefix_members: int | None = None,
+                 last_token: torch.Tensor | None = None) -> None:
         """``prefix_members``: requests per shared-prefix tile of the attention backend (None:
-        it cannot use shared prefixes); ``tree``: the radix cache the groups come from."""
+        it cannot use shared prefixes); ``tree``: the radix cache the groups come from;
+        ``last_token``: the runner's buffer of it (captured step graphs use it), or None."""
         self.device = device
         self.tree = tree
         self.prefix_members = prefix_members
@@ -53,10 +55,13 @@ class RunningBatch:
         self.rows_host = torch.empty(0, **i64)
         self.pos_host = torch.empty(0, **i64)
         self.rows = torch.empty(0, device=device, **i64)
-        self.pos = torch.empty(0, device=device, **i64)
+        # tp-step: the device copy of ``pos_host``, uploaded when a step needs it (None: stale;
+        # a step of the step graphs uploads positions with its other indices, no add per step)
+        self._pos: torch.Tensor | None = None
         # NOTE: last sampled token per request row; rows are reused only after release, and a
         # new owner samples (writes its entry) before its first decode step reads it.
-        self.last_token = torch.zeros(num_rows, device=device, **i64)
+        self.last_token = (torch.zeros(num_rows, device=device, **i64) if last_token is None
+                           else last_token)
         self.ones = torch.ones(0, device=device, **i64)
         self.arange = torch.arange(0, device=device, **i64)
         self.upload = HostUpload(device)  # a mixed step's indices (grammar jump-forward)
@@ -79,7 +84,7 @@ class RunningBatch:
         idx = torch.tensor([pos[id(r)] for r in keep], dtype=torch.int64)
         idx_dev = to_device(idx, self.device)
         self.rows_host, self.pos_host = self.rows_host[idx], self.pos_host[idx]
-        self.rows, self.pos = self.rows[idx_dev], self.pos[idx_dev]
+        self.rows, self._pos = self.rows[idx_dev], None
         self.info.filter(idx)
         self.reqs = keep
         self._shared_stale = True
@@ -93,7 +98,7 @@ class RunningBatch:
         self.rows_host = torch.cat([self.rows_host, rows])
         self.pos_host = torch.cat([self.pos_host, pos])
         self.rows = torch.cat([self.rows, to_device(rows, self.device)])
-        self.pos = torch.cat([self.pos, to_device(pos, self.device)])
+        self._pos = None
         if self.info is None:
             self.info = info
         else:
@@ -106,7 +111,18 @@ class RunningBatch:
     def _clear(self) -> None:
         self.reqs, self.info, self.sync_rows, self.grammar_rows = [], None, 0, 0
         self.rows_host, self.pos_host = self.rows_host[:0], self.pos_host[:0]
-        self.rows, self.pos = self.rows[:0], self.pos[:0]
+        self.rows, self._pos = self.rows[:0], None
+
+    @property
+    def pos(self) -> torch.Tensor:
+        """Each request's next position on the device (uploaded from ``pos_host`` if stale)."""
+        if self._pos is None:
+            self._pos = to_device(self.pos_host, self.device)
+        return self._pos
+
+    @pos.setter
+    def pos(self, value: torch.Tensor) -> None:
+        self._pos = value
 
     # -- one decode step ----------------------------------------------------------------------
     def forward_batch(self, slots: torch.Tensor) -> ForwardBatch:
@@ -124,7 +140,7 @@ class RunningBatch:
             extend_prefix_lens=self.pos, extend_seq_lens=self.ones[:bs],
             extend_start_loc=self.arange[:bs],
             seq_lens_cpu=[p + 1 for p in pos_list], extend_prefix_lens_cpu=pos_list,
-            extend_seq_lens_cpu=[1] * bs, shared_prefix=self._shared_prefix())
+            extend_seq_lens_cpu=[1] * bs, shared_prefix=self.shared_prefix())
 
     # -- a mixed step (grammar: jump-forward rows) ------------------------------------------
     def forced(self) -> bool:
@@ -220,7 +236,7 @@ class RunningBatch:
             lens.append(n)
         return lens, partial
 
-    def _shared_prefix(self) -> SharedPrefix | None:
+    def shared_prefix(self) -> SharedPrefix | None:
         """Groups sharing a cached prefix, recomputed only when the batch changed."""
         if self.prefix_members is None or self.tree is None or self.tree.disable:
             return None
@@ -233,7 +249,7 @@ class RunningBatch:
 
     def advance(self) -> None:
         """After a decode launch: every request's next token goes one position further."""
-        self.pos = self.pos + 1
+        self._pos = None if self._pos is None else self._pos + 1
         self.pos_host = self.pos_host + 1
         for r in self.reqs:
             r.kv_len += 1

@@ -44,6 +44,18 @@ class BatchSampler:
         info.update(ids)
         return ids
 
+    def take_greedy(self, ids: torch.Tensor, info: SamplingBatchInfo,
+                    vocab_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """tp-step: a step graph's greedy ids when they are what ``sample_ids`` would draw
+        (every row greedy, no penalties, no mask, no broadcast owed); ``info`` advances one
+        step. None: sample the logits instead."""
+        if (vocab_mask is not None or not info.all_greedy or not info.penalties.is_empty
+                or sampled_ids.needs_broadcast()):
+            return None
+        ids = sampled_ids.agree(ids)  # (``check``: the ranks still compared)
+        info.update(ids)
+        return ids
+
     def sample(self, logits: torch.Tensor, info: SamplingBatchInfo,
                vocab_mask: torch.Tensor | None = None) -> list[int]:
         return self.sample_ids(logits, info, vocab_mask).tolist()

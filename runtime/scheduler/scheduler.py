@@ -62,7 +62,8 @@ class Scheduler(Stepping):
         self.waiting: list[Req] = []
         self.running = RunningBatch(
             self.device, runner.req_to_token_pool.size, self.tree,
-            getattr(getattr(runner, "attn_backend", None), "prefix_members", None))
+            getattr(getattr(runner, "attn_backend", None), "prefix_members", None),
+            getattr(runner, "last_token", None))  # tp-step: the step graphs read it
         self.chunked: Req | None = None
         self.sampler = BatchSampler(eos_token_ids, config.seed, self.device)
         self.overlap = not config.disable_overlap_schedule
@@ -82,7 +83,10 @@ class Scheduler(Stepping):
             self.spec = SpecDecoder(config, runner)
         self.counters = dict(requests_total=0, prompt_tokens_total=0, generated_tokens_total=0,
                              cache_hit_tokens=0, cache_query_tokens=0, retractions_total=0,
-                             forward_steps=0, extend_steps=0)
+                             forward_steps=0, extend_steps=0,
+                             # tp-step: decode steps run whole by the step graphs, and those
+                             # whose ids were the graph's greedy ones (nothing sampled after)
+                             whole_decode_steps=0, graph_ids_steps=0)
         self.pd = make_pd(config, self)  # pd: prefill or decode side of disaggregation, or None
 
     # -- messages -----------------------------------------------------------------------------

@@ -27,9 +27,11 @@ from .mixed_workload import GREEDY, NO_GRAMMAR, PROMPTS, SMALL, TINY, assert_sam
 @pytest.fixture(scope="module")
 def tiny_tp2(tiny_model_dir):
     # tp-step: the ranks sample without a broadcast; ``check`` all-gathers every step's ids
-    # and fails the step where a rank differs from rank 0 (distributed/sampled_ids.py)
+    # and fails the step where a rank differs from rank 0 (distributed/sampled_ids.py); decode
+    # steps run whole through the step graphs' path, eagerly (model/step_graphs.py)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("SGDSL_TP_IDS", "check")
+        env.setenv("SGDSL_DECODE_STEP", "eager")
         engine = Engine(str(tiny_model_dir), tp_size=2, **TINY)
     yield engine
     engine.shutdown()
@@ -38,6 +40,8 @@ def tiny_tp2(tiny_model_dir):
 def test_tiny_tp2_equals_tp1(tiny_tp2, tiny_ref):
     assert_same(run_mixed(tiny_tp2), tiny_ref)
     assert len(tiny_tp2._tm.procs) == 2
+    stats = tiny_tp2.stats()  # tp-step: whole steps ran, greedy ones kept the step's own ids
+    assert stats["whole_decode_steps"] > 20 and stats["graph_ids_steps"] > 10, stats
 
 
 def test_ranks_sample_alike_without_a_broadcast_at_tp2(tiny_tp2):

@@ -57,24 +57,22 @@ def _run(model_dir, backend: str, overlap: bool, pool: int) -> tuple[dict, int, 
                           disable_overlap_schedule=not overlap)
     runner = ModelRunner(config)
     replays = [0]
-    if runner.cuda_graph_runner is not None:
-        real = runner.cuda_graph_runner.replay
-
-        def counted(batch):
-            replays[0] += 1
-            return real(batch)
-        runner.cuda_graph_runner.replay = counted
+    graphs = runner.cuda_graph_runner
+    # replays of explicit batches, and whole decode steps (tp-step: model/step_graphs.py)
+    for name in ("replay", "step") if graphs is not None else ():
+        if hasattr(graphs, name):
+            setattr(graphs, name, _counted(getattr(graphs, name), replays))
     outs: dict = {}
     sched = Scheduler(runner, config, [], None,
                       lambda msg: [outs.setdefault(o.rid, []).extend(o.new_ids) for o in msg.outs])
     cascades = [0]
-    real_fb = sched.running.forward_batch
+    real_sp = sched.running.shared_prefix
 
-    def forward_batch(slots):
-        batch = real_fb(slots)
-        cascades[0] += batch.shared_prefix is not None
-        return batch
-    sched.running.forward_batch = forward_batch
+    def shared_prefix():  # asked once per decode step, on either path
+        found = real_sp()
+        cascades[0] += found is not None
+        return found
+    sched.running.shared_prefix = shared_prefix
     for i, ids in enumerate(_prompts()):
         params = SamplingParams(max_new_tokens=20 + i, temperature=0.0, ignore_eos=True)
         sched.handle(m.TokenizedGenerateReq(f"r{i}", ids, params))
@@ -82,6 +80,13 @@ def _run(model_dir, backend: str, overlap: bool, pool: int) -> tuple[dict, int, 
         pass
     assert sched._integrity_resp(0).ok
     return outs, replays[0], sched.counters["retractions_total"], cascades[0]
+
+
+def _counted(fn, calls: list[int]):
+    def counted(*args):
+        calls[0] += 1
+        return fn(*args)
+    return counted
 
 
 @pytest.mark.parametrize("pool", [4096, 400])  # 400: decode runs out of KV and retracts

@@ -1,0 +1,83 @@
+"""tp-step: a whole decode step of the step graphs (model/step_graphs.py) run eagerly on the CPU,
+padded as a replay pads: the live rows' logits equal a plain decode forward's, the greedy ids
+land in ``last_token`` at the live rows only (padded rows write the sink), the device table gets
+the new slots, and an explicit batch (a replay's path) writes no ids at all."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sgdsl.runtime.config import EngineConfig
+from sgdsl.runtime.model.forward_batch import ForwardMode
+from sgdsl.runtime.model.runner import ModelRunner
+from sgdsl.runtime.model.step_graphs import StepGraphs
+
+from .driver import RunnerDriver
+
+PROMPTS = [[5, 17, 200, 3, 99], [11, 12], [249, 1, 2, 3, 4, 5, 6, 7]]
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_model_dir):
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SGDSL_DECODE_STEP", "eager")
+        return ModelRunner(EngineConfig(model=str(tiny_model_dir), load_format="dummy",
+                                        max_total_tokens=512, max_running_requests=8,
+                                        num_threads=1))
+
+
+def _prefilled(runner) -> tuple[RunnerDriver, list, torch.Tensor]:
+    d = RunnerDriver(runner)
+    reqs = [d.new_request() for _ in PROMPTS]
+    first = d.extend(list(zip(reqs, PROMPTS))).argmax(-1)
+    runner.last_token[torch.tensor([r.row for r in reqs])] = first
+    return d, reqs, first
+
+
+def test_padded_step_equals_plain_decode_and_writes_live_rows_only(runner):
+    graphs = runner.step_graphs
+    assert isinstance(graphs, StepGraphs) and runner.cuda_graph_runner is None
+    d, reqs, first = _prefilled(runner)
+    rows = torch.tensor([r.row for r in reqs])
+    table = runner.req_to_token_pool.req_to_token
+    before = runner.last_token.clone()
+    plain = d.decode(list(zip(reqs, first.tolist())))  # the reference, into the same columns
+    pos = torch.tensor([len(r.tokens) - 1 for r in reqs])
+    slots = table[rows, pos].clone()
+    table[rows, pos] = 0  # the step must write them back
+    graphs.pad_eager = True  # 3 rows run as the graph of 4 would
+    try:
+        logits, ids = graphs.step(rows, pos, slots, None,
+                                  lambda r, c, s: table.index_put_((r, c), s))
+    finally:
+        graphs.pad_eager = False
+    assert logits.shape[0] == 3 and graphs.padded_size(3) == 4
+    assert float((logits - plain).abs().max()) < 1e-5
+    assert torch.equal(ids, plain.argmax(-1))
+    assert torch.equal(table[rows, pos], slots)
+    want = before.clone()
+    want[rows] = ids
+    assert torch.equal(runner.last_token[:-1], want[:-1])  # the padded row wrote the sink
+
+
+def test_explicit_batch_after_a_step_writes_no_ids(runner):
+    graphs = runner.step_graphs
+    d, reqs, first = _prefilled(runner)
+    rows = torch.tensor([r.row for r in reqs])
+    pos = torch.tensor([len(r.tokens) for r in reqs])
+    slots = runner.token_kv_pool.alloc(len(reqs))
+    table = runner.req_to_token_pool.req_to_token
+    graphs.step(rows, pos, slots, None, lambda r, c, s: table.index_put_((r, c), s))
+    for r, t in zip(reqs, first.tolist()):
+        r.tokens.append(t)
+    before = runner.last_token.clone()
+    nxt = runner.last_token[rows].tolist()
+    pairs = [(r, [t]) for r, t in zip(reqs, nxt)]
+    prefix = [len(r.tokens) for r in reqs]
+    slots2 = runner.token_kv_pool.alloc(len(reqs))
+    table[rows, torch.tensor(prefix)] = slots2
+    batch = d._batch(ForwardMode.DECODE, pairs, nxt, prefix, slots2, prefix, [1] * 3, None)
+    padded = graphs.load(batch)  # what ``replay`` runs, eagerly
+    logits, _ = graphs._run(graphs.static_batch(padded))
+    assert torch.equal(runner.last_token, before)
+    assert float((logits[:3] - runner.forward_eager(batch)).abs().max()) < 1e-5
