@@ -23,7 +23,10 @@ import triton.language as tl
 MAX_BLOCK = 1024  # words one program moves per iteration
 
 
-@triton.jit
+# NOTE: the slot ids' and the plane's alignment vary from move to move (an index tensor is a
+# row of a [2, n] one; plane0 = 2 x layer): specializing on them would compile new variants in
+# the middle of serving; the host base, the address table and the row size are fixed per pool.
+@triton.jit(do_not_specialize=["DevIdx", "HostIdx", "plane0"])
 def _kv_move_kernel(Host, DevPtrs, DevIdx, HostIdx, plane0, host_plane_words, row_words,
                     TO_HOST: tl.constexpr, BLOCK: tl.constexpr):
     # program (token t, plane p): one row of plane0 + p, a plane being one layer's K or V
