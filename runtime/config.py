@@ -158,6 +158,10 @@ class EngineConfig:
     hicache_storage_backend: Literal["file"] | None = None
     hicache_storage_dir: str | None = None
     hicache_storage_size: float = 16.0
+    # how KV moves between the device and host pools on CUDA: "kernel", a Triton kernel that
+    # reads/writes the page-locked host pool over UVA (a launch per layer for a load, one per
+    # backup); "direct", copy_ per layer x K/V x contiguous run (cache/hicache/kernel_io.py)
+    hicache_io_backend: Literal["kernel", "direct"] = "kernel"
     # pd: prefill/decode disaggregation (runtime/disaggregation; SGLang's option names). A
     # prefill server runs prompts only and ships their KV to the decode server named in each
     # request (bootstrap_host/port/room, set by ``sgdsl router --pd-disaggregation``); a decode

@@ -43,7 +43,7 @@ def make_tree(runner: Any, config: Any) -> RadixCache:
     # lockstep: every rank's storage hits must agree, or the ranks' trees (and batches) diverge
     agree = min_over_ranks if lockstep and storage is not None else None
     return HiRadixCache(pool, host, config.hicache_write_policy, storage, lockstep=lockstep,
-                        agree=agree)
+                        agree=agree, io_backend=config.hicache_io_backend)
 
 
 def _identity(runner: Any, config: Any) -> str:

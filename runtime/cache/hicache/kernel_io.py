@@ -9,13 +9,12 @@ scattered host slots cost no more launches than contiguous ones (no runs, no sta
 
 ``create`` returns None where this cannot run, and the transfer keeps its plain copies: a CPU
 pool, a host pool the CUDA runtime does not see as page-locked, no Triton, a launcher that
-refuses the host pointer, or ``SGDSL_HICACHE_IO=direct`` (SGLang's ``--hicache-io-backend``
-values: ``kernel``, the default here, or ``direct``: copies).
+refuses the host pointer, or ``hicache_io_backend="direct"`` (SGLang's option and values:
+``kernel``, the default, or ``direct``: copies).
 """
 from __future__ import annotations
 
 import logging
-import os
 from typing import Callable
 
 import torch
@@ -24,8 +23,6 @@ from ..host_pool import HostKVPool
 from ..pool import TokenKVPool, _raw
 
 logger = logging.getLogger(__name__)
-
-IO_BACKEND = os.environ.get("SGDSL_HICACHE_IO", "kernel")
 
 
 class KernelIO:
@@ -49,9 +46,10 @@ class KernelIO:
         self.dev_ptrs = torch.tensor(ptrs, dtype=torch.int64).to(dev.device)
 
     @classmethod
-    def create(cls, dev: TokenKVPool, host: HostKVPool) -> KernelIO | None:
+    def create(cls, dev: TokenKVPool, host: HostKVPool, backend: str = "kernel"
+               ) -> KernelIO | None:
         """The kernel path for these pools, or None (see the module docstring)."""
-        if IO_BACKEND == "direct" or dev.device.type != "cuda" or not host.pinned:
+        if backend != "kernel" or dev.device.type != "cuda" or not host.pinned:
             return None
         try:
             io = cls(dev, host)

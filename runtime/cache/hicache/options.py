@@ -17,6 +17,8 @@ def check_options(config: Any) -> None:
                                            "write_through_selective"):
         raise bad("hicache_write_policy",
                   "must be write_through, write_back or write_through_selective")
+    if config.hicache_io_backend not in ("kernel", "direct"):
+        raise bad("hicache_io_backend", "must be kernel or direct")
     if config.hicache_storage_backend not in (None, "file"):
         raise bad("hicache_storage_backend", "the only storage backend is 'file'")
     if not config.hicache_size >= 0:

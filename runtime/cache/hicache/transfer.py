@@ -102,10 +102,11 @@ class _Backup:
 
 class KVTransfer:
     def __init__(self, device_pool: TokenKVPool, host_pool: HostKVPool, api: Any = None,
-                 lockstep: bool = False) -> None:
+                 lockstep: bool = False, io_backend: str = "kernel") -> None:
         """``api``: where streams and events come from (``torch.cuda`` on a CUDA pool; tests
         pass a stand-in to run the CUDA path over CPU pools and count its host waits).
-        ``lockstep``: ranks that must keep identical trees (see ``LOCKSTEP_LAG``)."""
+        ``lockstep``: ranks that must keep identical trees (see ``LOCKSTEP_LAG``).
+        ``io_backend``: ``kernel`` (``KernelIO`` where it runs) or ``direct`` (copies)."""
         self.lockstep = lockstep
         self.ticks = 0  # scheduler steps (``tick``), the same count on every rank
         self.dev = device_pool
@@ -124,7 +125,8 @@ class KVTransfer:
         # memory, a full queue) it shows here; on the CPU it is the copy itself
         self.load_issue_seconds = self.backup_issue_seconds = 0.0
         # the kernel path (None: plain copies); tests may set one over CPU pools (interpreter)
-        self.io = KernelIO.create(device_pool, host_pool) if api is None and self.cuda else None
+        self.io = (KernelIO.create(device_pool, host_pool, io_backend)
+                   if api is None and self.cuda else None)
 
     def _plan(self, dev_slots: torch.Tensor, host_slots: torch.Tensor
               ) -> tuple[list, torch.Tensor, torch.Tensor]:

@@ -82,14 +82,16 @@ class HiRadixCache(TierMoves, RadixCache):
 
     def __init__(self, token_pool: TokenKVPool, host_pool: HostKVPool, write_policy: str,
                  storage: FileStorage | None = None, lockstep: bool = False,
-                 agree: Callable[[int], int] | None = None) -> None:
+                 agree: Callable[[int], int] | None = None, io_backend: str = "kernel"
+                 ) -> None:
         """``lockstep``: several ranks run this tree's twin (TP, PP): see ``KVTransfer``.
         ``agree``: then the minimum of an int over the ranks (how many storage pages every
-        rank could read: ``pages.fetch``)."""
+        rank could read: ``pages.fetch``). ``io_backend``: ``hicache_io_backend``."""
         if write_policy not in WRITE_POLICIES:
             raise ValueError(f"unknown hicache_write_policy {write_policy!r}")
         self.host = host_pool
-        self.transfer = KVTransfer(token_pool, host_pool, lockstep=lockstep)
+        self.transfer = KVTransfer(token_pool, host_pool, lockstep=lockstep,
+                                   io_backend=io_backend)
         self.write_policy = write_policy
         self.storage = storage
         self.agree = agree

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sgdsl.runtime.cache.hicache import kernel_io, transfer
+from sgdsl.runtime.cache.hicache import transfer
 from sgdsl.runtime.cache.hicache.transfer import KVTransfer
 from sgdsl.runtime.cache.hicache.tree import HiRadixCache
 from sgdsl.runtime.cache.host_pool import SMALL_PIN_BYTES, HostKVPool
@@ -55,7 +55,7 @@ def _serve(tree: HiRadixCache, seq: list[int], check: bool = True) -> int:
 
 
 # kernel: the KV move kernel (the default on CUDA); the others are the plain copies
-# (SGDSL_HICACHE_IO=direct): default: stretches of 16+ tokens pool to pool, the rest gathered
+# (hicache_io_backend="direct"): default: stretches of 16+ tokens pool to pool, the rest gathered
 # (where that is no more copies); least-1: stretches of any length; runs: host runs gathered
 # and scattered (SGDSL_HICACHE_DIRECT=0); staging: through pinned staging; default+staging: the
 # gathered rest through staging
@@ -69,10 +69,9 @@ CUDA_PATHS = {"kernel": {}, "default": {}, "least-1": {"MIN_DIRECT_TOKENS": 1},
 def test_rounds_through_a_cuda_pool(policy, path, monkeypatch):
     for name, value in CUDA_PATHS[path].items():
         monkeypatch.setattr(transfer, name, value)
-    if path != "kernel":
-        monkeypatch.setattr(kernel_io, "IO_BACKEND", "direct")
     pool = TokenKVPool(120, LAYERS, HEADS, DIM, torch.float32, "cuda")
-    tree = HiRadixCache(pool, HostKVPool(600, pool, pin_memory=True), policy)
+    tree = HiRadixCache(pool, HostKVPool(600, pool, pin_memory=True), policy,
+                        io_backend="kernel" if path == "kernel" else "direct")
     assert (tree.transfer.io is not None) == (path == "kernel")
     seqs = _seqs(10, 40, shared=10, seed=3)
     for seq in seqs:

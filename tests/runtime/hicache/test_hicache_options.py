@@ -15,11 +15,12 @@ def test_serve_flags_reach_the_config():
     config, _ = parse_args(["--enable-hierarchical-cache", "--hicache-ratio", "4",
                             "--hicache-size", "12.5", "--hicache-write-policy", "write_back",
                             "--hicache-storage-backend", "file", "--hicache-storage-dir", "/x",
-                            "--hicache-storage-size", "3"])
+                            "--hicache-storage-size", "3", "--hicache-io-backend", "direct"])
     assert config.enable_hierarchical_cache and config.hicache_ratio == 4.0
     assert config.hicache_size == 12.5 and config.hicache_write_policy == "write_back"
     assert config.hicache_storage_backend == "file" and config.hicache_storage_dir == "/x"
-    assert config.hicache_storage_size == 3.0
+    assert config.hicache_storage_size == 3.0 and config.hicache_io_backend == "direct"
+    assert parse_args([])[0].hicache_io_backend == "kernel"
     assert not parse_args([])[0].enable_hierarchical_cache
 
 
@@ -28,6 +29,7 @@ def test_serve_flags_reach_the_config():
     (dict(hicache_size=-1.0), "hicache_size", ">= 0"),
     (dict(hicache_write_policy="write_sometimes"), "hicache_write_policy", "write_back"),
     (dict(hicache_storage_backend="hf3fs"), "hicache_storage_backend", "'file'"),
+    (dict(hicache_io_backend="page_first"), "hicache_io_backend", "kernel or direct"),
     (dict(disable_radix_cache=True), "disable_radix_cache", "radix cache off"),
     (dict(hicache_storage_size=0.0), "hicache_storage_size", "> 0"),
 ])

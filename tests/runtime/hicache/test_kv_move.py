@@ -151,3 +151,15 @@ def test_create_keeps_plain_copies_off_cuda():
     dev = TokenKVPool(8, 1, 1, 4, torch.float32, "cpu")
     assert KernelIO.create(dev, HostKVPool(16, dev, pin_memory=False)) is None
     assert KVTransfer(dev, HostKVPool(16, dev, pin_memory=False)).io is None
+
+
+def test_direct_backend_keeps_plain_copies(monkeypatch):
+    """``hicache_io_backend="direct"`` never builds the kernel path (on CUDA pools either:
+    ``create`` returns before looking at the pools' device)."""
+    built = []
+    monkeypatch.setattr(KernelIO, "__init__", lambda self, *a: built.append(a))
+    dev = TokenKVPool(8, 1, 1, 4, torch.float32, "cpu")
+    host = HostKVPool(16, dev, pin_memory=False)
+    monkeypatch.setattr(host, "pinned", True)
+    monkeypatch.setattr(dev, "device", torch.device("cuda"))
+    assert KernelIO.create(dev, host, "direct") is None and built == []
