@@ -144,9 +144,16 @@ def instrument(sched: Any, phases: Phases) -> None:
 
     phases.wrap(sched.runner, "forward", "forward (runner)", device=True)
     phases.wrap(sampler, "greedy_argmax", "argmax (plain)", device=True)
-    phases.wrap(decoder, "greedy_argmax", "argmax (verify)", device=True)
+    phases.wrap(decoder, "greedy_argmax", "argmax (verify)", device=True)  # older trees
+    try:
+        from sgdsl.runtime.speculative import verify_sample
+        phases.wrap(verify_sample, "greedy_argmax", "argmax (verify)", device=True)
+        phases.wrap(decoder, "sample_verify", "_sample")
+    except ImportError:  # an older tree: SpecDecoder._sample
+        pass
     phases.wrap(sched, "_launch_decode", "decode launch", scope=True)
     phases.wrap(sched, "_read", "read", scope=True)
+    phases.wrap(sched, "_finish_and_send", "outputs sent")
     spec = sched.spec
     if spec is None:
         return
@@ -156,7 +163,8 @@ def instrument(sched: Any, phases: Phases) -> None:
         phases.wrap(spec, name)
     phases.wrap(spec.drafter, "propose", "propose (drafter)")
     phases.wrap(spec.drafter, "prefetch", "prefetch (drafter)")
-    for name in ("build_verify", "commit_kv", "append_emitted", "walk", "expect_drafts"):
+    for name in ("build_verify", "commit_kv", "append_emitted", "walk", "expect_drafts",
+                 "build_ahead"):
         phases.wrap(decoder, name)
 
 
@@ -198,8 +206,9 @@ def table(plain: dict, spec: dict) -> None:
     print("|---|---|---|")
     host_spec = (ps.ns["launch"] - ps.ns["device in launch"]) / steps / 1e3
     order = ["launch", "_gate", "expect_drafts", "_drafts", "propose (drafter)", "_verify",
-             "build_verify", "_forward", "_sample", "prefetch (drafter)", "_accept", "walk", "commit_kv",
-             "append_emitted", "_sync_running", "_after_tokens"]
+             "build_verify", "_forward", "_sample", "prefetch (drafter)", "read",
+             "outputs sent", "build_ahead", "_accept", "walk", "commit_kv", "append_emitted",
+             "_sync_running", "_after_tokens"]
     for label in order:
         us = ps.ns[label] / steps / 1e3
         share = "" if label in ("launch", "_verify", "_forward", "_sample") \
@@ -207,6 +216,10 @@ def table(plain: dict, spec: dict) -> None:
         print(f"| {label} | {us:.1f} | {share} |")
     print(f"| device work (forward, argmax) | {ps.ns['device in launch'] / steps / 1e3:.1f} | |")
     print(f"| **host (launch less device work)** | **{host_spec:.1f}** | |")
+    hidden = (ps.ns["prefetch (drafter)"] + ps.ns["read"] + ps.ns["build_ahead"]) / steps / 1e3
+    print(f"| of it while the device verifies (prefetch, last outputs, next batch) | "
+          f"{hidden:.1f} | |")
+    print(f"| **serial host (the rest)** | **{host_spec - hidden:.1f}** | |")
     # a plain step's host time: its launch and its read, less the forward and the argmax
     n_plain = max(pp.calls["decode launch"], 1)
     dev = pp.ns["device in decode launch"] + pp.ns["device in read"]
@@ -214,7 +227,8 @@ def table(plain: dict, spec: dict) -> None:
     print(f"| plain decode step: host (launch + read less device work), {n_plain} steps | "
           f"{host_plain:.1f} | |")
     print(f"| plain decode step: device work | {dev / n_plain / 1e3:.1f} | |")
-    print(f"speculative host / plain host per step: {host_spec / host_plain:.2f}")
+    print(f"speculative host / plain host per step: {host_spec / host_plain:.2f}; serial: "
+          f"{(host_spec - hidden) / host_plain:.2f}")
 
 
 def main() -> None:
@@ -258,7 +272,9 @@ def main() -> None:
     print(f"{model}, {len(prompts)} prompts x "
           f"{a.out_len}: greedy-equal {same}/{len(prompts)}; tokens {tokens}, verify steps "
           f"{st['spec_verify_steps']}, prefetched lookups taken "
-          f"{st.get('spec_draft_prefetch_hits', '-')}, tokens per step {tokens / max(spec['steps'], 1):.2f} "
+          f"{st.get('spec_draft_prefetch_hits', '-')}, batches built ahead / taken "
+          f"{st.get('spec_ahead_built', '-')} / {st.get('spec_ahead_taken', '-')}, outputs "
+          f"held {st.get('spec_outputs_held', '-')}, tokens per step {tokens / max(spec['steps'], 1):.2f} "
           f"(forward steps {spec['steps']} vs plain {plain['steps']}); wall spec/plain "
           f"{spec['wall_ns'] / 1e9:.2f}/{plain['wall_ns'] / 1e9:.2f} s")
     table(plain, spec)

@@ -53,6 +53,9 @@ class InflightStep:
     extend_logits: torch.Tensor | None = None  # every logits row of an extend (prompt logprobs)
     layout: Any = None
     vocab_mask: Any = None  # grammar: the step's bitmask (set: its rows advance matchers)
+    # spec: a speculative step's outputs, sent at its read (after the next launch, or while
+    # the next verify runs on the device: runtime/speculative/decoder.py)
+    spec_outputs: bool = False
 
     @classmethod
     def launched(cls, mode: ForwardMode, reqs: list[Req], sync: bool) -> "InflightStep":

@@ -128,6 +128,12 @@ class Drafter(ABC):
         the next ``propose`` that can be done ahead, on a guess of the accepted tokens, as long
         as ``propose`` returns what it would have without it (NGRAM: its next lookups)."""
 
+    def guess_next(self, rid: str) -> tuple[tuple[int, ...], DraftTree] | None:
+        """After ``prefetch``: the tokens request ``rid`` is guessed to append this step (its
+        accepted draft tokens and the bonus token) and what ``propose`` would draft then, for a
+        verify batch built ahead (prebuild.py). None: no guess."""
+        return None
+
     def proposal_cost(self) -> float | None:
         """A lower bound, known before anything is measured, on what one ``propose`` costs in
         target decode steps at the same batch size (cost.py: a drafter whose proposals cost so

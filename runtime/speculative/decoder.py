@@ -8,9 +8,14 @@ checks as a decode step's (EOS, stop ids/strings/regex, max_new_tokens: the outp
 first that fires); the KV of rejected nodes is freed. Requests without a draft ride along as
 one-token rows, exactly a decode step for them.
 
-NOTE: the step is read synchronously (no overlap scheduling for a speculative step): the next
-step's draft depends on this step's accepted tokens, and the KV columns of the next step on how
-many were accepted. A step in flight is read first, but only when some request is predicted to
+NOTE: the step is read before the next one is launched: the next step's draft depends on this
+step's accepted tokens, and the KV columns of the next step on how many were accepted. What
+does not wait for the read runs while the device verifies (between the launch of the verify
+and its one small read, ``readback.py``): the drafter's next lookups on a guess of the outcome
+(``Drafter.prefetch``), the last step's outputs (held when every request decodes on:
+``_outputs``, or read by the scheduler after its next launch when that is a plain step), and
+the next verify batch for the guessed outcome (prebuild.py; taken only if the guess held).
+A step in flight is read first, but only when some request is predicted to
 draft from the state known before that read (prediction.py); otherwise, and when speculation
 does not pay (more decoding requests than ``speculative_max_batch_size``, or the requests'
 expected accepted tokens below what a speculative step costs against a plain one at this batch
@@ -25,9 +30,6 @@ from typing import Any
 
 import torch
 
-from ..grammar.base import allocate_bitmask
-from ..distributed.collectives import broadcast
-from ..layers.sampler import SamplingBatchInfo, apply_vocab_mask, greedy_argmax
 from ..layers.upload import to_device
 from ..model.forward_batch import ForwardMode
 from ..scheduler.inflight import InflightStep
@@ -37,12 +39,14 @@ from .append import append_emitted, truncate_to_ids
 from .base import Drafter, DraftTree, EMPTY_TREE
 from .cost import CostGate
 from .grammar_drafts import check_draft, draft_limit
+from .prebuild import AheadBatch, build_ahead
 from .prediction import expect_drafts
 from .readback import VerifyRead
 from .registry import build_drafter
 from .stats import Backoff, SpecStats
 from .verify_batch import VerifyLayout, build_verify
 from .verify_graphs import VerifyGraphs
+from .verify_sample import sample_verify
 
 
 class SpecDecoder:
@@ -55,6 +59,10 @@ class SpecDecoder:
         self.context_len = runner.context_len
         self.stats = SpecStats(self.k)
         self.read = VerifyRead()  # the verify's ids to the host, read after the prefetch
+        # the last step's outputs: held (``_outputs``), then sent during the next verify
+        self.held: list[Any] | None = None
+        self.deferred: InflightStep | None = None
+        self.ahead: AheadBatch | None = None  # the next step's batch, built ahead
         # tree verifies replay CUDA graphs where captured (after the drafter: an EAGLE
         # drafter installs its hidden-state capture in the target first)
         self.verify_graphs = VerifyGraphs.create(config, runner)
@@ -69,15 +77,27 @@ class SpecDecoder:
     def launch(self, sched: Any) -> InflightStep | None:
         """Run one speculative step (forward, accept, append, outputs); None: the scheduler
         runs its plain decode step instead (overlapped: the step in flight is read only when
-        some request is predicted to draft, prediction.py)."""
+        some request is predicted to draft, prediction.py). A batch built ahead during the
+        last verify (prebuild.py) is taken if it is this step's, else freed."""
+        ahead, self.ahead = self.ahead, None
+        try:
+            return self._launch(sched, ahead)
+        finally:
+            if ahead is not None and not ahead.taken:
+                ahead.free()
+
+    def _launch(self, sched: Any, ahead: AheadBatch | None) -> InflightStep | None:
         running = sched.running
         forwards = sched.counters["forward_steps"]
         self.cost.tick(forwards)
+        self.deferred = None
         if len(running) > self.max_batch or not self._gate(running.reqs):
             self.stats.skipped_steps += 1
             return self._plain(sched, forwards)
         pending = sched.pending
-        if pending is not None:
+        # a speculative step's outputs only (its tokens are in): sent while the device verifies
+        self.deferred = pending if pending is not None and pending.spec_outputs else None
+        if pending is not None and self.deferred is None:
             if not expect_drafts(self, sched, running.reqs, pending):
                 self.stats.predicted_empty += 1
                 return self._plain(sched, forwards)
@@ -89,8 +109,16 @@ class SpecDecoder:
         # jump-forward tokens without KV (``pending_forced``) are fed ahead of the root
         total = sum(r.seq_len - r.kv_len for r in reqs) + sum(map(len, trees))
         emitted = self.stats.emitted_tokens
+        if ahead is not None and any(trees) and ahead.matches(reqs, trees):
+            ahead.taken = True  # its slots are this step's
+            self.stats.ahead_taken += 1
+            total = 0
+        elif ahead is not None:
+            ahead.free()
+            ahead.taken = True  # (freed)
+            ahead = None
         if not any(trees) or sched.memory.available() < total or not self._verify(
-                sched, reqs, trees, masks, ends):
+                sched, reqs, trees, masks, ends, ahead):
             self.stats.empty_proposals += 1  # a plain step after all (read synchronously)
             # NOTE: for the gate, a plain step launched with nothing in flight (a refill: its
             # interval holds no device time of its own; the next speculative one is not steady)
@@ -98,7 +126,18 @@ class SpecDecoder:
             return None
         self.cost.launched(True, self.stats.emitted_tokens - emitted, len(reqs), forwards)
         sched.ratio = max(sched.ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)  # as decode
-        return InflightStep.launched(ForwardMode.DECODE, [], True)
+        return self._outputs(reqs)
+
+    def _outputs(self, reqs: list[Any]) -> InflightStep:
+        """The step, for the scheduler to read: its outputs are sent then (after the next
+        launch, or during the next verify's device time, ``_verify``) when ``_after_tokens``
+        held them back; else an empty step (sent already)."""
+        held, self.held = self.held, None
+        if held is None:
+            return InflightStep.launched(ForwardMode.DECODE, [], True)
+        step = InflightStep.launched(ForwardMode.DECODE, held, False)
+        step.spec_outputs = True
+        return step
 
     def _plain(self, sched: Any, forwards: int) -> None:
         """The scheduler's plain decode step runs: it counts toward each backoff's wait."""
@@ -106,25 +145,33 @@ class SpecDecoder:
         for req in running.reqs:
             if req.spec_backoff is not None:
                 req.spec_backoff.skip()
+        pending = sched.pending  # a speculative step's outputs: nothing on the device
         self.cost.launched(False, len(running), len(running), forwards,
-                           refill=sched.pending is None)
+                           refill=pending is None or pending.spec_outputs)
         return None
 
     def _verify(self, sched: Any, reqs: list[Any], trees: list[DraftTree],
-                masks: list[Any], ends: list[bool]) -> bool:
+                masks: list[Any], ends: list[bool], ahead: AheadBatch | None) -> bool:
         """The verify forward over every request's tree, the samples, the accepted tokens.
         False: KV ran short (cannot happen after launch's check; a plain step if it does)."""
-        built = build_verify(reqs, trees, sched.memory, sched.device)
+        built = (ahead.batch, ahead.layout) if ahead is not None else build_verify(
+            reqs, trees, sched.memory, sched.device)
         if built is None:
             return False
         batch, layout = built
         logits = self._forward(sched.runner, batch)
         verify = logits if not layout.fed_extra else logits.index_select(
             0, to_device(torch.tensor(layout.verify_rows), logits.device))
-        self.read.start(self._sample(sched, reqs, trees, verify, masks))
+        self.read.start(sample_verify(sched, reqs, trees, verify, masks))
         # the device verifies meanwhile: the drafter's next lookups go now (a guess of what
         # this step accepts; ngram.py)
         self.drafter.prefetch(reqs, trees)
+        if self.deferred is not None:  # the last step's outputs go out meanwhile
+            sched._read(self.deferred)
+            self.deferred = None
+        if all(m is None for m in masks):  # and the next batch, for the likely outcome
+            self.ahead = build_ahead(self, sched, reqs, trees, layout)
+            self.stats.ahead_built += self.ahead is not None
         ids = self.read.wait()
         self.stats.verify_steps += 1
         self.stats.tree_steps += batch.mode is ForwardMode.TARGET_VERIFY
@@ -199,48 +246,6 @@ class SpecDecoder:
         room = min(req.remaining_tokens - 1, self.context_len - req.seq_len - 1)
         return max(min(self.k, room), 0)
 
-    # -- sampling every node ------------------------------------------------------------------
-    def _sample(self, sched: Any, reqs: list[Any], trees: list[DraftTree],
-                logits: torch.Tensor, masks: list[Any]) -> torch.Tensor:
-        """One sample per fed row (on the device) with the request's own sampling state at that node: its
-        output step (seeds), the draft path as output so far (penalties, min_new_tokens) and
-        the grammar mask of the state there."""
-        mask = self._mask(sched, trees, masks)
-        if mask is not None:
-            mask = to_device(mask, logits.device)
-        info = sched.running.info
-        if info.all_greedy and info.penalties.is_empty:
-            # NOTE: greedy rows need no per-row sampling state: the (masked) argmax, as the
-            # sampler's all-greedy path, without building and uploading a verify-row info
-            if mask is not None:
-                logits = apply_vocab_mask(logits, mask)
-            return broadcast(greedy_argmax(logits), src=0)
-        params, outputs, prompts = [], [], []
-        for req, tree in zip(reqs, trees):
-            penal = req.sampling_params.has_penalties
-            for node in [-1, *range(len(tree))]:
-                path = [tree.tokens[j] for j in tree.path(node)] if node >= 0 else []
-                params.append(req.sampling_params)
-                prompts.append(req.origin_input_ids)
-                # NOTE: without penalties only the length counts (the seeded step number)
-                n = len(req.output_ids) + len(path)
-                outputs.append(req.output_ids + path if penal else range(n))
-        info = SamplingBatchInfo.from_params(params, logits.shape[-1], logits.device,
-                                             sched.sampler.eos, prompts, outputs)
-        return sched.sampler.sample_ids(logits, info, mask)
-
-    @staticmethod
-    def _mask(sched: Any, trees: list[DraftTree], masks: list[Any]) -> torch.Tensor | None:
-        if all(m is None for m in masks):
-            return None
-        bitmask = allocate_bitmask(len(trees) + sum(map(len, trees)), sched.grammar.vocab_size)
-        at = 0
-        for tree, rows in zip(trees, masks):
-            if rows is not None:
-                bitmask[at:at + rows.shape[0]] = rows
-            at += len(tree) + 1
-        return bitmask
-
     # -- accepting ------------------------------------------------------------------------
     def _accept(self, sched: Any, reqs: list[Any], trees: list[DraftTree],
                 layout: VerifyLayout, logits: torch.Tensor, ids: list[int],
@@ -288,26 +293,33 @@ class SpecDecoder:
         else:  # penalty counts over the new tokens: rebuilt from the outputs
             running.info = sched.sampler.new_info(reqs, vocab)
 
-    @staticmethod
-    def _after_tokens(sched: Any, reqs: list[Any], settled: set[int]) -> None:
+    def _after_tokens(self, sched: Any, reqs: list[Any], settled: set[int]) -> None:
         """As a decode step's read: grammar steps on the last tokens (jump-forward, forced
         completion, termination) but for the requests ``settled`` already, leavers out,
-        outputs sent."""
+        outputs sent (or held for the step's read: ``_outputs``)."""
         constrained = [r for r in reqs if r.grammar is not None and id(r) not in settled]
         if constrained:
             for req in sched.grammar.after_sample(constrained, sched.checker, len(reqs)):
                 sched._jumped(req)
         sched._leave_batch(reqs)
         sched._requeue_jumped(reqs)
-        sched._finish_and_send(reqs)
+        if sched.overlap and not any(r.finished or r.jumped for r in reqs):
+            self.held = reqs  # every request decodes on: sent at the step's read (_outputs)
+            self.stats.held_outputs += 1
+        else:  # one leaves: its KV goes back now
+            sched._finish_and_send(reqs)
 
     # -- requests leaving, integrity, statistics ------------------------------------------------
     def release(self, req: Any) -> None:
         self.drafter.release(req.rid)
         req.spec_backoff = None
+        if self.ahead is not None and self.ahead.holds(req):  # its rows cannot be taken
+            self.ahead.free()
+            self.ahead = None
 
     def check_idle(self) -> list[str]:
-        return self.drafter.check_idle()
+        held = ["a verify batch built ahead still holds KV"] if self.ahead is not None else []
+        return self.drafter.check_idle() + held
 
     def stats_dict(self) -> dict:
         graphs = self.verify_graphs

@@ -168,6 +168,7 @@ class NgramDrafter(Drafter):
         will be if its first branch is accepted whole and the bonus token is the next token
         of the continuation it was drafted from."""
         for req, tree in zip(reqs, trees):
+            self.prefetched.pop(req.rid, None)  # only this step's guess stands
             index, last = self.indexes.get(req.rid), self.last.get(req.rid)
             if index is None or last is None or not tree:
                 continue
@@ -181,6 +182,13 @@ class NgramDrafter(Drafter):
             conts = index.continuations(length + 1, self.breadth, extra)
             self.prefetched[req.rid] = _Prefetched(index.generation, index.n, extra, length,
                                                    conts)
+
+    def guess_next(self, rid: str) -> tuple[tuple[int, ...], DraftTree] | None:
+        """This step's guess (``prefetch``): the tokens it appends, and the next draft."""
+        got = self.prefetched.get(rid)
+        if got is None:
+            return None
+        return got.extra, branches_tree([c[:got.length] for c in got.conts], got.length)
 
     def predict(self, reqs: Sequence[Any], max_tokens: int) -> list[DraftTree]:
         """The same lookup on the ids known now (the index keeps them: the next ``propose``

@@ -23,6 +23,9 @@ class SpecStats:
         self.predicted_empty = 0  # plain overlapped steps: no draft predicted (prediction.py)
         self.step_ends = 0  # accepted drafts ending where the grammar steps in (jump, stop)
         self.forced_between = 0  # forced completions measured between draft tokens (append.py)
+        self.held_outputs = 0  # steps whose outputs went out during the next one (decoder.py)
+        self.ahead_built = 0  # verify batches built ahead for a guessed outcome (prebuild.py)
+        self.ahead_taken = 0  # of them, taken by their step
 
     def observe(self, drafted: int, accepted: int, emitted: int) -> None:
         self.verify_rows += 1
@@ -53,6 +56,8 @@ class SpecStats:
                 "spec_predicted_empty": self.predicted_empty,
                 "spec_forced_between_drafts": self.forced_between,
                 "spec_grammar_step_ends": self.step_ends,
+                "spec_outputs_held": self.held_outputs,
+                "spec_ahead_built": self.ahead_built, "spec_ahead_taken": self.ahead_taken,
                 "spec_accept_rate": self.accepted_tokens / self.draft_tokens
                 if self.draft_tokens else 0.0,
                 "spec_tokens_per_row": self.emitted_tokens / rows if rows else 0.0,

@@ -78,18 +78,30 @@ def build_verify(reqs: Sequence[Any], trees: Sequence[DraftTree], memory: Any,
                  device: torch.device) -> tuple[ForwardBatch, VerifyLayout] | None:
     """Reserve KV slots for every fed token and build the forward; None if KV ran short
     (nothing reserved then). Each request feeds ``all_ids[kv_len:]`` (its last token, or
-    jump-forward tokens and the last) and then its draft nodes. Host work per step: one host
-    tensor of the indices, one upload (slots included), no per-token tensor op."""
+    jump-forward tokens and the last) and then its draft nodes."""
+    return build_verify_at([feed_of(r) for r in reqs], trees, memory, device)
+
+
+def feed_of(req: Any) -> tuple[int, int, tuple[int, ...]]:
+    """(its ``req_to_token`` row, its KV length, the tokens it feeds: ``all_ids[kv_len:]``)."""
+    return req.req_pool_idx, req.kv_len, tuple(req.all_ids[req.kv_len:])
+
+
+def build_verify_at(feeds: Sequence[tuple[int, int, Sequence[int]]],
+                    trees: Sequence[DraftTree], memory: Any,
+                    device: torch.device) -> tuple[ForwardBatch, VerifyLayout] | None:
+    """``build_verify`` from each request's ``feed_of`` (also one ahead of time: prebuild.py).
+    Host work: one host tensor of the indices, one upload (slots included), no per-token
+    tensor op."""
     rows, cols, ids, pos, first, fed, verify_rows, compact = [], [], [], [], [], [], [], []
-    for req, tree in zip(reqs, trees):
-        p, feed = req.kv_len, req.all_ids[req.kv_len:]
+    for (row, p, feed), tree in zip(feeds, trees):
         f, n = len(feed), len(tree)
         root = p + f - 1
         first.append(len(cols) + f - 1)
         compact.append(len(verify_rows))
         verify_rows.extend(range(first[-1], first[-1] + n + 1))
         fed.append(f)
-        rows.extend([req.req_pool_idx] * (f + n))
+        rows.extend([row] * (f + n))
         cols.extend(range(p, p + f + n))
         ids.extend(feed)
         ids.extend(tree.tokens)
@@ -102,14 +114,16 @@ def build_verify(reqs: Sequence[Any], trees: Sequence[DraftTree], memory: Any,
     if slots is None:
         return None
     index = to_device(torch.cat((host, slots.to(torch.int64))), device)
-    rows_d, cols_d, ids_d, pos_d, slots_d = index.split(total)
+    rows_d, cols_d, ids_d = index[:total], index[total:2 * total], index[2 * total:3 * total]
+    pos_d, slots_d = index[3 * total:4 * total], index[4 * total:]
     memory.write_table(rows_d, cols_d, slots_d)
-    kv_lens = [r.kv_len + f - 1 for r, f in zip(reqs, fed)]
+    prefix = [p for _, p, _ in feeds]
+    kv_lens = [p + f - 1 for p, f in zip(prefix, fed)]
     layout = VerifyLayout(first, kv_lens, slots, verify_rows, compact)
     if all(t.is_chain for t in trees):
         batch = _rows_batch(rows_d, cols_d, slots_d, ids_d, cols, device)
     else:
-        batch = _tree_batch(reqs, trees, fed, rows_d, slots_d, ids_d, pos_d, device)
+        batch = _tree_batch(prefix, trees, fed, rows_d, slots_d, ids_d, pos_d, device)
     return batch, layout
 
 
@@ -140,17 +154,17 @@ def _rows_batch(rows: torch.Tensor, cols: torch.Tensor, slots: torch.Tensor,
         extend_seq_lens_cpu=[1] * total)
 
 
-def _tree_batch(reqs: Sequence[Any], trees: Sequence[DraftTree], fed: list[int],
+def _tree_batch(prefix: list[int], trees: Sequence[DraftTree], fed: list[int],
                 rows: torch.Tensor, slots: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor,
                 device: torch.device) -> ForwardBatch:
-    """Trees: an extend of ``f + n`` tokens per request on top of its KV, tree-masked."""
-    prefix = [r.kv_len for r in reqs]
+    """Trees: an extend of ``f + n`` tokens per request on top of its KV (``prefix``),
+    tree-masked."""
     lens = [f + len(t) for f, t in zip(fed, trees)]
     starts = [sum(lens[:i]) for i in range(len(lens))]
     dev = lambda v: to_device(torch.tensor(v, dtype=torch.int64), device)  # noqa: E731
     total = sum(lens)
     return ForwardBatch(
-        mode=ForwardMode.TARGET_VERIFY, batch_size=len(reqs), input_ids=ids, positions=pos,
+        mode=ForwardMode.TARGET_VERIFY, batch_size=len(prefix), input_ids=ids, positions=pos,
         req_pool_indices=rows.index_select(0, dev(starts)),
         seq_lens=dev([p + n for p, n in zip(prefix, lens)]), out_cache_loc=slots,
         extend_prefix_lens=dev(prefix), extend_seq_lens=dev(lens), extend_start_loc=dev(starts),

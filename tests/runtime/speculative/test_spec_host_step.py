@@ -1,8 +1,10 @@
 """The speculative step's cheaper host work: NGRAM's vectorized lookup finds what the per-depth
 loop found, a lookup prefetched while the device verifies (on a guess of the accepted tokens)
 is taken only when the ids turn out to be the guessed ones and then equals a fresh lookup, and
-a scheduler speculating on a copy workload takes prefetched lookups with outputs equal to plain
-decoding's (stand-in model: every token read back from its KV slot), idle invariant after."""
+a scheduler speculating on a copy workload takes prefetched lookups and batches built ahead,
+sends each step's outputs during the next, with outputs equal to plain decoding's (stand-in
+model: every token read back from its KV slot, so a batch taken with wrong columns or slots
+changes them), and frees a batch built ahead when its request aborts (idle invariant)."""
 from __future__ import annotations
 
 import random
@@ -138,3 +140,37 @@ def test_copy_workload_takes_prefetched_lookups_with_plain_outputs():
     assert got == plain
     assert stats["spec_verify_steps"] > 0
     assert stats["spec_draft_prefetch_hits"] > 0
+    # batches built ahead: taken exactly when the guess held (the others were freed: idle)
+    assert 0 < stats["spec_ahead_taken"] <= stats["spec_ahead_built"]
+    assert stats["spec_outputs_held"] > 0
+
+
+def test_held_outputs_stream_once_and_abort_mid_stream():
+    """A speculative step's outputs go out during the next step: every token streams once, in
+    order (a prefix of plain decoding's for the aborted request), and an abort between a step
+    and its held outputs loses nothing but the aborted request's tail."""
+    plain, _ = _copy_run(spec=False)
+    runner = CopyStandIn(2048)
+    h = Harness(None, runner)  # type: ignore[arg-type]
+    h.sched = Scheduler(runner, EngineConfig(speculative_algorithm="ngram",
+                                             speculative_min_speedup=0), [EOS], None, h.send)
+    rng = random.Random(11)
+    for i in range(3):
+        h.submit(f"r{i}", [rng.randrange(1, VOCAB) for _ in range(PROMPT_LEN)],
+                 max_new_tokens=70, ignore_eos=True)
+    for _ in range(40):  # until a step held its outputs and built the next batch ahead
+        h.sched.step()
+        pending = h.sched.pending
+        if pending is not None and pending.spec_outputs and h.sched.spec.ahead is not None:
+            break
+    assert h.sched.pending is not None and h.sched.pending.spec_outputs
+    ahead = h.sched.spec.ahead  # the next verify batch, built during the last one
+    assert ahead is not None and ahead.holds(h.sched.running.reqs[1])
+    h.sched.abort("r1", "client left")
+    assert h.sched.spec.ahead is None  # its KV went back with the request
+    h.run()
+    h.check_idle()
+    assert h.finish["r1"]["type"] == "abort"
+    assert h.outs["r1"] == plain["r1"][:len(h.outs["r1"])]
+    assert h.outs["r0"] == plain["r0"] and h.outs["r2"] == plain["r2"]
+    assert h.sched.stats()["spec_outputs_held"] > 0
