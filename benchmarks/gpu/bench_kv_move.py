@@ -1,8 +1,9 @@
 """One hierarchical-cache move in isolation: the host time to *issue* a load (host -> device)
 and a backup (device -> host), and the device time of the copy, through the KV move kernel
 (``KernelIO``: one launch per layer / per move, zero-copy over UVA) vs the plain copies
-(a ``copy_`` per layer x K/V x run, SGDSL_HICACHE_IO=direct), on Llama-3.1-8B's KV shape
-(32 layers x 8 KV heads x 128, bf16: 128 KiB a token).
+(a ``copy_`` per layer x K/V x run, hicache_io_backend=direct), on Llama-3.1-8B's KV shape
+(32 layers x 8 KV heads x 128, bf16: 128 KiB a token). ``kernel/g``: g layers per load
+launch (1, the default, keeps the finest layer-wise overlap).
 
 Slot patterns (``--patterns``): ``prefill``: contiguous in both pools (a fresh prefill's
 slots: the plain copies' best case, one DMA per layer x K/V); ``turn``: a chat turn, its
@@ -44,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tokens", default="256,2048", help="tokens per move, comma-separated")
     ap.add_argument("--patterns", default="prefill,turn,scattered")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--load-group", default="1,4",
+                    help="kernel: layers per load launch (KernelIO.load_group), comma-separated")
     a = ap.parse_args(argv)
     if a.device == "auto":
         a.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -107,12 +110,16 @@ def main(argv: list[str] | None = None) -> None:
     host = HostKVPool(a.host_slots, dev, pin_memory=a.device == "cuda")
     per_token = host.bytes_per_token
     rows, issue = [], {}
-    for backend in ("kernel", "copies"):
+    backends = [f"kernel/{g}" for g in a.load_group.split(",")] + ["copies"]
+    for backend in backends:
         moves = KVTransfer(dev, host)
-        if backend == "kernel" and moves.io is None:
-            print(f"kernel: unavailable on this device/pool ({a.device}), copies only")
+        if backend != "copies" and moves.io is None:
+            print(f"{backend}: unavailable on this device/pool ({a.device}), copies only")
             continue
-        moves.io = moves.io if backend == "kernel" else None
+        if backend == "copies":
+            moves.io = None
+        else:
+            moves.io.load_group = int(backend.split("/")[1])
         for pattern in a.patterns.split(","):
             for n in (int(x) for x in a.tokens.split(",")):
                 t = time_move(moves, a, pattern, n)
@@ -127,8 +134,8 @@ def main(argv: list[str] | None = None) -> None:
                  "backup_issue_ms", "backup_ms", "backup_GB/s"], rows)
     for (backend, pattern, n), t in issue.items():
         c = issue.get(("copies", pattern, n))
-        if backend == "kernel" and c:
-            print(f"[{pattern} {n}] issue: load x{c['load_issue'] / t['load_issue']:.1f} "
+        if backend != "copies" and c:
+            print(f"[{backend} {pattern} {n}] issue: load x{c['load_issue'] / t['load_issue']:.1f} "
                   f"backup x{c['backup_issue'] / t['backup_issue']:.1f} less host time; "
                   f"device time: load x{c['load'] / t['load']:.2f} "
                   f"backup x{c['backup'] / max(t['backup'], 1e-9):.2f} (copies / kernel)")

@@ -24,6 +24,11 @@ from ..pool import TokenKVPool, _raw
 
 logger = logging.getLogger(__name__)
 
+# NOTE: layers per launch of a load. 1: the finest overlap (attention's layer i waits for layer
+# i's copy only) at one launch per layer; g: 1/g of the launches, and layer i waits for its
+# group of g (bench_kv_move.py --load-group measures the issue time of each).
+LOAD_LAYERS_PER_LAUNCH = 1
+
 
 class KernelIO:
     def __init__(self, dev: TokenKVPool, host: HostKVPool) -> None:
@@ -34,6 +39,7 @@ class KernelIO:
         self.word = kv_move.word_dtype(row_bytes)
         self.row_words = row_bytes // self.word.itemsize
         self.layers = dev.num_layers
+        self.load_group = LOAD_LAYERS_PER_LAUNCH
         self.host_words = kv_move.as_words(host._store, self.word)
         self.host_plane_words = host.size * self.row_words  # one layer's K (or V) in the host
         planes = [b for layer in range(self.layers) for b in (dev.k_buffer[layer],
@@ -74,11 +80,12 @@ class KernelIO:
                    self.row_words, self.host_plane_words, to_host=True)
 
     def load(self, idx: torch.Tensor, after_layer: Callable[[], object]) -> list:
-        """Device rows ``idx[0]`` <- host rows ``idx[1]``, one launch per layer; returns what
-        ``after_layer()`` gave after each layer's launch (its event)."""
-        marks = []
-        for layer in range(self.layers):
-            self._move(self.host_words, self.dev_ptrs, idx[0], idx[1], (2 * layer, 2 * layer + 2),
+        """Device rows ``idx[0]`` <- host rows ``idx[1]``, one launch per ``load_group`` layers;
+        returns, per layer, what ``after_layer()`` gave after its group's launch (its event)."""
+        marks: list = []
+        for first in range(0, self.layers, self.load_group):
+            last = min(first + self.load_group, self.layers)
+            self._move(self.host_words, self.dev_ptrs, idx[0], idx[1], (2 * first, 2 * last),
                        self.row_words, self.host_plane_words, to_host=False)
-            marks.append(after_layer())
+            marks.extend([after_layer()] * (last - first))
         return marks

@@ -163,3 +163,19 @@ def test_direct_backend_keeps_plain_copies(monkeypatch):
     monkeypatch.setattr(host, "pinned", True)
     monkeypatch.setattr(dev, "device", torch.device("cuda"))
     assert KernelIO.create(dev, host, "direct") is None and built == []
+
+
+def test_grouped_load_gives_each_layer_its_group_event():
+    """``load_group`` layers per launch: every layer still gets an event (its group's), and
+    the rows land as with one launch per layer."""
+    dev, host, moves = _pools(torch.bfloat16, 2, 8)
+    moves.io.load_group = 2
+    src, held = torch.tensor([7, 3, 40]), torch.tensor([90, 2, 31])
+    backup = moves.backup(src, held, lambda: None)
+    back = torch.tensor([50, 51, 12])
+    moves.load(held, back, [backup.event])
+    events = dev._layer_events[-1]
+    assert len(events) == LAYERS and events[0] is events[1] and events[2] is not events[0]
+    for layer in range(LAYERS):
+        assert torch.equal(_bytes(dev.k_buffer[layer][back]), _bytes(dev.k_buffer[layer][src]))
+        assert torch.equal(_bytes(dev.v_buffer[layer][back]), _bytes(dev.v_buffer[layer][src]))
