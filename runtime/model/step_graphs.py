@@ -6,37 +6,44 @@ the greedy argmax (five kernels), the sampled ids' broadcast, their write into `
 and their copy to the host. Each ran in a few microseconds on the GPU, one after the other
 between two replays (H200, 8B at TP=4, batch 1: ~70 us per token over the graph's ~1640).
 
-Here a step (``step``) queues: one host-to-device copy of every index the step needs (request
-rows, positions, sequence lengths, KV slots and where each row's id goes, packed into one
-pinned buffer: ``meta``), the device table's write of the new slots, the gather of each
-request's last token (its input), the graph, and the ids' copy to the host (the caller's).
-The graph holds the forward, the logits, the greedy argmax and the write of the ids into
-``last_token`` (the next step's inputs, by request row), so a greedy batch needs nothing
+Here a step (``step``) queues one host-to-device copy of every index the step needs (request
+rows, positions, sequence lengths, KV slots, where each row's id goes and the host ring's
+slot, packed into one pinned buffer: ``meta``), then the graph. The graph holds, around the
+forward, ``prepare`` (the new slots into the device's request->slot table, each request's
+last token as its input) and ``finish`` (the greedy argmax, the ids into ``last_token``, the
+next step's inputs by request row, and into a page-locked host ring the scheduler reads after
+an event): model/step_ops.py, one Triton kernel each on CUDA. A greedy batch needs nothing
 else; a batch that samples, masks or penalizes samples the returned logits as before and its
 ids overwrite the graph's in ``last_token``.
 
-Padded rows send their ids to ``last_token``'s last entry, a sink no request row owns. An
-explicit replay (``replay``: jump-forward rows, speculative verify, pipeline parts) returns
-the logits only and first points every row at the sink, so it never writes ``last_token``.
+Padded rows send their ids to ``last_token``'s last entry, a sink no request row owns, and
+write neither the table nor the ring. An explicit replay (``replay``: jump-forward rows,
+speculative verify) returns the logits only and first points every row at the sink, so it
+writes no ids, no table entry and no ring slot.
 
 Without captured graphs (a CPU, or ``$SGDSL_DECODE_STEP=eager``) ``step`` runs the same
 computation eagerly on the same buffers, unpadded: the CPU tests run this path.
 """
 from __future__ import annotations
 
+import logging
 import os
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from ..layers.attention.shared_prefix import SharedPrefix
-from ..layers.sampler import greedy_argmax
+from . import step_ops
 from .cuda_graph_runner import CudaGraphRunner, _slice
 from .forward_batch import ForwardBatch
+from .step_ops import DEST, LENS, LOCS, POS, ROWS, SLOT
 
-# rows of ``meta``: the static inputs of the base class, plus where each row's id goes
-ROWS, POS, LENS, LOCS, DEST = range(5)
+logger = logging.getLogger(__name__)
+
 MODES = ("graph", "eager", "off")
+# host ring slots: a step's ids stay there until this many later steps (the scheduler reads a
+# step before it launches the one after next: one slot would do with two)
+RING = 4
 
 
 def step_mode() -> str:
@@ -58,26 +65,56 @@ class StepGraphs(CudaGraphRunner):
         self.last_token: torch.Tensor = runner.last_token
         self.sink = self.last_token.shape[0] - 1
         dev = runner.device
-        self.meta = torch.zeros(5, max_bs, dtype=torch.int64, device=dev)
+        self.table = runner.req_to_token_pool.req_to_token
+        self.meta = torch.zeros(6, max_bs, dtype=torch.int64, device=dev)
         self.meta[LENS].fill_(1)
         self.meta[DEST].fill_(self.sink)
         # the static inputs the graphs read become rows of ``meta``: one copy fills them all
         (self.req_pool_indices, self.positions, self.seq_lens, self.out_cache_loc,
-         self.dest) = self.meta.unbind(0)
+         self.dest, _) = self.meta.unbind(0)
         pin = dev.type == "cuda"
-        self._host = [torch.zeros(5, max_bs, dtype=torch.int64, pin_memory=pin)
+        self._host = [torch.zeros(6, max_bs, dtype=torch.int64, pin_memory=pin)
                       for _ in range(2)]
         self._events: list[Any] = [None, None]
         self._turn = 0
+        self._slot = 0  # the host ring's slot of the next step
         self._dest_live = False  # ``dest`` names live rows (set by ``step``)
         self.pad_eager = False  # tests: pad rows as a replay would, without graphs
+        self.ring = self._make_ring(max_bs)
+
+    def _make_ring(self, max_bs: int) -> torch.Tensor | None:
+        """The page-locked host ring the graphs write the ids into (None: the caller copies
+        them); on CUDA probed once (the kernel must reach host memory over UVA)."""
+        dev = self.runner.device
+        vocab = getattr(getattr(self.runner, "model_config", None), "vocab_size", None)
+        if vocab is None or not step_ops.ring_ok(dev, vocab):
+            return None
+        ring = torch.zeros(RING, max_bs, dtype=torch.int64, pin_memory=dev.type == "cuda")
+        if dev.type != "cuda":
+            return ring
+        try:  # row 0 of a one-row step of logits [1, vocab] whose maximum is at vocab - 1
+            probe = self.meta.clone()
+            probe[DEST, 0], probe[SLOT, 0] = 0, 1
+            logits = torch.arange(vocab, dtype=torch.float32, device=dev).view(1, -1)
+            step_ops.finish(logits, probe, torch.zeros(2, dtype=torch.int64, device=dev),
+                            ring, self.sink)
+            torch.cuda.synchronize(dev)
+            if int(ring[1, 0]) == vocab - 1:
+                ring.zero_()
+                return ring
+            logger.warning("step graphs: the host ring probe read %d; ids copied instead",
+                           int(ring[1, 0]))
+        except Exception as exc:  # noqa: BLE001 - any failure: the copy path instead
+            logger.warning("step graphs: no host ring (%s); ids copied instead", exc)
+        return None
 
     def _run(self, batch: ForwardBatch) -> Any:
+        n = batch.batch_size
+        step_ops.prepare(self.meta, n, self.last_token, self.table, self.input_ids, self.sink)
         logits = self.runner.forward_eager(batch)
-        ids = greedy_argmax(logits)
-        # padded rows (and every row of an explicit replay) write the sink
-        self.last_token.index_copy_(0, self.dest[:batch.batch_size], ids)
-        return logits, ids
+        # padded rows (and every row of an explicit replay) write the sink, not the ring
+        return logits, step_ops.finish(logits, self.meta, self.last_token, self.ring,
+                                       self.sink)
 
     def replay(self, batch: ForwardBatch) -> Any:
         """Logits ``[bs, vocab]`` of an explicit decode batch (its ids go nowhere)."""
@@ -96,28 +133,28 @@ class StepGraphs(CudaGraphRunner):
 
     @torch.inference_mode()
     def step(self, rows: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-             shared: SharedPrefix | None,
-             write_table: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+             shared: SharedPrefix | None) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """One decode step of the requests in table ``rows`` (host int64) feeding their last
-        token at ``positions`` into KV ``slots`` (host): ``(logits, greedy ids)`` on the
-        device, views valid until the next replay. ``write_table(rows, cols, slots)`` (device
-        tensors) writes the device's request->slot table where it is not the host's."""
+        token at ``positions`` into KV ``slots`` (host): ``(logits, greedy ids, host ids)``,
+        the first two views on the device valid until the next replay, the last the ids on
+        their way to the host (``tolist``; None without a ring: the caller copies them)."""
         bs = int(rows.numel())
         padded = self.padded_size(bs) if self.graphs or self.pad_eager else bs
-        self._upload(rows, positions, slots, bs, padded)
-        write_table(self.req_pool_indices[:bs], self.positions[:bs], self.out_cache_loc[:bs])
-        torch.index_select(self.last_token, 0, self.req_pool_indices[:padded],
-                           out=self.input_ids[:padded])
+        slot = self._slot
+        self._slot = (slot + 1) % RING
+        self._upload(rows, positions, slots, bs, padded, slot)
         self._copy_shared(shared, bs, padded)
         graph = self.graphs.get(padded)
         if graph is None:  # not captured: the computation a replay performs
-            return _slice(self._run(self.static_batch(padded)), bs)
-        graph.replay()
-        return _slice(self.outputs[padded], bs)
+            logits, ids = _slice(self._run(self.static_batch(padded)), bs)
+        else:
+            graph.replay()
+            logits, ids = _slice(self.outputs[padded], bs)
+        host = None if self.ring is None else RingIds(self.ring[slot, :bs])
+        return logits, ids, host
 
     def _upload(self, rows: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                bs: int, padded: int) -> None:
+                bs: int, padded: int, slot: int) -> None:
         """``meta`` := the step's indices, padded rows pointing at the dummy slot and the sink,
         in one copy from a pinned buffer. Two buffers alternate: one is refilled only once
         the copy queued from it a step earlier is done (its event)."""
@@ -132,8 +169,9 @@ class StepGraphs(CudaGraphRunner):
         h[LENS, :bs] = h[POS, :bs] + 1
         h[LOCS, :bs] = slots.numpy()
         h[DEST, :bs] = h[ROWS, :bs]
+        h[SLOT, 0] = slot
         if padded > bs:  # padded rows: row 0, position 0, length 1, slot 0 (dummy), sink
-            h[:, bs:padded] = 0
+            h[:SLOT, bs:padded] = 0
             h[LENS, bs:padded] = 1
             h[DEST, bs:padded] = self.sink
         self.meta.copy_(host, non_blocking=True)
@@ -141,3 +179,20 @@ class StepGraphs(CudaGraphRunner):
         if host.is_pinned():
             event = self._events[i] = torch.cuda.Event()
             event.record()
+
+
+class RingIds:
+    """A step's greedy ids in the host ring, written by the graph itself: ``tolist`` waits for
+    the graph (an event recorded after it; on a CPU the ids are there already)."""
+
+    def __init__(self, host: torch.Tensor) -> None:
+        self.host = host
+        self.event = None
+        if host.is_pinned():
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+    def tolist(self) -> list[int]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()

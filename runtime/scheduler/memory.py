@@ -144,7 +144,7 @@ class KVMemory:
         """One KV slot per decoding request (for its last sampled token, at column ``pos``),
         in one allocation, written with two indexed stores (no per-request loop).
         ``device_table`` False (tp-step): host slots, the device table left to the caller
-        (``write_table``, from indices it uploads anyway)."""
+        (the step graphs write it from the indices they upload anyway)."""
         slots = self.alloc_slots(len(batch))
         if slots is None:
             return None

@@ -74,17 +74,18 @@ class Stepping:
         step = InflightStep.launched(ForwardMode.DECODE, reqs, self._must_sync(reqs))
         step.sampled = reqs
         fed: list[Req] = []  # grammar: jump-forward rows fed in full (their masks known now)
-        greedy = None  # tp-step: the step graph's greedy ids (they are in last_token already)
+        # tp-step: the step graph's greedy ids (in last_token already) and their host copy
+        greedy = host = None
         if self.running.forced():  # grammar: jump-forward rows feed their forced tokens
             logits, fed = self._forward_mixed(reqs)
         else:
-            logits, greedy = self._forward_decode()
+            logits, greedy, host = self._forward_decode()
         mask = self._decode_mask(step, fed) if self.grammar else None  # grammar
         info = self.running.info
         ids = None if greedy is None else self.sampler.take_greedy(greedy, info, mask)
         if ids is not None:  # tp-step: nothing to sample, nothing to write
             self.counters["graph_ids_steps"] += 1
-            self._keep_ids(step, logits, ids, None)
+            self._keep_ids(step, logits, ids, None, host)
         else:
             self._sample(step, logits, info, mask, self.running.rows)
         self._apply_batch_changes()
@@ -93,9 +94,10 @@ class Stepping:
         self.ratio = max(self.ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
         return step
 
-    def _forward_decode(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward_decode(self) -> tuple[torch.Tensor, Any, Any]:
         """A plain decode step's forward; tp-step: as a whole step of the step graphs where
-        they fit (model/step_graphs.py: the greedy ids come back too, None otherwise)."""
+        they fit (model/step_graphs.py: the greedy ids and their host copy come back too,
+        None otherwise)."""
         run = self.running
         graphs = getattr(self.runner, "step_graphs", None)
         whole = graphs is not None and graphs.fits(len(run))
@@ -103,12 +105,11 @@ class Stepping:
         assert slots is not None, "decode KV reservation failed after retraction"
         if whole:
             self.counters["whole_decode_steps"] += 1
-            logits, greedy = graphs.step(run.rows_host, run.pos_host, slots,
-                                         run.shared_prefix(), self.memory.write_table)
+            out = graphs.step(run.rows_host, run.pos_host, slots, run.shared_prefix())
         else:
-            logits, greedy = self.runner.forward(run.forward_batch(slots)), None
+            out = self.runner.forward(run.forward_batch(slots)), None, None
         run.advance()
-        return logits, greedy
+        return out
 
     def _forward_mixed(self, reqs: list[Req]) -> tuple[torch.Tensor, list[Req]]:
         """grammar: a decode step that also feeds jump-forward tokens (as decode rows: the
@@ -191,9 +192,10 @@ class Stepping:
         self._keep_ids(step, logits, ids, vocab_mask)
 
     def _keep_ids(self, step: InflightStep, logits: torch.Tensor, ids: torch.Tensor,
-                  vocab_mask: torch.Tensor | None) -> None:
-        """The step's sampled ids start their copy to the host; what reading it needs."""
-        step.ids = HostIds(ids)
+                  vocab_mask: torch.Tensor | None, host: Any = None) -> None:
+        """The step's sampled ids start their copy to the host (``host``: on their way
+        already, tp-step's ring); what reading it needs."""
+        step.ids = host if host is not None else HostIds(ids)
         step.vocab_mask = vocab_mask  # grammar: its rows advance their matchers when read
         if step.sync:
             step.logits = logits

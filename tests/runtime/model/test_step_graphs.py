@@ -1,7 +1,8 @@
 """tp-step: a whole decode step of the step graphs (model/step_graphs.py) run eagerly on the CPU,
 padded as a replay pads: the live rows' logits equal a plain decode forward's, the greedy ids
 land in ``last_token`` at the live rows only (padded rows write the sink), the device table gets
-the new slots, and an explicit batch (a replay's path) writes no ids at all."""
+the new slots, the ids reach the host ring, and an explicit batch (a replay's path) writes no
+ids, no table entry and no ring slot. The kernels of the GPU path: test_decode_step_kernels.py."""
 from __future__ import annotations
 
 import pytest
@@ -47,13 +48,12 @@ def test_padded_step_equals_plain_decode_and_writes_live_rows_only(runner):
     table[rows, pos] = 0  # the step must write them back
     graphs.pad_eager = True  # 3 rows run as the graph of 4 would
     try:
-        logits, ids = graphs.step(rows, pos, slots, None,
-                                  lambda r, c, s: table.index_put_((r, c), s))
+        logits, ids, host = graphs.step(rows, pos, slots, None)
     finally:
         graphs.pad_eager = False
     assert logits.shape[0] == 3 and graphs.padded_size(3) == 4
     assert float((logits - plain).abs().max()) < 1e-5
-    assert torch.equal(ids, plain.argmax(-1))
+    assert torch.equal(ids, plain.argmax(-1)) and host.tolist() == ids.tolist()
     assert torch.equal(table[rows, pos], slots)
     want = before.clone()
     want[rows] = ids
@@ -67,10 +67,11 @@ def test_explicit_batch_after_a_step_writes_no_ids(runner):
     pos = torch.tensor([len(r.tokens) for r in reqs])
     slots = runner.token_kv_pool.alloc(len(reqs))
     table = runner.req_to_token_pool.req_to_token
-    graphs.step(rows, pos, slots, None, lambda r, c, s: table.index_put_((r, c), s))
+    _, ids, host = graphs.step(rows, pos, slots, None)
+    held = host.tolist()
     for r, t in zip(reqs, first.tolist()):
         r.tokens.append(t)
-    before = runner.last_token.clone()
+    before, ring = runner.last_token.clone(), graphs.ring.clone()
     nxt = runner.last_token[rows].tolist()
     pairs = [(r, [t]) for r, t in zip(reqs, nxt)]
     prefix = [len(r.tokens) for r in reqs]
@@ -78,6 +79,9 @@ def test_explicit_batch_after_a_step_writes_no_ids(runner):
     table[rows, torch.tensor(prefix)] = slots2
     batch = d._batch(ForwardMode.DECODE, pairs, nxt, prefix, slots2, prefix, [1] * 3, None)
     padded = graphs.load(batch)  # what ``replay`` runs, eagerly
+    table_before = table.clone()
     logits, _ = graphs._run(graphs.static_batch(padded))
-    assert torch.equal(runner.last_token, before)
+    # no ids, no table entries, no ring slot (the host may still read the last step's)
+    assert torch.equal(runner.last_token, before) and torch.equal(graphs.ring, ring)
+    assert torch.equal(table, table_before) and host.tolist() == held == ids.tolist()
     assert float((logits[:3] - runner.forward_eager(batch)).abs().max()) < 1e-5

@@ -1,0 +1,77 @@
+"""The two small kernels of a whole decode step (model/step_graphs.py, model/step_ops.py), each
+one launch inside the step's CUDA graph where torch needed several launches outside it.
+
+``prepare`` (before the forward): for each live row ``i`` (``dest[i] != sink``) write its new KV
+slot into the request->slot table (``table[rows[i], pos[i]] = locs[i]``) and gather its input
+token (``input_ids[i] = last_token[rows[i]]``); padded rows and the rows of an explicit batch
+(every ``dest`` the sink) touch nothing.
+
+``finish`` (after the logits): the second half of the greedy argmax (``layers/sampler.py``
+``two_step_argmax``: the chunk holding the row's maximum, the first of equal ones, then that
+chunk's index), the id written to ``ids``, to ``last_token[dest[i]]`` (the next step's input)
+and, for a live row, to row ``i`` of a page-locked host ring's slot ``meta[SLOT, 0]``: the scheduler reads the
+ids there after an event, with no device-to-host copy queued between two graphs. The host
+ring is a kernel argument, so Triton's launcher asks the driver for its device address (a
+page-locked mapped buffer has one, over UVA; ``hicache``'s ``kv_move.py`` does the same).
+
+Both read ``meta``, the step's indices ``[6, max_bs]`` int64 (rows: request rows, positions,
+lengths, KV slots, id destinations, the ring slot at ``[5, 0]``; step_graphs.py).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+ROWS, POS, LENS, LOCS, DEST, SLOT = range(6)
+BLOCK = 128
+
+
+@triton.jit
+def _prepare_kernel(Meta, LastToken, Table, InputIds, n, max_bs, width, sink,
+                    BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    rows = tl.load(Meta + 0 * max_bs + i, mask=m, other=0)
+    pos = tl.load(Meta + 1 * max_bs + i, mask=m, other=0)
+    locs = tl.load(Meta + 3 * max_bs + i, mask=m, other=0)
+    dest = tl.load(Meta + 4 * max_bs + i, mask=m, other=sink)
+    live = m & (dest != sink)
+    tl.store(Table + rows * width + pos, locs, mask=live)
+    tl.store(InputIds + i, tl.load(LastToken + rows, mask=live, other=0), mask=live)
+
+
+@triton.jit
+def _finish_kernel(Vals, Idx, Meta, LastToken, Ids, Ring, max_bs, chunk, sink,
+                   C: tl.constexpr, RING: tl.constexpr):
+    row = tl.program_id(0)
+    c = tl.arange(0, C)
+    vals = tl.load(Vals + row * C + c)
+    best = tl.argmax(vals, axis=0, tie_break_left=True)
+    tok = best.to(tl.int64) * chunk + tl.load(Idx + row * C + best)
+    tl.store(Ids + row, tok)
+    dest = tl.load(Meta + 4 * max_bs + row)
+    tl.store(LastToken + dest, tok)
+    if RING:  # live rows only: an explicit batch must not touch a slot the host still reads
+        tl.store(Ring + tl.load(Meta + 5 * max_bs) * max_bs + row, tok, mask=dest != sink)
+
+
+def prepare(meta: torch.Tensor, n: int, last_token: torch.Tensor, table: torch.Tensor,
+            input_ids: torch.Tensor, sink: int) -> None:
+    """See the module docstring; rows ``0 .. n-1``."""
+    assert meta.is_contiguous() and table.is_contiguous() and input_ids.is_contiguous()
+    _prepare_kernel[(triton.cdiv(n, BLOCK),)](meta, last_token, table, input_ids, n,
+                                              meta.shape[1], table.shape[1], sink,
+                                              BLOCK=BLOCK, num_warps=1)
+
+
+def finish(logits: torch.Tensor, chunks: int, meta: torch.Tensor, last_token: torch.Tensor,
+           ring: torch.Tensor | None, sink: int) -> torch.Tensor:
+    """The rows' greedy ids ``[n]`` (see the module docstring); ``chunks`` divides the vocab."""
+    n, vocab = logits.shape
+    vals, idx = logits.reshape(n, chunks, vocab // chunks).max(dim=-1)
+    ids = torch.empty(n, dtype=torch.int64, device=logits.device)
+    _finish_kernel[(n,)](vals.contiguous(), idx.contiguous(), meta, last_token, ids,
+                         ids if ring is None else ring, meta.shape[1], vocab // chunks, sink,
+                         C=chunks, RING=ring is not None, num_warps=1)
+    return ids
