@@ -83,9 +83,10 @@ class KernelIO:
         """Device rows ``idx[0]`` <- host rows ``idx[1]``, one launch per ``load_group`` layers;
         returns, per layer, what ``after_layer()`` gave after its group's launch (its event)."""
         marks: list = []
+        dev_idx, host_idx = idx[0], idx[1]
         for first in range(0, self.layers, self.load_group):
             last = min(first + self.load_group, self.layers)
-            self._move(self.host_words, self.dev_ptrs, idx[0], idx[1], (2 * first, 2 * last),
+            self._move(self.host_words, self.dev_ptrs, dev_idx, host_idx, (2 * first, 2 * last),
                        self.row_words, self.host_plane_words, to_host=False)
             marks.extend([after_layer()] * (last - first))
         return marks
