@@ -98,10 +98,13 @@ def batch1(engine, prompts: list[str], out_len: int, **extra) -> dict:
         engine.flush_cache()
         engine.generate(prompt, greedy(1, **extra))  # the prompt's KV into the radix cache
         for n in (1, out_len):  # both runs hit it: prefill noise (CPU) does not enter the diff
+            before = spec_counters(engine)
             t0, c0 = time.perf_counter(), cpu_seconds()
             out = engine.generate(prompt, greedy(n, **extra))
             times[n] = time.perf_counter() - t0
             cpus[n] = cpu_seconds() - c0
+        verifies = spec_counters(engine).get("spec_verify_steps", 0) - before.get(
+            "spec_verify_steps", 0)  # of the out_len run
         meta, n_out = out["meta_info"], len(out["output_ids"])
         spent += times[out_len] - times[1]
         cpu += cpus[out_len] - cpus[1]
@@ -109,7 +112,9 @@ def batch1(engine, prompts: list[str], out_len: int, **extra) -> dict:
         steps += meta.get("spec_verify_ct") or 0
         outs.append(out["output_ids"])
         detail.append((n_out, 1e3 * (times[out_len] - times[1]) / max(1, n_out - 1),
-                       n_out / meta["spec_verify_ct"] if meta.get("spec_verify_ct") else None))
+                       n_out / meta["spec_verify_ct"] if meta.get("spec_verify_ct") else None,
+                       1e3 * (times[out_len] - times[1]), verifies,
+                       meta.get("spec_verify_ct") or n_out - 1))
     per_step = sum(len(o) for o in outs) / steps if steps else None
     # NOTE: on a shared CPU box the wall time carries the other jobs' load (+-30%), the CPU
     # time of the engine's processes much less of it
@@ -226,6 +231,22 @@ def equal_count(want: list[list[int]], got: list[list[int]]) -> tuple[int, list[
     return len(want) - len(diverge), diverge
 
 
+def step_costs(row: str, base: list, got: list) -> None:
+    """A speculative (verify) step's cost against a plain step's, batch 1: the plain engine's
+    ms per token is its step; the speculative engine's decode time less its plain steps (at
+    the plain engine's cost on the same prompt) over its verify steps (each prompt's decode
+    time: the out_len run less the 1-token one, which has no decode step)."""
+    plain_ms = sum(b[3] for b in base) / max(1, sum(b[5] for b in base))
+    verify_s = sum(g[4] for g in got)
+    if not verify_s:
+        return
+    rest = sum(g[3] - (g[5] - g[4]) * b[1] for b, g in zip(base, got))
+    print(f"  {row} step costs: plain step {plain_ms:.3f} ms, speculative (verify) step "
+          f"{rest / verify_s:.3f} ms ({rest / verify_s / plain_ms:.2f} plain steps; {verify_s} "
+          f"verify steps, {sum(g[5] - g[4] for g in got)} plain steps of the spec engine)",
+          flush=True)
+
+
 def report(a: argparse.Namespace, plain: dict, spec: dict) -> None:
     table = []
     for row in [r for r in "bcds" if r in spec or r in a.rows.split(",")]:
@@ -241,10 +262,12 @@ def report(a: argparse.Namespace, plain: dict, spec: dict) -> None:
                       got["cpu_tok_s"] / base["cpu_tok_s"] if by_cpu else "-",
                       got["per_step"] or "-", f"{equal}/{len(base['outs'])}"
                       + (f" (first diff at {diverge})" if diverge else "")])
-        for i, ((n, ms_b, _), (_, ms_g, per)) in enumerate(zip(base["detail"], got["detail"])):
+        for i, (b, g) in enumerate(zip(base["detail"], got["detail"])):
+            (n, ms_b, _), (_, ms_g, per) = b[:3], g[:3]
             print(f"  {row} prompt {i}: {n} tokens, plain {ms_b:.2f} ms/token, spec "
                   f"{ms_g:.2f} ms/token ({ms_b / ms_g:.2f}x), tokens/verify "
                   f"{per if per is None else round(per, 2)}")
+        step_costs(row, base["detail"], got["detail"])
     print_table(f"speculative decoding with real acceptance, SmolLM2-135M-Instruct "
                 f"({a.device}, dtype {a.dtype}, {a.draft_tokens} draft tokens, graphs "
                 f"{'off' if a.disable_cuda_graph or a.device == 'cpu' else 'on'})",
