@@ -16,7 +16,14 @@ ms from the client's first post (server) or the ``generate`` call (Engine), firs
 - ``settled`` (a result reached the server's loop), ``written`` (its response body was sent),
   ``client_recv`` (the client has it).
 
+``--stages N`` adds N bursts and N lone requests with every request's own stages, arrival
+(client -> app -> parsed -> submit -> handoff -> tm_send -> the scheduler handled it) and finish
+(the scheduler's output -> recv -> settled -> written -> client), median and max
+(``request_stages.py``; the scheduler's side from its step trace), and the CPU per request of the
+server loop's thread, the engine loop's thread, the main process and the scheduler.
+
     python benchmarks/gpu/burst_timeline.py --device cpu --tiny --requests 32 --max-new 16
+    python benchmarks/gpu/burst_timeline.py --device cpu --tiny --rounds 0 --lone 0 --stages 5
     source benchmarks/gpu/device_env.sh && python3 benchmarks/gpu/burst_timeline.py \\
         --model-config benchmarks/gpu/configs/llama-3.1-8b --load-format dummy --requests 32
 """
@@ -30,14 +37,17 @@ import argparse  # noqa: E402
 import asyncio  # noqa: E402
 import itertools  # noqa: E402
 import re  # noqa: E402
+import shutil  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_structured_paths as bsp  # noqa: E402
+import request_stages  # noqa: E402
 from common import device_line  # noqa: E402
 
 EVENTS: list[tuple[float, str, int]] = []
@@ -70,7 +80,7 @@ def _wrap(owner: Any, attr: str, before: Any = None, after: Any = None) -> None:
     setattr(owner, attr, wrapped)
 
 
-def instrument(engine: Any) -> None:
+def instrument(engine: Any, stages: bool = False) -> None:
     from sgdsl.runtime import submitter
     from sgdsl.runtime.ipc import messages as m
     from sgdsl.runtime.ipc.channel import AsyncChannel
@@ -87,6 +97,8 @@ def instrument(engine: Any) -> None:
         "tm_send", len(specs)))
     _wrap(hot_routes, "_validated", after=lambda out, *a: stamp("parsed"))
     _wrap(engine, "note_intake", before=lambda *a: stamp("intake"))
+    if stages:
+        request_stages.instrument(_wrap)
 
     def received(msg: Any, *a: Any, **kw: Any) -> None:
         if isinstance(msg, m.BatchTokenOut):
@@ -101,26 +113,34 @@ def instrument(engine: Any) -> None:
     inner_call = hot_routes.HotRoutes.__call__
 
     async def call(self: Any, scope: Any, receive: Any, send: Any) -> None:
+        box = None
         if scope["type"] == "http" and not scope["path"].startswith("/_"):
             stamp(f"{scope['method']} {scope['path']}")  # every request the server takes
+            if stages:
+                box = request_stages.app_entered()
 
         async def stamped(message: Any) -> None:
             await send(message)
             if message["type"] == "http.response.body" and not message.get("more_body"):
                 stamp("written")
+                if box is not None:
+                    request_stages.written(box)
         await inner_call(self, scope, receive, stamped)
     hot_routes.HotRoutes.__call__ = call
 
 
-async def post_burst(url: str, bodies: list[dict[str, Any]]) -> None:
+async def post_burst(url: str, bodies: list[dict[str, Any]],
+                     times: dict[str, tuple[float, float]] | None = None) -> None:
     """Every body posted at once, each on its own fresh connection: a minimal HTTP/1.1 client
-    on asyncio streams (cheap per request, so the server's side shows; no aiohttp needed)."""
+    on asyncio streams (cheap per request, so the server's side shows; no aiohttp needed).
+    ``times``: filled with rid -> (posted, answer read) for bodies that carry a rid."""
     import json
 
     host, port = url.rsplit("/", 1)[-1].split(":")
 
     async def one(body: dict[str, Any]) -> None:
         stamp("client_send")
+        sent = time.time()
         payload = json.dumps(body).encode()
         reader, writer = await asyncio.open_connection(host, int(port))
         writer.write(b"POST /generate HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json"
@@ -130,6 +150,8 @@ async def post_burst(url: str, bodies: list[dict[str, Any]]) -> None:
         length = int(re.search(rb"content-length: *(\d+)", head, re.I).group(1))
         await reader.readexactly(length)
         stamp("client_recv")
+        if times is not None and "rid" in body:
+            times[body["rid"]] = (sent, time.time())
         if not head.startswith(b"HTTP/1.1 200"):
             raise RuntimeError(head.decode())
         writer.close()
@@ -168,9 +190,12 @@ def serve(a: argparse.Namespace) -> None:
     from sgdsl.runtime.server.app import create_app
     from sgdsl.runtime.server.thread_server import ThreadServer
 
+    from sgdsl.runtime import hop_times
+
     engine = Engine(**bsp.engine_kwargs(a))
     app = create_app(engine)
-    instrument(engine)
+    instrument(engine, a.stages)
+    hop_times.watch_gc("server")  # as sgdsl serve: long collections on stderr
 
     async def events(_: Any) -> JSONResponse:
         out, EVENTS[:] = list(EVENTS), []
@@ -182,6 +207,21 @@ def serve(a: argparse.Namespace) -> None:
         await asyncio.to_thread(engine.generate, input_ids=body["input_ids"],
                                 sampling_params=body["sampling_params"])
         return JSONResponse([t0, time.time()])
+
+    async def stages(_: Any) -> JSONResponse:
+        return JSONResponse(request_stages.take())
+
+    async def cpu(_: Any) -> JSONResponse:
+        """CPU seconds so far: the server loop's thread, the engine loop's, this process."""
+        async def engine_thread() -> float:
+            return time.thread_time()
+        engine_cpu = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(
+            engine_thread(), engine._loop))
+        return JSONResponse({"loop": time.thread_time(), "engine": engine_cpu,
+                             "process": time.process_time()})
+
+    app.add_route("/_stages", stages, methods=["GET"])
+    app.add_route("/_cpu", cpu, methods=["GET"])
 
     async def flush(_: Any) -> JSONResponse:
         return JSONResponse(await asyncio.to_thread(engine.flush_cache))
@@ -279,6 +319,11 @@ def main() -> None:
     ap.add_argument("--python", action="append", default=[], metavar="NAME=PATH",
                     help="also a server run by another interpreter (another tree's venv), "
                          "rounds interleaved")
+    ap.add_argument("--stages", type=int, default=0,
+                    help="also N bursts and N lone requests (max_new_tokens 1) with every "
+                         "request's stages (request_stages.py) and the CPU per request")
+    ap.add_argument("--json", action="store_true",
+                    help="the --stages requests constrained by the person schema")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     a.batches, a.grammar_backend, a.chat_matched = [a.requests], "xgrammar", True
@@ -295,7 +340,9 @@ def main() -> None:
     pythons = {"this": sys.executable, **dict(p.split("=", 1) for p in a.python)}
     argv = [x for i, x in enumerate(sys.argv[1:]) if x != "--python"
             and (i == 0 or sys.argv[i] != "--python")]
-    servers = {name: Child(python, argv) for name, python in pythons.items()}
+    traces = ({name: tempfile.mkdtemp(prefix=f"stages-{name}-") for name in pythons}
+              if a.stages else {})
+    servers = {name: Child(python, argv, traces.get(name)) for name, python in pythons.items()}
     wave = max(1, kw["chunked_prefill_size"] // max(1, len(ids[0])))
     for child in servers.values():
         child.wave = min(wave, len(ids))  # the first prefill wave's requests: when they went
@@ -303,6 +350,7 @@ def main() -> None:
         for r in range(a.rounds):
             for name, child in servers.items():
                 child.round(a, ids, f"{name} round {r}", verbose=r == a.rounds - 1)
+        stage_rounds(a, servers, ids)
         for name, child in servers.items():
             if a.lang:
                 print(f"\n--- {name}: run_batch on RuntimeEndpoint", flush=True)
@@ -313,26 +361,54 @@ def main() -> None:
                 lone(a, child.http, child.url, ids[0], child.fetched)
         for name, child in servers.items():
             print(f"\n{name}: " + "; ".join(
-                f"{k} {1e3 * statistics.median(v):.1f}" for k, v in child.summary.items()))
-            ratios = [s / e for s, e in zip(child.summary["server wall"],
-                                            child.summary["engine wall"])]
+                f"{k} {1e3 * statistics.median(v):.{3 if 'cpu' in k else 1}f}"
+                for k, v in child.summary.items()))
+            ratios = [s / e for s, e in zip(child.summary.get("server wall", []),
+                                            child.summary.get("engine wall", []))]
+            if not ratios:
+                continue
             print(f"{name}: server/Engine wall per round (back to back, same load): "
                   + ", ".join(f"{r:.2f}" for r in ratios)
                   + f"; median {statistics.median(ratios):.2f}")
     finally:
         for child in servers.values():
             child.close()
+        for folder in traces.values():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def stage_rounds(a: argparse.Namespace, servers: dict[str, "Child"], ids: list[list[int]]) -> None:
+    """``--stages``: bursts of every prompt, then lone requests, each request's stages."""
+    if not a.stages:
+        return
+    params: dict[str, Any] = {"max_new_tokens": a.max_new, "temperature": 0.0,
+                              "ignore_eos": True}
+    if a.json:
+        params = {"max_new_tokens": a.max_new, "temperature": 0.0,
+                  "json_schema": bsp.sp.SCHEMA_TEXT}
+    bodies = [{"input_ids": x, "sampling_params": params} for x in ids]
+    lone = [{"input_ids": ids[0], "sampling_params": dict(params, max_new_tokens=1)}]
+    for child in servers.values():  # warm-up (the schema's compile, first-touch costs)
+        asyncio.run(post_burst(child.url, bodies))
+    for r in range(a.stages):
+        for name, child in servers.items():
+            child.stage_round(a, bodies, f"{name} stages burst {r}")
+    for r in range(a.stages):
+        for name, child in servers.items():
+            child.stage_round(a, lone, f"{name} stages lone {r}")
 
 
 class Child:
     """A server process (this script's ``--serve``) run by ``python``."""
 
-    def __init__(self, python: str, argv: list[str]) -> None:
+    def __init__(self, python: str, argv: list[str], trace: str | None = None) -> None:
         import subprocess
 
         import httpx
 
-        self.proc = subprocess.Popen([python, __file__, *argv, "--serve"],
+        env = dict(os.environ, **({"SGDSL_STEP_TRACE": trace} if trace else {}))
+        self.trace = trace  # the scheduler's step trace folder (--stages)
+        self.proc = subprocess.Popen([python, __file__, *argv, "--serve"], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.url = self.proc.stdout.readline().strip()
         self.http = httpx.Client(base_url=self.url, timeout=600)
@@ -347,6 +423,40 @@ class Child:
     def steps(self) -> dict[str, int]:
         info = self.http.get("/get_server_info").json()
         return {k: int(info.get(k, 0)) for k in ("extend_steps", "forward_steps")}
+
+    def cpu(self) -> dict[str, float]:
+        from proc_stats import cpu_seconds, descendants
+
+        out = self.http.get("/_cpu").json()
+        out["scheduler"] = sum(map(cpu_seconds, descendants(self.proc.pid)))
+        return out
+
+    def stage_round(self, a: argparse.Namespace, bodies: list[dict[str, Any]],
+                    title: str) -> None:
+        """One burst of ``bodies`` (each given a rid) with every request's stages printed."""
+        bodies = [dict(b, rid=f"{title.replace(' ', '-')}-{i}") for i, b in enumerate(bodies)]
+        self.http.post("/_flush")
+        self.http.get("/_stages")
+        times: dict[str, tuple[float, float]] = {}
+        idle = self.cpu()
+        t0, c0 = time.time(), self.cpu()
+        asyncio.run(post_burst(self.url, bodies, times))
+        c1 = self.cpu()
+        c1 = {k: v - (c0[k] - idle[k]) for k, v in c1.items()}  # less a /_cpu call's own
+        time.sleep(1.1)  # the step trace flushes its rows with a row a second after the last
+        self.http.post("/_flush")  # a message: the scheduler writes a row (and flushes)
+        handled = request_stages.scheduler_handled(self.trace, t0) if self.trace else []
+        spans = request_stages.report(title, self.http.get("/_stages").json(), times, handled)
+        n = len(bodies)
+        kind = "lone" if n == 1 else f"burst {n}"
+        cpu = {k: 1e3 * (c1[k] - c0[k]) / n for k in c1}
+        print("  CPU ms/request: " + ", ".join(f"{k} {v:.3f}" for k, v in cpu.items()))
+        for k, v in cpu.items():
+            self.note(f"{kind} cpu {k} ms/req", v / 1e3)
+        for k in ("ARRIVAL", "FINISH"):
+            if spans.get(k):
+                self.note(f"{kind} max {k}", max(spans[k]) / 1e3)
+                self.note(f"{kind} median {k}", statistics.median(spans[k]) / 1e3)
 
     def note(self, key: str, value: float) -> None:
         self.summary.setdefault(key, []).append(value)

@@ -1,5 +1,6 @@
 """StepTrace: ``$SGDSL_STEP_TRACE`` (a folder): one JSON line per scheduler loop iteration in
-``steps-rank{N}.jsonl``: when it started, how long it took on the host, and where that time
+``steps-rank{N}.jsonl``: when it started (``t``: since the trace began; ``at``: wall clock,
+comparable with the main process's stamps), how long it took on the host, and where that time
 went (handling messages, the disaggregation poll, admission, launching, reading the previous
 step: the last includes waiting for the device). A slow decode iteration is a late token for
 every running request, so the tail of this file explains an ITL p99 (``benchmarks/gpu/
@@ -28,7 +29,7 @@ class StepTrace:
         self.file = open(path, "a", buffering=1 << 16)  # noqa: SIM115 - closed by close()
         self.parts: dict[str, float] = {}
         self.t0 = time.perf_counter()
-        self._begin = self._handled = 0.0
+        self._begin = self._handled = self._wall = 0.0
         self._msgs = 0
         self._flushed = time.monotonic()
         self._forward0 = self._extend0 = 0
@@ -48,6 +49,7 @@ class StepTrace:
 
     def begin(self) -> None:
         self._begin = time.perf_counter()
+        self._wall = time.time()
         self.parts = {}
         self._forward0 = self.sched.counters["forward_steps"]
         self._extend0 = self.sched.counters["extend_steps"]
@@ -61,7 +63,7 @@ class StepTrace:
         s, now = self.sched, time.perf_counter()
         if s.counters["forward_steps"] == self._forward0 and not self._msgs:
             return
-        row = {"t": round(self._begin - self.t0, 5), "ms": round((now - self._begin) * 1e3, 3),
+        row = {"t": round(self._begin - self.t0, 5), "at": round(self._wall, 6), "ms": round((now - self._begin) * 1e3, 3),
                "handle_ms": round((self._handled - self._begin) * 1e3, 3), "msgs": self._msgs,
                "running": len(s.running), "waiting": len(s.waiting),
                "launched": s.counters["forward_steps"] - self._forward0,

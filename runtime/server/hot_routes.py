@@ -38,6 +38,9 @@ except ImportError:  # pragma: no cover - depends on the installation
 Handler = Callable[[Any, Request], Awaitable[Response]]
 # NOTE: not a standard status; nginx's "client closed request" (as app.py answers it).
 CLIENT_CLOSED = 499
+# A scope key: the request was already taken by the front (app.ServerApp: this guard and these
+# routes in front of FastAPI's stack), which passed it on; the stack's own copies let it by.
+FRONT = "sgdsl.front"
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,8 @@ class HotRoutes:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = self.routes.get(scope["path"]) if scope["type"] == "http" else None
-        if route is None or scope["method"] != "POST" or not _is_json(scope):
+        if (route is None or scope["method"] != "POST" or FRONT in scope
+                or not _is_json(scope)):
             await self.app(scope, receive, send)
             return
         body = await _read_body(receive)

@@ -12,6 +12,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import error_body, protocol_of
+from .hot_routes import FRONT
 from .metrics import ServerMetrics
 
 OPEN_PATHS = frozenset({"/health", "/health_generate"})
@@ -29,7 +30,7 @@ class GuardMiddleware:
         self.known_paths = known_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or FRONT in scope:  # the front's guard has counted it
             await self.app(scope, receive, send)
             return
         path = scope["path"]

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..ipc.messages import ReqOut
 from ..sampling_params import SamplingParams
-from .detokenizer import IncrementalDetokenizer
+from .detokenizer import IncrementalDetokenizer, ids_decoder
 from .stop import StopStringTrimmer, trim_at_stop
 
 
@@ -120,9 +120,12 @@ class ReqState:
 
     # -- text ---------------------------------------------------------------------------------------
     def _decode(self, ids: list[int]) -> str:
+        # NOTE: the backend's decode where that is HF's (ids_decoder): HF's wrapper checked
+        # every id in Python (to_py_obj), half of an answer's decode (issue 29: a burst's last
+        # finishers are answered one after another while the device waits for the next burst)
         p = self.params
-        return self.tokenizer.decode(ids, skip_special_tokens=p.skip_special_tokens,
-                                     spaces_between_special_tokens=p.spaces_between_special_tokens)
+        return ids_decoder(self.tokenizer, p.skip_special_tokens,
+                           p.spaces_between_special_tokens)(ids)
 
     def final_text(self) -> str:
         """All output text, with a matched stop (string or token) trimmed unless no_stop_trim."""

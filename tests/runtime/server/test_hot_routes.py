@@ -99,7 +99,8 @@ def _apps() -> tuple[Any, Any]:
     lean = create_app(FakeEngine(step_s=0.0), ServerArgs())
     plain = create_app(FakeEngine(step_s=0.0), ServerArgs())
     plain.user_middleware = [m for m in plain.user_middleware if m.cls is not HotRoutes]
-    assert any(m.cls is HotRoutes for m in lean.user_middleware)
+    plain.front = None  # app.ServerApp: the hot routes in front of FastAPI's stack
+    assert any(m.cls is HotRoutes for m in lean.user_middleware) and lean.front is not None
     return lean, plain
 
 
@@ -181,3 +182,42 @@ def test_sampling_memo_keeps_only_valid_dicts() -> None:
     big = {"max_new_tokens": 4, "json_schema": json.dumps({"description": "x" * 5000})}
     c.sampling(big)
     assert len(c.checked) == 2  # a large schema is validated, not kept
+
+
+def _requests_counted(text: str, route: str, status: int) -> float:
+    """The http-requests counter of (route, status) in a /metrics text (0 when absent)."""
+    label = f'route="{route}",status="{status}"'
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if "_http_requests_total{" in line and label in line.replace(" ", ""))
+
+
+async def test_front_counts_each_request_once_and_passes_the_rest_to_fastapi() -> None:
+    """The front (the hot paths served before FastAPI's stack) guards a hot path's request
+    once, whether it answers it or passes it on to the app (a body FastAPI answers, another
+    method): one count per request, the app's own answer."""
+    app = create_app(FakeEngine(step_s=0.0), ServerArgs())
+    assert app.front is not None and "/generate" in app.front_paths
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        ok = await client.post("/generate", json={"input_ids": [5, 6],
+                                                  "sampling_params": {"max_new_tokens": 2}})
+        bad = await client.post("/generate", json={"text": 5})
+        wrong = await client.get("/generate")
+        text = (await client.get("/metrics")).text
+    assert (ok.status_code, bad.status_code, wrong.status_code) == (200, 400, 405)
+    assert "text" in bad.text  # the app's validation answer names the field
+    for status in (200, 400, 405):
+        assert _requests_counted(text, "/generate", status) == 1.0, (status, text)
+
+
+async def test_no_front_where_middleware_must_come_first() -> None:
+    """With CORS configured, every request takes the whole stack (the preflight is answered
+    before the API key check), so the front is off."""
+    app = create_app(FakeEngine(step_s=0.0), ServerArgs(api_key="k", cors_origins=("*",)))
+    assert app.front is None
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        pre = await client.options("/generate", headers={
+            "origin": "http://a", "access-control-request-method": "POST"})
+        denied = await client.post("/generate", json={"input_ids": [5]})
+    assert pre.status_code == 200 and denied.status_code == 401

@@ -100,3 +100,39 @@ def test_direct_backend_decode_equals_the_tokenizers_decode(tokenizer, skip: boo
         ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randrange(1, 12))]
         ids += rng.choice(texts)[:rng.randrange(0, 6)] + [rng.randrange(0, 17)]
         assert decode(ids) == tokenizer.decode(ids, skip_special_tokens=skip), ids
+
+
+class _WrapperCounted:
+    """A tokenizer whose HF ``decode`` wrapper counts its calls (everything else delegated)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.calls = inner, 0
+
+    def decode(self, ids, **kw):
+        self.calls += 1
+        return self.inner.decode(ids, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_final_text_decodes_through_the_backend(tokenizer, skip: bool) -> None:
+    """A finished request's text (``ReqState.final_text``, every non-streamed answer) is the
+    tokenizer's decode, built by the fast backend without HF's per-id wrapper (issue 29: the
+    answers of a burst's last step are built one after another)."""
+    from sgdsl.runtime.ipc.messages import ReqOut
+    from sgdsl.runtime.sampling_params import SamplingParams
+    from sgdsl.runtime.tokenizer.req_state import ReqState
+
+    counted = _WrapperCounted(tokenizer)
+    rng = random.Random(11)
+    for i in range(100):
+        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randrange(1, 20))]
+        stop = ids[-1] if i % 3 == 0 else None  # a matched stop token is trimmed
+        state = ReqState(f"r{i}", SamplingParams(skip_special_tokens=skip), counted)
+        state.apply(ReqOut(f"r{i}", ids, {"type": "stop", "matched": stop} if stop is not None
+                           else {"type": "length", "length": len(ids)}))
+        want = ids[:-1] if stop is not None else ids
+        assert state.final_text() == tokenizer.decode(want, skip_special_tokens=skip), ids
+    assert counted.calls == 0
