@@ -112,6 +112,8 @@ class StepGraphs(CudaGraphRunner):
         n = batch.batch_size
         step_ops.prepare(self.meta, n, self.last_token, self.table, self.input_ids, self.sink)
         logits = self.runner.forward_eager(batch)
+        if self.ring is not None and not step_ops.ring_ok(logits.device, logits.shape[-1]):
+            self.ring = None  # logits wider than the config's vocab, unsplit: ids copied
         # padded rows (and every row of an explicit replay) write the sink, not the ring
         return logits, step_ops.finish(logits, self.meta, self.last_token, self.ring,
                                        self.sink)

@@ -247,9 +247,11 @@ class RunningBatch:
                                                self.device) if groups else None
         return self._shared
 
-    def advance(self) -> None:
-        """After a decode launch: every request's next token goes one position further."""
-        self._pos = None if self._pos is None else self._pos + 1
+    def advance(self, device: bool = True) -> None:
+        """After a decode launch: every request's next token goes one position further.
+        ``device`` False (tp-step: the step graphs upload positions themselves): the device
+        copy goes stale instead of taking an add."""
+        self._pos = None if self._pos is None or not device else self._pos + 1
         self.pos_host = self.pos_host + 1
         for r in self.reqs:
             r.kv_len += 1

@@ -108,7 +108,7 @@ class Stepping:
             out = graphs.step(run.rows_host, run.pos_host, slots, run.shared_prefix())
         else:
             out = self.runner.forward(run.forward_batch(slots)), None, None
-        run.advance()
+        run.advance(device=not whole)
         return out
 
     def _forward_mixed(self, reqs: list[Req]) -> tuple[torch.Tensor, list[Req]]:

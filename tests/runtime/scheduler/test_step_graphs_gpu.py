@@ -14,10 +14,30 @@ from sgdsl.runtime.ipc import messages as m
 from sgdsl.runtime.sampling_params import SamplingParams
 from sgdsl.runtime.scheduler.scheduler import Scheduler
 
-from .test_overlap_gpu import _prompts, model_dir  # noqa: F401 - the fixture
+from .test_overlap_gpu import _prompts
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """test_overlap_gpu's random Llama with a vocabulary the greedy pick splits into chunks
+    (32768: the finish kernel and the host ring run, as for real vocabularies)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                      vocab_size=32768, max_position_embeddings=1024, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # larger weights than HF's init: a peaked, tie-free argmax
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.08)
+    path = tmp_path_factory.mktemp("tiny-llama-step-gpu")
+    model.save_pretrained(path)
+    return path
 
 
 def _params(i: int) -> SamplingParams:
@@ -40,6 +60,8 @@ def _run(model_dir, mode: str, pool: int, greedy_only: bool, monkeypatch) -> tup
                           max_running_requests=16, cuda_graph_max_bs=16,
                           chunked_prefill_size=64, grammar_backend="none")
     runner = ModelRunner(config)
+    graphs = runner.step_graphs
+    assert (graphs is not None and graphs.ring is not None) == (mode == "graph")
     outs: dict = {}
     sched = Scheduler(runner, config, [], None,
                       lambda msg: [outs.setdefault(o.rid, []).extend(o.new_ids) for o in msg.outs])
