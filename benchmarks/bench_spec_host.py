@@ -273,7 +273,9 @@ def main() -> None:
           f"{a.out_len}: greedy-equal {same}/{len(prompts)}; tokens {tokens}, verify steps "
           f"{st['spec_verify_steps']}, prefetched lookups taken "
           f"{st.get('spec_draft_prefetch_hits', '-')}, batches built ahead / taken "
-          f"{st.get('spec_ahead_built', '-')} / {st.get('spec_ahead_taken', '-')}, outputs "
+          f"{st.get('spec_ahead_built', '-')} / {st.get('spec_ahead_taken', '-')} (launched "
+          f"before the last was read: {st.get('spec_pipelined_steps', '-')}, wasted "
+          f"{st.get('spec_ahead_wasted', '-')}), outputs "
           f"held {st.get('spec_outputs_held', '-')}, tokens per step {tokens / max(spec['steps'], 1):.2f} "
           f"(forward steps {spec['steps']} vs plain {plain['steps']}); wall spec/plain "
           f"{spec['wall_ns'] / 1e9:.2f}/{plain['wall_ns'] / 1e9:.2f} s")

@@ -40,6 +40,7 @@ from .base import Drafter, DraftTree, EMPTY_TREE
 from .cost import CostGate
 from .grammar_drafts import check_draft, draft_limit
 from .prebuild import AheadBatch, build_ahead
+from .pipeline import may_pipeline
 from .prediction import expect_drafts
 from .readback import VerifyRead
 from .registry import build_drafter
@@ -58,7 +59,10 @@ class SpecDecoder:
         self.bar = self.threshold  # this step's: the larger of it and the cost gate's bar
         self.context_len = runner.context_len
         self.stats = SpecStats(self.k)
-        self.read = VerifyRead()  # the verify's ids to the host, read after the prefetch
+        # the verify's ids to the host, read after the work done while the device runs; two:
+        # a step's and the next one's when that is launched before this one is read
+        self.reads = (VerifyRead(), VerifyRead())
+        self.pipeline: bool | None = None  # pipeline.py (None: decided at the first step)
         # the last step's outputs: held (``_outputs``), then sent during the next verify
         self.held: list[Any] | None = None
         self.deferred: InflightStep | None = None
@@ -84,6 +88,7 @@ class SpecDecoder:
             return self._launch(sched, ahead)
         finally:
             if ahead is not None and not ahead.taken:
+                self.stats.ahead_wasted += ahead.read is not None
                 ahead.free()
 
     def _launch(self, sched: Any, ahead: AheadBatch | None) -> InflightStep | None:
@@ -114,6 +119,7 @@ class SpecDecoder:
             self.stats.ahead_taken += 1
             total = 0
         elif ahead is not None:
+            self.stats.ahead_wasted += ahead.read is not None  # its forward ran for nothing
             ahead.free()
             ahead.taken = True  # (freed)
             ahead = None
@@ -153,30 +159,48 @@ class SpecDecoder:
     def _verify(self, sched: Any, reqs: list[Any], trees: list[DraftTree],
                 masks: list[Any], ends: list[bool], ahead: AheadBatch | None) -> bool:
         """The verify forward over every request's tree, the samples, the accepted tokens.
-        False: KV ran short (cannot happen after launch's check; a plain step if it does)."""
-        built = (ahead.batch, ahead.layout) if ahead is not None else build_verify(
-            reqs, trees, sched.memory, sched.device)
-        if built is None:
-            return False
-        batch, layout = built
-        logits = self._forward(sched.runner, batch)
-        verify = logits if not layout.fed_extra else logits.index_select(
-            0, to_device(torch.tensor(layout.verify_rows), logits.device))
-        self.read.start(sample_verify(sched, reqs, trees, verify, masks))
-        # the device verifies meanwhile: the drafter's next lookups go now (a guess of what
-        # this step accepts; ngram.py)
+        False: KV ran short (cannot happen after launch's check; a plain step if it does).
+        ``ahead``: this step's batch, built (and maybe launched) during the last verify."""
+        if ahead is not None and ahead.read is not None:  # already on the device
+            batch, layout, logits, read = ahead.batch, ahead.layout, ahead.logits, ahead.read
+            self.stats.pipelined_steps += 1
+        else:
+            built = (ahead.batch, ahead.layout) if ahead is not None else build_verify(
+                reqs, trees, sched.memory, sched.device)
+            if built is None:
+                return False
+            batch, layout = built
+            read = self.reads[0]
+            logits = self._launch_verify(sched, reqs, trees, batch, layout, masks, read)
+        # the device verifies meanwhile: the drafter's next lookups (on a guess of what this
+        # step accepts; ngram.py), the last step's outputs, the next batch for that guess
+        # (prebuild.py), launched at once where it may be (pipeline.py)
         self.drafter.prefetch(reqs, trees)
-        if self.deferred is not None:  # the last step's outputs go out meanwhile
+        if self.deferred is not None:
             sched._read(self.deferred)
             self.deferred = None
-        if all(m is None for m in masks):  # and the next batch, for the likely outcome
-            self.ahead = build_ahead(self, sched, reqs, trees, layout)
-            self.stats.ahead_built += self.ahead is not None
-        ids = self.read.wait()
+        if all(m is None for m in masks):
+            self.ahead = nxt = build_ahead(self, sched, reqs, trees, layout)
+            self.stats.ahead_built += nxt is not None
+            if nxt is not None and may_pipeline(self, sched):
+                nxt.read = self.reads[1] if read is self.reads[0] else self.reads[0]
+                nxt.logits = self._launch_verify(sched, reqs, nxt.trees, nxt.batch,
+                                                 nxt.layout, [None] * len(reqs), nxt.read)
+        ids = read.wait()
         self.stats.verify_steps += 1
         self.stats.tree_steps += batch.mode is ForwardMode.TARGET_VERIFY
         self._accept(sched, reqs, trees, layout, logits, ids, ends)
         return True
+
+    def _launch_verify(self, sched: Any, reqs: list[Any], trees: list[DraftTree], batch: Any,
+                       layout: VerifyLayout, masks: list[Any], read: VerifyRead
+                       ) -> torch.Tensor:
+        """Queue the verify forward and its samples, and their copy to the host (``read``)."""
+        logits = self._forward(sched.runner, batch)
+        verify = logits if not layout.fed_extra else logits.index_select(
+            0, to_device(torch.tensor(layout.verify_rows), logits.device))
+        read.start(sample_verify(sched, reqs, trees, verify, masks))
+        return logits
 
     def _forward(self, runner: Any, batch: Any) -> torch.Tensor:
         """The verify forward: chains on the decode graphs (``runner.forward``), trees on the

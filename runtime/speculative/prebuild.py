@@ -33,6 +33,9 @@ class AheadBatch:
     layout: VerifyLayout
     memory: Any
     taken: bool = False  # by its step (or freed)
+    # launched already (pipeline.py): its logits and the read of its samples
+    logits: Any = None
+    read: Any = None
 
     def matches(self, reqs: Sequence[Any], trees: Sequence[DraftTree]) -> bool:
         """Whether this is the batch ``build_verify(reqs, trees)`` would build now."""

@@ -26,6 +26,8 @@ class SpecStats:
         self.held_outputs = 0  # steps whose outputs went out during the next one (decoder.py)
         self.ahead_built = 0  # verify batches built ahead for a guessed outcome (prebuild.py)
         self.ahead_taken = 0  # of them, taken by their step
+        self.pipelined_steps = 0  # taken already launched: verified before the last was read
+        self.ahead_wasted = 0  # launched ahead for a guess that failed (a forward for nothing)
 
     def observe(self, drafted: int, accepted: int, emitted: int) -> None:
         self.verify_rows += 1
@@ -58,6 +60,8 @@ class SpecStats:
                 "spec_grammar_step_ends": self.step_ends,
                 "spec_outputs_held": self.held_outputs,
                 "spec_ahead_built": self.ahead_built, "spec_ahead_taken": self.ahead_taken,
+                "spec_pipelined_steps": self.pipelined_steps,
+                "spec_ahead_wasted": self.ahead_wasted,
                 "spec_accept_rate": self.accepted_tokens / self.draft_tokens
                 if self.draft_tokens else 0.0,
                 "spec_tokens_per_row": self.emitted_tokens / rows if rows else 0.0,

@@ -1,8 +1,9 @@
 """The speculative step's cheaper host work: NGRAM's vectorized lookup finds what the per-depth
 loop found, a lookup prefetched while the device verifies (on a guess of the accepted tokens)
 is taken only when the ids turn out to be the guessed ones and then equals a fresh lookup, and
-a scheduler speculating on a copy workload takes prefetched lookups and batches built ahead,
-sends each step's outputs during the next, with outputs equal to plain decoding's (stand-in
+a scheduler speculating on a copy workload takes prefetched lookups and batches built ahead
+(launched before the last step is read, or not), sends each step's outputs during the next,
+with outputs equal to plain decoding's (stand-in
 model: every token read back from its KV slot, so a batch taken with wrong columns or slots
 changes them), and frees a batch built ahead when its request aborts (idle invariant)."""
 from __future__ import annotations
@@ -11,6 +12,7 @@ import random
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 
 from sgdsl.runtime.config import EngineConfig
@@ -120,11 +122,13 @@ class CopyStandIn(StandInRunner):
         return -0.5 * (torch.arange(VOCAB).view(1, -1) - target.view(-1, 1)).abs().float()
 
 
-def _copy_run(spec: bool) -> tuple[dict, dict]:
+def _copy_run(spec: bool, pipeline: bool = False) -> tuple[dict, dict]:
     runner = CopyStandIn(2048)
     cfg = dict(speculative_algorithm="ngram", speculative_min_speedup=0) if spec else {}
     h = Harness(None, runner)  # type: ignore[arg-type]
     h.sched = Scheduler(runner, EngineConfig(**cfg), [EOS], None, h.send)
+    if spec:  # pipeline.py: on the CPU only when asked (a forward is the host's own time)
+        h.sched.spec.pipeline = pipeline
     rng = random.Random(11)
     for i in range(3):
         h.submit(f"r{i}", [rng.randrange(1, VOCAB) for _ in range(PROMPT_LEN)],
@@ -145,7 +149,20 @@ def test_copy_workload_takes_prefetched_lookups_with_plain_outputs():
     assert stats["spec_outputs_held"] > 0
 
 
-def test_held_outputs_stream_once_and_abort_mid_stream():
+def test_pipelined_verifies_equal_plain_decoding():
+    """The next verify launched before this one is read (for the guessed outcome): taken when
+    the guess held, its forward wasted (slots freed) when not; outputs as plain decoding's.
+    The stand-in computes each forward at its launch from the KV as it is then, so a launched
+    batch reading a column this step had not written yet would change the outputs."""
+    plain, _ = _copy_run(spec=False)
+    got, stats = _copy_run(spec=True, pipeline=True)
+    assert got == plain
+    assert stats["spec_pipelined_steps"] > 0 and stats["spec_ahead_wasted"] > 0
+    assert stats["spec_pipelined_steps"] == stats["spec_ahead_taken"]
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_held_outputs_stream_once_and_abort_mid_stream(pipeline):
     """A speculative step's outputs go out during the next step: every token streams once, in
     order (a prefix of plain decoding's for the aborted request), and an abort between a step
     and its held outputs loses nothing but the aborted request's tail."""
@@ -154,6 +171,7 @@ def test_held_outputs_stream_once_and_abort_mid_stream():
     h = Harness(None, runner)  # type: ignore[arg-type]
     h.sched = Scheduler(runner, EngineConfig(speculative_algorithm="ngram",
                                              speculative_min_speedup=0), [EOS], None, h.send)
+    h.sched.spec.pipeline = pipeline
     rng = random.Random(11)
     for i in range(3):
         h.submit(f"r{i}", [rng.randrange(1, VOCAB) for _ in range(PROMPT_LEN)],

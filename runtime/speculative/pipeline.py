@@ -1,0 +1,34 @@
+"""Whether the next verify, built ahead for a guessed outcome (prebuild.py), is launched at
+once, before this step's samples are read: the device then runs it right after this one, and
+the next step, when the guess held, only reads it (its host work overlaps the device, as a
+plain decode step's does under overlap scheduling).
+
+A launched batch is exactly the forward the next step would launch when its guess holds (the
+same tokens at the same positions over the same KV; ``AheadBatch.matches`` decides, as for a
+batch built ahead and not launched); when the guess fails the forward ran for nothing (its KV
+went to slots of its own, freed then) and the device spends one verify on it. So it pays only
+on a device that runs ahead of the host, and only where nothing of this step's result is read
+after the next forward overwrote it:
+
+- CUDA (on the CPU a forward is the host's own time: a wrong guess would cost a whole one);
+  ``$SGDSL_SPEC_PIPELINE`` = 0 turns it off, = 1 on for any device (tests);
+- overlap scheduling on;
+- every request greedy without penalties (the samples need no per-row state: the argmax), no
+  logprobs owed (they read this step's logits, which the next forward's would replace in the
+  graphs' buffers), no grammar (prebuild.py builds nothing ahead for one).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def may_pipeline(decoder: Any, sched: Any) -> bool:
+    if decoder.pipeline is None:
+        flag = os.environ.get("SGDSL_SPEC_PIPELINE")
+        decoder.pipeline = flag == "1" or (flag != "0" and sched.device.type == "cuda")
+    if not decoder.pipeline or not sched.overlap:
+        return False
+    running = sched.running
+    info = running.info
+    return running.sync_rows == 0 and info.all_greedy and info.penalties.is_empty
