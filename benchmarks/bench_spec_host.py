@@ -159,8 +159,17 @@ def instrument(sched: Any, phases: Phases) -> None:
         return
     phases.wrap(spec, "launch", scope=True)
     for name in ("_gate", "_drafts", "_verify", "_forward", "_sample", "_accept",
-                 "_sync_running", "_after_tokens"):
+                 "_sync_running", "_after_tokens"):  # (the last three: older trees)
         phases.wrap(spec, name)
+    try:
+        from sgdsl.runtime.speculative import accept_step
+        phases.wrap(decoder, "accept_step", "_accept")
+        phases.wrap(accept_step, "sync_running", "_sync_running")
+        phases.wrap(accept_step, "after_tokens", "_after_tokens")
+        for name in ("commit_kv", "append_emitted", "walk"):
+            phases.wrap(accept_step, name)
+    except ImportError:
+        pass
     phases.wrap(spec.drafter, "propose", "propose (drafter)")
     phases.wrap(spec.drafter, "prefetch", "prefetch (drafter)")
     for name in ("build_verify", "commit_kv", "append_emitted", "walk", "expect_drafts",

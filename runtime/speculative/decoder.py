@@ -34,8 +34,7 @@ from ..layers.upload import to_device
 from ..model.forward_batch import ForwardMode
 from ..scheduler.inflight import InflightStep
 from ..scheduler.stepping import MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY
-from .accept import commit_kv, record_logprobs, row_of_emitted, walk
-from .append import append_emitted, truncate_to_ids
+from .accept_step import accept_step
 from .base import Drafter, DraftTree, EMPTY_TREE
 from .cost import CostGate
 from .grammar_drafts import check_draft, draft_limit
@@ -189,7 +188,7 @@ class SpecDecoder:
         ids = read.wait()
         self.stats.verify_steps += 1
         self.stats.tree_steps += batch.mode is ForwardMode.TARGET_VERIFY
-        self._accept(sched, reqs, trees, layout, logits, ids, ends)
+        accept_step(self, sched, reqs, trees, layout, logits, ids, ends)
         return True
 
     def _launch_verify(self, sched: Any, reqs: list[Any], trees: list[DraftTree], batch: Any,
@@ -270,68 +269,9 @@ class SpecDecoder:
         room = min(req.remaining_tokens - 1, self.context_len - req.seq_len - 1)
         return max(min(self.k, room), 0)
 
-    # -- accepting ------------------------------------------------------------------------
-    def _accept(self, sched: Any, reqs: list[Any], trees: list[DraftTree],
-                layout: VerifyLayout, logits: torch.Tensor, ids: list[int],
-                ends: list[bool]) -> None:
-        settled: set[int] = set()  # requests whose grammar step was taken while appending
-        for i, (req, tree) in enumerate(zip(reqs, trees)):
-            first, at = layout.first[i], layout.compact[i]
-            path, emitted = walk(tree, ids[at:at + len(tree) + 1])
-            commit_kv(sched.memory, req, layout.kv_lens[i], len(tree), path,
-                      layout.slots[first:first + len(tree) + 1])
-            if ends[i] and len(path) == len(tree):  # the grammar's step follows the last
-                emitted.pop()  # draft token, not a sample; that token is the newest, so
-                sched.memory.truncate(req, req.kv_len - 1)  # its KV is the next step's
-                self.stats.step_ends += 1
-            n, forced = append_emitted(sched, req, emitted)
-            if forced:  # a forced completion after a draft token: it finished (append.py)
-                self.stats.forced_between += 1
-                settled.add(id(req))
-                truncate_to_ids(sched.memory, req, layout.kv_lens[i], emitted[:len(path)])
-            if req.return_logprob:
-                record_logprobs(req, logits, row_of_emitted(first, path)[:n], emitted[:n])
-            accepted = min(len(path), n)
-            req.spec_verify_ct += 1
-            req.spec_accepted_tokens += accepted
-            self.stats.observe(len(tree), accepted, n)
-            if len(tree):
-                self._observe(req, accepted)
-        self._sync_running(sched, reqs, logits.shape[-1])
-        self._after_tokens(sched, reqs, settled)
-
     def _observe(self, req: Any, accepted: int) -> None:
         req.spec_backoff = req.spec_backoff or Backoff(avg=max(1.0, self.bar))
         req.spec_backoff.update(accepted, self.bar)
-
-    @staticmethod
-    def _sync_running(sched: Any, reqs: list[Any], vocab: int) -> None:
-        """The running batch's positions, last tokens and sampling rows follow the appends."""
-        running = sched.running
-        for req in reqs:  # jump-forward tokens fed: a plain row again
-            req.pending_forced = False
-        running.after_verify(reqs)  # spec: running.py
-        info = running.info
-        if info.penalties.is_empty:
-            info.steps = [len(r.output_ids) for r in reqs]
-        else:  # penalty counts over the new tokens: rebuilt from the outputs
-            running.info = sched.sampler.new_info(reqs, vocab)
-
-    def _after_tokens(self, sched: Any, reqs: list[Any], settled: set[int]) -> None:
-        """As a decode step's read: grammar steps on the last tokens (jump-forward, forced
-        completion, termination) but for the requests ``settled`` already, leavers out,
-        outputs sent (or held for the step's read: ``_outputs``)."""
-        constrained = [r for r in reqs if r.grammar is not None and id(r) not in settled]
-        if constrained:
-            for req in sched.grammar.after_sample(constrained, sched.checker, len(reqs)):
-                sched._jumped(req)
-        sched._leave_batch(reqs)
-        sched._requeue_jumped(reqs)
-        if sched.overlap and not any(r.finished or r.jumped for r in reqs):
-            self.held = reqs  # every request decodes on: sent at the step's read (_outputs)
-            self.stats.held_outputs += 1
-        else:  # one leaves: its KV goes back now
-            sched._finish_and_send(reqs)
 
     # -- requests leaving, integrity, statistics ------------------------------------------------
     def release(self, req: Any) -> None:
