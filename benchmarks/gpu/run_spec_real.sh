@@ -7,8 +7,9 @@
 # package folder the runtime finds as the embedded model (so Engine() and the tests' embedded
 # fixtures work too), checks its sha256, installs the carried wheels and runs the bench
 # (KTESTS=0: without the kernel tests at SmolLM2's shapes first; SECOND="args": the bench
-# once more with those; RUN_TESTS=1: then the speculative GPU tests, which build on the
-# embedded model).
+# once more with those, THIRD="args" a third time; PIPE2/PIPE3=0: that run with
+# SGDSL_SPEC_PIPELINE=0, the speculative step not pipelined; RUN_TESTS=1: then the
+# speculative GPU tests, which build on the embedded model).
 set -o pipefail
 export PYTHONUNBUFFERED=1
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
@@ -41,8 +42,12 @@ timeout ${T:-420} python3 benchmarks/gpu/bench_speculative_real.py --model-path 
   2>&1 | grep --line-buffered -v "it/s\]" | tee $OUT/spec_real.log
 rc=$?
 if [ -n "${SECOND:-}" ]; then  # e.g. SECOND="--dtype float32 --rows b": a second run's args
-  timeout ${T2:-200} python3 benchmarks/gpu/bench_speculative_real.py --model-path $GGUF $SECOND \
-    2>&1 | grep --line-buffered -v "it/s\]" | tee $OUT/spec_real2.log
+  SGDSL_SPEC_PIPELINE=${PIPE2:-} timeout ${T2:-200} python3 benchmarks/gpu/bench_speculative_real.py \
+    --model-path $GGUF $SECOND 2>&1 | grep --line-buffered -v "it/s\]" | tee $OUT/spec_real2.log
+fi
+if [ -n "${THIRD:-}" ]; then  # a third run (PIPE3=0: the speculative step not pipelined)
+  SGDSL_SPEC_PIPELINE=${PIPE3:-} timeout ${T3:-200} python3 benchmarks/gpu/bench_speculative_real.py \
+    --model-path $GGUF $THIRD 2>&1 | grep --line-buffered -v "it/s\]" | tee $OUT/spec_real3.log
 fi
 if [ "${RUN_TESTS:-0}" = 1 ]; then  # the tests load the embedded model: the same conversion
   M=$SGDSL_CACHE/models; [ -e $M/SmolLM2-135M-Instruct-98362432 ] || \
