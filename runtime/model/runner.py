@@ -185,10 +185,27 @@ class ModelRunner:
             all_reduce(torch.zeros(1, device=self.device), get_ep_group())
             all_reduce(torch.zeros(1, device=self.device), get_moe_tp_group())
             torch.cuda.synchronize(self.device)
-        # tp-step: the step graphs also hold the greedy pick and the next step's inputs
-        graphs = (StepGraphs if self._steps_allowed() else CudaGraphRunner)(self, max_bs)
+        steps = self._capture_step_graphs(max_bs)  # tp-step:
+        if steps is not None:
+            return steps
+        graphs = CudaGraphRunner(self, max_bs)
         graphs.capture()
         return graphs
+
+    def _capture_step_graphs(self, max_bs: int) -> "StepGraphs | None":  # tp-step:
+        """Decode graphs that also hold the greedy pick and the next step's inputs, where
+        allowed; None if not, or if their capture failed (logged: the plain graphs serve)."""
+        if not self._steps_allowed():
+            return None
+        try:
+            graphs = StepGraphs(self, max_bs)
+            graphs.capture()
+            return graphs
+        except Exception:  # noqa: BLE001 - any failure: the plain decode graphs instead
+            logger.exception("step graphs failed to capture; plain decode graphs instead "
+                             "(SGDSL_DECODE_STEP=off skips them)")
+            torch.cuda.synchronize(self.device)
+            return None
 
     def _steps_allowed(self) -> bool:  # tp-step:
         """Whether decode steps may run as a whole (``step_graphs.py``): not under pipeline
