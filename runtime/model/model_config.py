@@ -97,7 +97,13 @@ class ModelConfig:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise ModelLoadError(f"no config.json in model directory {Path(model_dir)}")
-        arch = _architecture(json.loads(path.read_text()), path)
+        raw = json.loads(path.read_text())
+        arch = _architecture(raw, path)
+        from .plain_config import plain_llama
+
+        plain = plain_llama(raw)  # no transformers import where the file states everything
+        if plain is not None:
+            return cls.from_hf(plain, arch)
         from transformers import AutoConfig
 
         try:

@@ -151,10 +151,13 @@ def _build(config: EngineConfig, send: Any) -> tuple[Any, m.Ready]:
     from ..model.runner import ModelRunner
     from .scheduler import Scheduler
 
+    from ..tokenizer.loader import load_tokenizer
+
     runner = ModelRunner(config)
     eos = _eos_ids(runner)
-    decode = _load_decoder(config, runner.model_dir)
-    grammar = _grammar_manager(config, runner, eos)  # grammar: None when constraints are off
+    tok = load_tokenizer(config, runner.model_dir)  # once: stop strings and the grammar read it
+    decode = _decoder(tok)
+    grammar = _grammar_manager(config, tok, runner, eos)  # grammar: None when constraints are off
     scheduler = Scheduler(runner, config, eos, decode, send, grammar=grammar)
     if grammar is not None and not grammar.warm():  # grammar: no first-request start-up
         print("sgdsl: the grammar compile workers did not start in time; requests will wait "
@@ -175,22 +178,17 @@ def _eos_ids(runner: Any) -> list[int]:
     return [int(e) for e in eos] if isinstance(eos, (list, tuple, set, frozenset)) else [int(eos)]
 
 
-def _load_decoder(config: EngineConfig, model_dir: Any):
+def _decoder(tok: Any):
     """Stop strings are checked here, on the tail of the output; that needs the tokenizer."""
-    from ..tokenizer.loader import load_tokenizer
-
-    tok = load_tokenizer(config, model_dir)
     return lambda ids: tok.decode(ids, skip_special_tokens=False)
 
 
-def _grammar_manager(config: EngineConfig, runner: Any, eos: list[int]) -> Any:
+def _grammar_manager(config: EngineConfig, tok: Any, runner: Any, eos: list[int]) -> Any:
     """Grammar-constrained decoding (runtime/grammar) for this model's tokenizer."""
     if config.grammar_backend == "none":
         return None
     from ..grammar.manager import create_grammar_manager
-    from ..tokenizer.loader import load_tokenizer
 
-    tok = load_tokenizer(config, runner.model_dir)
     return create_grammar_manager(config, tok, int(runner.model_config.vocab_size), eos)
 
 
