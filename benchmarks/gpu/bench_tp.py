@@ -95,9 +95,12 @@ def decode_row(model: str, tp: int, a: argparse.Namespace, custom_ar: bool = Tru
                pdl: bool = False, chain: str = "", step: str = "") -> list:
     from bench_tp_chain import VARIANTS
 
+    timeline = {"SGDSL_STEP_TIMELINE": a.timeline + f"/{model}-tp{tp}-{step or 'default'}"}
     with pdl_env(pdl), env_set(VARIANTS[chain] if chain else {}), \
-            env_set(STEP_VARIANTS[step] if step else {}):
+            env_set(STEP_VARIANTS[step] if step else {}), env_set(timeline if a.timeline else {}):
         tok_s = decode_tok_s(model, tp, a.prompt_len, a.out_len, custom_ar)
+    if a.timeline:
+        print_timeline(timeline["SGDSL_STEP_TIMELINE"], tok_s)
     floor = HBM_TB_S * 1e12 / (2 * PARAMS[model] / tp)  # bf16: 2 bytes per weight
     measured = a.copy_tb_s * 1e12 / (2 * PARAMS[model] / tp)
     ar = "" if tp == 1 else (" custom all-reduce" if custom_ar else " NCCL only")
@@ -106,6 +109,23 @@ def decode_row(model: str, tp: int, a: argparse.Namespace, custom_ar: bool = Tru
     ar += f" step={step}" if step else ""
     return [f"{model} TP={tp} batch-1 decode{ar}", tok_s, floor, tok_s / floor, measured,
             tok_s / measured]
+
+
+def print_timeline(prefix: str, tok_s: float) -> None:
+    """Rank 0's $SGDSL_STEP_TIMELINE summary (runtime/model/step_timeline.py) beside the
+    Engine's per-token time: the graph, between two graphs, and the host's share."""
+    import json
+
+    try:
+        t = json.load(open(f"{prefix}-rank0.json"))
+    except OSError:
+        print(f"timeline: none written at {prefix} (fewer decode steps than it keeps?)")
+        return
+    token = 1e6 / tok_s
+    print(f"timeline ({t['steps']} steps, rows {t['rows']}): graph {t['graph_us']:.0f} us, "
+          f"between graphs {t['between_us']:.0f} us (p90 {t['between_us_p90']:.0f}), period "
+          f"{t['period_us']:.0f} us; Engine {token:.0f} us/token: {token - t['period_us']:+.0f} "
+          f"us beyond the device's period", flush=True)
 
 
 def offline_row(a: argparse.Namespace) -> list:
@@ -156,6 +176,9 @@ def main() -> None:
     ap.add_argument("--chain", default="",
                     help="comma-separated variants of the TP decode chain's switches "
                          "(bench_tp_chain.VARIANTS: base, new, ...), a row each")
+    ap.add_argument("--timeline", default="",
+                    help="a folder: each decode row's device timeline ($SGDSL_STEP_TIMELINE, "
+                         "rank 0: the graph's time and the time between graphs) printed")
     ap.add_argument("--step", default="",
                     help="comma-separated variants of the decode step's work outside the "
                          "graph (STEP_VARIANTS: new, old, nobcast), a row each")

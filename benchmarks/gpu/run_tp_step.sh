@@ -8,7 +8,8 @@
 #        GPU 2 bench_tp.py 8B TP=1 with the step as now (new) and as before (old)
 #     2. (~150 s) 8B TP=4, new and old
 #     3. (~150 s) 70B TP=4, new
-#     then each row's us/token and TP=4 / TP=1 (new over new, old over old)
+#     then each row's us/token and TP=4 / TP=1 (new over new, old over old); each row's device
+#     timeline (rank 0: the graph's time, the time between two graphs, the host's share)
 #   SMOKE=1 bash benchmarks/gpu/run_tp_step.sh   (a CPU check of the plumbing: tests collected)
 set -o pipefail
 cd "$(dirname "$0")/../.."
@@ -22,7 +23,7 @@ echo "commit $COMMIT, budget ${BUDGET}s"
 source benchmarks/gpu/budget_jobs.sh  # job NAME WANT_S MIN_S CMD...
 
 PYTEST="python3 -m pytest -q -p no:cacheprovider"
-BENCH="python3 benchmarks/gpu/bench_tp.py --pdl on --chain all"
+BENCH="python3 benchmarks/gpu/bench_tp.py --pdl on --chain all --timeline $OUT/timeline"
 if [ -n "$SMOKE" ]; then
   PYTEST+=" --collect-only"
   BENCH="echo would run: $BENCH"
@@ -38,7 +39,7 @@ job tp4_70b 170 100 $BENCH --runs 70b-tp4 --step new
 
 echo "=== tests"; grep -E "passed|failed|rror|skipped" "$OUT/tests.log" | tail -8
 for b in tp1 tp4 tp4_70b; do
-  echo "=== $b"; grep -E "^\||copy|rror|us/token" "$OUT/$b.log" | tail -12
+  echo "=== $b"; grep -E "^\||copy|rror|us/token|timeline" "$OUT/$b.log" | tail -14
 done
 # TP=4 over TP=1 across the two runs (bench_tp prints each row as a Python list)
 python3 - "$OUT" <<'EOF'

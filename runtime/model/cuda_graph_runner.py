@@ -25,6 +25,7 @@ import torch
 from ..layers.attention.shared_prefix import SharedPrefix, max_tiles
 from ..layers.moe.dispatch import padded_layout
 from .forward_batch import ForwardBatch, ForwardMode
+from .step_timeline import StepTimeline
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ class CudaGraphRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, Any] = {}
         self.pool = None
+        self.timeline = StepTimeline.from_env(runner)  # tp-step: $SGDSL_STEP_TIMELINE
 
     def _static_batch(self, bs: int) -> ForwardBatch:
         return ForwardBatch(
@@ -143,8 +145,15 @@ class CudaGraphRunner:
         """Logits ``[bs, vocab]`` (or ``(logits, sample_fn output)``) for a decode batch; the
         outputs are views into static buffers, valid until the next replay."""
         padded = self.load(batch)
-        self.graphs[padded].replay()
+        self.replay_graph(padded, batch.batch_size)
         return _slice(self.outputs[padded], batch.batch_size)
+
+    def replay_graph(self, padded: int, rows: int) -> None:
+        """Replay the graph of size ``padded`` (tp-step: timed under $SGDSL_STEP_TIMELINE)."""
+        mark = self.timeline.before() if self.timeline is not None else None
+        self.graphs[padded].replay()
+        if mark is not None:
+            self.timeline.after(mark, rows)
 
     def static_batch(self, padded: int) -> ForwardBatch:
         """The batch the graph of size ``padded`` was captured on (its static buffers)."""

@@ -121,7 +121,7 @@ class StepGraphs(CudaGraphRunner):
     def replay(self, batch: ForwardBatch) -> Any:
         """Logits ``[bs, vocab]`` of an explicit decode batch (its ids go nowhere)."""
         padded = self.load(batch)
-        self.graphs[padded].replay()
+        self.replay_graph(padded, batch.batch_size)
         return _slice(self.outputs[padded][0], batch.batch_size)
 
     def load(self, batch: ForwardBatch) -> int:
@@ -146,11 +146,10 @@ class StepGraphs(CudaGraphRunner):
         self._slot = (slot + 1) % RING
         self._upload(rows, positions, slots, bs, padded, slot)
         self._copy_shared(shared, bs, padded)
-        graph = self.graphs.get(padded)
-        if graph is None:  # not captured: the computation a replay performs
+        if padded not in self.graphs:  # not captured: the computation a replay performs
             logits, ids = _slice(self._run(self.static_batch(padded)), bs)
         else:
-            graph.replay()
+            self.replay_graph(padded, bs)
             logits, ids = _slice(self.outputs[padded], bs)
         host = None if self.ring is None else RingIds(self.ring[slot, :bs])
         return logits, ids, host

@@ -85,3 +85,28 @@ def test_explicit_batch_after_a_step_writes_no_ids(runner):
     assert torch.equal(runner.last_token, before) and torch.equal(graphs.ring, ring)
     assert torch.equal(table, table_before) and host.tolist() == held == ids.tolist()
     assert float((logits[:3] - runner.forward_eager(batch)).abs().max()) < 1e-5
+
+
+def test_step_timeline_medians(tmp_path):
+    """tp-step: $SGDSL_STEP_TIMELINE's summary: the graph's own time, the period between two
+    starts and the time between two graphs (fake events 1 ms apart, graphs 0.75 ms long)."""
+    import json
+
+    from sgdsl.runtime.model.step_timeline import StepTimeline
+
+    class Mark:
+        def __init__(self, ms: float) -> None:
+            self.ms = ms
+
+        def elapsed_time(self, other: "Mark") -> float:
+            return other.ms - self.ms
+
+        def synchronize(self) -> None:
+            pass
+
+    line = StepTimeline(str(tmp_path / "tl"), rank=1, skip=0, count=4)
+    line.events = [(Mark(t), Mark(t + 0.75), 1) for t in (0.0, 1.0, 2.0, 3.0)]
+    line._write()
+    out = json.loads((tmp_path / "tl-rank1.json").read_text())
+    assert out["steps"] == 4 and out["rows"] == [1]
+    assert out["graph_us"] == 750 and out["period_us"] == 1000 and out["between_us"] == 250

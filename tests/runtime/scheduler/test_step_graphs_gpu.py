@@ -6,6 +6,8 @@ sizes and a KV pool small enough to force retraction; then the same through TP=2
 every step's ids compared over the ranks (``$SGDSL_TP_IDS=check``)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -51,7 +53,8 @@ def _params(i: int) -> SamplingParams:
     return SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
 
 
-def _run(model_dir, mode: str, pool: int, greedy_only: bool, monkeypatch) -> tuple[dict, dict]:
+def _run(model_dir, mode: str, pool: int, greedy_only: bool, monkeypatch,
+         timeline: str | None = None) -> tuple[dict, dict]:
     from sgdsl.runtime.model.runner import ModelRunner
 
     monkeypatch.setenv("SGDSL_DECODE_STEP", mode)
@@ -62,6 +65,10 @@ def _run(model_dir, mode: str, pool: int, greedy_only: bool, monkeypatch) -> tup
     runner = ModelRunner(config)
     graphs = runner.step_graphs
     assert (graphs is not None and graphs.ring is not None) == (mode == "graph")
+    if timeline is not None:  # $SGDSL_STEP_TIMELINE's recorder, keeping steps 3-12
+        from sgdsl.runtime.model.step_timeline import StepTimeline
+
+        graphs.timeline = StepTimeline(timeline, rank=0, skip=2, count=10)
     outs: dict = {}
     sched = Scheduler(runner, config, [], None,
                       lambda msg: [outs.setdefault(o.rid, []).extend(o.new_ids) for o in msg.outs])
@@ -76,10 +83,14 @@ def _run(model_dir, mode: str, pool: int, greedy_only: bool, monkeypatch) -> tup
 
 
 @pytest.mark.parametrize("pool,greedy_only", [(4096, True), (4096, False), (400, False)])
-def test_whole_steps_equal_the_plain_graphs(model_dir, pool, greedy_only, monkeypatch):
+def test_whole_steps_equal_the_plain_graphs(model_dir, pool, greedy_only, monkeypatch,
+                                            tmp_path):
     ref, plain = _run(model_dir, "off", pool, greedy_only, monkeypatch)
-    ours, counters = _run(model_dir, "graph", pool, greedy_only, monkeypatch)
+    ours, counters = _run(model_dir, "graph", pool, greedy_only, monkeypatch,
+                          str(tmp_path / "tl"))
     assert ours == ref
+    line = json.loads((tmp_path / "tl-rank0.json").read_text())  # the device timeline
+    assert line["steps"] == 10 and 0 < line["graph_us"] <= line["period_us"], line
     assert plain["whole_decode_steps"] == 0 and counters["whole_decode_steps"] > 20
     if greedy_only:  # every step kept the graph's own ids
         assert counters["graph_ids_steps"] == counters["whole_decode_steps"]
