@@ -10,7 +10,13 @@
 #     3. (~150 s) 70B TP=4, new
 #     then each row's us/token and TP=4 / TP=1 (new over new, old over old); each row's device
 #     timeline (rank 0: the graph's time, the time between two graphs, the host's share)
-#   SMOKE=1 bash benchmarks/gpu/run_tp_step.sh   (a CPU check of the plumbing: tests collected)
+#   bash benchmarks/gpu/run_tp_step.sh ab     (4 GPUs, ~330 s, no tests) 8B TP=1 and TP=4 with
+#     the step as before first, then as now (--step old,new: the reverse of the first run's
+#     order, which had old TP=4 at 540.7 tok/s where the last session measured 584.5), each
+#     with its device timeline: how much of the Engine's token is graph, between graphs, host
+#   bash benchmarks/gpu/run_tp_step.sh tp2    (2 GPUs, ~170 s) 8B TP=1 and TP=2 (issue 30's
+#     TP=2 >= 1.6x TP=1 row, not measured since efe1938), new, with timelines
+#   SMOKE=1 bash benchmarks/gpu/run_tp_step.sh [MODE]   (a CPU check of the plumbing)
 set -o pipefail
 cd "$(dirname "$0")/../.."
 source benchmarks/gpu/device_env.sh
@@ -29,23 +35,34 @@ if [ -n "$SMOKE" ]; then
   BENCH="echo would run: $BENCH"
 fi
 
-(export CUDA_VISIBLE_DEVICES=0,1; job tests 160 60 $PYTEST -s \
-  tests/runtime/kernels/test_decode_step_kernels.py \
-  tests/runtime/scheduler/test_step_graphs_gpu.py tests/runtime/scheduler/test_overlap_gpu.py) &
-(export CUDA_VISIBLE_DEVICES=2; job tp1 160 90 $BENCH --runs 8b-tp1 --step new,old) &
-wait
-job tp4 160 90 $BENCH --runs 8b-tp4 --step new,old
-job tp4_70b 170 100 $BENCH --runs 70b-tp4 --step new
+case "${1:-all}" in
+  all)
+    (export CUDA_VISIBLE_DEVICES=0,1; job tests 160 60 $PYTEST -s \
+      tests/runtime/kernels/test_decode_step_kernels.py \
+      tests/runtime/scheduler/test_step_graphs_gpu.py tests/runtime/scheduler/test_overlap_gpu.py) &
+    (export CUDA_VISIBLE_DEVICES=2; job tp1 160 90 $BENCH --runs 8b-tp1 --step new,old) &
+    wait
+    job tp4 160 90 $BENCH --runs 8b-tp4 --step new,old
+    job tp4_70b 170 100 $BENCH --runs 70b-tp4 --step new ;;
+  ab)
+    job tp1 150 90 $BENCH --runs 8b-tp1 --step old,new
+    job tp4 170 100 $BENCH --runs 8b-tp4 --step old,new ;;
+  tp2)
+    job tp1 150 90 $BENCH --runs 8b-tp1 --step new
+    job tp2 160 80 $BENCH --runs 8b-tp2 --step new ;;
+  *) echo "usage: $0 [all|ab|tp2]"; exit 2 ;;
+esac
 
-echo "=== tests"; grep -E "passed|failed|rror|skipped" "$OUT/tests.log" | tail -8
-for b in tp1 tp4 tp4_70b; do
+[ -e "$OUT/tests.log" ] && { echo "=== tests"; grep -E "passed|failed|rror|skipped" "$OUT/tests.log" | tail -8; }
+for b in tp1 tp2 tp4 tp4_70b; do
+  [ -e "$OUT/$b.log" ] || continue
   echo "=== $b"; grep -E "^\||copy|rror|us/token|timeline" "$OUT/$b.log" | tail -14
 done
 # TP=4 over TP=1 across the two runs (bench_tp prints each row as a Python list)
 python3 - "$OUT" <<'EOF'
 import ast, pathlib, re, sys
 rows = {}
-for name in ("tp1", "tp4", "tp4_70b"):
+for name in ("tp1", "tp2", "tp4", "tp4_70b"):
     path = pathlib.Path(sys.argv[1]) / f"{name}.log"
     for line in path.read_text().splitlines() if path.exists() else []:
         if line.startswith("['llama"):
