@@ -148,21 +148,22 @@ class EngineClient:
         work = single if single is not None else asyncio.ensure_future(
             self._collect(batch, per_request_errors))
         watch = asyncio.ensure_future(wait_disconnect(request)) if request is not None else None
+        if watch is not None:  # the client left: the work is cancelled (a no-op once done)
+            # NOTE: a callback, not asyncio.wait over both: ~15 us less per request on the
+            # server's loop (a waiter future and callbacks on both, per request; issue 29)
+            watch.add_done_callback(lambda _: work.cancel())
         try:
-            done, _ = await asyncio.wait({work} | ({watch} if watch else set()),
-                                         return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
+            result = await work
+        except asyncio.CancelledError:
             work.cancel()
             self.abort([it.rid for it in batch.items])
-            raise
+            if watch is not None and watch.done() and not watch.cancelled():
+                raise ClientDisconnected() from None
+            raise  # this handler was cancelled
         finally:
             if watch is not None:
                 watch.cancel()
-        if work in done:
-            return [work.result()] if single is not None else work.result()
-        work.cancel()
-        self.abort([it.rid for it in batch.items])
-        raise ClientDisconnected()
+        return [result] if single is not None else result
 
     def _start_single(self, batch: GenBatch) -> asyncio.Future | None:
         """One text or ids prompt, started now through ``Engine.generate_nowait`` (None: not

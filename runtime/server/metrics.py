@@ -1,6 +1,10 @@
 """Prometheus metrics of the server, on a registry of its own (no process-global state).
 
-Counters and latency histograms are updated by the request path; engine-side gauges (queue
+Counters and latency histograms are noted by the request path in plain Python (a lock, an int,
+a list) and folded into the Prometheus objects when ``/metrics`` is scraped (or every
+``FOLD_AT`` observations): prometheus_client's ``inc``/``observe`` (a lock per value, the label
+lookup, a loop over the buckets) were ~12% of the server loop's CPU per request (issue 29,
+``benchmarks/bench_server_route.py`` under cProfile). Engine-side gauges (queue
 lengths, running batch size, KV usage, cache hit rate, token totals) are read from
 ``engine.stats()`` at scrape time, so they are never stale and cost nothing between scrapes;
 so are the grammar compile pipeline's (queue depth, wait and compile-time histograms, cache
@@ -8,8 +12,10 @@ hits: ``runtime/grammar/compile/admission.py`` keeps them in the scheduler).
 """
 from __future__ import annotations
 
+import collections
 import logging
 import re
+import threading
 from typing import Any, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -20,6 +26,9 @@ from prometheus_client.registry import Collector
 logger = logging.getLogger(__name__)
 
 PREFIX = "sgdsl"
+# Observations held before they are folded into the histograms without a scrape (bounds memory
+# on a server nobody scrapes).
+FOLD_AT = 4096
 # Wide buckets: CPU serving of small models has TTFTs from milliseconds to tens of seconds.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                     120.0)
@@ -116,27 +125,69 @@ class ServerMetrics:
                              buckets=_LATENCY_BUCKETS, registry=self.registry)
         if stats is not None:
             self.registry.register(_EngineCollector(stats))
+        # NOTE: noted on the server's loop, folded by render() on a scrape thread: one lock
+        self._lock = threading.Lock()
+        self._requests: collections.Counter[tuple[str, int]] = collections.Counter()
+        self._tokens = [0, 0, 0]  # prompt, generated, cached
+        self._e2e: list[float] = []
+        self._ttft: list[float] = []
+        self._itl: list[tuple[float, int]] = []  # (seconds per token, tokens)
+        self._held = 0  # latency observations not folded yet
 
     def observe_request(self, route: str, status: int) -> None:
-        self.requests.labels(route=route, status=str(status)).inc()
+        with self._lock:
+            self._requests[route, status] += 1
 
     def observe_output(self, meta_info: dict[str, Any], latency_s: float) -> None:
         """Account one finished generation (its ``meta_info``)."""
-        self.prompt_tokens.inc(meta_info.get("prompt_tokens", 0))
-        self.generated_tokens.inc(meta_info.get("completion_tokens", 0))
-        self.cached_tokens.inc(meta_info.get("cached_tokens", 0))
-        self.e2e.observe(latency_s)
+        get = meta_info.get
+        with self._lock:
+            tokens = self._tokens
+            tokens[0] += get("prompt_tokens", 0)
+            tokens[1] += get("completion_tokens", 0)
+            tokens[2] += get("cached_tokens", 0)
+            self._e2e.append(latency_s)
+            self._note_held()
 
     def observe_first_token(self, seconds: float) -> None:
-        self.ttft.observe(seconds)
+        with self._lock:
+            self._ttft.append(seconds)
+            self._note_held()
 
     def observe_tokens(self, seconds: float, new_tokens: int) -> None:
         """``new_tokens`` arrived together after ``seconds``: each gets an equal share."""
         if new_tokens <= 0:
             return
-        share = seconds / new_tokens
-        for _ in range(new_tokens):
-            self.itl.observe(share)
+        with self._lock:
+            self._itl.append((seconds / new_tokens, new_tokens))
+            self._note_held()
+
+    def _note_held(self) -> None:
+        self._held += 1
+        if self._held >= FOLD_AT:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Move what was noted into the Prometheus objects (the lock held)."""
+        for (route, status), n in self._requests.items():
+            self.requests.labels(route=route, status=str(status)).inc(n)
+        self._requests.clear()
+        for counter, n in zip((self.prompt_tokens, self.generated_tokens, self.cached_tokens),
+                              self._tokens):
+            if n:
+                counter.inc(n)
+        self._tokens = [0, 0, 0]
+        for hist, values in ((self.e2e, self._e2e), (self.ttft, self._ttft)):
+            for value in values:
+                hist.observe(value)
+            values.clear()
+        for share, n in self._itl:
+            for _ in range(n):
+                self.itl.observe(share)
+        self._itl.clear()
+        self._held = 0
 
     def render(self) -> bytes:
+        with self._lock:
+            self._fold()
         return generate_latest(self.registry)

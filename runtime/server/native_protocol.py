@@ -25,6 +25,7 @@ _IGNORED = ("log_metrics", "no_logs", "custom_labels", "conversation_id", "prior
 _REFUSED = ("input_embeds", "video_data", "audio_data", "session_params", "lora_path",
             "lora_id", "custom_logit_processor", "token_ids_logprob", "return_hidden_states",
             "return_routed_experts", "return_entropy", "return_bytes", "positional_embed_overrides")
+_REFUSED_SET = frozenset(_REFUSED)
 
 
 class GenerateRequest(BaseModel):
@@ -81,6 +82,9 @@ class GenerateRequest(BaseModel):
 
     def check_refused(self) -> None:
         """400 naming the first field that asks for a feature this runtime lacks."""
+        given = self.model_fields_set  # NOTE: a field left out is at its default (None)
+        if given.isdisjoint(_REFUSED_SET):
+            return
         for name in _REFUSED:
             value = getattr(self, name)
             if value not in (None, False) and value != [] and not _all_null(value):

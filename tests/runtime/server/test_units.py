@@ -133,6 +133,36 @@ def test_metrics_export_engine_stats() -> None:
     assert "flag" not in text and "sgdsl_engine_name" not in text
 
 
+def test_metrics_noted_on_the_path_are_exported_at_scrape(monkeypatch) -> None:
+    """The request path notes its metrics in plain Python; a scrape folds them into the
+    Prometheus series with the same counts and sums as direct updates (and a server nobody
+    scrapes folds every FOLD_AT observations, so nothing grows without a bound)."""
+    from sgdsl.runtime.server import metrics as metrics_mod
+
+    m = metrics_mod.ServerMetrics()
+    for status in (200, 200, 400):
+        m.observe_request("/generate", status)
+    m.observe_output({"prompt_tokens": 7, "completion_tokens": 3, "cached_tokens": 2}, 0.25)
+    m.observe_output({"prompt_tokens": 5, "completion_tokens": 4}, 0.75)
+    m.observe_first_token(0.02)
+    m.observe_tokens(0.3, 3)
+    text = m.render().decode()
+    for line in ('sgdsl_http_requests_total{route="/generate",status="200"} 2.0',
+                 'sgdsl_http_requests_total{route="/generate",status="400"} 1.0',
+                 "sgdsl_prompt_tokens_total 12.0", "sgdsl_generation_tokens_total 7.0",
+                 "sgdsl_cached_prompt_tokens_total 2.0",
+                 "sgdsl_e2e_request_latency_seconds_count 2.0",
+                 "sgdsl_e2e_request_latency_seconds_sum 1.0",
+                 "sgdsl_time_to_first_token_seconds_count 1.0",
+                 "sgdsl_inter_token_latency_seconds_count 3.0"):
+        assert line in text, line
+    assert "sgdsl_prompt_tokens_total 12.0" in m.render().decode()  # folded once, not twice
+    monkeypatch.setattr(metrics_mod, "FOLD_AT", 4)
+    for _ in range(4):
+        m.observe_first_token(0.01)
+    assert m.ttft._sum.get() > 0.02 and not m._ttft  # folded without a scrape
+
+
 TOOL_TEMPLATE = (  # the shape of Qwen2.5's template: tools listed in the system turn
     "{% if tools %}<sys>{% for t in tools %}{{ t.function.name }};{% endfor %}</sys>{% endif %}"
     "{% for m in messages %}[{{ m.role }}]{{ m.content }}"
@@ -195,3 +225,19 @@ def test_chat_encode_short_on_the_loop_long_on_a_thread_same_ids() -> None:
     for text in (short, long):
         assert asyncio.run(c.encode_chat_async(text)) == tok.encode(text, add_special_tokens=False)
     assert threads == [True, False]  # short: on the loop's thread; long: on a worker
+
+
+def test_refused_native_fields_only_when_they_ask_for_something() -> None:
+    """A feature this runtime lacks is a 400 naming its field when the body asks for it
+    (checked only among the fields the body gave); null, false, [] or per-prompt nulls pass."""
+    from sgdsl.runtime.server.errors import APIError
+    from sgdsl.runtime.server.native_protocol import GenerateRequest
+
+    for ok in ({}, {"lora_path": None}, {"return_bytes": False}, {"video_data": []},
+               {"return_entropy": [None, False]}):
+        GenerateRequest(text="a", **ok).check_refused()
+    for field, value in (("lora_path", "adapter"), ("return_bytes", True),
+                         ("video_data", ["v"]), ("return_entropy", [None, True])):
+        with pytest.raises(APIError) as info:
+            GenerateRequest(text="a", **{field: value}).check_refused()
+        assert info.value.status == 400 and field in str(info.value)
