@@ -39,7 +39,7 @@ from .base import Drafter, DraftTree, EMPTY_TREE
 from .cost import CostGate
 from .grammar_drafts import check_draft, draft_limit
 from .prebuild import AheadBatch, build_ahead
-from .pipeline import may_pipeline
+from .pipeline import may_pipeline, note_guess
 from .prediction import expect_drafts
 from .readback import VerifyRead
 from .registry import build_drafter
@@ -62,6 +62,7 @@ class SpecDecoder:
         # a step's and the next one's when that is launched before this one is read
         self.reads = (VerifyRead(), VerifyRead())
         self.pipeline: bool | None = None  # pipeline.py (None: decided at the first step)
+        self.guess_rate = 1.0  # recent share of batches built ahead that were taken
         # the last step's outputs: held (``_outputs``), then sent during the next verify
         self.held: list[Any] | None = None
         self.deferred: InflightStep | None = None
@@ -87,8 +88,15 @@ class SpecDecoder:
             return self._launch(sched, ahead)
         finally:
             if ahead is not None and not ahead.taken:
-                self.stats.ahead_wasted += ahead.read is not None
-                ahead.free()
+                self._drop(ahead)
+
+    def _drop(self, ahead: AheadBatch) -> None:
+        """A batch built ahead that its step did not take: its slots go back (a launched
+        one's forward ran for nothing); the guesses' hit rate falls (pipeline.py)."""
+        self.stats.ahead_wasted += ahead.read is not None
+        note_guess(self, False)
+        ahead.taken = True  # (freed)
+        ahead.free()
 
     def _launch(self, sched: Any, ahead: AheadBatch | None) -> InflightStep | None:
         running = sched.running
@@ -116,11 +124,10 @@ class SpecDecoder:
         if ahead is not None and any(trees) and ahead.matches(reqs, trees):
             ahead.taken = True  # its slots are this step's
             self.stats.ahead_taken += 1
+            note_guess(self, True)
             total = 0
         elif ahead is not None:
-            self.stats.ahead_wasted += ahead.read is not None  # its forward ran for nothing
-            ahead.free()
-            ahead.taken = True  # (freed)
+            self._drop(ahead)
             ahead = None
         if not any(trees) or sched.memory.available() < total or not self._verify(
                 sched, reqs, trees, masks, ends, ahead):

@@ -15,7 +15,11 @@ after the next forward overwrote it:
 - overlap scheduling on;
 - every request greedy without penalties (the samples need no per-row state: the argmax), no
   logprobs owed (they read this step's logits, which the next forward's would replace in the
-  graphs' buffers), no grammar (prebuild.py builds nothing ahead for one).
+  graphs' buffers), no grammar (prebuild.py builds nothing ahead for one);
+- a batch of at most ``_MAX_BATCH`` requests (every one's guess must hold) while at least
+  ``_MIN_RATE`` of the recent batches built ahead were taken (``guess_rate``, measured on every
+  batch built ahead, launched or not, so it recovers): a request the model stops copying
+  (NGRAM's low-acceptance stretches) would otherwise double the device's work per step.
 """
 from __future__ import annotations
 
@@ -23,12 +27,23 @@ import os
 from typing import Any
 
 
+_MAX_BATCH = 4
+_MIN_RATE = 0.5
+_KEEP = 0.875  # weight of the older guesses in ``guess_rate``
+
+
 def may_pipeline(decoder: Any, sched: Any) -> bool:
     if decoder.pipeline is None:
         flag = os.environ.get("SGDSL_SPEC_PIPELINE")
         decoder.pipeline = flag == "1" or (flag != "0" and sched.device.type == "cuda")
-    if not decoder.pipeline or not sched.overlap:
-        return False
     running = sched.running
+    if not decoder.pipeline or not sched.overlap or len(running) > _MAX_BATCH \
+            or decoder.guess_rate < _MIN_RATE:
+        return False
     info = running.info
     return running.sync_rows == 0 and info.all_greedy and info.penalties.is_empty
+
+
+def note_guess(decoder: Any, taken: bool) -> None:
+    """A batch built ahead was taken by its step (its guess held), or not."""
+    decoder.guess_rate = _KEEP * decoder.guess_rate + (1 - _KEEP) * taken
