@@ -9,8 +9,10 @@ token (``input_ids[i] = last_token[rows[i]]``); padded rows and the rows of an e
 ``finish`` (after the logits): the second half of the greedy argmax (``layers/sampler.py``
 ``two_step_argmax``: the chunk holding the row's maximum, the first of equal ones, then that
 chunk's index), the id written to ``ids``, to ``last_token[dest[i]]`` (the next step's input)
-and, for a live row, to row ``i`` of a page-locked host ring's slot ``meta[SLOT, 0]``: the scheduler reads the
-ids there after an event, with no device-to-host copy queued between two graphs. The host
+and, for a live row, to row ``i`` of a page-locked host ring's slot ``meta[SLOT, 0]``: the
+scheduler reads the ids there after an event, with no device-to-host copy queued between two
+graphs. ``finish_pairs``: the same from candidates given per row (under TP, each rank's
+(value, id) pair: model/step_ops.py ``pick_local``). The host
 ring is a kernel argument, so Triton's launcher asks the driver for its device address (a
 page-locked mapped buffer has one, over UVA; ``hicache``'s ``kv_move.py`` does the same).
 
@@ -70,8 +72,18 @@ def finish(logits: torch.Tensor, chunks: int, meta: torch.Tensor, last_token: to
     """The rows' greedy ids ``[n]`` (see the module docstring); ``chunks`` divides the vocab."""
     n, vocab = logits.shape
     vals, idx = logits.reshape(n, chunks, vocab // chunks).max(dim=-1)
-    ids = torch.empty(n, dtype=torch.int64, device=logits.device)
+    return finish_pairs(vals, idx, vocab // chunks, meta, last_token, ring, sink)
+
+
+def finish_pairs(vals: torch.Tensor, idx: torch.Tensor, chunk: int, meta: torch.Tensor,
+                 last_token: torch.Tensor, ring: torch.Tensor | None, sink: int
+                 ) -> torch.Tensor:
+    """``finish`` from each row's candidates ``vals``/``idx [n, C]`` (C a power of 2): the
+    first largest value's ``best * chunk + idx``; ``chunk`` 0 when ``idx`` holds the ids
+    themselves (tp-step's pairs gathered from the TP ranks: model/step_ops.py)."""
+    n, c = vals.shape
+    ids = torch.empty(n, dtype=torch.int64, device=vals.device)
     _finish_kernel[(n,)](vals.contiguous(), idx.contiguous(), meta, last_token, ids,
-                         ids if ring is None else ring, meta.shape[1], vocab // chunks, sink,
-                         C=chunks, RING=ring is not None, num_warps=1)
+                         ids if ring is None else ring, meta.shape[1], chunk, sink,
+                         C=c, RING=ring is not None, num_warps=1)
     return ids

@@ -7,7 +7,8 @@ head computes this rank's logit columns, which ``gather_logits`` all-gathers int
 """
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -84,8 +85,27 @@ class ParallelLMHead(LinearBase):
         self.shard.load_rows(param, loaded, "lm_head")
 
 
+_LOCAL = [False]  # tp-step: inside ``local_logits``
+
+
+@contextlib.contextmanager
+def local_logits() -> Iterator[None]:
+    """tp-step: inside, ``gather_logits`` returns this rank's real columns (global ids from
+    ``tp_rank * columns``) without the all-gather: the step graphs' greedy pick reduces each
+    rank's columns first and exchanges one (value, id) pair per row (model/step_ops.py)."""
+    _LOCAL[0] = True
+    try:
+        yield
+    finally:
+        _LOCAL[0] = False
+
+
 def gather_logits(local: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """This rank's logit columns -> the full ``[rows, vocab]`` on every rank."""
-    if get_tp_group().size == 1:
+    tp = get_tp_group()
+    if tp.size == 1:
         return local
+    if _LOCAL[0]:  # tp-step: the padding columns past the vocabulary dropped
+        per = local.shape[-1]
+        return local[:, :max(0, min(per, vocab_size - tp.rank * per))]
     return all_gather(local, -1)[:, :vocab_size]

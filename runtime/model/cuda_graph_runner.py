@@ -148,10 +148,11 @@ class CudaGraphRunner:
         self.replay_graph(padded, batch.batch_size)
         return _slice(self.outputs[padded], batch.batch_size)
 
-    def replay_graph(self, padded: int, rows: int) -> None:
-        """Replay the graph of size ``padded`` (tp-step: timed under $SGDSL_STEP_TIMELINE)."""
+    def replay_graph(self, padded: int, rows: int, graphs: dict | None = None) -> None:
+        """Replay the graph of size ``padded`` (of ``graphs``, default the decode graphs;
+        tp-step: timed under $SGDSL_STEP_TIMELINE)."""
         mark = self.timeline.before() if self.timeline is not None else None
-        self.graphs[padded].replay()
+        (self.graphs if graphs is None else graphs)[padded].replay()
         if mark is not None:
             self.timeline.after(mark, rows)
 

@@ -16,6 +16,11 @@ an event): model/step_ops.py, one Triton kernel each on CUDA. A greedy batch nee
 else; a batch that samples, masks or penalizes samples the returned logits as before and its
 ids overwrite the graph's in ``last_token``.
 
+Under TP, an all-greedy step whose logits nothing reads (``step(greedy_only=True)``, batches
+up to ``LOCAL_MAX_BS``) replays a second graph that keeps the logits on their ranks: each rank
+picks its columns' maximum and the ranks exchange one (value, id) pair per row instead of
+all-gathering the logits (step_ops.pick_local; ``$SGDSL_LOCAL_GREEDY=0`` turns it off).
+
 Padded rows send their ids to ``last_token``'s last entry, a sink no request row owns, and
 write neither the table nor the ring. An explicit replay (``replay``: jump-forward rows,
 speculative verify) returns the logits only and first points every row at the sink, so it
@@ -33,6 +38,8 @@ from typing import Any
 import torch
 
 from ..layers.attention.shared_prefix import SharedPrefix
+from ..layers.moe.dispatch import padded_layout
+from ..layers.vocab_parallel import local_logits, padded_vocab
 from . import step_ops
 from .cuda_graph_runner import CudaGraphRunner, _slice
 from .forward_batch import ForwardBatch
@@ -44,6 +51,9 @@ MODES = ("graph", "eager", "off")
 # host ring slots: a step's ids stay there until this many later steps (the scheduler reads a
 # step before it launches the one after next: one slot would do with two)
 RING = 4
+# tp-step: greedy-only graphs (no logits all-gather) for batches up to this size, where a
+# step's latency is what counts
+LOCAL_MAX_BS = 8
 
 
 def step_mode() -> str:
@@ -81,6 +91,21 @@ class StepGraphs(CudaGraphRunner):
         self._dest_live = False  # ``dest`` names live rows (set by ``step``)
         self.pad_eager = False  # tests: pad rows as a replay would, without graphs
         self.ring = self._make_ring(max_bs)
+        self.local = self._local_offset()  # greedy pick from each rank's columns, or None
+        self.greedy_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.greedy_outputs: dict[int, torch.Tensor] = {}
+
+    def _local_offset(self) -> int | None:
+        """The first vocabulary id of this rank's logit columns when an all-greedy step may
+        skip the logits' all-gather (TP > 1; on CUDA a power-of-2 TP size, the finish
+        kernel's width; ``$SGDSL_LOCAL_GREEDY=0``: never); None otherwise."""
+        r, vocab = self.runner, getattr(getattr(self.runner, "model_config", None),
+                                        "vocab_size", None)
+        tp = getattr(r, "tp_size", 1)
+        if (tp == 1 or vocab is None or os.environ.get("SGDSL_LOCAL_GREEDY", "1") == "0"
+                or (r.device.type == "cuda" and tp & (tp - 1))):
+            return None
+        return r.tp_rank * (padded_vocab(vocab, tp) // tp)
 
     def _make_ring(self, max_bs: int) -> torch.Tensor | None:
         """The page-locked host ring the graphs write the ids into (None: the caller copies
@@ -118,6 +143,35 @@ class StepGraphs(CudaGraphRunner):
         return logits, step_ops.finish(logits, self.meta, self.last_token, self.ring,
                                        self.sink)
 
+    def _run_greedy(self, batch: ForwardBatch) -> torch.Tensor:
+        """``_run`` for an all-greedy batch under TP: ids only, picked from each rank's logit
+        columns with one (value, id) pair per row exchanged (step_ops.pick_local)."""
+        step_ops.prepare(self.meta, batch.batch_size, self.last_token, self.table,
+                         self.input_ids, self.sink)
+        with local_logits():
+            local = self.runner.forward_eager(batch)
+        return step_ops.pick_local(local, self.local, self.meta, self.last_token, self.ring,
+                                   self.sink)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        super().capture()
+        if self.local is None:
+            return
+        stream = torch.cuda.Stream(self.runner.device)
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), padded_layout():
+            for bs in reversed([s for s in self.batch_sizes if s <= LOCAL_MAX_BS]):
+                batch = self._static_batch(bs)
+                for _ in range(2):
+                    self._run_greedy(batch)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                    self.greedy_outputs[bs] = self._run_greedy(batch)
+                self.greedy_graphs[bs] = graph
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize(self.runner.device)
+
     def replay(self, batch: ForwardBatch) -> Any:
         """Logits ``[bs, vocab]`` of an explicit decode batch (its ids go nowhere)."""
         padded = self.load(batch)
@@ -135,18 +189,28 @@ class StepGraphs(CudaGraphRunner):
 
     @torch.inference_mode()
     def step(self, rows: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-             shared: SharedPrefix | None) -> tuple[torch.Tensor, torch.Tensor, Any]:
+             shared: SharedPrefix | None, greedy_only: bool = False
+             ) -> tuple[torch.Tensor | None, torch.Tensor, Any]:
         """One decode step of the requests in table ``rows`` (host int64) feeding their last
         token at ``positions`` into KV ``slots`` (host): ``(logits, greedy ids, host ids)``,
         the first two views on the device valid until the next replay, the last the ids on
-        their way to the host (``tolist``; None without a ring: the caller copies them)."""
+        their way to the host (``tolist``; None without a ring: the caller copies them).
+        ``greedy_only`` (every row greedy, nothing reads the logits): under TP the logits may
+        stay on their ranks (``_run_greedy``), and then come back None."""
         bs = int(rows.numel())
         padded = self.padded_size(bs) if self.graphs or self.pad_eager else bs
         slot = self._slot
         self._slot = (slot + 1) % RING
         self._upload(rows, positions, slots, bs, padded, slot)
         self._copy_shared(shared, bs, padded)
-        if padded not in self.graphs:  # not captured: the computation a replay performs
+        local = greedy_only and self.local is not None and (
+            padded in self.greedy_graphs or not self.graphs)
+        if local and padded in self.greedy_graphs:
+            self.replay_graph(padded, bs, self.greedy_graphs)
+            logits, ids = None, self.greedy_outputs[padded][:bs]
+        elif local:  # not captured: the computation a replay performs
+            logits, ids = None, self._run_greedy(self.static_batch(padded))[:bs]
+        elif padded not in self.graphs:
             logits, ids = _slice(self._run(self.static_batch(padded)), bs)
         else:
             self.replay_graph(padded, bs)

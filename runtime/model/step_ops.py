@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ..distributed.collectives import all_gather
 from ..layers.sampler import argmax_chunks, greedy_argmax
 
 ROWS, POS, LENS, LOCS, DEST, SLOT = range(6)  # rows of ``meta`` (kernels/decode_step.py)
@@ -49,7 +50,32 @@ def finish(logits: torch.Tensor, meta: torch.Tensor, last_token: torch.Tensor,
 
 def finish_ref(logits: torch.Tensor, meta: torch.Tensor, last_token: torch.Tensor,
                ring: torch.Tensor | None, sink: int) -> torch.Tensor:
-    ids = greedy_argmax(logits)
+    return _record(greedy_argmax(logits), meta, last_token, ring, sink)
+
+
+def pick_local(local: torch.Tensor, offset: int, meta: torch.Tensor, last_token: torch.Tensor,
+               ring: torch.Tensor | None, sink: int) -> torch.Tensor:
+    """tp-step: the greedy ids from this rank's logit columns ``local`` (ids from ``offset``;
+    ``layers/vocab_parallel.local_logits``) without all-gathering the logits: each row's first
+    maximum here, one (value, id) pair per row all-gathered over the TP group, and the first
+    rank holding the largest value wins: the first index of the full logits' maximum, what
+    ``finish`` picks from all-gathered logits (the same values, bit for bit). Then as
+    ``finish``. Ids are exact in fp32 below 2**24."""
+    vals, idx = local.max(dim=-1)
+    pair = torch.stack([vals.float(), (idx + offset).to(torch.float32)], dim=-1)
+    pairs = all_gather(pair.unsqueeze(1), dim=1)  # [n, tp, 2]
+    vals, ids = pairs[..., 0], pairs[..., 1].to(torch.int64)
+    if local.is_cuda:
+        from ..kernels import decode_step
+
+        return decode_step.finish_pairs(vals, ids, 0, meta, last_token, ring, sink)
+    best = vals.argmax(dim=-1, keepdim=True)
+    return _record(ids.gather(1, best).squeeze(1), meta, last_token, ring, sink)
+
+
+def _record(ids: torch.Tensor, meta: torch.Tensor, last_token: torch.Tensor,
+            ring: torch.Tensor | None, sink: int) -> torch.Tensor:
+    """``ids`` into ``last_token`` by destination and, for live rows, into the ring."""
     n = ids.shape[0]
     dest = meta[DEST, :n]
     last_token.index_copy_(0, dest, ids)

@@ -44,13 +44,18 @@ class BatchSampler:
         info.update(ids)
         return ids
 
+    @staticmethod
+    def greedy_only(info: SamplingBatchInfo) -> bool:
+        """tp-step: every row's next id is the logits' argmax (greedy, no penalties) and no
+        broadcast is owed; with no mask either, ``take_greedy`` takes a step graph's ids."""
+        return info.all_greedy and info.penalties.is_empty and not sampled_ids.needs_broadcast()
+
     def take_greedy(self, ids: torch.Tensor, info: SamplingBatchInfo,
                     vocab_mask: torch.Tensor | None) -> torch.Tensor | None:
         """tp-step: a step graph's greedy ids when they are what ``sample_ids`` would draw
-        (every row greedy, no penalties, no mask, no broadcast owed); ``info`` advances one
-        step. None: sample the logits instead."""
-        if (vocab_mask is not None or not info.all_greedy or not info.penalties.is_empty
-                or sampled_ids.needs_broadcast()):
+        (``greedy_only`` and no mask); ``info`` advances one step. None: sample the logits
+        instead."""
+        if vocab_mask is not None or not self.greedy_only(info):
             return None
         ids = sampled_ids.agree(ids)  # (``check``: the ranks still compared)
         info.update(ids)

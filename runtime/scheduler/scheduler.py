@@ -84,9 +84,10 @@ class Scheduler(Stepping):
         self.counters = dict(requests_total=0, prompt_tokens_total=0, generated_tokens_total=0,
                              cache_hit_tokens=0, cache_query_tokens=0, retractions_total=0,
                              forward_steps=0, extend_steps=0,
-                             # tp-step: decode steps run whole by the step graphs, and those
-                             # whose ids were the graph's greedy ones (nothing sampled after)
-                             whole_decode_steps=0, graph_ids_steps=0)
+                             # tp-step: decode steps run whole by the step graphs, those
+                             # whose ids were the graph's greedy ones (nothing sampled after),
+                             # and of these the ones picked without the logits' all-gather
+                             whole_decode_steps=0, graph_ids_steps=0, local_greedy_steps=0)
         self.pd = make_pd(config, self)  # pd: prefill or decode side of disaggregation, or None
 
     # -- messages -----------------------------------------------------------------------------

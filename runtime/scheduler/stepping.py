@@ -85,8 +85,10 @@ class Stepping:
         ids = None if greedy is None else self.sampler.take_greedy(greedy, info, mask)
         if ids is not None:  # tp-step: nothing to sample, nothing to write
             self.counters["graph_ids_steps"] += 1
+            self.counters["local_greedy_steps"] += logits is None
             self._keep_ids(step, logits, ids, None, host)
         else:
+            assert logits is not None, "a greedy-only step's ids were not taken"
             self._sample(step, logits, info, mask, self.running.rows)
         self._apply_batch_changes()
         if self.grammar is not None and self.grammar.deferred:
@@ -105,7 +107,9 @@ class Stepping:
         assert slots is not None, "decode KV reservation failed after retraction"
         if whole:
             self.counters["whole_decode_steps"] += 1
-            out = graphs.step(run.rows_host, run.pos_host, slots, run.shared_prefix())
+            # nothing will read the logits: under TP they may stay on their ranks
+            only = self.sampler.greedy_only(run.info) and not (run.grammar_rows or run.sync_rows)
+            out = graphs.step(run.rows_host, run.pos_host, slots, run.shared_prefix(), only)
         else:
             out = self.runner.forward(run.forward_batch(slots)), None, None
         run.advance(device=not whole)

@@ -26,3 +26,4 @@ def test_whole_steps_at_tp1_equal_the_plain_path(stepped, tiny_ref):
     assert stats["whole_decode_steps"] > 20 and stats["graph_ids_steps"] > 10, stats
     # sampling rows take the logits (the step's greedy ids are overwritten): both kinds run
     assert stats["graph_ids_steps"] < stats["whole_decode_steps"]
+    assert stats["local_greedy_steps"] == 0  # one rank: its logits are all the logits

@@ -42,6 +42,8 @@ def test_tiny_tp2_equals_tp1(tiny_tp2, tiny_ref):
     assert len(tiny_tp2._tm.procs) == 2
     stats = tiny_tp2.stats()  # tp-step: whole steps ran, greedy ones kept the step's own ids
     assert stats["whole_decode_steps"] > 20 and stats["graph_ids_steps"] > 10, stats
+    # all-greedy steps picked from each rank's logit columns (no logits all-gather)
+    assert stats["local_greedy_steps"] > 10, stats
 
 
 def test_ranks_sample_alike_without_a_broadcast_at_tp2(tiny_tp2):

@@ -69,3 +69,21 @@ def test_finish_first_maximum_ring_and_destinations(device):
     assert torch.equal(ring, ref_ring)
     assert ring[2, :3].tolist() == ids[:3].tolist() and ring[2, 3:].eq(-1).all()
     assert ring[[0, 1, 3]].eq(-1).all()
+
+
+def test_finish_pairs_takes_the_first_rank_holding_the_maximum(device):
+    """tp-step's greedy pick without the logits' all-gather: each TP rank's (value, id) pair,
+    the first rank with the largest value wins (ties: the lower rank, i.e. the lower id)."""
+    vals = torch.tensor([[1.0, 3.0, 3.0, 2.0], [5.0, 1.0, 5.0, 5.0], [0.0, 0.0, 0.0, 9.0]],
+                        device=device)
+    ids = torch.tensor([[7, 300, 600, 900], [12, 301, 650, 999], [1, 2, 3, 1000]],
+                       device=device)
+    meta = _meta(device, live=3, n=3)
+    last = torch.zeros(ROWS_N + 1, dtype=torch.int64, device=device)
+    ring = torch.full((4, MAX_BS), -1, dtype=torch.int64,
+                      **(dict(pin_memory=True) if device == "cuda" else {}))
+    got = decode_step.finish_pairs(vals, ids, 0, meta, last, ring, SINK)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    assert got.tolist() == [300, 12, 1000] and ring[2, :3].tolist() == [300, 12, 1000]
+    assert last[[4, 1, 5]].tolist() == [300, 12, 1000]

@@ -3,7 +3,8 @@ the indices in one copy, the greedy pick and the next inputs inside the graph) g
 tokens as the plain decode graphs with the work outside them (``$SGDSL_DECODE_STEP=off``), for
 greedy rows, seeded sampling, penalties, batch sizes that shrink through the padded graph
 sizes and a KV pool small enough to force retraction; then the same through TP=2 engines,
-every step's ids compared over the ranks (``$SGDSL_TP_IDS=check``)."""
+every step's ids compared over the ranks (``$SGDSL_TP_IDS=check``), all-greedy steps picked
+from each rank's logit columns (no logits all-gather)."""
 from __future__ import annotations
 
 import json
@@ -118,7 +119,11 @@ def test_tp_engines_whole_steps_agree_over_ranks(model_dir, tokenizer_dir, monke
                     max_total_tokens=4096) as engine:
             got[mode] = [o["output_ids"] for o in engine.generate(input_ids=prompts,
                                                                   sampling_params=params)]
+            # all greedy: picked from each rank's logit columns, no logits all-gather
+            got[mode] += [o["output_ids"] for o in engine.generate(
+                input_ids=prompts, sampling_params=params[0])]
             stats = engine.stats()
             engine.check_idle_integrity()
         assert (stats["whole_decode_steps"] > 10) == (mode == "graph"), stats
+        assert (stats["local_greedy_steps"] > 10) == (mode == "graph"), stats
     assert got["graph"] == got["off"]
