@@ -25,6 +25,7 @@ from .base import Drafter, DraftTree, EMPTY_TREE, ROOT
 
 # Tokens compared to decide that the ids held still prefix the request's ids.
 _TAIL_CHECK = 32
+_OFFSETS = np.arange(256)  # match depths, kept (a longer window makes its own)
 
 
 class _Index:
@@ -81,10 +82,17 @@ def _lookup(ids: np.ndarray, n: int, lo: int, hi: int, length: int,
     if cand.size == 0:
         return []
     depth = min(hi, n - 1)
-    offsets = np.arange(depth)
+    # the suffix backwards, then a sentinel no id equals: each candidate's match length is
+    # the column of its first mismatch (depth 0 always matches)
+    want = np.empty(depth + 1, dtype=np.int64)
+    want[:depth] = ids[n - depth:n][::-1]
+    want[depth] = -1
+    offsets = _OFFSETS[:depth + 1] if depth < _OFFSETS.shape[0] else np.arange(depth + 1)
     at = cand[:, None] - offsets  # the tokens compared, back from each candidate
-    eq = (at >= 0) & (ids[np.maximum(at, 0)] == ids[n - 1 - offsets])
-    size = np.where(eq.all(axis=1), depth, eq.argmin(axis=1))  # depth 0 always matches
+    eq = ids.take(at, mode="clip") == want
+    if cand[0] < depth:  # (ascending) only the first candidates reach before the start
+        eq &= at >= 0
+    size = eq.argmin(axis=1)
     best = int(size.max())
     if best < lo:
         return []
