@@ -61,16 +61,18 @@ def pick_local(local: torch.Tensor, offset: int, meta: torch.Tensor, last_token:
     rank holding the largest value wins: the first index of the full logits' maximum, what
     ``finish`` picks from all-gathered logits (the same values, bit for bit). Then as
     ``finish``. Ids are exact in fp32 below 2**24."""
-    vals, idx = local.max(dim=-1)
-    pair = torch.stack([vals.float(), (idx + offset).to(torch.float32)], dim=-1)
-    pairs = all_gather(pair.unsqueeze(1), dim=1)  # [n, tp, 2]
-    vals, ids = pairs[..., 0], pairs[..., 1].to(torch.int64)
     if local.is_cuda:
         from ..kernels import decode_step
 
-        return decode_step.finish_pairs(vals, ids, 0, meta, last_token, ring, sink)
-    best = vals.argmax(dim=-1, keepdim=True)
-    return _record(ids.gather(1, best).squeeze(1), meta, last_token, ring, sink)
+        pairs = all_gather(decode_step.local_max(local, offset), dim=0)  # [tp * n, 2]
+        return decode_step.finish_gathered(pairs.view(-1, local.shape[0], 2), meta,
+                                           last_token, ring, sink)
+    vals, idx = local.max(dim=-1)
+    pair = torch.stack([vals.float(), (idx + offset).to(torch.float32)], dim=-1)
+    pairs = all_gather(pair, dim=0).view(-1, local.shape[0], 2)  # [tp, n, 2]
+    best = pairs[..., 0].argmax(dim=0, keepdim=True)  # the first rank with the maximum
+    ids = pairs[..., 1].gather(0, best).squeeze(0).to(torch.int64)
+    return _record(ids, meta, last_token, ring, sink)
 
 
 def _record(ids: torch.Tensor, meta: torch.Tensor, last_token: torch.Tensor,

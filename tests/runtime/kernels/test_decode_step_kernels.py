@@ -71,18 +71,32 @@ def test_finish_first_maximum_ring_and_destinations(device):
     assert ring[[0, 1, 3]].eq(-1).all()
 
 
-def test_finish_pairs_takes_the_first_rank_holding_the_maximum(device):
-    """tp-step's greedy pick without the logits' all-gather: each TP rank's (value, id) pair,
-    the first rank with the largest value wins (ties: the lower rank, i.e. the lower id)."""
-    vals = torch.tensor([[1.0, 3.0, 3.0, 2.0], [5.0, 1.0, 5.0, 5.0], [0.0, 0.0, 0.0, 9.0]],
-                        device=device)
-    ids = torch.tensor([[7, 300, 600, 900], [12, 301, 650, 999], [1, 2, 3, 1000]],
-                       device=device)
+def test_local_max_first_maximum_of_a_column_slice(device):
+    """tp-step: each row's first maximum over a rank's real columns (a row-strided slice,
+    ties inside a block and across blocks), as (value, offset + column) in fp32."""
+    gen = torch.Generator().manual_seed(1)
+    full = torch.randn(3, 9100, generator=gen)
+    full[0, [10, 5000]] = 9.0  # across blocks: the first
+    full[1, [4200, 4201]] = 9.0  # inside a block: the first
+    full[2, 9050] = 99.0  # past the slice: ignored
+    local = full.to(device)[:, :9000]
+    pair = decode_step.local_max(local, 64128).cpu()
+    vals, idx = local.cpu().max(dim=-1)
+    assert torch.equal(pair[:, 0], vals) and pair[:, 1].tolist() == (idx + 64128).tolist()
+    assert pair[:2, 1].tolist() == [64138.0, 68328.0]
+
+
+def test_finish_gathered_takes_the_first_rank_holding_the_maximum(device):
+    """tp-step: from every rank's (value, id) pairs ``[tp, n, 2]``, the first rank with the
+    largest value gives the id (ties: the lower rank, i.e. the lower id); writes as finish."""
+    vals = torch.tensor([[1.0, 3.0, 3.0, 2.0], [5.0, 1.0, 5.0, 5.0], [0.0, 0.0, 0.0, 9.0]])
+    ids = torch.tensor([[7, 300, 600, 900], [12, 301, 650, 999], [1, 2, 3, 1000]])
+    gathered = torch.stack([vals.t(), ids.t().float()], dim=-1).contiguous().to(device)
     meta = _meta(device, live=3, n=3)
     last = torch.zeros(ROWS_N + 1, dtype=torch.int64, device=device)
     ring = torch.full((4, MAX_BS), -1, dtype=torch.int64,
                       **(dict(pin_memory=True) if device == "cuda" else {}))
-    got = decode_step.finish_pairs(vals, ids, 0, meta, last, ring, SINK)
+    got = decode_step.finish_gathered(gathered, meta, last, ring, SINK)
     if device == "cuda":
         torch.cuda.synchronize()
     assert got.tolist() == [300, 12, 1000] and ring[2, :3].tolist() == [300, 12, 1000]
