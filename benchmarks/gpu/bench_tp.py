@@ -67,10 +67,14 @@ def env_set(values: dict[str, str]):
 # tp-step: new = decode steps whole in the step graphs (runtime/model/step_graphs.py) and no
 # sampled-ids broadcast (runtime/distributed/sampled_ids.py), main's defaults; old = as before
 # (plain decode graphs with the step's work outside them, rank 0's ids broadcast); nobcast =
-# old without the broadcast (the broadcast's share)
-STEP_VARIANTS = {"new": {"SGDSL_DECODE_STEP": "graph", "SGDSL_TP_IDS": "local"},
+# old without the broadcast (the broadcast's share); nolocal = new with every greedy step's
+# logits all-gathered (the share of the greedy pick from each rank's columns, TP > 1)
+STEP_VARIANTS = {"new": {"SGDSL_DECODE_STEP": "graph", "SGDSL_TP_IDS": "local",
+                         "SGDSL_LOCAL_GREEDY": "1"},
                  "old": {"SGDSL_DECODE_STEP": "off", "SGDSL_TP_IDS": "broadcast"},
-                 "nobcast": {"SGDSL_DECODE_STEP": "off", "SGDSL_TP_IDS": "local"}}
+                 "nobcast": {"SGDSL_DECODE_STEP": "off", "SGDSL_TP_IDS": "local"},
+                 "nolocal": {"SGDSL_DECODE_STEP": "graph", "SGDSL_TP_IDS": "local",
+                             "SGDSL_LOCAL_GREEDY": "0"}}
 
 
 def pdl_env(on: bool):
@@ -181,7 +185,7 @@ def main() -> None:
                          "rank 0: the graph's time and the time between graphs) printed")
     ap.add_argument("--step", default="",
                     help="comma-separated variants of the decode step's work outside the "
-                         "graph (STEP_VARIANTS: new, old, nobcast), a row each")
+                         "graph (STEP_VARIANTS: new, old, nobcast, nolocal), a row each")
     a = ap.parse_args()
     assert torch.cuda.device_count() >= 2 or a.runs == "8b-tp1", "needs 2 GPUs"
     a.copy_tb_s = copy_tb_s()

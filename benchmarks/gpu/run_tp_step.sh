@@ -10,10 +10,11 @@
 #     3. (~150 s) 70B TP=4, new
 #     then each row's us/token and TP=4 / TP=1 (new over new, old over old); each row's device
 #     timeline (rank 0: the graph's time, the time between two graphs, the host's share)
-#   bash benchmarks/gpu/run_tp_step.sh ab     (4 GPUs, ~330 s, no tests) 8B TP=1 and TP=4 with
+#   bash benchmarks/gpu/run_tp_step.sh ab     (4 GPUs, ~380 s, no tests) 8B TP=1 and TP=4 with
 #     the step as before first, then as now (--step old,new: the reverse of the first run's
-#     order, which had old TP=4 at 540.7 tok/s where the last session measured 584.5), each
-#     with its device timeline: how much of the Engine's token is graph, between graphs, host
+#     order, which had old TP=4 at 540.7 tok/s where the last session measured 584.5; at TP=4
+#     also nolocal: the logits all-gathered for the greedy pick), each with its device
+#     timeline: how much of the Engine's token is graph, between graphs, host
 #   bash benchmarks/gpu/run_tp_step.sh tp2    (2 GPUs, ~170 s) 8B TP=1 and TP=2 (issue 30's
 #     TP=2 >= 1.6x TP=1 row, not measured since efe1938), new, with timelines
 #   SMOKE=1 bash benchmarks/gpu/run_tp_step.sh [MODE]   (a CPU check of the plumbing)
@@ -46,7 +47,7 @@ case "${1:-all}" in
     job tp4_70b 170 100 $BENCH --runs 70b-tp4 --step new ;;
   ab)
     job tp1 150 90 $BENCH --runs 8b-tp1 --step old,new
-    job tp4 170 100 $BENCH --runs 8b-tp4 --step old,new ;;
+    job tp4 230 100 $BENCH --runs 8b-tp4 --step old,nolocal,new ;;
   tp2)
     job tp1 150 90 $BENCH --runs 8b-tp1 --step new
     job tp2 160 80 $BENCH --runs 8b-tp2 --step new ;;
