@@ -105,7 +105,8 @@ class StepGraphs(CudaGraphRunner):
         if (tp == 1 or vocab is None or os.environ.get("SGDSL_LOCAL_GREEDY", "1") == "0"
                 or (r.device.type == "cuda" and tp & (tp - 1))):
             return None
-        return r.tp_rank * (padded_vocab(vocab, tp) // tp)
+        self.local_width = padded_vocab(vocab, tp) // tp  # columns per rank
+        return r.tp_rank * self.local_width
 
     def _make_ring(self, max_bs: int) -> torch.Tensor | None:
         """The page-locked host ring the graphs write the ids into (None: the caller copies
@@ -150,6 +151,8 @@ class StepGraphs(CudaGraphRunner):
                          self.input_ids, self.sink)
         with local_logits():
             local = self.runner.forward_eager(batch)
+        if local.shape[-1] > self.local_width:  # a model that gathers its logits elsewhere
+            return step_ops.finish(local, self.meta, self.last_token, self.ring, self.sink)
         return step_ops.pick_local(local, self.local, self.meta, self.last_token, self.ring,
                                    self.sink)
 
