@@ -233,6 +233,8 @@ class TokenizerManager:
             if warm:
                 await asyncio.gather(*(self._warm_prefix(s) for s in warm))
             states = [self._track(r, s, False) for s in specs for r in s.reqs]
+            for state in states:  # each answer built when its request finishes (see _keep)
+                state.on_done = _keep
             # NOTE: the call's requests go as one message, so the scheduler admits them in one
             # step as the in-process scheduler does (one message each let it start on the
             # first few while the rest were in flight: more prefill batches, a staggered
@@ -251,7 +253,7 @@ class TokenizerManager:
         dead = next((e for e in failed if isinstance(e, EngineDeadError)), None)
         if dead is not None or (failed and raise_errors):
             raise dead or failed[0]
-        return [st.result() for st in states]
+        return [st.kept if st.kept is not None else st.result() for st in states]
 
     def submit(self, specs: list[GenerateSpec], settle: Callable[[int, Any], None]) -> None:
         """Single requests (one prompt, n = 1 each; runtime/submitter.py gathers them) in one
@@ -305,6 +307,17 @@ class TokenizerManager:
         self.rpcs[call_id] = fut
         self.chan.send_nowait(kind(call_id, **fields))
         return await fut
+
+
+def _keep(state: ReqState) -> None:
+    """A list call's request finished: its answer is built now, while the others decode, not
+    after the last one (issue 29: a batch's answers were all built at its end, on the path
+    the caller waits for). Errors are reported at the end, as before."""
+    if state.error is None:
+        try:
+            state.kept = state.result()
+        except Exception:  # noqa: BLE001 - built again (and raised) where it is returned
+            state.kept = None
 
 
 def _settle(settle: Callable[[int, Any], None], index: int, state: ReqState) -> None:

@@ -50,6 +50,7 @@ class ReqState:
     created: float = field(default_factory=time.perf_counter)
     e2e_latency: float | None = None  # seconds from arrival to the finish (SGLang's meta field)
     on_done: Any = None  # called with this state once finished or failed (submitter.py)
+    kept: dict | None = None  # the answer, built when it finished (a list call's, manager.py)
     # hops: (sched, recv) of the oldest step not yet in a chunk; steps since the last chunk
     # and the times a step's text was held back (no chunk)
     hops: tuple[float, float] | None = None

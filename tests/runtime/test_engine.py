@@ -229,3 +229,31 @@ def test_constrained_meta_reports_unsampled_positions(engine):
     assert forced == sorted(set(forced)) and all(0 <= p < len(out["output_ids"]) for p in forced)
     assert len(forced) >= len(out["output_ids"]) - 4, (forced, out["output_ids"])
     assert "forced_token_positions" not in engine.generate("Q?", GREEDY)["meta_info"]
+
+
+def test_list_answers_are_built_as_each_request_finishes(engine, monkeypatch):
+    """A list call builds each request's answer (text, dict) when that request finishes, once,
+    not all of them after the last one finished (issue 29: the answers were built on the path
+    the caller waits for)."""
+    from sgdsl.runtime.tokenizer.req_state import ReqState
+
+    events: list[tuple[str, str]] = []
+    apply, result = ReqState.apply, ReqState.result
+
+    def logged_apply(self, out):
+        apply(self, out)
+        if out.finish_reason is not None:
+            events.append(("finished", self.rid))
+
+    def logged_result(self):
+        events.append(("built", self.rid))
+        return result(self)
+    monkeypatch.setattr(ReqState, "apply", logged_apply)
+    monkeypatch.setattr(ReqState, "result", logged_result)
+    outs = engine.generate(input_ids=[[5, 6, 7], [8, 9, 10]], rid=["short", "long"],
+                           sampling_params=[{"max_new_tokens": 1, "ignore_eos": True},
+                                            {"max_new_tokens": 12, "ignore_eos": True}])
+    assert [len(o["output_ids"]) for o in outs] == [1, 12]
+    assert [o["meta_info"]["id"] for o in outs] == ["short", "long"]
+    assert events.index(("built", "short")) < events.index(("finished", "long"))
+    assert [e for e in events if e[0] == "built"] == [("built", "short"), ("built", "long")]
