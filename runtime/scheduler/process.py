@@ -147,7 +147,7 @@ def _build(config: EngineConfig, send: Any) -> tuple[Any, m.Ready]:
         # (seconds of CPU, one core) while the model loads, not after it (engine start-up)
         from ..grammar.compile.worker_handle import prestart_zygote
 
-        prestart_zygote()
+        prestart_zygote(config.grammar_backend)
     from ..model.runner import ModelRunner
     from .scheduler import Scheduler
 

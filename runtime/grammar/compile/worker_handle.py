@@ -40,10 +40,10 @@ def worker_env() -> dict[str, str]:
             "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
 
 
-def prestart_zygote() -> None:
+def prestart_zygote(backend: str | None = None) -> None:
     """Start the workers' zygote now (``zygote.prestart``): its imports overlap the caller's
-    next work instead of delaying the first worker."""
-    prestart(worker_env())
+    next work instead of delaying the first worker; ``backend``'s imports included."""
+    prestart(worker_env(), backend)
 
 
 class WorkerHandle:

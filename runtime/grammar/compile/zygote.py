@@ -33,6 +33,12 @@ FD_ENV = "SGDSL_GRAMMAR_ZYGOTE_FD"  # the zygote's end of its socket
 ZYGOTE = "from sgdsl.runtime.grammar.compile.zygote import main; main()"
 PRELOAD = ("sgdsl.runtime.grammar.compile.worker", "sgdsl.runtime.grammar.forcing.estimate_worker",
            "sgdsl.runtime.grammar.backends.xgrammar", "sgdsl.runtime.grammar.backends.outlines")
+# Named by the caller where it knows its backend (``prestart``): every worker unpickles the
+# backend's HF tokenizer (transformers) and the xgrammar backend imports xgrammar, ~1.3 + 1.5 s
+# of CPU in each worker forked without them (benchmarks/RESULTS.md, branch ``suite-fast2``).
+PRELOAD_ENV = "SGDSL_GRAMMAR_ZYGOTE_PRELOAD"  # more modules to import, comma-separated
+TOKENIZER_MODULE = "transformers.tokenization_utils_tokenizers"
+BACKEND_PRELOAD = {"xgrammar": ("xgrammar",)}
 STARTUP_TIMEOUT_S = 120.0  # as worker_handle's: imports are slow on a loaded box
 _STATUS = struct.Struct(">i")
 _PID = struct.Struct(">q")
@@ -137,11 +143,14 @@ def _zygote(env: dict[str, str]) -> Zygote | None:
         return _shared[1] if _shared is not None else None
 
 
-def prestart(env: dict[str, str]) -> None:
+def prestart(env: dict[str, str], backend: str | None = None) -> None:
     """Start this process's zygote now, so that its imports (seconds of CPU, one core) run
     while the caller does other work: the scheduler process loads the model meanwhile
-    (scheduler/process.py), where the first worker's start used to wait for both in turn."""
-    _zygote(env)
+    (scheduler/process.py), where the first worker's start used to wait for both in turn.
+    ``backend``: the grammar backend the workers will build; its imports and the tokenizer's
+    are done in the zygote too, once, not in every worker."""
+    extra = (TOKENIZER_MODULE, *BACKEND_PRELOAD.get(backend or "", ()))
+    _zygote({**env, PRELOAD_ENV: ",".join(extra)} if backend else env)
 
 
 def start_worker(command: str, env: dict[str, str]) -> Any:
@@ -180,7 +189,8 @@ def main() -> None:
 
     set_process_name("sgdsl-zygote")
     sock = socket.socket(fileno=int(os.environ.pop(FD_ENV)))
-    for name in PRELOAD:
+    extra = tuple(n for n in os.environ.pop(PRELOAD_ENV, "").split(",") if n)
+    for name in PRELOAD + extra:
         try:
             importlib.import_module(name)
         except ImportError:  # a backend not installed: its workers import nothing more
