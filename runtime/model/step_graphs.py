@@ -19,7 +19,8 @@ ids overwrite the graph's in ``last_token``.
 Under TP, an all-greedy step whose logits nothing reads (``step(greedy_only=True)``, batches
 up to ``LOCAL_MAX_BS``) replays a second graph that keeps the logits on their ranks: each rank
 picks its columns' maximum and the ranks exchange one (value, id) pair per row instead of
-all-gathering the logits (step_ops.pick_local; ``$SGDSL_LOCAL_GREEDY=0`` turns it off).
+all-gathering the logits (step_ops.pick_local; ``$SGDSL_LOCAL_GREEDY=0`` turns it off, ``=1`` on;
+on CUDA it is off by default until a GPU run has tested it).
 
 Padded rows send their ids to ``last_token``'s last entry, a sink no request row owns, and
 write neither the table nor the ring. An explicit replay (``replay``: jump-forward rows,
@@ -98,11 +99,14 @@ class StepGraphs(CudaGraphRunner):
     def _local_offset(self) -> int | None:
         """The first vocabulary id of this rank's logit columns when an all-greedy step may
         skip the logits' all-gather (TP > 1; on CUDA a power-of-2 TP size, the finish
-        kernel's width; ``$SGDSL_LOCAL_GREEDY=0``: never); None otherwise."""
+        kernel's width; ``$SGDSL_LOCAL_GREEDY=0``: never; on CUDA only with ``=1``); None otherwise."""
         r, vocab = self.runner, getattr(getattr(self.runner, "model_config", None),
                                         "vocab_size", None)
         tp = getattr(r, "tp_size", 1)
-        if (tp == 1 or vocab is None or os.environ.get("SGDSL_LOCAL_GREEDY", "1") == "0"
+        # NOTE: on CUDA off unless asked (``=1``) until a GPU run has tested and measured it:
+        # it landed after the last one (benchmarks/RESULTS.md, tp-step's section)
+        flag = os.environ.get("SGDSL_LOCAL_GREEDY", "0" if r.device.type == "cuda" else "1")
+        if (tp == 1 or vocab is None or flag == "0"
                 or (r.device.type == "cuda" and tp & (tp - 1))):
             return None
         self.local_width = padded_vocab(vocab, tp) // tp  # columns per rank

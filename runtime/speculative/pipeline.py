@@ -10,8 +10,10 @@ went to slots of its own, freed then) and the device spends one verify on it. So
 on a device that runs ahead of the host, and only where nothing of this step's result is read
 after the next forward overwrote it:
 
-- CUDA (on the CPU a forward is the host's own time: a wrong guess would cost a whole one);
-  ``$SGDSL_SPEC_PIPELINE`` = 0 turns it off, = 1 on for any device (tests);
+- ``$SGDSL_SPEC_PIPELINE=1`` (the default is off until an H200 run has measured it and run its
+  GPU tests: it landed after the last GPU run; the next session's command is in
+  benchmarks/RESULTS.md, spec-step's section); on the CPU a forward is the host's own time, so
+  a wrong guess would cost a whole one: there it is for tests only;
 - overlap scheduling on;
 - every request greedy without penalties (the samples need no per-row state: the argmax), no
   logprobs owed (they read this step's logits, which the next forward's would replace in the
@@ -35,7 +37,7 @@ _KEEP = 0.875  # weight of the older guesses in ``guess_rate``
 def may_pipeline(decoder: Any, sched: Any) -> bool:
     if decoder.pipeline is None:
         flag = os.environ.get("SGDSL_SPEC_PIPELINE")
-        decoder.pipeline = flag == "1" or (flag != "0" and sched.device.type == "cuda")
+        decoder.pipeline = flag == "1"
     running = sched.running
     if not decoder.pipeline or not sched.overlap or len(running) > _MAX_BATCH \
             or decoder.guess_rate < _MIN_RATE:

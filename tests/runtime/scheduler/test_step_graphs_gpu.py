@@ -113,6 +113,7 @@ def test_tp_engines_whole_steps_agree_over_ranks(model_dir, tokenizer_dir, monke
     for mode, ids in (("off", "broadcast"), ("graph", "check")):
         monkeypatch.setenv("SGDSL_DECODE_STEP", mode)
         monkeypatch.setenv("SGDSL_TP_IDS", ids)
+        monkeypatch.setenv("SGDSL_LOCAL_GREEDY", "1")  # off by default on CUDA until tested
         with Engine(model=str(model_dir), tokenizer=str(tokenizer_dir), tp_size=tp,
                     dtype="float32",
                     max_running_requests=8, cuda_graph_max_bs=8, grammar_backend="none",
