@@ -39,7 +39,8 @@ def _spawn(args: list[str]) -> subprocess.Popen:
 def _server(model_dir: Path) -> subprocess.Popen:
     return _spawn(["sgdsl.runtime.launcher", "--model", str(model_dir), "--load-format", "dummy",
                    "--num-threads", "1", "--max-total-tokens", "4096",
-                   "--grammar-compile-workers", "1"])
+                   # no test here sends a grammar: no zygote, compile or estimate workers
+                   "--grammar-backend", "none"])
 
 
 @pytest.fixture(scope="module")
