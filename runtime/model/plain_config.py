@@ -34,7 +34,8 @@ _TYPES = {**{k: int for k in _INT}, "rms_norm_eps": float, "tie_word_embeddings"
 def plain_llama(raw: dict[str, Any]) -> SimpleNamespace | None:
     """``raw`` (a parsed config.json) as the attributes ``from_hf`` reads, or None where
     ``AutoConfig`` must read it."""
-    if raw.get("model_type") != "llama" or raw.get("architectures") not in (None, ["LlamaForCausalLM"]):
+    if raw.get("model_type") != "llama" \
+            or raw.get("architectures") not in (None, ["LlamaForCausalLM"]):
         return None
     if any(raw.get(k) is None for k in REQUIRED) or any(raw.get(k) is not None for k in DEFER):
         return None

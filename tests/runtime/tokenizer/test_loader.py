@@ -42,7 +42,8 @@ def _same(a, b):
             ids = a.encode(text, add_special_tokens=special)
             assert ids == b.encode(text, add_special_tokens=special)
             assert a.decode(ids) == b.decode(ids)
-            assert a.decode(ids, skip_special_tokens=True) == b.decode(ids, skip_special_tokens=True)
+            assert a.decode(ids, skip_special_tokens=True) == \
+                b.decode(ids, skip_special_tokens=True)
     chat = [{"role": "user", "content": "hi"}]
     assert a.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
         b.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
