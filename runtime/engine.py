@@ -24,6 +24,7 @@ from .mailbox import Mailboxes
 from .quiet_tqdm import import_tqdm_auto_quietly
 from .scheduler.process import freeze_startup_objects
 from .submitter import HandoffLimits, Submitter
+from .tokenizer.check_pool import CheckPool
 from .tokenizer.manager import TokenizerManager
 from .tokenizer.request_builder import GenerateSpec, RequestBuilder
 
@@ -58,6 +59,7 @@ class Engine:
         self.mm_processor = MultimodalProcessor.for_model(self._ready.model_dir, self.tokenizer,
                                                           config)
         self._builder = RequestBuilder(self.tokenizer, self._ready, self.mm_processor)
+        self._checks = CheckPool(self._builder)  # new schemas' checks, off callers' loops
         self._eager_handoff = _accelerated(config)  # at start-up, not on a first request
         atexit.register(self.shutdown)
         if not config.disable_gc_freeze:
@@ -99,6 +101,7 @@ class Engine:
             subs = list(self._submitters.values())
         stats["submit_handoffs"] = sum(s.handoffs for s in subs)
         stats["submit_requests"] = sum(s.requests for s in subs)
+        stats["offloop_schema_checks"] = self._checks.checks  # new schemas checked off loops
         if self.mm_processor is not None:  # mm: image preprocessing in this process
             stats.update(self.mm_processor.stats())
         return stats
@@ -159,6 +162,10 @@ class Engine:
             specs, batched = await asyncio.get_running_loop().run_in_executor(
                 None, functools.partial(contextvars.copy_context().run, self._build, *args))
         else:
+            self._check_open()
+            checking = self._checks.waiting(sampling_params)
+            if checking is not None:  # a new schema: checked off this loop (check_pool.py)
+                await asyncio.shield(checking)
             specs, batched = self._build(*args)
         if stream:
             return self._async_stream(specs[0])
@@ -177,11 +184,38 @@ class Engine:
         and a single request joins this loop turn's hand-off (submitter.py). Returns a future
         of what ``async_generate`` returns; cancelling it aborts the request. A server calls
         this from the handler step that parsed the request, so a burst read in one poll of
-        its sockets is in the same hand-off (``await async_generate`` submits a turn later)."""
-        specs, batched = self._build(prompt, sampling_params, input_ids, return_logprob,
-                                     logprob_start_len, top_logprobs_num,
-                                     return_text_in_logprobs, False, rid)
-        return self._start(specs, batched)
+        its sockets is in the same hand-off (``await async_generate`` submits a turn later).
+        A JSON schema not checked before is checked off the loop first (check_pool.py): then
+        its error, if any, is the returned future's."""
+        args = (prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
+                top_logprobs_num, return_text_in_logprobs, False, rid)
+        self._check_open()
+        checking = self._checks.waiting(sampling_params)
+        if checking is not None:
+            return self._start_after(checking, args)
+        return self._start(*self._build(*args))
+
+    def _start_after(self, checking: asyncio.Future, args: tuple) -> asyncio.Future:
+        """``_start`` of the request built from ``args`` once ``checking`` is done, on the
+        running loop; cancelling the returned future before then sends nothing."""
+        outer = asyncio.get_running_loop().create_future()
+
+        def go(done: asyncio.Future) -> None:  # NOTE: in this call's context (pd: bootstrap)
+            if outer.done():  # the caller went away during the check: nothing was sent
+                return
+            try:
+                if done.cancelled():  # the pool stopped: the engine shut down
+                    raise EngineDeadError("the engine was shut down")
+                if done.exception() is not None:
+                    raise done.exception()  # type: ignore[misc]
+                inner = self._start(*self._build(*args))
+            except BaseException as exc:  # noqa: BLE001 - the request's own error
+                outer.set_exception(exc)
+                return
+            inner.add_done_callback(functools.partial(_chain, outer))
+            outer.add_done_callback(lambda f: f.cancelled() and inner.cancel())
+        checking.add_done_callback(go)
+        return outer
 
     def hold_handoff(self) -> Callable[[], None]:
         """Keep the running loop's next hand-off of single requests until the returned
@@ -288,6 +322,7 @@ class Engine:
             return
         self._closed = True
         atexit.unregister(self.shutdown)
+        self._checks.shutdown()
         self._stop_loop_after(self._tm.shutdown())
 
     def _stop_loop_after(self, coro: Any) -> None:
@@ -311,6 +346,18 @@ def _many(specs: list[GenerateSpec], batched: bool) -> bool:
     """Whether a call returns a list (a batch, or n > 1): then a failed request is reported in
     its own dict (finish_reason abort) instead of raised, so the others are not lost."""
     return batched or len(specs[0].reqs) > 1
+
+
+def _chain(outer: asyncio.Future, inner: asyncio.Future) -> None:
+    """``inner``'s outcome, copied to ``outer`` (unless the caller stopped waiting)."""
+    if outer.done():
+        return
+    if inner.cancelled():
+        outer.cancel()
+    elif inner.exception() is not None:
+        outer.set_exception(inner.exception())  # type: ignore[arg-type]
+    else:
+        outer.set_result(inner.result())
 
 
 async def _make_manager(config: EngineConfig) -> TokenizerManager:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -17,6 +16,7 @@ from ..ipc.messages import Ready, TokenizedGenerateReq
 from ..params_key import params_key
 from ..sampling_params import SamplingParams
 from ..multimodal import request as mm_request
+from .checked_memo import CheckedMemo
 from .encoder import ids_batch_encoder, ids_encoder
 
 CHECKED_MEMO_SIZE = 1024  # distinct (constraint, budget) pairs whose checks are remembered
@@ -48,9 +48,12 @@ class RequestBuilder:
         self._encode = ids_encoder(tokenizer)
         self._encode_batch = ids_batch_encoder(tokenizer)
         self._token_bytes: int | None = None  # grammar: the longest token, in bytes
-        # grammar: (kind, text, budget) -> (json_schema to send, the limits error or None)
-        self._checked: OrderedDict[tuple, tuple[str, InvalidRequestError | None]] = OrderedDict()
-        self._built: dict[tuple, SamplingParams] = {}  # params_key(dict) -> its checked params
+        # grammar: (kind, text, budget) -> (json_schema to send, the limits error or None);
+        # locked: filled from callers' threads and the check pool's (checked_memo.py)
+        self._checked = CheckedMemo(CHECKED_MEMO_SIZE)
+        # params_key(dict) -> its checked params. NOTE: no lock: each use is one dict get, set
+        # or clear (atomic under the GIL), and a race costs at most one rebuild
+        self._built: dict[tuple, SamplingParams] = {}
         self.ready = ready
 
     def build(self, prompt: Any, sampling_params: Any, input_ids: Any, return_logprob: Any,
@@ -142,6 +145,44 @@ class RequestBuilder:
             self._built[key] = sp
         return sp
 
+    def unchecked(self, sampling_params: Any) -> list[tuple[tuple, SamplingParams]]:
+        """grammar: (memo key, params) of each JSON schema among ``sampling_params`` (a dict,
+        a ``SamplingParams`` or a list of them) whose check is not remembered: a caller on an
+        event loop runs those checks off it (``check``, check_pool.py) before building. Params
+        that fail their own validation are left to ``build``, which raises their error."""
+        todo = []
+        for value in sampling_params if isinstance(sampling_params, list) else [sampling_params]:
+            if isinstance(value, dict):
+                if value.get("json_schema") is None:  # the hot path: no schema, nothing to do
+                    continue
+                key = params_key(value)
+                if key is not None and key in self._built:
+                    continue
+            elif not isinstance(value, SamplingParams) or value.json_schema is None:
+                continue
+            try:
+                sp = value if isinstance(value, SamplingParams) else SamplingParams.from_dict(value)
+                sp.validate(self.ready.vocab_size)
+            except InvalidRequestError:
+                continue
+            memo = self._memo_key(sp)
+            if memo is not None and memo[0] == "json_schema" and not self._checked.known(memo):
+                todo.append((memo, sp))
+        return todo
+
+    def check(self, memo: tuple, sp: SamplingParams) -> None:
+        """grammar: compute and remember ``sp``'s constraint check (``unchecked``'s pair), from
+        any thread; ``build`` then finds it remembered (errors included)."""
+        self._checked.get(memo, lambda: self._check_constraint(sp, memo[0], memo[1]))
+
+    @staticmethod
+    def _memo_key(sp: SamplingParams) -> tuple | None:
+        kind, value = sp.constraint
+        if not isinstance(value, str) and kind != "json_schema":
+            return None  # a wrong type: GrammarKey names it (not worth remembering)
+        text = value if isinstance(value, str) else json.dumps(value)
+        return (kind, text, sp.max_new_tokens if kind == "json_schema" else 0)
+
     def _checked_constraint(self, sp: SamplingParams) -> SamplingParams:
         """grammar: the limits check (with the schema's vacuous bounds dropped), memoized.
 
@@ -150,19 +191,11 @@ class RequestBuilder:
         caller's thread, before anything reached the scheduler. The outcome depends only on
         the constraint and the output budget (vacuous bounds), so it is computed once."""
         kind, value = sp.constraint
-        if not isinstance(value, str) and kind != "json_schema":
-            value = None  # a wrong type: GrammarKey names it (not worth remembering)
-        text = value if isinstance(value, str) or value is None else json.dumps(value)
-        memo = (kind, text, sp.max_new_tokens if kind == "json_schema" else 0)
-        hit = self._checked.get(memo) if text is not None else None
-        if hit is None:
-            hit = self._check_constraint(sp, kind, text)
-            if text is not None:
-                self._checked[memo] = hit
-            while len(self._checked) > CHECKED_MEMO_SIZE:
-                self._checked.popitem(last=False)
+        memo = self._memo_key(sp)
+        if memo is None:
+            hit = self._check_constraint(sp, kind, None)
         else:
-            self._checked.move_to_end(memo)
+            hit = self._checked.get(memo, lambda: self._check_constraint(sp, kind, memo[1]))
         new_text, error = hit
         if error is not None:
             raise type(error)(error.message, field=error.field)

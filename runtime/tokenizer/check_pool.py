@@ -1,0 +1,70 @@
+"""``CheckPool``: a new JSON schema's checks run in a worker thread, not on the caller's loop.
+
+The first request of a (JSON schema, max_new_tokens) pair pays the request builder's check
+(the JSON Schema meta-schema in jsonschema, pure Python; the size limits; the vacuous bounds):
+5.8 ms for a 5-field schema, ~0.3 s for a large one (benchmarks/RESULTS.md, req-host). A
+server builds its requests on its event loop, which meanwhile parsed, routed and answered
+nothing for anyone else. An Engine call made on a loop now asks the builder which of its
+schemas are unchecked (``RequestBuilder.unchecked``: a dict lookup, nothing for a request
+without a schema or with a remembered one, which keep building on the loop with no thread
+hop), checks those here, and builds once they are remembered: the request's own hand-off
+waits for its check while the loop serves the others. Requests of one loop waiting for the
+same schema share one check and resume in the same loop turn, so a burst sharing a new schema
+still reaches the submitter (runtime/submitter.py) together. The outcome, a bad schema's
+error included, is the builder's memo's, so the error is the one the loop would have raised.
+"""
+from __future__ import annotations
+
+import asyncio
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+# NOTE: more than one, so a huge schema's check does not hold a small one's up; few, as the
+# checks are pure Python (the GIL): more threads would only take more of the loop's turns.
+CHECK_WORKERS = 2
+
+
+class CheckPool:
+    """One per Engine: ``waiting(sampling_params)`` on a caller loop."""
+
+    def __init__(self, builder: Any, workers: int = CHECK_WORKERS) -> None:
+        self.builder = builder
+        self.workers = workers
+        # NOTE: its threads start at the first check (ThreadPoolExecutor starts them lazily)
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sgdsl-schema-check")
+        # caller loop -> memo key -> the check running for that loop's requests
+        self._running: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.checks = 0  # checks run here (stats: offloop_schema_checks)
+
+    def waiting(self, sampling_params: Any) -> asyncio.Future | None:
+        """None when every schema of ``sampling_params`` is remembered (build now, on the
+        loop); else a future of the running loop, done once they all are. Never cancel it:
+        it may be shared (wrap it in ``asyncio.shield`` to await it)."""
+        todo = self.builder.unchecked(sampling_params)
+        if not todo:
+            return None
+        loop = asyncio.get_running_loop()
+        running = self._running.get(loop)
+        if running is None:
+            running = self._running[loop] = {}
+        jobs = []
+        for memo, sp in todo:
+            job = running.get(memo)
+            if job is None:
+                job = running[memo] = loop.run_in_executor(self._pool, self.builder.check,
+                                                           memo, sp)
+                job.add_done_callback(lambda j, memo=memo: _forget(running, memo, j))
+                self.checks += 1
+            jobs.append(job)
+        return jobs[0] if len(jobs) == 1 else asyncio.gather(*jobs)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _forget(running: dict, memo: tuple, job: asyncio.Future) -> None:
+    if running.get(memo) is job:
+        del running[memo]
+    if not job.cancelled():
+        job.exception()  # retrieved: its waiters may all have gone away
