@@ -102,6 +102,7 @@ class Engine:
         stats["submit_handoffs"] = sum(s.handoffs for s in subs)
         stats["submit_requests"] = sum(s.requests for s in subs)
         stats["offloop_schema_checks"] = self._checks.checks  # new schemas checked off loops
+        stats["offloop_schema_checks_rejected"] = self._checks.rejected  # their queue was full
         if self.mm_processor is not None:  # mm: image preprocessing in this process
             stats.update(self.mm_processor.stats())
         return stats

@@ -12,30 +12,47 @@ waits for its check while the loop serves the others. Requests of one loop waiti
 same schema share one check and resume in the same loop turn, so a burst sharing a new schema
 still reaches the submitter (runtime/submitter.py) together. The outcome, a bad schema's
 error included, is the builder's memo's, so the error is the one the loop would have raised.
+A flood of distinct new schemas is bounded: past ``MAX_QUEUED_CHECKS`` checks waiting or
+running, a request that needs one more gets the retryable ``GrammarQueueFullError`` (503 with
+Retry-After), never a 400, while requests with no schema or a known one go on.
 """
 from __future__ import annotations
 
 import asyncio
+import math
+import threading
+import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..errors import GrammarQueueFullError
+
 # NOTE: more than one, so a huge schema's check does not hold a small one's up; few, as the
 # checks are pure Python (the GIL): more threads would only take more of the loop's turns.
 CHECK_WORKERS = 2
+# NOTE: a check takes ~5 ms (a small schema) to ~2 s (a 64 KiB one) on a 2-core box: 64 of the
+# largest wait about a minute, past any client's patience; identical schemas share one check
+MAX_QUEUED_CHECKS = 64
 
 
 class CheckPool:
     """One per Engine: ``waiting(sampling_params)`` on a caller loop."""
 
-    def __init__(self, builder: Any, workers: int = CHECK_WORKERS) -> None:
+    def __init__(self, builder: Any, workers: int = CHECK_WORKERS,
+                 max_queued: int = MAX_QUEUED_CHECKS) -> None:
         self.builder = builder
         self.workers = workers
+        self.max_queued = max_queued
+        self._lock = threading.Lock()  # the counts below: callers' loops are several threads
+        self.queued = 0  # checks submitted and not finished
+        self._spent_s = 0.0  # seconds the finished checks took (for Retry-After)
+        self.rejected = 0  # requests refused with GrammarQueueFullError
         # NOTE: its threads start at the first check (ThreadPoolExecutor starts them lazily)
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sgdsl-schema-check")
         # caller loop -> memo key -> the check running for that loop's requests
         self._running: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self.checks = 0  # checks run here (stats: offloop_schema_checks)
+        self.checks = 0  # checks finished here (stats: offloop_schema_checks)
 
     def waiting(self, sampling_params: Any) -> asyncio.Future | None:
         """None when every schema of ``sampling_params`` is remembered (build now, on the
@@ -52,12 +69,32 @@ class CheckPool:
         for memo, sp in todo:
             job = running.get(memo)
             if job is None:
-                job = running[memo] = loop.run_in_executor(self._pool, self.builder.check,
-                                                           memo, sp)
+                self._admit()
+                job = running[memo] = loop.run_in_executor(self._pool, self._check, memo, sp)
                 job.add_done_callback(lambda j, memo=memo: _forget(running, memo, j))
-                self.checks += 1
             jobs.append(job)
         return jobs[0] if len(jobs) == 1 else asyncio.gather(*jobs)
+
+    def _admit(self) -> None:
+        with self._lock:
+            if self.queued >= self.max_queued:
+                self.rejected += 1
+                mean_s = self._spent_s / self.checks if self.checks else 1.0
+                raise GrammarQueueFullError(
+                    f"{self.queued} new json_schema checks are waiting for {self.workers} "
+                    "check threads; retry later",
+                    retry_after=math.ceil(self.queued * mean_s / self.workers))
+            self.queued += 1
+
+    def _check(self, memo: tuple, sp: Any) -> None:
+        start = time.perf_counter()
+        try:
+            self.builder.check(memo, sp)
+        finally:
+            with self._lock:
+                self.queued -= 1
+                self.checks += 1
+                self._spent_s += time.perf_counter() - start
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

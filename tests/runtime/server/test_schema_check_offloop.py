@@ -127,3 +127,39 @@ def test_a_burst_sharing_a_new_schema_checks_it_once_and_a_known_one_not_at_all(
     assert [r.status_code for r in again] == [200] * 3
     assert engine.stats()["offloop_schema_checks"] == checked and len(gated.threads) == 1
     engine.check_idle_integrity()
+
+
+def test_a_flood_of_new_schemas_past_the_bound_gets_a_retryable_503(served, gated, monkeypatch):
+    """Hostile input: with the check queue at its bound, another new schema is refused with
+    503 + Retry-After (never a 400), a request with a known schema or none is still served."""
+    url, engine = served
+    monkeypatch.setattr(engine._checks, "max_queued", 1)
+    known = json.dumps(_schema())
+    gated.gate.set()
+    with httpx.Client(base_url=url, timeout=WAIT_S * 2) as client:
+        assert client.post("/generate", json=_native(3, json_schema=known)).status_code == 200
+        gated.gate.clear()
+        slow: dict[str, httpx.Response] = {}
+        worker = threading.Thread(target=lambda: slow.update(r=client.post(
+            "/generate", json=_native(3, json_schema=json.dumps(_schema())))))
+        worker.start()
+        assert gated.entered.wait(WAIT_S)
+        before = engine.stats()["offloop_schema_checks_rejected"]
+        flood = client.post("/generate", json=_native(3, json_schema=json.dumps(_schema())))
+        chat = client.post("/v1/chat/completions", json={
+            "model": "default", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2, "response_format": {"type": "json_schema", "json_schema": {
+                "name": "x", "schema": _schema()}}})
+        served_meanwhile = [client.post("/generate", json=_native(3, json_schema=known)),
+                            client.post("/generate", json=_native(2))]
+        assert not gated.gate.is_set()
+        gated.gate.set()
+        worker.join(WAIT_S)
+    for resp in (flood, chat):
+        assert resp.status_code == 503, resp.text
+        assert int(resp.headers["retry-after"]) >= 1 and "retry later" in resp.text
+    assert chat.json()["error"]["type"] != "invalid_request_error"
+    assert [r.status_code for r in served_meanwhile] == [200, 200]
+    assert slow["r"].status_code == 200, slow["r"].text
+    assert engine.stats()["offloop_schema_checks_rejected"] - before == 2
+    engine.check_idle_integrity()
