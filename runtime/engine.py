@@ -60,6 +60,7 @@ class Engine:
                                                           config)
         self._builder = RequestBuilder(self.tokenizer, self._ready, self.mm_processor)
         self._checks = CheckPool(self._builder)  # new schemas' checks, off callers' loops
+        self._checking: dict[str, bool] = {}  # rid waiting for its check -> aborted meanwhile
         self._eager_handoff = _accelerated(config)  # at start-up, not on a first request
         atexit.register(self.shutdown)
         if not config.disable_gc_freeze:
@@ -200,8 +201,12 @@ class Engine:
         """``_start`` of the request built from ``args`` once ``checking`` is done, on the
         running loop; cancelling the returned future before then sends nothing."""
         outer = asyncio.get_running_loop().create_future()
+        rid = args[-1] if isinstance(args[-1], str) else None
+        if rid is not None:  # abort(rid) meanwhile is remembered, not lost (see abort)
+            self._checking[rid] = False
 
         def go(done: asyncio.Future) -> None:  # NOTE: in this call's context (pd: bootstrap)
+            aborted = self._checking.pop(rid, False) if rid is not None else False
             if outer.done():  # the caller went away during the check: nothing was sent
                 return
             try:
@@ -209,7 +214,9 @@ class Engine:
                     raise EngineDeadError("the engine was shut down")
                 if done.exception() is not None:
                     raise done.exception()  # type: ignore[misc]
-                inner = self._start(*self._build(*args))
+                specs, batched = self._build(*args)
+                inner = (self._start_aborted(specs, batched) if aborted
+                         else self._start(specs, batched))
             except BaseException as exc:  # noqa: BLE001 - the request's own error
                 outer.set_exception(exc)
                 return
@@ -240,6 +247,22 @@ class Engine:
         # the caller went away: free the scheduler's work (a no-op if it was never sent)
         future.add_done_callback(lambda f: f.cancelled() and self.abort(rid))
         return future
+
+    def _start_aborted(self, specs: list[GenerateSpec], batched: bool) -> asyncio.Future:
+        """``_start`` of requests aborted while their schema was checked: sent, then aborted
+        once the tokenizer manager knows them, so the caller gets an abort's usual answer."""
+        return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(
+            self._generate_aborted(specs, _many(specs, batched)), self._loop),
+            loop=asyncio.get_running_loop())
+
+    async def _generate_aborted(self, specs: list[GenerateSpec], many: bool) -> Any:
+        task = asyncio.ensure_future(self._generate(specs, many))
+        rids = [r.rid for s in specs for r in s.reqs]
+        while not task.done() and any(rid not in self._tm.states for rid in rids):
+            await asyncio.sleep(0.001)  # NOTE: n > 1 warms the shared prefix before sending
+        for spec in specs:
+            self._tm.abort(spec.rid)
+        return await task
 
     async def _generate(self, specs: list[GenerateSpec], many: bool) -> Any:
         results = await self._tm.generate(specs, not many)
@@ -284,6 +307,8 @@ class Engine:
 
     # -- control -------------------------------------------------------------------------------------
     def abort(self, rid: str) -> None:
+        if rid in self._checking:  # its schema is being checked: aborted once it is sent
+            self._checking[rid] = True
         if not self._closed:
             self._loop.call_soon_threadsafe(self._tm.abort, rid)
 

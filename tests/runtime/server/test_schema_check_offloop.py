@@ -163,3 +163,24 @@ def test_a_flood_of_new_schemas_past_the_bound_gets_a_retryable_503(served, gate
     assert slow["r"].status_code == 200, slow["r"].text
     assert engine.stats()["offloop_schema_checks_rejected"] - before == 2
     engine.check_idle_integrity()
+
+
+def test_an_abort_while_its_schema_is_checked_aborts_the_request(served, gated):
+    """``/abort_request`` by rid during the check: the request is sent, then aborted (before,
+    the abort found nothing to abort and the request ran to its end)."""
+    url, engine = served
+    rid = uuid.uuid4().hex
+    with httpx.Client(base_url=url, timeout=WAIT_S * 2) as client:
+        slow: dict[str, httpx.Response] = {}
+        body = {**_native(400, json_schema=json.dumps(_schema())), "rid": rid}
+        worker = threading.Thread(target=lambda: slow.update(r=client.post("/generate",
+                                                                           json=body)))
+        worker.start()
+        assert gated.entered.wait(WAIT_S)
+        assert client.post("/abort_request", json={"rid": rid}).status_code == 200
+        gated.gate.set()
+        worker.join(WAIT_S)
+    out = slow["r"].json()
+    assert out["meta_info"]["finish_reason"]["type"] == "abort", out
+    assert len(out["output_ids"]) < 400
+    engine.check_idle_integrity()
