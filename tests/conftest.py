@@ -10,10 +10,21 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
+
+# NOTE: without a GPU, Triton kernels run under Triton's interpreter, which must be chosen before
+# anything imports triton: ``triton.jit`` decides at decoration, for triton.language's own jit'd
+# helpers (``tl.cdiv``, ...) too, when ``triton.language`` is first imported. Setting it in
+# tests/runtime/kernels/conftest.py alone was too late once a test module collected before that
+# folder imported triton (hicache/test_kv_move.py): every kernel test calling ``tl.cdiv`` then
+# failed with "Cannot call @triton.jit'd outside of the scope of a kernel". (A driver check, not
+# torch: this file stays torch-free.)
+if not os.path.exists("/proc/driver/nvidia/version"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 TINY_CONFIG = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
@@ -33,8 +44,6 @@ def grammar_cache_dir(tmp_path_factory) -> Path:
     tens of MB for nothing); the cache's own tests name a folder (``grammar_cache_dir``), which
     turns it on for their engines. The default folder points into the session's temporary
     folder anyway, never the user's ~/.cache."""
-    import os
-
     # runtime.grammar.compile.disk_cache.ENV_DIR / ENV_SWITCH (not imported: torch-free here)
     env = {"SGDSL_GRAMMAR_CACHE_DIR": str(tmp_path_factory.mktemp("grammar-cache")),
            "SGDSL_GRAMMAR_DISK_CACHE": "0"}
