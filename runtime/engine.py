@@ -59,7 +59,9 @@ class Engine:
         self.mm_processor = MultimodalProcessor.for_model(self._ready.model_dir, self.tokenizer,
                                                           config)
         self._builder = RequestBuilder(self.tokenizer, self._ready, self.mm_processor)
-        self._checks = CheckPool(self._builder)  # new schemas' checks, off callers' loops
+        # new schemas' checks, off callers' loops; as many may wait as compiles may (each check
+        # precedes its compile: a burst the compile queue admits must pass the checks too)
+        self._checks = CheckPool(self._builder, max_queued=config.grammar_compile_queue)
         self._checking: dict[str, bool] = {}  # rid waiting for its check -> aborted meanwhile
         self._eager_handoff = _accelerated(config)  # at start-up, not on a first request
         atexit.register(self.shutdown)

@@ -12,7 +12,7 @@ waits for its check while the loop serves the others. Requests of one loop waiti
 same schema share one check and resume in the same loop turn, so a burst sharing a new schema
 still reaches the submitter (runtime/submitter.py) together. The outcome, a bad schema's
 error included, is the builder's memo's, so the error is the one the loop would have raised.
-A flood of distinct new schemas is bounded: past ``MAX_QUEUED_CHECKS`` checks waiting or
+A flood of distinct new schemas is bounded: past ``max_queued`` checks (the Engine: ``grammar_compile_queue``) waiting or
 running, a request that needs one more gets the retryable ``GrammarQueueFullError`` (503 with
 Retry-After), never a 400, while requests with no schema or a known one go on.
 """
@@ -31,9 +31,11 @@ from ..errors import GrammarQueueFullError
 # NOTE: more than one, so a huge schema's check does not hold a small one's up; few, as the
 # checks are pure Python (the GIL): more threads would only take more of the loop's turns.
 CHECK_WORKERS = 2
-# NOTE: a check takes ~5 ms (a small schema) to ~2 s (a 64 KiB one) on a 2-core box: 64 of the
-# largest wait about a minute, past any client's patience; identical schemas share one check
-MAX_QUEUED_CHECKS = 64
+# NOTE: the default only; the Engine passes its ``grammar_compile_queue`` (512): a check precedes
+# its schema's compile, so a burst the compile queue admits (issue 29: 150 distinct schemas at
+# once) must not be refused here first. A check takes ~5 ms (a small schema) to ~2 s (a 64 KiB
+# one) on a 2-core box; identical schemas share one check; memory: <= 64 KiB a pending schema.
+MAX_QUEUED_CHECKS = 512
 
 
 class CheckPool:
