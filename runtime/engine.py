@@ -24,7 +24,7 @@ from .mailbox import Mailboxes
 from .quiet_tqdm import import_tqdm_auto_quietly
 from .scheduler.process import freeze_startup_objects
 from .submitter import HandoffLimits, Submitter
-from .tokenizer.check_pool import CheckPool
+from .tokenizer.check_pool import CheckPool, copy_outcome
 from .tokenizer.manager import TokenizerManager
 from .tokenizer.request_builder import GenerateSpec, RequestBuilder
 
@@ -222,7 +222,7 @@ class Engine:
             except BaseException as exc:  # noqa: BLE001 - the request's own error
                 outer.set_exception(exc)
                 return
-            inner.add_done_callback(functools.partial(_chain, outer))
+            inner.add_done_callback(functools.partial(copy_outcome, outer))
             outer.add_done_callback(lambda f: f.cancelled() and inner.cancel())
         checking.add_done_callback(go)
         return outer
@@ -374,18 +374,6 @@ def _many(specs: list[GenerateSpec], batched: bool) -> bool:
     """Whether a call returns a list (a batch, or n > 1): then a failed request is reported in
     its own dict (finish_reason abort) instead of raised, so the others are not lost."""
     return batched or len(specs[0].reqs) > 1
-
-
-def _chain(outer: asyncio.Future, inner: asyncio.Future) -> None:
-    """``inner``'s outcome, copied to ``outer`` (unless the caller stopped waiting)."""
-    if outer.done():
-        return
-    if inner.cancelled():
-        outer.cancel()
-    elif inner.exception() is not None:
-        outer.set_exception(inner.exception())  # type: ignore[arg-type]
-    else:
-        outer.set_result(inner.result())
 
 
 async def _make_manager(config: EngineConfig) -> TokenizerManager:

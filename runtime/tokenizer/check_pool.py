@@ -107,3 +107,16 @@ def _forget(running: dict, memo: tuple, job: asyncio.Future) -> None:
         del running[memo]
     if not job.cancelled():
         job.exception()  # retrieved: its waiters may all have gone away
+
+
+def copy_outcome(outer: asyncio.Future, inner: asyncio.Future) -> None:
+    """``inner``'s outcome, copied to ``outer`` (unless the caller stopped waiting): the future
+    a caller got for a request started once its check was done (``Engine._start_after``)."""
+    if outer.done():
+        return
+    if inner.cancelled():
+        outer.cancel()
+    elif inner.exception() is not None:
+        outer.set_exception(inner.exception())  # type: ignore[arg-type]
+    else:
+        outer.set_result(inner.result())
